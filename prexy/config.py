@@ -1,0 +1,472 @@
+"""One TOML file (or the single-site command line) -> one frozen ``Config``.
+
+Everything is validated here, once, at load time; an error names the file, the
+line (found by locating the key in the text, since ``tomllib`` reports lines
+only for syntax errors), the key and the reason.  Nothing in this module
+imports Twisted or opens sockets, so ``--check`` and the tests run it as is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
+
+SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; ``str()`` is ``file:line: key: reason``."""
+
+    def __init__(self, path: str | None, line: int | None, key: str | None, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.key = key
+        self.reason = reason
+        where = path or "<command line>"
+        if line is not None:
+            where += f":{line}"
+        text = f"{where}: {key}: {reason}" if key else f"{where}: {reason}"
+        super().__init__(text)
+
+
+def parse_size(text: str | int) -> int:
+    """``64M`` / ``8k`` / ``1g`` / ``1048576`` -> bytes (nginx-style units)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"negative size: {text}")
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use a number with an optional k, M or G)")
+    return int(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+
+
+@attrs.frozen
+class UpstreamURL:
+    """Where a site's requests go."""
+
+    scheme: str
+    host: str
+    port: int
+    #: Path prefix prepended to every request path ('' for none).
+    path: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> UpstreamURL:
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
+        if not parts.hostname:
+            raise ValueError(f"has no host: {text!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"must not have a query or fragment: {text!r}")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise ValueError(f"bad port in {text!r}: {exc}") from None
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host_header}{self.path}"
+
+
+@attrs.frozen
+class Timeouts:
+    """Upstream timeouts in seconds; 0 disables one."""
+
+    connect: float = 10.0
+    first_byte: float = 60.0
+    idle: float = 60.0
+    pool_idle: float = 30.0
+
+
+@attrs.frozen
+class MapConfig:
+    """How a site uses a URL map."""
+
+    path: str
+    action: str = "redirect"  # or "rewrite"
+    status: int = 301
+    keep_query: bool = True
+
+
+@attrs.frozen
+class CacheConfig:
+    """Per-site cache settings (the cache itself is configured in [cache])."""
+
+    enabled: bool = True
+    default_ttl: float = 300.0
+    grace: float = 10.0
+
+
+@attrs.frozen
+class SiteConfig:
+    """One site: the Host names it answers and the upstream it fronts."""
+
+    name: str
+    upstream: UpstreamURL
+    hosts: tuple[str, ...] = ()
+    #: "pass" (the client's Host), "upstream" (the upstream's host) or a literal.
+    host_header: str = "pass"
+    rules: tuple[str, ...] = ()
+    map: MapConfig | None = None
+    cache: CacheConfig | None = None
+
+    def upstream_host_header(self, client_host: bytes | None) -> bytes:
+        if self.host_header == "pass":
+            return client_host or self.upstream.host_header.encode("ascii")
+        if self.host_header == "upstream":
+            return self.upstream.host_header.encode("ascii")
+        return self.host_header.encode("ascii")
+
+
+@attrs.frozen
+class Config:
+    """Everything Prexy needs to run; immutable, compared by value."""
+
+    listen: tuple[str, ...]
+    sites: tuple[SiteConfig, ...]
+    default_site: str
+    timeouts: Timeouts = Timeouts()
+    max_request_body: int = 64 * 1024 * 1024
+    access_log: str | None = "-"
+    admin: str | None = None
+    tls_certificate: str | None = None
+    tls_key: str | None = None
+    cache_size: int = 0
+    workers: int | None = None
+    shutdown_timeout: float = 30.0
+    source: str | None = None
+
+    def site(self, name: str) -> SiteConfig:
+        for s in self.sites:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def listen_endpoints(self) -> tuple[str, ...]:
+        """Listen strings with the configured certificate filled into ``ssl:``
+        endpoints that name none."""
+        out = []
+        for desc in self.listen:
+            if desc.startswith("ssl:") and "privateKey=" not in desc and self.tls_key:
+                desc += f":privateKey={_escape_endpoint(self.tls_key)}"
+                if "certKey=" not in desc and self.tls_certificate:
+                    desc += f":certKey={_escape_endpoint(self.tls_certificate)}"
+            out.append(desc)
+        return tuple(out)
+
+
+def _escape_endpoint(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(":", "\\:").replace("=", "\\=")
+
+
+class _Locator:
+    """Finds the line of ``table.key`` in a TOML text (best effort)."""
+
+    def __init__(self, text: str) -> None:
+        self._lines = text.splitlines()
+
+    def line_of(self, dotted: str) -> int | None:
+        parts = dotted.split(".")
+        key = parts[-1]
+        table = parts[:-1]
+        current: list[str] = []
+        header_line: int | None = None
+        for number, raw in enumerate(self._lines, start=1):
+            line = raw.strip()
+            m = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
+            if m:
+                current = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+                if current == parts:
+                    header_line = number
+                continue
+            km = re.match(r"^([A-Za-z0-9_\-\"'.]+)\s*=", line)
+            if km:
+                name = km.group(1).strip("\"'")
+                full = current + [p.strip("\"'") for p in name.split(".")]
+                if full == parts or (current == table and name == key):
+                    return number
+        return header_line
+
+
+def _known(
+    table: Mapping[str, Any], allowed: Sequence[str], where: str, err: Any
+) -> None:
+    for key in table:
+        if key not in allowed:
+            err(f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(allowed)})")
+
+
+def load_config(path: str) -> Config:
+    """Read and validate a TOML config file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, None, f"not UTF-8: {exc}") from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: str = "<config>") -> Config:
+    """Validate a TOML config text; relative file names resolve against
+    ``path``'s directory."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line = int(m.group(1)) if m else None
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        raise ConfigError(path, line, None, f"TOML syntax: {reason}") from None
+    locator = _Locator(text)
+    base = os.path.dirname(os.path.abspath(path))
+
+    def err(key: str, reason: str) -> None:
+        raise ConfigError(path, locator.line_of(key), key, reason)
+
+    def rel(value: str) -> str:
+        return value if os.path.isabs(value) else os.path.join(base, value)
+
+    def typed(table: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
+        value = table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
+        return value
+
+    _known(data, ("server", "timeouts", "cache", "sites"), "", err)
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        err("server", "must be a table")
+    _known(
+        server,
+        (
+            "listen",
+            "admin",
+            "access_log",
+            "max_request_body",
+            "tls_certificate",
+            "tls_key",
+            "default_site",
+            "workers",
+            "shutdown_timeout",
+        ),
+        "server",
+        err,
+    )
+    listen = server.get("listen", ["tcp:8080:interface=127.0.0.1"])
+    if isinstance(listen, str):
+        listen = [listen]
+    if not isinstance(listen, list) or not listen or not all(isinstance(x, str) for x in listen):
+        err("server.listen", "must be a non-empty list of endpoint strings")
+    for desc in listen:
+        _check_endpoint(desc, lambda reason: err("server.listen", reason))
+    kwargs: dict[str, Any] = {"listen": tuple(listen), "source": os.path.abspath(path)}
+    if "admin" in server:
+        admin = typed(server, "admin", str, "server")
+        _check_endpoint(admin, lambda reason: err("server.admin", reason))
+        kwargs["admin"] = admin
+    if "access_log" in server:
+        value = typed(server, "access_log", str, "server")
+        kwargs["access_log"] = None if value in ("", "off") else (value if value == "-" else rel(value))
+    if "max_request_body" in server:
+        try:
+            kwargs["max_request_body"] = parse_size(server["max_request_body"])
+        except ValueError as exc:
+            err("server.max_request_body", str(exc))
+    for key in ("tls_certificate", "tls_key"):
+        if key in server:
+            file = rel(typed(server, key, str, "server"))
+            if not os.path.isfile(file):
+                err(f"server.{key}", f"no such file: {file}")
+            kwargs[key] = file
+    if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in kwargs:
+        err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
+    if "workers" in server:
+        workers = typed(server, "workers", int, "server")
+        if workers < 0:
+            err("server.workers", "must be 0 or more")
+        kwargs["workers"] = workers
+    if "shutdown_timeout" in server:
+        kwargs["shutdown_timeout"] = typed(server, "shutdown_timeout", float, "server")
+
+    timeouts = data.get("timeouts", {})
+    if not isinstance(timeouts, dict):
+        err("timeouts", "must be a table")
+    _known(timeouts, ("connect", "first_byte", "idle", "pool_idle"), "timeouts", err)
+    tvalues = {}
+    for key in timeouts:
+        value = typed(timeouts, key, float, "timeouts")
+        if value < 0:
+            err(f"timeouts.{key}", "must be 0 (off) or more seconds")
+        tvalues[key] = value
+    kwargs["timeouts"] = Timeouts(**tvalues)
+
+    cache = data.get("cache", {})
+    if not isinstance(cache, dict):
+        err("cache", "must be a table")
+    _known(cache, ("size",), "cache", err)
+    if "size" in cache:
+        try:
+            kwargs["cache_size"] = parse_size(cache["size"])
+        except ValueError as exc:
+            err("cache.size", str(exc))
+
+    sites_table = data.get("sites")
+    if not isinstance(sites_table, dict) or not sites_table:
+        err("sites", "at least one [sites.NAME] table with an upstream is required")
+    sites = []
+    seen_hosts: dict[str, str] = {}
+    for name, table in sites_table.items():
+        where = f"sites.{name}"
+        if not isinstance(table, dict):
+            err(where, "must be a table")
+        _known(
+            table,
+            ("upstream", "hosts", "host_header", "rules", "map", "map_action", "redirect_status",
+             "map_keep_query", "cache", "cache_ttl", "cache_grace"),
+            where,
+            err,
+        )
+        if "upstream" not in table:
+            err(where, "missing key 'upstream'")
+        try:
+            upstream = UpstreamURL.parse(typed(table, "upstream", str, where))
+        except ValueError as exc:
+            err(f"{where}.upstream", str(exc))
+        hosts = table.get("hosts", [])
+        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+            err(f"{where}.hosts", "must be a list of host names")
+        norm_hosts = tuple(h.lower().rstrip(".") for h in hosts)
+        for h in norm_hosts:
+            if h in seen_hosts:
+                err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r}")
+            seen_hosts[h] = name
+        host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
+        rules = table.get("rules", [])
+        if isinstance(rules, str):
+            rules = [rules]
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            err(f"{where}.rules", "must be a file name or a list of file names")
+        rule_files = tuple(rel(r) for r in rules)
+        for r in rule_files:
+            if not os.path.isfile(r):
+                err(f"{where}.rules", f"no such file: {r}")
+        map_cfg = None
+        if "map" in table:
+            map_path = rel(typed(table, "map", str, where))
+            if not os.path.isfile(map_path):
+                err(f"{where}.map", f"no such file: {map_path}")
+            action = table.get("map_action", "redirect")
+            if action not in ("redirect", "rewrite"):
+                err(f"{where}.map_action", "must be 'redirect' or 'rewrite'")
+            status = table.get("redirect_status", 301)
+            if status not in REDIRECT_STATUSES:
+                err(f"{where}.redirect_status", f"must be one of {REDIRECT_STATUSES}")
+            keep_query = table.get("map_keep_query", True)
+            if not isinstance(keep_query, bool):
+                err(f"{where}.map_keep_query", "must be true or false")
+            map_cfg = MapConfig(map_path, action, status, keep_query)
+        else:
+            for key in ("map_action", "redirect_status", "map_keep_query"):
+                if key in table:
+                    err(f"{where}.{key}", "has no effect without 'map'")
+        cache_cfg = None
+        if table.get("cache", bool(kwargs.get("cache_size"))):
+            ckw = {}
+            if "cache_ttl" in table:
+                ckw["default_ttl"] = typed(table, "cache_ttl", float, where)
+            if "cache_grace" in table:
+                ckw["grace"] = typed(table, "cache_grace", float, where)
+            cache_cfg = CacheConfig(**ckw)
+        sites.append(
+            SiteConfig(
+                name=name,
+                upstream=upstream,
+                hosts=norm_hosts,
+                host_header=host_header,
+                rules=rule_files,
+                map=map_cfg,
+                cache=cache_cfg,
+            )
+        )
+    if "default_site" in server:
+        default = typed(server, "default_site", str, "server")
+        if default not in sites_table:
+            err("server.default_site", f"no site named {default!r}")
+    else:
+        default = sites[0].name
+    kwargs["sites"] = tuple(sites)
+    kwargs["default_site"] = default
+    return Config(**kwargs)
+
+
+def _check_endpoint(desc: str, fail: Any) -> None:
+    kind = desc.split(":", 1)[0]
+    if kind not in ("tcp", "tcp6", "ssl", "unix", "systemd"):
+        fail(f"unsupported endpoint {desc!r} (use tcp:, tcp6:, ssl:, unix: or systemd:)")
+
+
+def single_site_config(
+    listen: Sequence[str],
+    upstream: str,
+    rules: Sequence[str] = (),
+    map_path: str | None = None,
+    cache_size: int = 0,
+    admin: str | None = None,
+    workers: int | None = None,
+    host_header: str = "pass",
+) -> Config:
+    """The config the single-site command line describes."""
+    try:
+        url = UpstreamURL.parse(upstream)
+    except ValueError as exc:
+        raise ConfigError(None, None, "--upstream", str(exc)) from None
+    for desc in listen:
+        _check_endpoint(desc, lambda reason: _raise_cli("--listen", reason))
+    for r in rules:
+        if not os.path.isfile(r):
+            raise ConfigError(None, None, "--rules", f"no such file: {r}")
+    if map_path is not None and not os.path.isfile(map_path):
+        raise ConfigError(None, None, "--map", f"no such file: {map_path}")
+    site = SiteConfig(
+        name="default",
+        upstream=url,
+        host_header=host_header,
+        rules=tuple(os.path.abspath(r) for r in rules),
+        map=MapConfig(os.path.abspath(map_path)) if map_path else None,
+        cache=CacheConfig() if cache_size else None,
+    )
+    return Config(
+        listen=tuple(listen) or ("tcp:8080:interface=127.0.0.1",),
+        sites=(site,),
+        default_site="default",
+        cache_size=cache_size,
+        admin=admin,
+        workers=workers,
+    )
+
+
+def _raise_cli(key: str, reason: str) -> None:
+    raise ConfigError(None, None, key, reason)

@@ -1,0 +1,163 @@
+"""``twistd prexy --demo``: a small built-in origin with Prexy in front of it.
+
+The origin (127.0.0.1:8081) serves a few HTML pages that link to their own
+domain and carry an analytics id, plus a large body streamed in pieces.  Prexy
+(127.0.0.1:8080) proxies it with the demo rules and URL map shipped in
+``prexy/demo_files``, so one start shows the rewriting, the redirects and the
+streaming at work.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.application import service, strports
+from twisted.internet.interfaces import IPullProducer
+from twisted.logger import Logger
+from twisted.web import resource, server
+from zope.interface import implementer
+
+from prexy.config import Config, MapConfig, SiteConfig, UpstreamURL
+
+log = Logger()
+
+ORIGIN = "tcp:8081:interface=127.0.0.1"
+ORIGIN_URL = "http://127.0.0.1:8081"
+PROXY = "tcp:8080:interface=127.0.0.1"
+ADMIN = "tcp:8082:interface=127.0.0.1"
+FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_files")
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{title} - Original Shop</title>
+<link rel="stylesheet" href="https://www.original-shop.example/style.css">
+<script>ga('create', 'UA-12345-1', 'auto'); ga('send', 'pageview');</script>
+</head><body>
+<h1>{title}</h1>
+<p>Welcome to Original Shop. Every link below points at https://www.original-shop.example
+and the analytics id above is UA-12345-1; Prexy rewrites both on the way through.</p>
+<ul>
+<li><a href="https://www.original-shop.example/">Home</a></li>
+<li><a href="https://www.original-shop.example/products/widget.html">The widget</a></li>
+<li><a href="https://www.original-shop.example/news/summer-sale.html">Summer sale</a></li>
+<li><a href="https://www.original-shop.example/large">A large streamed page (64 MB)</a></li>
+</ul>
+{body}
+</body></html>
+"""
+
+PAGES = {
+    b"/": ("Home", "<p>Try the old URLs too: /old-home, /catalog/widget.php?id=1, /blog/2024/summer-sale</p>"),
+    b"/index.html": ("Home", ""),
+    b"/products/widget.html": ("The widget", "<p>A fine widget. Price: 10 EUR.</p>"),
+    b"/news/summer-sale.html": ("Summer sale", "<p>Everything half price at Original Shop.</p>"),
+}
+
+CSS = b"body { font-family: sans-serif; background: url(https://www.original-shop.example/bg.png); }\n"
+
+
+@implementer(IPullProducer)
+class _LargeBody:
+    """Streams ``size`` bytes of HTML one piece per resumeProducing call."""
+
+    PIECE = (
+        b'<p>Line of a large page at <a href="https://www.original-shop.example/p">'
+        b"Original Shop</a> with UA-12345-1 inside.</p>\n"
+    ) * 512
+
+    def __init__(self, request: server.Request, size: int) -> None:
+        self.request = request
+        self.left = size
+
+    def resumeProducing(self) -> None:
+        if self.left <= 0:
+            return
+        piece = self.PIECE if self.left >= len(self.PIECE) else self.PIECE[: self.left]
+        self.left -= len(piece)
+        self.request.write(piece)
+        if self.left <= 0:
+            self.request.unregisterProducer()
+            self.request.finish()
+
+    def stopProducing(self) -> None:
+        self.left = 0
+
+
+class DemoOrigin(resource.Resource):
+    """The built-in origin's pages."""
+
+    isLeaf = True
+
+    def render_GET(self, request: server.Request) -> Any:
+        path = request.path
+        if path in PAGES:
+            title, body = PAGES[path]
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"cache-control", b"public, max-age=60")
+            return _PAGE.format(title=title, body=body).encode("utf-8")
+        if path == b"/style.css":
+            request.setHeader(b"content-type", b"text/css")
+            return CSS
+        if path == b"/large":
+            try:
+                mb = int(request.args.get(b"mb", [b"64"])[0])
+            except ValueError:
+                mb = 64
+            size = max(0, min(mb, 4096)) * 1024 * 1024
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"content-length", b"%d" % size)
+            if size == 0:
+                return b""
+            request.registerProducer(_LargeBody(request, size), False)
+            return server.NOT_DONE_YET
+        request.setResponseCode(404)
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return b"<html><body><h1>Not found at Original Shop</h1></body></html>\n"
+
+    render_HEAD = render_GET
+
+
+class DemoService(service.MultiService):
+    """The demo origin, and a banner saying what to open."""
+
+    def __init__(self, reactor: Any) -> None:
+        super().__init__()
+        self.reactor = reactor
+        site = server.Site(DemoOrigin())
+        site.log = lambda request: None  # type: ignore[method-assign]
+        strports.service(ORIGIN, site, reactor=reactor).setServiceParent(self)
+
+    def startService(self) -> None:
+        super().startService()
+        self.reactor.callWhenRunning(self._banner)
+
+    def _banner(self) -> None:
+        log.info(
+            "\n"
+            "  Prexy demo is running.\n"
+            "    origin (as is):      http://127.0.0.1:8081/\n"
+            "    through Prexy:       http://127.0.0.1:8080/            (domain and analytics id rewritten)\n"
+            "    old URL redirected:  http://127.0.0.1:8080/blog/2024/summer-sale\n"
+            "    large streamed body: http://127.0.0.1:8080/large?mb=64\n"
+            "    admin:               http://127.0.0.1:8082/metrics\n"
+            "  Try: curl -si http://127.0.0.1:8080/ | head -20\n"
+        )
+
+
+def demo_config(workers: int | None = None) -> Config:
+    """The configuration the demo runs with."""
+    rules = os.path.join(FILES, "demo.rules")
+    site = SiteConfig(
+        name="demo",
+        upstream=UpstreamURL.parse(ORIGIN_URL),
+        rules=(rules,),
+        map=MapConfig(os.path.join(FILES, "demo.map")),
+    )
+    return Config(
+        listen=(PROXY,),
+        sites=(site,),
+        default_site="demo",
+        admin=ADMIN,
+        workers=0 if workers is None else workers,
+    )

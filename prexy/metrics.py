@@ -1,0 +1,110 @@
+"""Counters and a latency histogram, rendered in Prometheus text format.
+
+One ``Metrics`` per process; the admin endpoint renders it (and, with a
+worker pool, the master sums what the workers report).  Pure Python, no
+Twisted, cheap enough to touch on every request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+#: Upper bounds (seconds) of the upstream latency histogram buckets.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+HELP = {
+    "prexy_requests_total": "Responses sent, by status code.",
+    "prexy_upstream_errors_total": "Upstream failures, by kind (connect, timeout, error, mid-body).",
+    "prexy_rewrite_bailouts_total": "Responses whose substitution stopped at max_buffered_size.",
+    "prexy_rewrite_timeouts_total": "Responses whose substitution scan timed out.",
+    "prexy_map_hits_total": "Requests answered or rewritten by a URL map, by action.",
+    "prexy_bytes_out_total": "Response body bytes written to clients.",
+    "prexy_worker_restarts_total": "Worker processes restarted by the master.",
+}
+
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Metrics:
+    """Process-local counters and histogram."""
+
+    def __init__(self) -> None:
+        self.counters: Counter[LabelKey] = Counter()
+        self.bytes_out = 0
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+        self.latency_count = 0
+        self._status_keys: dict[int, LabelKey] = {}
+
+    def count(self, name: str, amount: int = 1, **labels: str) -> None:
+        self.counters[(name, tuple(sorted(labels.items())))] += amount
+
+    def count_status(self, code: int) -> None:
+        key = self._status_keys.get(code)
+        if key is None:
+            key = self._status_keys[code] = ("prexy_requests_total", (("status", str(code)),))
+        self.counters[key] += 1
+
+    def observe_upstream(self, seconds: float) -> None:
+        self.latency_sum += seconds
+        self.latency_count += 1
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.latency_buckets[i] += 1
+                return
+        self.latency_buckets[-1] += 1
+
+    def snapshot(self) -> dict[str, object]:
+        """A JSON-able copy (what a worker reports to the master)."""
+        return {
+            "counters": [[n, [list(kv) for kv in labels], v] for (n, labels), v in self.counters.items()],
+            "bytes_out": self.bytes_out,
+            "latency_buckets": list(self.latency_buckets),
+            "latency_sum": self.latency_sum,
+            "latency_count": self.latency_count,
+        }
+
+    def merge(self, snapshot: Mapping[str, object]) -> None:
+        """Add a snapshot (from another process) into this one."""
+        for name, labels, value in snapshot["counters"]:  # type: ignore[attr-defined]
+            self.counters[(name, tuple(tuple(kv) for kv in labels))] += value
+        self.bytes_out += int(snapshot["bytes_out"])  # type: ignore[call-overload]
+        for i, v in enumerate(snapshot["latency_buckets"]):  # type: ignore[arg-type]
+            self.latency_buckets[i] += v
+        self.latency_sum += float(snapshot["latency_sum"])  # type: ignore[arg-type]
+        self.latency_count += int(snapshot["latency_count"])  # type: ignore[call-overload]
+
+
+def render(metrics: Iterable[Metrics], extra: Mapping[str, float] | None = None) -> bytes:
+    """Prometheus text exposition of the sum of ``metrics``."""
+    total = Metrics()
+    for m in metrics:
+        total.merge(m.snapshot())
+    lines: list[str] = []
+    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], int]]] = {}
+    for (name, labels), value in sorted(total.counters.items()):
+        by_name.setdefault(name, []).append((labels, value))
+    for name, rows in by_name.items():
+        lines.append(f"# HELP {name} {HELP.get(name, name)}")
+        lines.append(f"# TYPE {name} counter")
+        for labels, value in rows:
+            label_text = ",".join(f'{k}="{v}"' for k, v in labels)
+            lines.append(f"{name}{{{label_text}}} {value}" if label_text else f"{name} {value}")
+    lines.append(f"# HELP prexy_bytes_out_total {HELP['prexy_bytes_out_total']}")
+    lines.append("# TYPE prexy_bytes_out_total counter")
+    lines.append(f"prexy_bytes_out_total {total.bytes_out}")
+    lines.append("# HELP prexy_upstream_seconds Time to the upstream's response head.")
+    lines.append("# TYPE prexy_upstream_seconds histogram")
+    cumulative = 0
+    for bound, count in zip(LATENCY_BUCKETS, total.latency_buckets):
+        cumulative += count
+        lines.append(f'prexy_upstream_seconds_bucket{{le="{bound}"}} {cumulative}')
+    cumulative += total.latency_buckets[-1]
+    lines.append(f'prexy_upstream_seconds_bucket{{le="+Inf"}} {cumulative}')
+    lines.append(f"prexy_upstream_seconds_sum {total.latency_sum}")
+    lines.append(f"prexy_upstream_seconds_count {total.latency_count}")
+    for name, value in (extra or {}).items():
+        lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name} {value}")
+    return ("\n".join(lines) + "\n").encode("utf-8")

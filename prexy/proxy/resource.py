@@ -1,0 +1,467 @@
+"""The reverse-proxy resource: one client request -> one upstream exchange.
+
+The response body streams chunk by chunk: every upstream chunk is written to
+the client at once (through the site's substitution transducer when its rules
+apply), and the upstream socket is registered as a streaming producer on the
+client request, so a slow client pauses the upstream instead of filling
+memory.  Failures are mapped the way users of nginx expect: 502 when the
+upstream cannot be reached or answers garbage, 504 on a timeout, and a reset
+client connection when the upstream dies mid-body (never a clean end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tempfile
+from typing import IO, Any
+
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http, server
+from twisted.web.resource import Resource
+
+from prexy.metrics import Metrics
+from prexy.proxy.headers import append_forwarded_for, append_via, end_to_end
+from prexy.proxy.upstream import (
+    OriginKey,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
+from prexy.runtime import Runtime, SiteRuntime
+
+log = Logger()
+
+#: Request headers never forwarded besides hop-by-hop ones: the proxy frames
+#: the body itself, and sets Host and forwarding headers itself.
+_REQUEST_DROP = frozenset(
+    {b"host", b"content-length", b"expect", b"x-forwarded-for", b"x-forwarded-host",
+     b"x-forwarded-proto", b"via"}
+)
+_RESPONSE_DROP = frozenset({b"content-length", b"via"})
+_SPOOL_IN_MEMORY = 1024 * 1024
+#: Largest piece of body fed to the transducer in one go, so one huge chunk
+#: never holds the reactor for long.
+_FEED_SLICE = 64 * 1024
+
+
+class ProxyResource(Resource):
+    """Forwards every request to its site's upstream."""
+
+    isLeaf = True
+
+    def __init__(self, reactor: Any, pool: UpstreamPool, runtime: Runtime, metrics: Metrics) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.pool = pool
+        self.runtime = runtime
+        self.metrics = metrics
+
+    def render(self, request: server.Request) -> Any:
+        started = self.reactor.seconds()
+        runtime = self.runtime
+        headers = request.requestHeaders
+        host_values = headers.getRawHeaders(b"host")
+        host = host_values[0] if host_values else None
+        site = runtime.select(host)
+        target = _origin_form(request.uri)
+        if target is None:
+            return _plain(request, 400, b"Bad Request: unsupported request target\n")
+
+        if site.urlmap is not None:
+            handled = self._apply_map(request, site, target)
+            if handled is not None:
+                if isinstance(handled, bytes):
+                    target = handled
+                else:
+                    return handled
+
+        upstream = site.config.upstream
+        if upstream.path:
+            target = upstream.path.encode("latin-1") + target
+        out: list[tuple[bytes, bytes]] = []
+        raw = [(name, value) for name, values in headers.getAllRawHeaders() for value in values]
+        rewriting = site.rules is not None
+        drop = _REQUEST_DROP | {b"accept-encoding"} if rewriting else _REQUEST_DROP
+        out = end_to_end(raw, drop)
+        out.insert(0, (b"Host", site.config.upstream_host_header(host)))
+        if rewriting:
+            # Never let compressed bytes reach the transducer: ask for identity.
+            out.append((b"Accept-Encoding", b"identity"))
+        client = request.getClientAddress()
+        client_ip = getattr(client, "host", None) or "unix"
+        out.append((b"X-Forwarded-For", append_forwarded_for(headers.getRawHeaders(b"x-forwarded-for"), client_ip.encode("ascii"))))
+        out.append((b"X-Forwarded-Proto", b"https" if request.isSecure() else b"http"))
+        if host:
+            out.append((b"X-Forwarded-Host", host))
+        out.append((b"Via", append_via(headers.getRawHeaders(b"via"))))
+
+        body, body_length = _request_body(request)
+        key = OriginKey(upstream.scheme, upstream.host, upstream.port)
+        exchange = _Exchange(self, request, site, started)
+        d = self.pool.request(key, request.method, target, out, body, body_length)
+        exchange.pending = d
+        d.addCallbacks(exchange.response_head, exchange.upstream_failed)
+        d.addErrback(exchange.internal_error)
+        request.notifyFinish().addErrback(exchange.client_gone)
+        return server.NOT_DONE_YET
+
+    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> Any:
+        """Redirect (returns the rendered body) or rewrite (returns the new
+        target as bytes) per the site's map; None when no entry matched."""
+        cfg = site.config.map
+        assert cfg is not None
+        value = site.urlmap.lookup(request.uri.decode("latin-1"))
+        if not value:
+            return None
+        self.metrics.count("prexy_map_hits_total", action=cfg.action)
+        query = b""
+        if cfg.keep_query and b"?" in target and "?" not in value:
+            query = target[target.index(b"?") :]
+        if cfg.action == "rewrite":
+            new = value.encode("latin-1")
+            if not new.startswith(b"/"):
+                new = b"/" + new
+            return new + query
+        location = value.encode("latin-1") + query
+        if location.startswith(b"/") and not location.startswith(b"//"):
+            scheme = b"https" if request.isSecure() else b"http"
+            host = request.getHeader(b"host") or b"localhost"
+            location = scheme + b"://" + (host if isinstance(host, bytes) else host.encode()) + location
+        request.setResponseCode(cfg.status)
+        request.setHeader(b"Location", location)
+        return _plain(request, cfg.status, b"Redirecting to " + location + b"\n", keep_code=True)
+
+
+def _plain(request: server.Request, code: int, body: bytes, keep_code: bool = False) -> bytes:
+    if not keep_code:
+        request.setResponseCode(code)
+    request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+    request.setHeader(b"Content-Length", b"%d" % len(body))
+    return body
+
+
+def _origin_form(uri: bytes) -> bytes | None:
+    """The request target as origin-form (absolute-form is reduced to its path)."""
+    if uri.startswith(b"/"):
+        return uri
+    if uri == b"*":
+        return uri
+    lower = uri[:8].lower()
+    if lower.startswith(b"http://") or lower.startswith(b"https://"):
+        rest = uri.split(b"://", 1)[1]
+        slash = rest.find(b"/")
+        if slash < 0:
+            q = rest.find(b"?")
+            return b"/" + (rest[q:] if q >= 0 else b"")
+        return rest[slash:]
+    return None
+
+
+def _request_body(request: server.Request) -> tuple[IO[bytes] | None, int]:
+    content = request.content
+    if content is None:
+        return None, 0
+    content.seek(0, 2)
+    length = content.tell()
+    content.seek(0)
+    if not length:
+        return None, 0
+    return content, length
+
+
+class _Exchange:
+    """State of one proxied request: from upstream head to the last byte."""
+
+    def __init__(self, resource: ProxyResource, request: server.Request, site: SiteRuntime, started: float) -> None:
+        self.resource = resource
+        self.request = request
+        self.site = site
+        self.started = started
+        self.pending: Any = None
+        self.response: UpstreamResponse | None = None
+        self.transducer: Any = None
+        self.client_gone_flag = False
+        self.done = False
+        self.producer_registered = False
+
+    # -- upstream head -----------------------------------------------------------
+
+    def response_head(self, response: UpstreamResponse) -> None:
+        self.pending = None
+        request = self.request
+        if self.client_gone_flag:
+            response.abort()
+            return
+        self.response = response
+        resource = self.resource
+        request.setResponseCode(response.code, response.phrase or None)
+        headers = end_to_end(response.headers, _RESPONSE_DROP)
+        rules = self.site.rules
+        transducer = None
+        if rules is not None and response.length != 0 and request.method != b"HEAD":
+            ctype = _header(headers, b"content-type")
+            encoding = _header(headers, b"content-encoding")
+            if encoding is None or encoding.lower() == b"identity":
+                if rules.applies_to((ctype or b"").decode("latin-1")):
+                    transducer = rules.new_transducer()
+        grouped: dict[bytes, list[bytes]] = {}
+        for name, value in headers:
+            grouped.setdefault(name, []).append(value)
+        response_headers = request.responseHeaders
+        for name, values in grouped.items():
+            response_headers.setRawHeaders(name, values)
+        if transducer is not None:
+            self.transducer = transducer
+            if not rules.keep_last_modified:
+                response_headers.removeHeader(b"last-modified")
+            etag = response_headers.getRawHeaders(b"etag")
+            if etag:
+                response_headers.setRawHeaders(b"etag", [_derived_etag(etag[0], rules.digest)])
+        elif response.length is not None and response.code not in (204, 304):
+            response_headers.setRawHeaders(b"content-length", [b"%d" % response.length])
+        response_headers.setRawHeaders(b"via", [append_via(_all(response.headers, b"via"))])
+        now = resource.reactor.seconds()
+        upstream_time = response.connect_seconds + response.first_byte_seconds
+        own = max(0.0, now - self.started - upstream_time)
+        response_headers.setRawHeaders(
+            b"server-timing",
+            [
+                b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f"
+                % (response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000)
+            ],
+        )
+        resource.metrics.observe_upstream(response.first_byte_seconds + response.connect_seconds)
+        if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
+            response.deliverBody(self)  # nothing to stream: finishes at once
+            return
+        request.registerProducer(response.producer, True)
+        self.producer_registered = True
+        response.deliverBody(self)
+
+    # -- body ------------------------------------------------------------------
+
+    def bodyData(self, data: bytes) -> None:
+        if self.client_gone_flag:
+            return
+        transducer = self.transducer
+        if transducer is None:
+            self.resource.metrics.bytes_out += len(data)
+            self.request.write(data)
+            return
+        try:
+            if len(data) <= _FEED_SLICE:
+                out = transducer.feed(data)
+            else:
+                out = b"".join(
+                    transducer.feed(data[i : i + _FEED_SLICE]) for i in range(0, len(data), _FEED_SLICE)
+                )
+        except Exception:
+            log.failure("substitution failed; aborting the response")
+            self.abort_client()
+            return
+        if out:
+            self.resource.metrics.bytes_out += len(out)
+            self.request.write(out)
+
+    def bodyDone(self) -> None:
+        if self.client_gone_flag:
+            return
+        request = self.request
+        transducer = self.transducer
+        if transducer is not None:
+            try:
+                tail = transducer.finish()
+            except Exception:
+                log.failure("substitution failed at end of body; aborting the response")
+                self.abort_client()
+                return
+            if tail:
+                self.resource.metrics.bytes_out += len(tail)
+                request.write(tail)
+            self._count_transducer(transducer)
+        self._unregister()
+        self.done = True
+        request.finish()
+
+    def bodyFailed(self, reason: Failure) -> None:
+        if self.client_gone_flag:
+            return
+        log.warn(
+            "upstream failed mid-body for {method} {uri}: {why}; resetting client connection",
+            method=self.request.method.decode("latin-1"),
+            uri=self.request.uri.decode("latin-1"),
+            why=reason.getErrorMessage(),
+        )
+        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
+        self.abort_client()
+
+    def _count_transducer(self, transducer: Any) -> None:
+        metrics = self.resource.metrics
+        if getattr(transducer, "bailed_out", False):
+            metrics.count("prexy_rewrite_bailouts_total")
+        if getattr(transducer, "timed_out", False):
+            metrics.count("prexy_rewrite_timeouts_total")
+
+    def _unregister(self) -> None:
+        if self.producer_registered:
+            self.producer_registered = False
+            if self.request.channel is not None:
+                self.request.unregisterProducer()
+
+    def abort_client(self) -> None:
+        self._unregister()
+        self.done = True
+        if self.response is not None:
+            self.response.abort()
+        channel = self.request.channel
+        if channel is not None and channel.transport is not None:
+            channel.transport.abortConnection()
+
+    # -- failures --------------------------------------------------------------
+
+    def upstream_failed(self, reason: Failure) -> None:
+        self.pending = None
+        if self.client_gone_flag or reason.check(CancelledError):
+            return
+        request = self.request
+        status = reason.value.status if isinstance(reason.value, UpstreamError) else 502
+        kind = "timeout" if reason.check(UpstreamTimeout) else "connect" if status == 502 else "error"
+        self.resource.metrics.count("prexy_upstream_errors_total", kind=kind)
+        upstream = self.site.config.upstream
+        log.warn(
+            "{status} for {method} {uri}: upstream {upstream}: {why}",
+            status=status,
+            method=request.method.decode("latin-1"),
+            uri=request.uri.decode("latin-1"),
+            upstream=str(upstream),
+            why=reason.getErrorMessage(),
+        )
+        phrase = b"Gateway Timeout" if status == 504 else b"Bad Gateway"
+        body = b"%d %s: %s\n" % (status, phrase, reason.getErrorMessage().encode("utf-8", "replace"))
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
+        self.done = True
+        request.finish()
+
+    def internal_error(self, reason: Failure) -> None:
+        log.failure("internal error while proxying", reason)
+        if not self.client_gone_flag and not self.done:
+            self.abort_client()
+
+    def client_gone(self, reason: Failure) -> None:
+        """The client disconnected before the response was complete."""
+        if self.done:
+            return
+        self.client_gone_flag = True
+        self.producer_registered = False
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.cancel()
+        elif self.response is not None:
+            self.response.abort()
+
+
+def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
+    for name, value in headers:
+        if name.lower() == lname:
+            return value
+    return None
+
+
+def _all(headers: list[tuple[bytes, bytes]], lname: bytes) -> list[bytes] | None:
+    values = [v for n, v in headers if n.lower() == lname]
+    return values or None
+
+
+def _derived_etag(etag: bytes, digest: str) -> bytes:
+    """A validator for the rewritten bytes: the upstream ETag plus the rule
+    set's hash, kept strong/weak as the upstream's was."""
+    weak = etag.startswith(b"W/")
+    tag = etag[2:] if weak else etag
+    tag = tag.strip(b'"')
+    mixed = hashlib.sha1(tag + b"|" + digest.encode("ascii")).hexdigest()[:16].encode("ascii")
+    return (b'W/"' if weak else b'"') + mixed + b'-px"'
+
+
+class ProxyRequest(server.Request):
+    """A request that spools its body with a size limit and skips
+    twisted.web's default headers (the upstream's Server, Date and
+    Content-Type pass through unchanged)."""
+
+    defaultContentType = None
+    _rejected = False
+    _body_seen = 0
+
+    def gotLength(self, length: int | None) -> None:
+        limit = self.channel.site.max_request_body
+        if length is not None and length > limit:
+            self._reject_too_large()
+            return
+        if length is not None and length <= _SPOOL_IN_MEMORY:
+            self.content = io.BytesIO()
+        else:
+            self.content = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        self._body_seen += len(data)
+        if self._body_seen > self.channel.site.max_request_body:
+            self._reject_too_large()
+            return
+        self.content.write(data)
+
+    def _reject_too_large(self) -> None:
+        self._rejected = True
+        self.content = io.BytesIO()
+        body = b"413 Payload Too Large: request body exceeds the configured limit\n"
+        self.channel.transport.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.channel.site.metrics.count("prexy_requests_total", status="413")
+        self.channel.loseConnection()
+
+    def process(self) -> None:
+        if self._rejected:
+            return
+        self.site = self.channel.site
+        self.prepath = []
+        self.postpath = []
+        try:
+            self.render(self.site.resource)
+        except BaseException:
+            self.processingFailed(Failure())
+
+    def finish(self) -> None:
+        self.channel.site.metrics.count_status(self.code)
+        super().finish()
+
+
+class ProxySite(server.Site):
+    """The HTTP factory for the proxy: our request class, access log in
+    combined log format, request body limit."""
+
+    requestFactory = ProxyRequest
+    noisy = False
+
+    def __init__(
+        self,
+        resource: ProxyResource,
+        max_request_body: int,
+        metrics: Metrics,
+        log_path: str | None = None,
+        reactor: Any = None,
+        timeout: float = 75.0,
+    ) -> None:
+        super().__init__(resource, logPath=log_path, timeout=timeout, reactor=reactor)
+        self.max_request_body = max_request_body
+        self.metrics = metrics
+        self.logFormatter = http.combinedLogFormatter
+        self._logFormatter = http.combinedLogFormatter

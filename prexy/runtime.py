@@ -1,0 +1,131 @@
+"""What a running proxy serves with: a validated Config plus the compiled
+rules and loaded maps of each site, and the Host-header router.
+
+Built once per (re)load, before anything is swapped in: a rules or map file
+that does not load makes ``build_runtime`` raise ``ConfigError`` naming the
+file and line, so ``--check``, start-up and reload share one code path and a
+broken file never replaces a working runtime.  No Twisted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from prexy.config import Config, ConfigError, SiteConfig
+
+
+@attrs.frozen
+class SiteRuntime:
+    """One site, ready to serve: config plus compiled rules and map."""
+
+    config: SiteConfig
+    rules: Any = None  # prexy.substitution RuleSet, or None
+    urlmap: Any = None  # prexy.urlmap UrlMap, or None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@attrs.frozen
+class Runtime:
+    """Everything one generation of the proxy serves with."""
+
+    config: Config
+    sites: tuple[SiteRuntime, ...]
+    by_host: dict[str, SiteRuntime] = attrs.field(hash=False)
+    default: SiteRuntime
+
+    def select(self, host: bytes | None) -> SiteRuntime:
+        """The site for a Host header (port and one trailing dot ignored)."""
+        if host:
+            name = host.decode("latin-1").lower()
+            if name.startswith("["):
+                name = name[: name.find("]") + 1]
+            else:
+                name = name.rsplit(":", 1)[0] if ":" in name else name
+            site = self.by_host.get(name.rstrip("."))
+            if site is not None:
+                return site
+        return self.default
+
+
+RuleLoader = Callable[[tuple[str, ...]], Any]
+MapLoader = Callable[[str], Any]
+
+
+def _load_rules(paths: tuple[str, ...]) -> Any:
+    from prexy.substitution import RulesError, load_rules
+
+    try:
+        return load_rules(paths)
+    except RulesError as exc:
+        raise ConfigError(exc.filename, exc.line, None, str(exc.reason)) from None
+    except OSError as exc:
+        raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
+
+
+def _load_map(path: str) -> Any:
+    from prexy.urlmap import MapError, load_map
+
+    try:
+        return load_map(path)
+    except MapError as exc:
+        raise ConfigError(exc.filename, exc.line, None, str(exc.reason)) from None
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
+
+
+def build_runtime(
+    config: Config,
+    load_rules: RuleLoader = _load_rules,
+    load_map: MapLoader = _load_map,
+    previous: Runtime | None = None,
+) -> Runtime:
+    """Compile every site's rules and maps; raise ConfigError on any failure.
+
+    Rule sets and maps whose files did not change since ``previous`` are
+    reused rather than compiled again.
+    """
+    reuse_rules: dict[tuple[str, ...], Any] = {}
+    reuse_maps: dict[str, Any] = {}
+    if previous is not None:
+        for s in previous.sites:
+            if s.rules is not None and _unchanged(s.rules):
+                reuse_rules[s.config.rules] = s.rules
+            if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
+                reuse_maps[s.config.map.path] = s.urlmap
+    compiled: dict[tuple[str, ...], Any] = {}
+    sites = []
+    for site in config.sites:
+        rules = None
+        if site.rules:
+            if site.rules not in compiled:
+                compiled[site.rules] = reuse_rules.get(site.rules) or load_rules(site.rules)
+            rules = compiled[site.rules]
+        urlmap = None
+        if site.map is not None:
+            urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
+        sites.append(SiteRuntime(site, rules, urlmap))
+    by_host = {h: s for s in sites for h in s.config.hosts}
+    default = next(s for s in sites if s.name == config.default_site)
+    return Runtime(config, tuple(sites), by_host, default)
+
+
+def _unchanged(loaded: Any) -> bool:
+    """Whether the files a loaded object came from still have their mtimes."""
+    import os
+
+    sources = getattr(loaded, "source_files", None)
+    if not sources:
+        return False
+    for path, mtime in sources:
+        try:
+            if os.stat(path).st_mtime != mtime:
+                return False
+        except OSError:
+            return False
+    return True

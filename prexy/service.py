@@ -1,0 +1,222 @@
+"""``twistd prexy``: command-line options and the service they describe.
+
+The options resolve to one frozen ``Config`` (from ``--config FILE``, from the
+single-site flags, or the built-in ``--demo``), which is validated and
+compiled into a ``Runtime`` before twistd daemonises, so a broken config is
+refused up front with its file and line.  ``--check`` stops there, like
+``nginx -t``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from twisted.application import service, strports
+from twisted.logger import Logger
+from twisted.python import usage
+
+from prexy.config import Config, ConfigError, load_config, parse_size, single_site_config
+from prexy.runtime import Runtime, build_runtime
+
+log = Logger()
+
+
+class Options(usage.Options):
+    """Options of ``twistd prexy``."""
+
+    synopsis = (
+        "[--demo | --config FILE [--check] | --listen ENDPOINT --upstream URL "
+        "[--rules FILE] [--map FILE] [--cache-size SIZE]] [--workers N]"
+    )
+    longdesc = (
+        "Prexy, a streaming rewriting reverse proxy. Run a whole configuration "
+        "from a TOML file with --config, one site from the command line with "
+        "--listen/--upstream, or the built-in demonstration with --demo."
+    )
+    optFlags = [
+        ["demo", None, "Run a built-in origin and Prexy in front of it on 127.0.0.1:8080."],
+        ["check", None, "Validate the configuration (and its rules and maps), then exit 0 or 1."],
+    ]
+    optParameters = [
+        ["config", "c", None, "TOML configuration file."],
+        ["upstream", "u", None, "Upstream URL for a single site without a config file."],
+        ["map", "m", None, "nginx map file for the single site (redirects old URLs)."],
+        ["cache-size", None, None, "Enable the cache with this size (e.g. 256M)."],
+        ["workers", "w", None, "Worker processes sharing the port (default: CPUs; 0 = in-process)."],
+        ["admin", None, None, "Admin endpoint (health, metrics), e.g. tcp:9080:interface=127.0.0.1."],
+        ["host-header", None, "pass", "Host sent upstream: pass, upstream, or a literal name."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["listen"] = []
+        self["rules"] = []
+
+    def opt_listen(self, endpoint: str) -> None:
+        """Listen endpoint (Twisted endpoint string), e.g. tcp:8080:interface=127.0.0.1.
+        May be repeated."""
+        self["listen"].append(endpoint)
+
+    def opt_rules(self, path: str) -> None:
+        """replace_filter rules file for the single site. May be repeated."""
+        self["rules"].append(path)
+
+    opt_l = opt_listen
+    opt_r = opt_rules
+
+    def postOptions(self) -> None:
+        try:
+            config = self._config()
+            runtime = build_runtime(config)
+        except ConfigError as exc:
+            if self["check"]:
+                sys.stderr.write(f"prexy: {exc}\nprexy: configuration test failed\n")
+                raise SystemExit(1) from None
+            raise usage.UsageError(str(exc)) from None
+        if self["check"]:
+            source = config.source or "command line"
+            sys.stdout.write(
+                f"prexy: configuration {source} is ok: {len(config.sites)} site(s), "
+                f"listening on {', '.join(config.listen)}\n"
+            )
+            raise SystemExit(0)
+        self.config = config
+        self.runtime = runtime
+
+    def _config(self) -> Config:
+        modes = sum(bool(x) for x in (self["demo"], self["config"], self["upstream"]))
+        if modes != 1:
+            raise usage.UsageError("give exactly one of --demo, --config FILE, or --upstream URL")
+        workers = None
+        if self["workers"] is not None:
+            try:
+                workers = int(self["workers"])
+                if workers < 0:
+                    raise ValueError
+            except ValueError:
+                raise usage.UsageError(f"--workers must be 0 or more, got {self['workers']!r}") from None
+        cache_size = 0
+        if self["cache-size"]:
+            try:
+                cache_size = parse_size(self["cache-size"])
+            except ValueError as exc:
+                raise usage.UsageError(f"--cache-size: {exc}") from None
+        if self["demo"]:
+            from prexy.demo import demo_config
+
+            return demo_config(workers=workers)
+        if self["config"]:
+            if self["listen"] or self["rules"] or self["map"]:
+                raise usage.UsageError("--listen/--rules/--map go without --config (put them in the file)")
+            config = load_config(self["config"])
+            if workers is not None:
+                import attrs
+
+                config = attrs.evolve(config, workers=workers)
+            return config
+        return single_site_config(
+            listen=self["listen"],
+            upstream=self["upstream"],
+            rules=self["rules"],
+            map_path=self["map"],
+            cache_size=cache_size,
+            admin=self["admin"],
+            workers=workers,
+            host_header=self["host-header"],
+        )
+
+
+class ProxyService(service.MultiService):
+    """Listening ports, the upstream pool and the resource of one process.
+
+    ``reload()`` re-reads the config file and swaps the runtime only when
+    everything in it loads; on any error the old runtime keeps serving.
+    """
+
+    def __init__(self, reactor: Any, config: Config, runtime: Runtime) -> None:
+        super().__init__()
+        from prexy.metrics import Metrics
+        from prexy.proxy.resource import ProxyResource, ProxySite
+        from prexy.proxy.upstream import UpstreamPool
+
+        self.reactor = reactor
+        self.config = config
+        self.metrics = Metrics()
+        self.pool = UpstreamPool(reactor, config.timeouts)
+        self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics)
+        log_path = config.access_log if config.access_log not in (None, "-") else None
+        self.site = ProxySite(self.resource, config.max_request_body, self.metrics, log_path, reactor)
+        if config.access_log is None:
+            self.site.log = lambda request: None  # type: ignore[method-assign]
+        for desc in config.listen_endpoints():
+            strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
+        if config.admin:
+            from prexy.admin import AdminResource
+            from twisted.web.server import Site
+
+            admin = AdminResource(self)
+            admin_site = Site(admin)
+            admin_site.log = lambda request: None  # type: ignore[method-assign]
+            strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.resource.runtime
+
+    def reload(self) -> bool:
+        """Re-read the config file (if any) and its rules and maps; swap them in
+        when all of it is valid. Returns whether the new config is in force."""
+        try:
+            config = load_config(self.config.source) if self.config.source else self.config
+            runtime = build_runtime(config, previous=self.resource.runtime)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
+            return False
+        if config.listen != self.config.listen:
+            log.warn("reload: listen endpoints changed; they take effect on restart")
+        self.config = config
+        self.resource.runtime = runtime
+        log.info("reloaded configuration: {n} site(s)", n=len(runtime.sites))
+        return True
+
+    def startService(self) -> None:
+        super().startService()
+        if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
+            self.reactor.callWhenRunning(self._install_sighup)
+
+    def _install_sighup(self) -> None:
+        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+
+    def stopService(self) -> Any:
+        d = super().stopService()
+        self.pool.close_idle()
+        return d
+
+
+def _global_reactor() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
+
+
+def makeService(options: Options) -> service.IService:
+    """The twistd entry point."""
+    from twisted.internet import reactor
+
+    config: Config = options.config
+    runtime: Runtime = options.runtime
+    top = service.MultiService()
+    if options["demo"]:
+        from prexy.demo import DemoService
+
+        DemoService(reactor).setServiceParent(top)
+    ProxyService(reactor, config, runtime).setServiceParent(top)
+    log.info(
+        "prexy {pid} listening on {listen}",
+        pid=os.getpid(),
+        listen=", ".join(config.listen),
+    )
+    return top
