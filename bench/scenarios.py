@@ -1,0 +1,636 @@
+"""The benchmark scenarios: each prints one markdown table and writes JSON.
+
+A scenario gets a ``Bench`` (settings, the running origin, the Prexy
+install) and returns a ``Report``.  Peers and Prexy run in the same
+invocation, interleaved, so the ratio compares like with like on a noisy
+machine.  A Prexy side that cannot run (flag not yet in ``twistd prexy
+--help``, start failure, wrong responses) is reported in the notes and its
+cells are left '-', while the peer side is still measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import content
+import harness
+import servers
+from harness import WORK, Client, WrkResult, fmt, fmt_ms, markdown_table, ratio
+from servers import MissingFlag, PrexyInstall, Server
+
+KB = 1024
+MB = 1024 * 1024
+PATHS = {"12 B": "/small.txt", "20 KB": "/page20k.html", "1 MB": "/page1m.html"}
+SIZES = {"/small.txt": len(content.SMALL_BODY), "/page20k.html": 20 * KB, "/page1m.html": MB}
+
+
+@dataclass
+class Settings:
+    """What the command line chose."""
+
+    quick: bool
+    seconds: float
+    rounds: int
+    connections: list[int]
+    threads: int
+    samples: int
+    repo: Path
+    reinstall: bool
+
+
+@dataclass
+class Report:
+    """What a scenario prints and stores."""
+
+    title: str
+    table: str
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, object] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        text = f"### {self.title}\n\n{self.table}\n"
+        if self.notes:
+            text += "\n" + "\n".join(f"- {n}" for n in self.notes) + "\n"
+        return text
+
+
+class Bench:
+    """Shared state of one benchmark invocation: origin, Prexy install."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.www = WORK / "www"
+        self._origin: Server | None = None
+        self._install: PrexyInstall | None = None
+        self._install_error: str | None = None
+
+    def origin(self) -> Server:
+        """The static nginx origin (started once, 1 worker per core)."""
+        if self._origin is None:
+            content.write(self.www / "small.txt", content.SMALL_BODY)
+            content.write(self.www / "page20k.html", content.html_page(20 * KB, seed=20))
+            content.write(self.www / "page1m.html", content.html_page(MB, seed=1024))
+            self._origin = servers.start_nginx(
+                "nginx-origin", servers.origin_body(self.www), workers=2,
+            )
+            for path, size in SIZES.items():
+                got = harness.get_once(self._origin.port, path)
+                assert got.status == 200 and len(got.body) == size, (path, got.status)
+        return self._origin
+
+    def page(self, path: str) -> bytes:
+        return (self.www / path.lstrip("/")).read_bytes()
+
+    def prexy(self) -> PrexyInstall | None:
+        """Prexy installed in the bench venv, or None (reason in install_error)."""
+        if self._install is None and self._install_error is None:
+            try:
+                self._install = servers.install_prexy(
+                    self.settings.repo, reinstall=self.settings.reinstall
+                )
+                harness.log("Prexy flags: " + " ".join(sorted(self._install.flags)))
+            except (RuntimeError, subprocess.SubprocessError, OSError) as error:
+                self._install_error = f"Prexy could not be installed or run: {error}"
+                harness.log(self._install_error)
+        return self._install
+
+    @property
+    def install_error(self) -> str:
+        return self._install_error or "Prexy unavailable"
+
+    def start_prexy(self, name: str, notes: list[str], *, args: tuple[str, ...] = (),
+                    workers: int | None = 1, origin_port: int | None = None) -> Server | None:
+        """Start Prexy for a scenario, or note why not and return None."""
+        install = self.prexy()
+        if install is None:
+            notes.append(self.install_error)
+            return None
+        try:
+            server = servers.start_prexy(
+                install, name, origin_port if origin_port is not None else self.origin().port,
+                args=args, workers=workers,
+            )
+        except MissingFlag as error:
+            notes.append(f"skipped Prexy ({name}): {error}")
+            return None
+        except RuntimeError as error:
+            lines = [x for x in str(error).splitlines() if x.strip()]
+            notes.append(f"Prexy ({name}) did not start: {lines[0]} ... {lines[-1].strip()}")
+            harness.log(str(error))
+            return None
+        notes.extend(server.notes)
+        return server
+
+
+def check_ok(server: Server, path: str, size: int, notes: list[str]) -> bool:
+    """One GET must give 200 and the full body before any load is run."""
+    try:
+        got = harness.get_once(server.port, path, timeout=30)
+    except OSError as error:
+        notes.append(f"{server.name} {path}: {error}")
+        return False
+    if got.status != 200 or len(got.body) != size:
+        notes.append(
+            f"{server.name} {path}: status {got.status}, {len(got.body)} bytes "
+            f"(expected 200, {size}); not measured"
+        )
+        return False
+    return True
+
+
+def interleaved_wrk(servers_: list[Server], path: str, bench: Bench, *, connections: int,
+                    threads: int | None = None, rounds: int | None = None,
+                    seconds: float | None = None) -> dict[str, WrkResult]:
+    """``rounds`` wrk runs per server, alternating the order; per-figure medians."""
+    s = bench.settings
+    rounds = rounds or s.rounds
+    seconds = seconds or s.seconds
+    threads = threads or s.threads
+    runs: dict[str, list[WrkResult]] = {srv.name: [] for srv in servers_}
+    for srv in servers_:  # warm-up: pools, caches, lazy imports
+        harness.wrk(srv.url(path), seconds=1, connections=connections, threads=threads)
+    for r in range(rounds):
+        order = servers_ if r % 2 == 0 else list(reversed(servers_))
+        for srv in order:
+            result = harness.wrk(
+                srv.url(path), seconds=seconds, connections=connections, threads=threads,
+                cpu_of=srv.cpu,
+            )
+            harness.log(
+                f"  {srv.name} {path} c={connections}: {result.rps:,.0f} req/s "
+                f"p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms"
+                + (f" errors {result.errors}" if result.errors else "")
+                + (f" non-2xx {result.non2xx}" if result.non2xx else "")
+            )
+            runs[srv.name].append(result)
+    return {name: harness.median_wrk(results) for name, results in runs.items()}
+
+
+def _error_notes(name: str, label: str, result: WrkResult | None, notes: list[str]) -> None:
+    if result is not None and (result.errors or result.non2xx):
+        notes.append(
+            f"{name} {label}: {result.errors} socket errors/timeouts, "
+            f"{result.non2xx} non-2xx/3xx responses during the runs"
+        )
+
+
+# --------------------------------------------------------------------------
+# proxy (issue 2)
+
+
+def scenario_proxy(bench: Bench) -> Report:
+    """nginx proxy_pass (upstream keep-alive) vs Prexy, one process each."""
+    s = bench.settings
+    origin = bench.origin()
+    notes: list[str] = []
+    nginx = servers.start_nginx_proxy("nginx-proxy", origin.port)
+    prexy = bench.start_prexy("prexy-proxy", notes)
+    rows: list[list[str]] = []
+    data: dict[str, object] = {}
+    try:
+        for label in ("12 B", "20 KB"):
+            path = PATHS[label]
+            targets = [x for x in (prexy, nginx) if x and check_ok(x, path, SIZES[path], notes)]
+            for conns in s.connections:
+                res = interleaved_wrk(targets, path, bench, connections=conns)
+                p = res.get("prexy-proxy")
+                n = res.get("nginx-proxy")
+                _error_notes("Prexy", f"{label} c={conns}", p, notes)
+                _error_notes("nginx", f"{label} c={conns}", n, notes)
+                rows.append([
+                    label, str(conns),
+                    fmt(p and p.rps), fmt(n and n.rps), ratio(p and p.rps, n and n.rps),
+                    fmt(p and p.p50_ms, 2), fmt(n and n.p50_ms, 2),
+                    fmt(p and p.p99_ms, 2), fmt(n and n.p99_ms, 2),
+                    fmt(p and p.cpu_us_per_req), fmt(n and n.cpu_us_per_req),
+                ])
+                data[f"{label} c={conns}"] = {"prexy": p, "nginx": n}
+    finally:
+        nginx.stop()
+        if prexy:
+            prexy.stop()
+    table = markdown_table(
+        ["response", "conns", "Prexy req/s", "nginx req/s", "Prexy/nginx",
+         "Prexy p50 ms", "nginx p50 ms", "Prexy p99 ms", "nginx p99 ms",
+         "Prexy CPU µs/req", "nginx CPU µs/req"],
+        rows,
+    )
+    notes.append(
+        f"wrk -t{s.threads} on 127.0.0.1, {s.seconds:g} s per run, medians of {s.rounds} "
+        "interleaved runs; CPU per request = utime+stime of the server's processes "
+        "(/proc/PID/stat) over the run / requests completed. Target (issue 2): Prexy "
+        "CPU ≤ 150 µs per proxied keep-alive request."
+    )
+    return Report("proxy: nginx proxy_pass vs Prexy (1 process each)", table, notes, data)
+
+
+# --------------------------------------------------------------------------
+# subs (issues 3, 4)
+
+
+@dataclass
+class Timing:
+    """Per-request wall times of one engine for one page."""
+
+    seconds: list[float] = field(default_factory=list)
+    capped: bool = False
+
+    def median(self) -> float | None:
+        return statistics.median(self.seconds) if self.seconds else None
+
+
+def _timed(client: Client, path: str, timing: Timing, cap: float) -> bytes | None:
+    try:
+        got = client.get(path)
+    except (OSError, TimeoutError):
+        timing.capped = True
+        client.close()
+        return None
+    if got.status != 200:
+        timing.capped = True
+        return None
+    timing.seconds.append(got.seconds)
+    if got.seconds > cap:
+        timing.capped = True
+    return got.body
+
+
+def _compare(prexy_body: bytes | None, subs_body: bytes | None, original: bytes) -> str:
+    if prexy_body is None or subs_body is None:
+        return "-"
+    if prexy_body == subs_body:
+        return "identical" if prexy_body != original else "identical (unchanged!)"
+    at = next(
+        (i for i, (a, b) in enumerate(zip(prexy_body, subs_body, strict=False)) if a != b),
+        min(len(prexy_body), len(subs_body)),
+    )
+    return f"differ at byte {at} ({len(prexy_body)} vs {len(subs_body)} bytes)"
+
+
+def scenario_subs(bench: Bench) -> Report:
+    """Per-request time with N rules: Prexy --rules vs nginx + subs_filter."""
+    s = bench.settings
+    origin = bench.origin()
+    notes: list[str] = []
+    module = harness.subs_module_path()
+    if module is None:
+        raise RuntimeError("libnginx-mod-http-subs-filter is not installed")
+    counts = [1, 10, 100, 1000]
+    pages = ["20 KB", "1 MB"]
+    cap = 20.0 if s.quick else 60.0  # a request slower than this ends the cell
+    budget = 20.0 if s.quick else 45.0  # seconds of samples per engine and cell
+    rows: list[list[str]] = []
+    data: dict[str, object] = {}
+    for count in counts:
+        rules = content.rule_set(count)
+        rules_file = content.write(WORK / "rules" / f"rules-{count}.conf",
+                                   content.replace_filter_rules(rules))
+        nginx = servers.start_nginx_proxy(
+            f"nginx-subs-{count}", origin.port, modules=(module,),
+            location_extra="            proxy_set_header Accept-Encoding \"\";\n"
+            + "".join("            " + line + "\n"
+                      for line in content.subs_filter_directives(rules).splitlines()),
+        )
+        prexy = bench.start_prexy(f"prexy-subs-{count}", notes, args=("--rules", str(rules_file)))
+        try:
+            for label in pages:
+                path = PATHS[label]
+                original = bench.page(path)
+                pc, nc = (Client(prexy.port, cap + 5) if prexy else None), Client(nginx.port, cap + 5)
+                cold, warm, subs = Timing(), Timing(), Timing()
+                # First responses: warm-up, and the outputs compared.
+                subs_body = _timed(nc, path + "?first", Timing(), cap)
+                prexy_body = _timed(pc, path + "?first", Timing(), cap) if pc else None
+                same = _compare(prexy_body, subs_body, original)
+                rewritten = {
+                    name: (body is not None and content.NEW_DOMAIN.encode() in body
+                           and content.DOMAIN.encode() not in body)
+                    for name, body in (("prexy", prexy_body), ("subs_filter", subs_body))
+                }
+                if pc and prexy_body is not None and not rewritten["prexy"]:
+                    notes.append(f"Prexy did not rewrite {label} with {count} rules")
+                if pc:
+                    _timed(pc, path + "?warm", Timing(), cap)
+                spent = {"cold": 0.0, "warm": 0.0, "subs": 0.0}
+                for i in range(s.samples):
+                    # Prexy "cold": a URL it has not seen (no applicability memory);
+                    # "warm": the same URL again.  nginx's static origin ignores ?q.
+                    query = f"?n={i}-{time.monotonic_ns()}"
+                    for key, client, timing, url in (
+                        ("subs", nc, subs, path + query),
+                        ("cold", pc, cold, path + query),
+                        ("warm", pc, warm, path + "?warm"),
+                    ):
+                        if client is None or timing.capped or spent[key] > budget:
+                            continue
+                        start = time.perf_counter()
+                        _timed(client, url, timing, cap)
+                        spent[key] += time.perf_counter() - start
+                for client in (pc, nc):
+                    if client:
+                        client.close()
+                harness.log(
+                    f"  {count} rules {label}: Prexy {fmt_ms(cold.median())} "
+                    f"(repeat {fmt_ms(warm.median())}), subs_filter {fmt_ms(subs.median())}; {same}"
+                )
+                for name, timing in (("Prexy", cold), ("subs_filter", subs)):
+                    if timing.capped:
+                        notes.append(
+                            f"{name} {count} rules {label}: stopped sampling (a request took "
+                            f"over {cap:g} s, failed or timed out); n={len(timing.seconds)}"
+                        )
+                rows.append([
+                    str(count), label, fmt_ms(cold.median()), fmt_ms(warm.median()),
+                    fmt_ms(subs.median()), ratio(cold.median(), subs.median()), same,
+                ])
+                data[f"{count} rules {label}"] = {
+                    "prexy_s": cold.seconds, "prexy_repeat_s": warm.seconds,
+                    "subs_filter_s": subs.seconds, "output": same, "rewritten": rewritten,
+                }
+        finally:
+            nginx.stop()
+            if prexy:
+                prexy.stop()
+    table = markdown_table(
+        ["rules", "page", "Prexy", "Prexy (same URL again)", "subs_filter",
+         "Prexy/subs_filter", "outputs"],
+        rows,
+    )
+    notes.append(
+        f"Median of up to {s.samples} single GETs on one keep-alive loopback connection "
+        "(time to the last body byte), engines interleaved. 'Prexy' uses a new URL per "
+        "request (no rule-applicability memory); 'same URL again' repeats one URL. "
+        "Rules: the domain, an analytics id `UA-\\d+-\\d+`, then generated "
+        "`word[0-9]+token`-style regexes that rarely match (bench/content.py); "
+        "replace_filter syntax for Prexy, `subs_filter ... gr` for nginx. subs_filter "
+        "applies rules one after another per line, replace_filter in one leftmost pass; "
+        "on these rules both should give the same bytes ('outputs')."
+    )
+    notes.append(
+        "Targets: 20 KB with 10 rules faster than subs_filter (issue 3); 100 and 1000 "
+        "rules ≤ 1/2 of subs_filter's time (issue 4)."
+    )
+    return Report("subs: Prexy --rules vs nginx subs_filter, time per request", table, notes, data)
+
+
+# --------------------------------------------------------------------------
+# cache (issue 6)
+
+
+def _hit_state(server: Server, path: str) -> str:
+    """Second GET of ``path``: what the cache headers say."""
+    harness.get_once(server.port, path)
+    got = harness.get_once(server.port, path)
+    status = got.headers.get("cache-status")
+    if status:
+        return status
+    xv = got.headers.get("x-varnish", "")
+    age = got.headers.get("age")
+    return f"x-varnish {xv!r} age {age}" if xv or age else "no cache headers"
+
+
+def scenario_cache(bench: Bench) -> Report:
+    """Cache hits: Varnish (default VCL) vs Prexy --cache-size with 2 workers."""
+    s = bench.settings
+    origin = bench.origin()
+    notes: list[str] = []
+    varnish = servers.start_varnish("varnish", origin.port)
+    prexy = bench.start_prexy("prexy-cache", notes, args=("--cache-size", "256M"), workers=2)
+    rows: list[list[str]] = []
+    data: dict[str, object] = {}
+    try:
+        for label in ("12 B", "20 KB"):
+            path = PATHS[label]
+            targets = [x for x in (prexy, varnish) if x and check_ok(x, path, SIZES[path], notes)]
+            for srv in targets:
+                notes.append(f"{srv.name} {label} second GET: {_hit_state(srv, path)}")
+            origin_before = origin.cpu()
+            res = interleaved_wrk(targets, path, bench, connections=max(s.connections),
+                                  threads=2)
+            origin_cpu = origin.cpu() - origin_before
+            p, v = res.get("prexy-cache"), res.get("varnish")
+            _error_notes("Prexy", label, p, notes)
+            _error_notes("Varnish", label, v, notes)
+            rows.append([
+                label, fmt(p and p.rps), fmt(v and v.rps), ratio(p and p.rps, v and v.rps),
+                fmt(p and p.p99_ms, 2), fmt(v and v.p99_ms, 2),
+                fmt(p and p.cpu_us_per_req), fmt(v and v.cpu_us_per_req),
+            ])
+            data[label] = {"prexy": p, "varnish": v, "origin_cpu_s": origin_cpu}
+            notes.append(f"{label}: origin used {origin_cpu:.2f} s CPU during the hit runs")
+    finally:
+        varnish.stop()
+        if prexy:
+            prexy.stop()
+    table = markdown_table(
+        ["response", "Prexy hits req/s", "Varnish hits req/s", "Prexy/Varnish",
+         "Prexy p99 ms", "Varnish p99 ms", "Prexy CPU µs/hit", "Varnish CPU µs/hit"],
+        rows,
+    )
+    notes.append(
+        f"wrk -t2 -c{max(s.connections)}, medians of {s.rounds}; Prexy with --workers 2 and "
+        "--cache-size 256M, Varnish with the built-in VCL and malloc storage. "
+        "Target (issue 6): Prexy ≥ 0.25× Varnish's req/s."
+    )
+    return Report("cache: hits, Prexy vs Varnish", table, notes, data)
+
+
+# --------------------------------------------------------------------------
+# workers (issue 5)
+
+
+def scenario_workers(bench: Bench) -> Report:
+    """req/s with 1 and 2 workers, nginx vs Prexy, same wrk on the same cores."""
+    s = bench.settings
+    origin = bench.origin()
+    notes: list[str] = []
+    started: list[Server] = []
+    try:
+        for n in (1, 2):
+            started.append(servers.start_nginx_proxy(f"nginx-w{n}", origin.port, workers=n))
+        for n in (1, 2):
+            srv = bench.start_prexy(f"prexy-w{n}", notes, workers=n)
+            if srv is None:
+                break
+            started.append(srv)
+        rows: list[list[str]] = []
+        data: dict[str, object] = {}
+        for label in ("12 B", "20 KB"):
+            path = PATHS[label]
+            targets = [x for x in started if check_ok(x, path, SIZES[path], notes)]
+            masters = {x.name: x.master_cpu() for x in targets if x.name.startswith("prexy")}
+            res = interleaved_wrk(targets, path, bench, connections=max(s.connections), threads=2)
+            total_reqs = {name: r.requests for name, r in res.items()}
+            master_us = {
+                name: (srv.master_cpu() - masters[name]) / max(1, total_reqs[name]) * 1e6
+                for srv in targets if (name := srv.name) in masters and name.endswith("w2")
+            }
+            g = {k: res.get(k) for k in ("nginx-w1", "nginx-w2", "prexy-w1", "prexy-w2")}
+            rps = {k: (v.rps if v else None) for k, v in g.items()}
+            rows.append([
+                label, fmt(rps["nginx-w1"]), fmt(rps["nginx-w2"]),
+                ratio(rps["nginx-w2"], rps["nginx-w1"]),
+                fmt(rps["prexy-w1"]), fmt(rps["prexy-w2"]),
+                ratio(rps["prexy-w2"], rps["prexy-w1"]),
+                fmt(master_us.get("prexy-w2"), 1),
+            ])
+            data[label] = {"results": g, "prexy_master_us_per_req": master_us}
+            for k, v in g.items():
+                _error_notes(k, label, v, notes)
+    finally:
+        for srv in started:
+            srv.stop()
+    table = markdown_table(
+        ["response", "nginx 1w req/s", "nginx 2w req/s", "nginx gain", "Prexy 1w req/s",
+         "Prexy 2w req/s", "Prexy gain", "Prexy master CPU µs/req (2w)"],
+        rows,
+    )
+    notes.append(
+        f"wrk -t2 -c{max(s.connections)} on the same 2 cores as the servers (so gains are "
+        "bounded by the load generator's share), medians of interleaved runs. Target "
+        "(issue 5): Prexy's gain ≥ nginx's gain; master CPU per request 0."
+    )
+    return Report("workers: 1 vs 2 workers, nginx vs Prexy", table, notes, data)
+
+
+# --------------------------------------------------------------------------
+# urlmap (issue 7)
+
+
+def _rss_mb(server: Server) -> float:
+    total = 0
+    for pid in server.pids():
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def _single_latency(server: Server, path: str, n: int) -> float | None:
+    client = Client(server.port, 60)
+    times: list[float] = []
+    try:
+        for _ in range(n):
+            got = client.get(path)
+            times.append(got.seconds)
+    except OSError:
+        return None
+    finally:
+        client.close()
+    return statistics.median(times) if times else None
+
+
+def scenario_urlmap(bench: Bench) -> Report:
+    """nginx map + return 301 vs Prexy --map, 100 to 100,000 regex entries."""
+    s = bench.settings
+    origin = bench.origin()
+    notes: list[str] = []
+    sizes = [100, 10_000, 100_000] if s.quick else [100, 1_000, 10_000, 100_000]
+    rows: list[list[str]] = []
+    data: dict[str, object] = {}
+    for size in sizes:
+        text, hashes = content.regex_map(size)
+        map_file = content.write(WORK / "maps" / f"map-{size}.map", text)
+        urls = {
+            "first": f"/hello/world/{hashes[0]}",
+            "last": f"/hello/world/{hashes[-1]}",
+            "none": "/small.txt?from=nowhere",
+        }
+        t0 = time.monotonic()
+        nginx = servers.start_nginx_proxy(
+            f"nginx-map-{size}", origin.port,
+            http_extra=f"    map_hash_bucket_size 128;\n"
+            f"    map $request_uri $new_uri {{\n        default \"\";\n        include {map_file};\n    }}\n",
+            location_extra="            if ($new_uri) { return 301 $new_uri; }\n",
+        )
+        nginx_load = time.monotonic() - t0
+        t0 = time.monotonic()
+        prexy = bench.start_prexy(f"prexy-map-{size}", notes, args=("--map", str(map_file)))
+        prexy_load = time.monotonic() - t0 if prexy else None
+        loads = {"nginx": (nginx_load, _rss_mb(nginx))}
+        if prexy:
+            loads["prexy"] = (prexy_load or 0.0, _rss_mb(prexy))
+        try:
+            targets = [nginx] + ([prexy] if prexy else [])
+            for srv in targets:
+                got = harness.get_once(srv.port, urls["last"], timeout=60)
+                if got.status != 301:
+                    notes.append(f"{srv.name}: last entry gave {got.status}, expected 301")
+            for which, url in urls.items():
+                res = interleaved_wrk(targets, url, bench, connections=max(s.connections),
+                                      rounds=1, seconds=min(s.seconds, 4))
+                lat = {srv.name: _single_latency(srv, url, 5 if size >= 10_000 else 20)
+                       for srv in targets}
+                n, p = res.get(nginx.name), res.get(prexy.name) if prexy else None
+                rows.append([
+                    f"{size:,}", which, fmt(p and p.rps), fmt(n and n.rps),
+                    ratio(p and p.rps, n and n.rps),
+                    fmt_ms(lat.get(prexy.name) if prexy else None), fmt_ms(lat[nginx.name]),
+                ])
+                data[f"{size} {which}"] = {"prexy": p, "nginx": n, "latency_s": lat}
+        finally:
+            nginx.stop()
+            if prexy:
+                prexy.stop()
+        load_text = ", ".join(
+            f"{k} start {v[0]:.1f} s, RSS {v[1]:.0f} MB" for k, v in loads.items()
+        )
+        notes.append(f"{size:,} entries: {load_text}")
+        data[f"{size} load"] = loads
+    table = markdown_table(
+        ["regex entries", "URL", "Prexy req/s", "nginx req/s", "Prexy/nginx",
+         "Prexy 1-conn latency", "nginx 1-conn latency"],
+        rows,
+    )
+    notes.append(
+        f"Map entries `~^/hello/world/<md5>\\b(\\?[^/]*)*/?$  /;` (iterated md5 of "
+        f"'hello world'); nginx: `map $request_uri` + `return 301`; wrk -c{max(s.connections)}, "
+        "1 run per cell; latency: median of single GETs on one connection. 'none' is "
+        "proxied to the origin's 12-byte file by both."
+    )
+    return Report("urlmap: nginx map vs Prexy --map", table, notes, data)
+
+
+# --------------------------------------------------------------------------
+# Scripts written by others (run as-is in the bench venv)
+
+
+def _script(name: str) -> Callable[[Bench], Report]:
+    def run(bench: Bench) -> Report:
+        script = Path(__file__).resolve().parent / name
+        if not script.exists():
+            return Report(name, "(not present)", [f"bench/{name} does not exist yet"])
+        install = bench.prexy()
+        python = str(install.python) if install else "python3"
+        args = ["--quick"] if bench.settings.quick else []
+        done = subprocess.run([python, str(script), *args], capture_output=True, text=True,
+                              timeout=1200, cwd=WORK)
+        if done.returncode != 0 and args:
+            # The script may not know --quick: run it plainly.
+            done = subprocess.run([python, str(script)], capture_output=True, text=True,
+                                  timeout=1200, cwd=WORK)
+        notes = [] if done.returncode == 0 else [
+            f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
+        ]
+        return Report(f"{name} (run in the bench venv)", done.stdout.strip() or "(no output)",
+                      notes, {"stdout": done.stdout, "returncode": done.returncode})
+    return run
+
+
+SCENARIOS: dict[str, Callable[[Bench], Report]] = {
+    "proxy": scenario_proxy,
+    "subs": scenario_subs,
+    "cache": scenario_cache,
+    "workers": scenario_workers,
+    "urlmap": scenario_urlmap,
+    "transducer": _script("bench_transducer.py"),
+    "urlmap-index": _script("bench_urlmap.py"),
+}
