@@ -428,9 +428,12 @@ class ProxyRequest(server.Request):
         self.channel.site.metrics.count("prexy_requests_total", status="413")
         self.channel.loseConnection()
 
-    def process(self) -> None:
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._rejected:
-            return
+            return  # already answered 413; the connection is closing
+        super().requestReceived(command, path, version)
+
+    def process(self) -> None:
         self.site = self.channel.site
         self.prepath = []
         self.postpath = []

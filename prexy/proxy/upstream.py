@@ -25,6 +25,7 @@ from typing import IO, Any, Protocol as TypingProtocol
 
 import attrs
 from twisted.internet import defer
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -190,7 +191,7 @@ class UpstreamProtocol(Protocol):
             err = UpstreamClosed(f"upstream closed the connection before answering: {reason.getErrorMessage()}")
             self._fail_response(Failure(err))
         elif previous in (_State.BODY, _State.HEADERS_DONE):
-            if self._framing is _Framing.CLOSE and reason.check(_connection_done_types()):
+            if self._framing is _Framing.CLOSE and reason.check(ConnectionDone):
                 self._finish_body(reuse=False)
             else:
                 self._fail_body(
@@ -588,12 +589,6 @@ class UpstreamProtocol(Protocol):
     @property
     def received_any(self) -> bool:
         return self._received_any
-
-
-def _connection_done_types() -> tuple[type[BaseException], ...]:
-    from twisted.internet.error import ConnectionDone, ConnectionLost
-
-    return (ConnectionDone, ConnectionLost)
 
 
 @attrs.frozen
