@@ -1,0 +1,138 @@
+"""Compiled rule sets: built once per rules file, shared by every response.
+
+A :class:`RuleSet` is immutable.  It holds the rules in directive order, the
+media types the filter applies to, the buffer limit and the Last-Modified
+policy, a short stable ``digest`` (for derived ETags and cache keys), and the
+compiled scanner that every :class:`~prexy.substitution.transducer.Transducer`
+it creates shares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from prexy.substitution.dialect import ParsedRegex
+from prexy.substitution.scanner import RegexScanner
+from prexy.substitution.template import Template
+
+__all__ = ["Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
+
+DEFAULT_MAX_BUFFERED_SIZE = 8192
+DEFAULT_TYPES = frozenset({"text/html"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``replace_filter`` directive, parsed and checked."""
+
+    pattern: bytes
+    replacement: bytes
+    caseless: bool
+    once: bool
+    parsed: ParsedRegex = field(repr=False, compare=False)
+    template: Template = field(repr=False, compare=False)
+    origin: str = field(default="", compare=False)
+
+    @property
+    def flags(self) -> str:
+        """The flags as written in canonical order (``g``, ``i``)."""
+        return ("" if self.once else "g") + ("i" if self.caseless else "")
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The compiled rules of one site (one or more rules files, in order).
+
+    Build with :meth:`build`, :meth:`combine`, or the loaders in
+    ``prexy.substitution.rules``; create one transducer per response with
+    :meth:`new_transducer`.
+    """
+
+    rules: tuple[Rule, ...]
+    types: frozenset[str]
+    max_buffered_size: int
+    keep_last_modified: bool
+    max_buffered_size_set: bool = field(default=False, compare=False)
+    keep_last_modified_set: bool = field(default=False, compare=False)
+    scanner: RegexScanner | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        rules: Sequence[Rule],
+        *,
+        types: Iterable[str] = (),
+        max_buffered_size: int | None = None,
+        keep_last_modified: bool | None = None,
+    ) -> RuleSet:
+        """Compile ``rules`` into a rule set (text/html is always a type)."""
+        rules = tuple(rules)
+        scanner = RegexScanner([r.parsed for r in rules]) if rules else None
+        return cls(
+            rules=rules,
+            types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),
+            max_buffered_size=(
+                DEFAULT_MAX_BUFFERED_SIZE if max_buffered_size is None else max_buffered_size
+            ),
+            keep_last_modified=bool(keep_last_modified),
+            max_buffered_size_set=max_buffered_size is not None,
+            keep_last_modified_set=keep_last_modified is not None,
+            scanner=scanner,
+        )
+
+    @classmethod
+    def combine(cls, sets: Sequence[RuleSet]) -> RuleSet:
+        """One rule set from several: rules in order, first setting wins."""
+        if len(sets) == 1:
+            return sets[0]
+        rules: list[Rule] = []
+        types: set[str] = set()
+        max_buffered: int | None = None
+        keep: bool | None = None
+        for s in sets:
+            rules.extend(s.rules)
+            types |= s.types
+            if max_buffered is None and s.max_buffered_size_set:
+                max_buffered = s.max_buffered_size
+            if keep is None and s.keep_last_modified_set:
+                keep = s.keep_last_modified
+        return cls.build(
+            rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep
+        )
+
+    @property
+    def all_types(self) -> bool:
+        """True when ``*`` is among the types (the filter applies to all)."""
+        return "*" in self.types
+
+    def applies_to(self, content_type: str) -> bool:
+        """Whether responses of ``content_type`` are rewritten (parameters ignored)."""
+        if not self.rules:
+            return False
+        return self.all_types or _media_type(content_type) in self.types
+
+    @cached_property
+    def digest(self) -> str:
+        """A short stable hex hash of everything that decides the output."""
+        h = hashlib.sha256()
+        for r in self.rules:
+            for part in (r.pattern, r.replacement, r.flags.encode()):
+                h.update(len(part).to_bytes(4, "big"))
+                h.update(part)
+        h.update(b"|types|" + b",".join(sorted(t.encode("latin-1") for t in self.types)))
+        h.update(b"|max|%d|keep|%d" % (self.max_buffered_size, self.keep_last_modified))
+        return h.hexdigest()[:16]
+
+    def new_transducer(self, *, timeout: float | None = 1.0) -> Transducer:
+        """A fresh transducer for one response body."""
+        return Transducer(self, timeout=timeout)
+
+
+from prexy.substitution.transducer import Transducer  # noqa: E402  (cycle)

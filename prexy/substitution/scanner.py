@@ -1,0 +1,146 @@
+"""Scanning behind a small interface: where is the next match, what must wait.
+
+The transducer asks a scanner two questions about a buffer:
+
+* ``find(buf, pos)``: the match the whole rule set makes first from ``pos``
+  (leftmost start, then rule order, then Perl priority inside the rule);
+* ``hold_point(buf, pos, limit)``: the leftmost position ``<= limit`` where
+  some rule could still match if more bytes arrived (its exploration ran off
+  the end of the buffer), or None.
+
+:class:`RegexScanner` answers both with the ``regex`` package: one
+alternation of all rules for ``find``, and a probe ``(?:ALL)(*FAIL)`` run with
+``partial=True`` for ``hold_point``.  The probe is only run where it can
+matter: a match can only run off the end from a position whose distance to
+the end, not counting bytes that unbounded repeats may eat, is within the
+rules' bounded width.  A multi-pattern prefilter (issue 4) slots in as
+another implementation of :class:`Scanner`.
+
+Every call passes ``timeout=``; a ``TimeoutError`` propagates to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import regex
+
+from prexy.substitution.dialect import (
+    ParsedRegex,
+    _set_src,
+    bounded_width,
+    repeat_bytes,
+    to_regex_source,
+)
+
+__all__ = ["Scanner", "Found", "RegexScanner"]
+
+FLAGS = regex.DOTALL | regex.MULTILINE
+
+
+class Found:
+    """A match: span, the rule that made it, and a way to read its groups."""
+
+    __slots__ = ("start", "end", "rule", "_match", "_offset", "_ngroups")
+
+    def __init__(
+        self, start: int, end: int, rule: int, match: regex.Match[bytes], offset: int, ngroups: int
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.rule = rule
+        self._match = match
+        self._offset = offset
+        self._ngroups = ngroups
+
+    def group(self, n: int) -> bytes:
+        """Group ``n`` of the rule that matched (0: whole match); b"" if unset."""
+        if n > self._ngroups:
+            return b""
+        value = self._match.group(self._offset + n)
+        return value if value is not None else b""
+
+
+class Scanner(Protocol):
+    """What the transducer needs from a scanner."""
+
+    def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
+        """The first match from ``pos`` in ``buf`` (treating its end as final)."""
+
+    def reach_floor(self, buf: bytes, pos: int) -> int:
+        """Lowest start ``>= pos`` whose exploration could reach the end of ``buf``."""
+
+    def hold_point(self, buf: bytes, lo: int, limit: int, timeout: float | None) -> int | None:
+        """Leftmost position in ``[lo, limit]`` whose match needs more bytes.
+
+        ``lo`` must not be below ``reach_floor(buf, pos)`` for the scan position.
+        """
+
+
+class RegexScanner:
+    """The ``regex``-package scanner: one alternation, one probe."""
+
+    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+        parts: list[str] = []
+        probe_parts: list[str] = []
+        self._rule_of_group: dict[int, int] = {}
+        self._ngroups: list[int] = []
+        group = 0
+        for index, p in enumerate(parsed):
+            group += 1
+            self._rule_of_group[group] = index
+            parts.append("(" + to_regex_source(p.tree) + ")")
+            probe_parts.append(to_regex_source(p.tree, probe=True))
+            self._ngroups.append(p.ngroups)
+            group += p.ngroups
+        self.source = "|".join(parts)
+        self.pattern = regex.compile(self.source.encode("latin-1"), FLAGS)
+        probe_src = "(?:" + "|".join("(?:" + s + ")" for s in probe_parts) + ")(*FAIL)"
+        self.probe = regex.compile(probe_src.encode("latin-1"), FLAGS)
+        # Bound on the bytes a match consumes outside unbounded repeats, and the
+        # bytes unbounded repeats can consume: used to skip the probe far from
+        # the end of the buffer.
+        self.bounded = max((bounded_width(p.tree) for p in parsed), default=0)
+        eaten: frozenset[int] = frozenset()
+        for p in parsed:
+            eaten |= repeat_bytes(p.tree)
+        self.repeat_bytes = eaten
+        self._other = None
+        if eaten and len(eaten) < 256:
+            other = _set_src(frozenset(range(256)) - eaten)
+            self._other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
+        self._everything = len(eaten) == 256
+
+    def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
+        m = self.pattern.search(buf, pos, timeout=timeout)
+        if m is None:
+            return None
+        group = m.lastindex
+        assert group is not None
+        rule = self._rule_of_group[group]
+        return Found(m.start(), m.end(), rule, m, group, self._ngroups[rule])
+
+    def reach_floor(self, buf: bytes, pos: int) -> int:
+        """Lowest start whose exploration could reach the end of ``buf``."""
+        n = len(buf)
+        need = self.bounded + 2  # one byte of margin for assertions
+        if not self.repeat_bytes:
+            return max(pos, n - need)
+        if self._everything or self._other is None:
+            return pos
+        end = n
+        for _ in range(need):
+            m = self._other.search(buf, pos, end)
+            if m is None:
+                return pos
+            end = m.start()
+        return max(pos, end)
+
+    def hold_point(self, buf: bytes, lo: int, limit: int, timeout: float | None) -> int | None:
+        if lo > limit:
+            return None
+        m = self.probe.search(buf, lo, partial=True, timeout=timeout)
+        if m is None or m.start() > limit:
+            return None
+        return m.start()

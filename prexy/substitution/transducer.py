@@ -1,0 +1,178 @@
+"""The streaming substitution transducer: bytes in, bytes out, no I/O.
+
+One :class:`Transducer` rewrites one response body with a shared
+:class:`~prexy.substitution.ruleset.RuleSet`, exactly as
+``replace-filter-nginx-module`` does:
+
+* the match that starts leftmost wins, then the earlier rule, then Perl
+  priority inside the rule; matches never overlap; after an empty match the
+  next byte is copied and the scan moves on one byte;
+* a rule without ``g`` fires once: with a single rule the rest of the body
+  then passes through; with several, a fired once-rule still matches and
+  consumes text but its match is emitted unchanged, and once every rule is a
+  fired once-rule the rest passes through;
+* only bytes that may still belong to a match are held back; anchors and
+  ``\\b`` at a chunk edge wait for the real neighbouring byte;
+* when more than ``max_buffered_size`` bytes would have to be held, the held
+  bytes are flushed unchanged and substitution stops for the rest of the
+  body (``bailed_out``);
+* a scan that exceeds its time limit passes the rest of the body through
+  unchanged (``timed_out``).
+
+``feed(data)`` returns what is ready now, ``finish()`` what is left at the
+end of the body.  The output never depends on how the body was cut, except
+where the buffer limit fires (as in the module).  Work per call is
+proportional to the data passed, so callers keep latency bounded by feeding
+slices (e.g. 64 KB).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.scanner import Found
+
+__all__ = ["Transducer"]
+
+
+class Transducer:
+    """Rewrites one body; create it with ``RuleSet.new_transducer()``."""
+
+    def __init__(self, ruleset: RuleSet, *, timeout: float | None = 1.0) -> None:
+        self.ruleset = ruleset
+        self.timeout = timeout
+        self.bailed_out = False
+        self.timed_out = False
+        self.match_count = 0
+        self.rules_matched: set[int] = set()
+        self.scan_seconds = 0.0
+        self.finished = False
+        self._scanner = ruleset.scanner
+        rules = ruleset.rules
+        self._single = len(rules) == 1
+        self._once = [r.once for r in rules]
+        self._literal = [r.template.literal if r.template.is_literal else None for r in rules]
+        self._templates = [r.template for r in rules]
+        self._seen_global = any(not r.once for r in rules)
+        self._disabled = [False] * len(rules)
+        self._disabled_count = 0
+        # Pass everything through from now on (no rules, once done, bail-out...)
+        self._passthrough = self._scanner is None
+        self._buf = b""
+        self._pos = 0  # bytes of _buf before _pos were already emitted
+        self._pos_at_timeout = 0
+
+    # -- public API ---------------------------------------------------------
+
+    @property
+    def passing_through(self) -> bool:
+        """True once the rest of the body will pass through unchanged."""
+        return self._passthrough
+
+    @property
+    def held(self) -> int:
+        """How many bytes are held back waiting for more data."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> bytes:
+        """Take the next bytes of the body; return the output ready now."""
+        if self.finished:
+            raise RuntimeError("feed() after finish()")
+        if self._passthrough and not self.held:
+            return bytes(data)
+        return self._run(bytes(data), final=False)
+
+    def finish(self, data: bytes = b"") -> bytes:
+        """End of body (optionally with its last bytes); return the rest."""
+        if self.finished:
+            raise RuntimeError("finish() called twice")
+        out = self._run(bytes(data), final=True)
+        self.finished = True
+        self._buf = b""
+        self._pos = 0
+        return out
+
+    # -- the scan loop --------------------------------------------------------
+
+    def _run(self, data: bytes, final: bool) -> bytes:
+        started = time.perf_counter()
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        try:
+            pos = self._scan(buf, self._pos, final, out)
+        except TimeoutError:
+            self.timed_out = True
+            self._passthrough = True
+            pos = self._pos_at_timeout
+            out.append(buf[pos:])
+            pos = len(buf)
+        if not final and len(buf) - pos > self.ruleset.max_buffered_size:
+            # The module's bail-out: flush held bytes, stop substituting.
+            out.append(buf[pos:])
+            pos = len(buf)
+            self.bailed_out = True
+            self._passthrough = True
+        # Keep one byte of left context for ^ and \b; position 0 of the
+        # buffer is the stream start only while nothing was dropped.
+        keep_from = pos - 1 if pos > 0 else 0
+        self._buf = buf[keep_from:]
+        self._pos = pos - keep_from
+        self.scan_seconds += time.perf_counter() - started
+        return b"".join(out)
+
+    def _scan(self, buf: bytes, pos: int, final: bool, out: list[bytes]) -> int:
+        scanner = self._scanner
+        n = len(buf)
+        timeout = self.timeout
+        floor = -1
+        self._pos_at_timeout = pos
+        while pos < n or (final and pos == n and not self._passthrough):
+            if self._passthrough:
+                out.append(buf[pos:])
+                return n
+            assert scanner is not None
+            found = scanner.find(buf, pos, timeout)
+            if not final:
+                if floor < 0:
+                    floor = scanner.reach_floor(buf, pos)
+                limit = found.start if found is not None else n
+                hold = scanner.hold_point(buf, max(floor, pos), limit, timeout)
+                if hold is not None:
+                    out.append(buf[pos:hold])
+                    return hold
+            if found is None:
+                out.append(buf[pos:])
+                return n
+            start, end = found.start, found.end
+            if start > pos:
+                out.append(buf[pos:start])
+            out.append(self._replacement(found, buf))
+            if end == start:
+                if start < n:
+                    out.append(buf[start : start + 1])
+                pos = start + 1
+            else:
+                pos = end
+            self._pos_at_timeout = min(pos, n)
+        return min(pos, n)
+
+    def _replacement(self, found: Found, buf: bytes) -> bytes:
+        rule = found.rule
+        self.match_count += 1
+        self.rules_matched.add(rule)
+        if self._disabled[rule]:
+            return buf[found.start : found.end]
+        literal = self._literal[rule]
+        value = literal if literal is not None else self._templates[rule].expand(found.group)
+        if self._once[rule]:
+            if self._single:
+                self._passthrough = True
+            else:
+                self._disabled[rule] = True
+                self._disabled_count += 1
+                if not self._seen_global and self._disabled_count == len(self._disabled):
+                    self._passthrough = True
+        return value
