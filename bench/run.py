@@ -15,6 +15,7 @@ urlmap-index (see bench/README.md).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -37,14 +38,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"scenario(s) to run, comma-separated: {', '.join(SCENARIOS)}")
     parser.add_argument("--seconds", type=float, help="seconds per wrk run (default 6, quick 2)")
     parser.add_argument("--rounds", type=int, help="interleaved wrk runs per server (default 3)")
-    parser.add_argument("--connections", default="50",
-                        help="comma-separated wrk connection counts for 'proxy' (default 50)")
+    parser.add_argument("--connections", default="50,1",
+                        help="comma-separated wrk connection counts for 'proxy' (default 50,1;"
+                             " the largest is used by the other scenarios)")
     parser.add_argument("--threads", type=int, default=1,
                         help="wrk threads for single-worker scenarios (default 1)")
     parser.add_argument("--samples", type=int,
                         help="single requests per cell in 'subs' (default 7, quick 3)")
     parser.add_argument("--repo", type=Path, default=harness.REPO,
                         help="Prexy source tree to pip install (default: this repository)")
+    parser.add_argument("--working-tree", action="store_true",
+                        help="install the working tree with uncommitted changes (default: HEAD)")
     parser.add_argument("--no-reinstall", action="store_true",
                         help="reuse the Prexy already installed in bench/.work/venv")
     parser.add_argument("--no-install", action="store_true",
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         samples=args.samples or (3 if args.quick else 7),
         repo=args.repo.resolve(),
         reinstall=not args.no_reinstall,
+        working_tree=args.working_tree,
     )
     harness.install_cleanup()
     if not args.no_install:
@@ -80,12 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names or DEFAULT_ORDER:
             harness.log(f"scenario {name}")
+            load_before = os.getloadavg()[0]
             try:
                 report = SCENARIOS[name](bench)
             except Exception as error:  # noqa: BLE001 - one scenario must not stop the rest
                 traceback.print_exc()
                 failed.append(name)
                 report = Report(name, "(failed)", [f"{type(error).__name__}: {error}"])
+            report.notes.append(
+                f"Load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+                f"({os.cpu_count()} CPUs; anything else running adds noise)."
+            )
+            if bench.prexy_revision:
+                report.notes.append(f"Prexy: {bench.prexy_revision}.")
             reports.append(report)
             path = harness.write_results(name, {
                 "scenario": name, "title": report.title, "table": report.table,
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": settings.__dict__ | {"repo": str(settings.repo)},
                 "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "machine": platform.platform(),
+                "prexy": bench.prexy_revision,
             })
             print(report.markdown(), flush=True)
             harness.log(f"wrote {path}")

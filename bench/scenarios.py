@@ -41,6 +41,7 @@ class Settings:
     samples: int
     repo: Path
     reinstall: bool
+    working_tree: bool
 
 
 @dataclass
@@ -91,13 +92,20 @@ class Bench:
         if self._install is None and self._install_error is None:
             try:
                 self._install = servers.install_prexy(
-                    self.settings.repo, reinstall=self.settings.reinstall
+                    self.settings.repo, reinstall=self.settings.reinstall,
+                    working_tree=self.settings.working_tree,
                 )
-                harness.log("Prexy flags: " + " ".join(sorted(self._install.flags)))
+                harness.log(f"Prexy {self._install.revision}, flags: "
+                            + " ".join(sorted(self._install.flags)))
             except (RuntimeError, subprocess.SubprocessError, OSError) as error:
                 self._install_error = f"Prexy could not be installed or run: {error}"
                 harness.log(self._install_error)
         return self._install
+
+    @property
+    def prexy_revision(self) -> str | None:
+        """What was installed (commit or working tree), if Prexy was needed."""
+        return self._install.revision if self._install else None
 
     @property
     def install_error(self) -> str:

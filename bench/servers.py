@@ -8,11 +8,13 @@ so the benchmark measures what a fresh machine would run.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +193,7 @@ class PrexyInstall:
     python: Path
     flags: frozenset[str]
     help_text: str
+    revision: str
 
     def supports(self, flag: str) -> bool:
         return flag in self.flags
@@ -207,11 +210,28 @@ def _copy_tree(repo: Path, dest: Path) -> None:
     shutil.copytree(repo, dest, ignore=ignore)
 
 
-def install_prexy(repo: Path, *, reinstall: bool = True) -> PrexyInstall:
+def _export_head(repo: Path, dest: Path) -> str:
+    """Extract the committed tree (``git archive HEAD``); return the commit."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", "HEAD"],
+                             capture_output=True, check=True, timeout=120).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return commit
+
+
+def install_prexy(repo: Path, *, reinstall: bool = True,
+                  working_tree: bool = False) -> PrexyInstall:
     """Create ``bench/.work/venv`` and ``pip install`` the repository into it.
 
-    The working tree is copied first so the build never writes into the
-    repository (other people may be working in it).
+    By default the last commit is installed (``git archive HEAD``), so the
+    figures belong to a known revision; ``working_tree`` copies the files as
+    they are instead (uncommitted changes included).  Either way the build
+    runs on a snapshot and never writes into the repository.
     """
     venv_dir = WORK / "venv"
     python = venv_dir / "bin" / "python"
@@ -221,8 +241,13 @@ def install_prexy(repo: Path, *, reinstall: bool = True) -> PrexyInstall:
     twistd = venv_dir / "bin" / "twistd"
     if reinstall or not twistd.exists():
         src = WORK / "src"
-        _copy_tree(repo, src)
-        harness.log(f"pip install {repo} (snapshot in {src})")
+        if working_tree or not (repo / ".git").exists():
+            _copy_tree(repo, src)
+            what = "working tree"
+        else:
+            what = "commit " + _export_head(repo, src)
+        harness.log(f"pip install {repo} ({what}, snapshot in {src})")
+        (WORK / "installed-revision.txt").write_text(what + "\n")
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, str(src)], check=True, timeout=900)
         # Same version number as last time: force the fresh code in.
@@ -235,7 +260,9 @@ def install_prexy(repo: Path, *, reinstall: bool = True) -> PrexyInstall:
     if help_run.returncode != 0:
         raise RuntimeError(f"`twistd prexy --help` failed:\n{text[-3000:]}")
     flags = frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", help_run.stdout))
-    return PrexyInstall(twistd, python, flags, help_run.stdout)
+    revision_file = WORK / "installed-revision.txt"
+    revision = revision_file.read_text().strip() if revision_file.exists() else "unknown"
+    return PrexyInstall(twistd, python, flags, help_run.stdout, revision)
 
 
 class MissingFlag(Exception):
