@@ -29,9 +29,19 @@ from prexy.substitution.dialect import DialectError, check_pathological, parse_s
 from prexy.substitution.template import TemplateError, compile_template
 
 if TYPE_CHECKING:
-    from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.ruleset import Rule, RuleSet
 
-__all__ = ["RulesError", "Token", "tokenize", "parse_rules", "load_rules", "parse_size"]
+__all__ = [
+    "FlagError",
+    "RulesError",
+    "Token",
+    "UnsafePatternError",
+    "compile_rule",
+    "load_rules",
+    "parse_rules",
+    "parse_size",
+    "tokenize",
+]
 
 
 class RulesError(ValueError):
@@ -197,15 +207,55 @@ def parse_size(value: bytes) -> int | None:
     return int(digits) * _SIZE_UNITS[unit]
 
 
-@dataclass(frozen=True)
-class _Directive:
-    """A ``replace_filter`` rule as parsed, before compilation."""
+class FlagError(ValueError):
+    """A ``replace_filter`` flag other than ``g`` and ``i``."""
 
-    pattern: bytes
-    replacement: bytes
-    flags: str
-    filename: str
-    line: int
+
+class UnsafePatternError(ValueError):
+    """A pattern refused because a backtracking engine could blow up on it."""
+
+
+def compile_rule(
+    pattern: bytes,
+    replacement: bytes,
+    flags: bytes | str = b"",
+    *,
+    safe: bool = True,
+    origin: str = "",
+) -> Rule:
+    """Compile one ``replace_filter PATTERN REPLACEMENT FLAGS`` directive.
+
+    Raises FlagError, DialectError, UnsafePatternError (only with ``safe``)
+    or TemplateError; :func:`parse_rules` turns them into RulesError.
+    """
+    from prexy.substitution.ruleset import Rule
+
+    if isinstance(flags, str):
+        flags = flags.encode("latin-1")
+    caseless = False
+    once = True
+    for ch in flags:
+        if ch == ord("i"):
+            caseless = True
+        elif ch == ord("g"):
+            once = False
+        else:
+            raise FlagError(f"unknown flag '{chr(ch)}' in \"{flags.decode('latin-1')}\"")
+    parsed = parse_sregex(pattern, caseless)
+    if safe:
+        why = check_pathological(parsed.tree)
+        if why is not None:
+            raise UnsafePatternError(why)
+    template = compile_template(replacement)
+    return Rule(
+        pattern=pattern,
+        replacement=replacement,
+        caseless=caseless,
+        once=once,
+        parsed=parsed,
+        template=template,
+        origin=origin,
+    )
 
 
 def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = True) -> RuleSet:
@@ -214,7 +264,7 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
     With ``safe`` (the default) patterns that a backtracking engine cannot run
     in bounded time are refused too (see ``dialect.check_pathological``).
     """
-    from prexy.substitution.ruleset import Rule, RuleSet
+    from prexy.substitution.ruleset import RuleSet
 
     if isinstance(text, str):
         text = text.encode("utf-8")
@@ -239,19 +289,18 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                 )
             pat_tok, rep_tok = args[0], args[1]
             flags = args[2].value if len(args) == 3 else b""
-            caseless = False
-            once = True
-            for ch in flags:
-                if ch == ord("i"):
-                    caseless = True
-                elif ch == ord("g"):
-                    once = False
-                else:
-                    raise fail(
-                        args[2], f"unknown flag '{chr(ch)}' in \"{flags.decode('latin-1')}\""
-                    )
             try:
-                parsed = parse_sregex(pat_tok.value, caseless)
+                rules.append(
+                    compile_rule(
+                        pat_tok.value,
+                        rep_tok.value,
+                        flags,
+                        safe=safe,
+                        origin=f"{filename}:{name_tok.line}",
+                    )
+                )
+            except FlagError as exc:
+                raise fail(args[2], str(exc)) from None
             except DialectError as exc:
                 col = pat_tok.column + (1 if pat_tok.quoted else 0) + exc.pos
                 raise RulesError(
@@ -262,16 +311,11 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                     f'bad regex "{pat_tok.value.decode("latin-1")}": '
                     f"{exc.reason} at offset {exc.pos}",
                 ) from None
-            if safe:
-                why = check_pathological(parsed.tree)
-                if why is not None:
-                    raise fail(
-                        pat_tok,
-                        f'regex "{pat_tok.value.decode("latin-1")}" is refused '
-                        f"as unsafe to run: {why}",
-                    )
-            try:
-                template = compile_template(rep_tok.value)
+            except UnsafePatternError as exc:
+                raise fail(
+                    pat_tok,
+                    f'regex "{pat_tok.value.decode("latin-1")}" is refused as unsafe to run: {exc}',
+                ) from None
             except TemplateError as exc:
                 col = rep_tok.column + (1 if rep_tok.quoted else 0) + exc.pos
                 raise RulesError(
@@ -281,17 +325,6 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                     rep_tok.value.decode("latin-1"),
                     f'bad replacement "{rep_tok.value.decode("latin-1")}": {exc.reason}',
                 ) from None
-            rules.append(
-                Rule(
-                    pattern=pat_tok.value,
-                    replacement=rep_tok.value,
-                    caseless=caseless,
-                    once=once,
-                    parsed=parsed,
-                    template=template,
-                    origin=f"{filename}:{name_tok.line}",
-                )
-            )
         elif name == b"replace_filter_types":
             if not args:
                 raise fail(name_tok, 'invalid number of arguments in "replace_filter_types"')

@@ -61,6 +61,18 @@ class Found:
         value = self._match.group(self._offset + n)
         return value if value is not None else b""
 
+    def span(self, n: int) -> tuple[int, int]:
+        """Offsets of group ``n`` of the rule that matched; (-1, -1) if unset."""
+        if n > self._ngroups:
+            return (-1, -1)
+        start, end = self._match.span(self._offset + n)
+        return (start, end)
+
+    @property
+    def ngroups(self) -> int:
+        """How many capture groups the matching rule has."""
+        return self._ngroups
+
 
 class Scanner(Protocol):
     """What the transducer needs from a scanner."""
@@ -71,10 +83,14 @@ class Scanner(Protocol):
     def reach_floor(self, buf: bytes, pos: int) -> int:
         """Lowest start ``>= pos`` whose exploration could reach the end of ``buf``."""
 
-    def hold_point(self, buf: bytes, lo: int, limit: int, timeout: float | None) -> int | None:
-        """Leftmost position in ``[lo, limit]`` whose match needs more bytes.
+    def hold_point(
+        self, buf: bytes, lo: int, found: Found | None, timeout: float | None
+    ) -> int | None:
+        """Leftmost position from ``lo`` whose match may need more bytes.
 
-        ``lo`` must not be below ``reach_floor(buf, pos)`` for the scan position.
+        Only positions up to ``found.start`` count (all of ``buf`` if no
+        match was found), and at ``found.start`` only rules up to
+        ``found.rule``.  ``lo`` must not be below ``reach_floor(buf, pos)``.
         """
 
 
@@ -96,8 +112,9 @@ class RegexScanner:
             group += p.ngroups
         self.source = "|".join(parts)
         self.pattern = regex.compile(self.source.encode("latin-1"), FLAGS)
-        probe_src = "(?:" + "|".join("(?:" + s + ")" for s in probe_parts) + ")(*FAIL)"
-        self.probe = regex.compile(probe_src.encode("latin-1"), FLAGS)
+        self._probe_parts = probe_parts
+        self.probe = self._compile_probe(len(probe_parts))
+        self._prefix_probes: dict[int, regex.Pattern[bytes]] = {}
         # Bound on the bytes a match consumes outside unbounded repeats, and the
         # bytes unbounded repeats can consume: used to skip the probe far from
         # the end of the buffer.
@@ -111,6 +128,11 @@ class RegexScanner:
             other = _set_src(frozenset(range(256)) - eaten)
             self._other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
         self._everything = len(eaten) == 256
+
+    def _compile_probe(self, count: int) -> regex.Pattern[bytes]:
+        """``(?:r0|...|r{count-1})(*FAIL)``: only partial matches can come out."""
+        alts = "|".join("(?:" + s + ")" for s in self._probe_parts[:count])
+        return regex.compile(("(?:" + alts + ")(*FAIL)").encode("latin-1"), FLAGS)
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
         m = self.pattern.search(buf, pos, timeout=timeout)
@@ -137,10 +159,23 @@ class RegexScanner:
             end = m.start()
         return max(pos, end)
 
-    def hold_point(self, buf: bytes, lo: int, limit: int, timeout: float | None) -> int | None:
+    def hold_point(
+        self, buf: bytes, lo: int, found: Found | None, timeout: float | None
+    ) -> int | None:
+        limit = found.start if found is not None else len(buf)
         if lo > limit:
             return None
         m = self.probe.search(buf, lo, partial=True, timeout=timeout)
         if m is None or m.start() > limit:
             return None
-        return m.start()
+        if found is None or m.start() < limit:
+            return m.start()
+        # At the start of the match only rules of higher priority matter
+        # (and, conservatively, the matching rule itself).
+        rule = found.rule
+        probe = self._prefix_probes.get(rule)
+        if probe is None:
+            probe = self._prefix_probes[rule] = self._compile_probe(rule + 1)
+        if probe.match(buf, limit, partial=True, timeout=timeout) is None:
+            return None
+        return limit

@@ -138,8 +138,7 @@ class Transducer:
             if not final:
                 if floor < 0:
                     floor = scanner.reach_floor(buf, pos)
-                limit = found.start if found is not None else n
-                hold = scanner.hold_point(buf, max(floor, pos), limit, timeout)
+                hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
                 if hold is not None:
                     out.append(buf[pos:hold])
                     return hold

@@ -1,0 +1,1 @@
+"""Tests for prexy.substitution (pure: no network, no reactor)."""

@@ -1,0 +1,53 @@
+"""Shared fixtures for the substitution tests: conformance data and hypothesis.
+
+The conformance cases live in ``shared/conformance`` beside the checkout
+(``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points.
+Tests that need them are skipped, with the reason, when they are absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+settings.register_profile(
+    "substitution",
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def shared_dir() -> Path | None:
+    """The shared/ directory holding docs and conformance cases, if present."""
+    candidates = []
+    env = os.environ.get("PREXY_SHARED")
+    if env:
+        candidates.append(Path(env))
+    candidates.append(REPO_ROOT.parent / "shared")
+    for c in candidates:
+        if (c / "conformance").is_dir():
+            return c
+    return None
+
+
+def load_cases(name: str) -> list[dict[str, Any]] | None:
+    """Load ``conformance/<name>``; None when shared/ is not available."""
+    base = shared_dir()
+    if base is None:
+        return None
+    path = base / "conformance" / name
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as fh:
+        data: list[dict[str, Any]] = json.load(fh)
+    return data
+
+
+SKIP_REASON = "conformance cases not found: set PREXY_SHARED or put shared/ beside the checkout"

@@ -1,0 +1,167 @@
+"""The replace-filter conformance cases, checked against the real nginx module.
+
+Each case of ``replace_filter_cases.json`` is replayed through a
+:class:`Transducer`; the expected bodies come from a real build of nginx +
+replace-filter-nginx-module + sregex.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prexy.substitution.rules import compile_rule
+from prexy.substitution.ruleset import RuleSet
+
+from .conftest import SKIP_REASON, load_cases
+
+CASES = load_cases("replace_filter_cases.json")
+pytestmark = pytest.mark.skipif(CASES is None, reason=SKIP_REASON)
+
+
+def _cases(*categories: str) -> list[Any]:
+    if CASES is None:
+        return [pytest.param(None, id="absent")]
+    return [
+        pytest.param(c, id=f"{c['file']}:{c['name']}") for c in CASES if c["category"] in categories
+    ]
+
+
+def _b(s: str) -> bytes:
+    return s.encode("latin-1")
+
+
+def build(case: dict[str, Any], max_buffered_size: int | None) -> RuleSet:
+    """The case's rules as a RuleSet (rules are given already unescaped)."""
+    rules = [
+        compile_rule(_b(r["pattern"]), _b(r["replacement"]), r["flags"], safe=False)
+        for r in case["rules"]
+    ]
+    return RuleSet.build(rules, types=case["types"], max_buffered_size=max_buffered_size)
+
+
+def run(ruleset: RuleSet, pieces: list[bytes], eof_with_last: bool = False) -> bytes:
+    """Feed ``pieces``; the end of body comes with the last piece if asked."""
+    t = ruleset.new_transducer()
+    out = []
+    for i, piece in enumerate(pieces):
+        if eof_with_last and i == len(pieces) - 1:
+            out.append(t.finish(piece))
+            return b"".join(out)
+        out.append(t.feed(piece))
+    out.append(t.finish())
+    return b"".join(out)
+
+
+def body_or_passthrough(
+    case: dict[str, Any], ruleset: RuleSet, pieces: list[bytes], eof_with_last: bool = False
+) -> bytes:
+    """What the proxy sends: rewritten when the filter applies, else as is."""
+    if not ruleset.applies_to(case["content_type"]):
+        return b"".join(pieces)
+    return run(ruleset, pieces, eof_with_last)
+
+
+@pytest.mark.parametrize("case", _cases("core", "passthrough", "eof_with_data"))
+@pytest.mark.parametrize("feeding", ["bufs", "chunks", "whole", "bytewise"])
+def test_case_any_chunking(case: dict[str, Any], feeding: str) -> None:
+    """The expected body comes out however the body is cut into pieces.
+
+    The pieces are fed with the module's default buffer limit: these cases do
+    not depend on the limit (see test_core_cases_with_recorded_limit for the
+    limits recorded with them).
+    """
+    body = _b("".join(case["chunks"]))
+    pieces = {
+        "bufs": [_b(x) for x in case["bufs"]],
+        "chunks": [_b(x) for x in case["chunks"]],
+        "whole": [body],
+        "bytewise": [body[i : i + 1] for i in range(len(body))],
+    }[feeding]
+    limit = case.get("max_buffered_size") if case["category"] == "eof_with_data" else None
+    eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
+    if case["category"] == "eof_with_data" and not eof_with_last:
+        limit = None
+    ruleset = build(case, limit)
+    assert ruleset.applies_to(case["content_type"]) == case["filter_applies"]
+    assert body_or_passthrough(case, ruleset, pieces, eof_with_last) == _b(case["expected_body"])
+
+
+@pytest.mark.parametrize("case", _cases("max_buffered", "eof_with_data"))
+def test_case_with_recorded_limit(case: dict[str, Any]) -> None:
+    """With the recorded limit and buffers, the module's bail-out is reproduced."""
+    ruleset = build(case, case.get("max_buffered_size"))
+    pieces = [_b(x) for x in case["bufs"]]
+    assert run(ruleset, pieces, case["last_chunk_has_eof"]) == _b(case["expected_body"])
+
+
+# Core cases whose recorded (tiny) limit makes Prexy bail out where the module
+# did not.  Prexy counts every byte held back since the leftmost start that
+# could still match; the module counts the pending buffers it copies and
+# drops threads of lower priority sooner.  With any realistic limit (the 8k
+# default) these cases pass; this test pins the list so that a change in the
+# accounting is noticed.
+STRICTER_ACCOUNTING = {
+    "01-sanity.t:TEST 25: trim both leading and trailing spaces (1 byte at a time)",
+    "01-sanity.t:TEST 27: trim both leading and trailing spaces (1 byte at a time)",
+    "01-sanity.t:TEST 32: trim both leading and trailing spaces (2 bytes at a time)",
+    '01-sanity.t:TEST 34: github issue #2: error "general look-ahead not supported"',
+    "01-sanity.t:TEST 35: backtrack to the middle of a pending capture "
+    "(pending: output|capture + rematch)",
+    "01-sanity.t:TEST 39: backtrack to the middle of a pending capture "
+    "(pending: output|capture|rematch(2)",
+    "01-sanity.t:TEST 43: backtrack to the beginning of a pending capture "
+    "(pending: output + capture(2)|rematch",
+    "01-sanity.t:TEST 46: assertions when capture backtracking happens",
+    "01-sanity.t:TEST 47: assertions when capture backtracking happens (2 pending matches)",
+    '01-sanity.t:TEST 48: github issue #2: error "general look-ahead not supported", no "g"',
+    "01-sanity.t:TEST 50: nested rematch bufs (splitting pending buf)",
+    "01-sanity.t:TEST 51: remove C/C++ comments (1 byte at a time)",
+    "01-sanity.t:TEST 58: github issue #3: data lost in particular situation",
+    "01-sanity.t:TEST 59: variation",
+    "01-sanity.t:TEST 60: nested pending matched",
+    "01-sanity.t:TEST 63: trim leading spaces (1 byte at a time)",
+    "04-capturing.t:TEST 57: variation",
+}
+
+
+@pytest.mark.parametrize("case", _cases("core"))
+def test_core_cases_with_recorded_limit(case: dict[str, Any]) -> None:
+    """With the recorded bufs and limit, the output matches or the bail-out explains it.
+
+    Where Prexy's stricter accounting bails out, the output is the module's
+    own bail-out shape: a prefix of the expected rewriting up to the point of
+    the bail-out, then the input unchanged.
+    """
+    key = f"{case['file']}:{case['name']}"
+    ruleset = build(case, case.get("max_buffered_size"))
+    pieces = [_b(x) for x in case["bufs"]]
+    t = ruleset.new_transducer()
+    out = b"".join(t.feed(p) for p in pieces[:-1])
+    if case["last_chunk_has_eof"]:
+        out += t.finish(pieces[-1])
+    else:
+        out += t.feed(pieces[-1]) + t.finish()
+    if key in STRICTER_ACCOUNTING:
+        assert t.bailed_out
+        assert out != _b(case["expected_body"])
+    else:
+        assert out == _b(case["expected_body"])
+
+
+@pytest.mark.parametrize("case", _cases("sregex_quirk"))
+def test_sregex_quirk_documented(case: dict[str, Any]) -> None:
+    """``^\\s+|\\s+$`` inside one rule: sregex is not leftmost there, Prexy is.
+
+    On ``baby!\\n     \\nabc`` the module matches the second line's blanks as
+    ``^\\s+`` starting after the newline, where leftmost-first semantics (and
+    Perl) take ``\\s+$`` starting at the newline itself.  Prexy keeps the
+    documented leftmost semantics; this test pins the one difference.
+    """
+    ruleset = build(case, None)
+    body = _b("".join(case["chunks"]))
+    out = run(ruleset, [body])
+    expected = _b(case["expected_body"])
+    assert out != expected
+    assert out.replace(b"[\n     ]\n", b"\n[     \n]") == expected
