@@ -1,0 +1,357 @@
+"""The lookup side of a URL map: :class:`UrlMap` answers exactly as nginx's
+``map`` would, without trying every regex.
+
+nginx's order (``ngx_http_map_find``): exact keys (case-insensitive), then
+with ``hostnames`` the longest ``*.example.com``/``.example.com`` mask, then
+the longest ``www.example.*`` mask, then the regexes in file order (first
+match wins, never tried on an empty key), then ``default``.
+
+The regexes are indexed by what every match must contain:
+
+* a literal prefix after ``^``: a dict from prefix to entry numbers; a key
+  probes it once per distinct prefix length (a handful);
+* otherwise a required literal: a dict from one short piece (1-4 chars) of
+  it to entry numbers; a key probes its own pieces of those lengths;
+* regexes with nothing to index are candidates for every key.
+
+Candidate lists are sorted by file position and merged, so they are tried in
+file order and the first confirmed match is nginx's answer.  Regexes that
+differ only in their literal prefix share one compiled "rest", matched from
+the end of the prefix; others are compiled on first use (their syntax was
+checked at load).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import regex
+
+from prexy.urlmap.pcre import ascii_lower
+from prexy.urlmap.values import Resolver, Value, as_resolver, render
+
+__all__ = ["MapLookup", "SourceFile", "UrlMap", "RegexEntry", "REGEX_FLAGS"]
+
+REGEX_FLAGS = regex.V1 | regex.ASCII
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file the map was read from and its modification time when read."""
+
+    path: str
+    mtime: float
+
+
+@dataclass(frozen=True)
+class MapLookup:
+    """What a lookup found: the value and which kind of entry gave it.
+
+    ``kind`` is one of ``exact``, ``wildcard_head``, ``wildcard_dot``,
+    ``wildcard_tail``, ``regex``, ``regex_caseless`` or ``default``; ``entry``
+    is the matching key (lower-cased for exact and wildcard keys, as written
+    for regexes); ``filename``/``line`` locate regex entries.
+    """
+
+    value: str
+    kind: str
+    entry: str
+    filename: str = ""
+    line: int = 0
+
+
+class RegexEntry:
+    """One ``~`` / ``~*`` entry, in file order.
+
+    ``rest`` (shared) and ``split`` are set when the regex is ``^`` + a plain
+    literal + a rest shared with other entries; otherwise ``pattern`` is
+    compiled on first use into ``compiled``.
+    """
+
+    __slots__ = (
+        "order", "source", "filename", "line", "caseless", "value",
+        "pattern", "compiled", "rest", "split",
+    )
+
+    def __init__(
+        self,
+        order: int,
+        source: str,
+        filename: str,
+        line: int,
+        caseless: bool,
+        value: Value,
+        pattern: str | None,
+        rest: Any,
+        split: int,
+    ) -> None:
+        self.order = order
+        self.source = source
+        self.filename = filename
+        self.line = line
+        self.caseless = caseless
+        self.value = value
+        self.pattern = pattern
+        self.compiled: Any = None
+        self.rest = rest
+        self.split = split
+
+    def search(self, key: str) -> Any:
+        """The regex match on ``key``, or ``None``."""
+        rest = self.rest
+        if rest is not None:
+            return rest.match(key, self.split)
+        compiled = self.compiled
+        if compiled is None:
+            flags = REGEX_FLAGS | (regex.IGNORECASE if self.caseless else 0)
+            compiled = self.compiled = regex.compile(self.pattern, flags)
+        return compiled.search(key)
+
+
+_GRAM = 4
+
+
+class _PrefixIndex:
+    """Regexes keyed by the literal every match starts with."""
+
+    __slots__ = ("table", "lengths")
+
+    def __init__(self, table: dict[str, list[int]]) -> None:
+        self.table = table
+        self.lengths = tuple(sorted({len(k) for k in table}))
+
+    def probe(self, key: str, out: list[list[int]]) -> None:
+        table = self.table
+        size = len(key)
+        for n in self.lengths:
+            if n > size:
+                break
+            hit = table.get(key[:n])
+            if hit is not None:
+                out.append(hit)
+
+
+class _GramIndex:
+    """Regexes keyed by one piece (up to 4 characters) of a required literal."""
+
+    __slots__ = ("table", "lengths")
+
+    def __init__(self, table: dict[str, list[int]]) -> None:
+        self.table = table
+        self.lengths = tuple(sorted({len(k) for k in table}))
+
+    def probe(self, key: str, out: list[list[int]]) -> None:
+        table = self.table
+        seen: set[str] = set()
+        size = len(key)
+        for n in self.lengths:
+            for i in range(size - n + 1):
+                piece = key[i:i + n]
+                hit = table.get(piece)
+                if hit is not None and piece not in seen:
+                    seen.add(piece)
+                    out.append(hit)
+
+
+class UrlMap:
+    """An immutable, loaded map: ``lookup(key)`` gives nginx's value for ``key``.
+
+    Build one with :func:`prexy.urlmap.load_map` or
+    :func:`prexy.urlmap.parse_map`.  ``entry_count`` counts the entries (not
+    ``default``); ``source_files`` lists every file read, with its mtime, so
+    a caller can watch them; ``variables`` names the variables values refer
+    to that are not captures (the caller supplies them at lookup).
+    """
+
+    __slots__ = (
+        "_exact", "_head_dot", "_head_star", "_tail", "_regexes", "_prefix_cs",
+        "_prefix_ci", "_gram_cs", "_gram_ci", "_always", "_captures",
+        "hostnames", "default", "entry_count", "source_files", "variables", "_frozen",
+    )
+
+    _exact: dict[str, Value]
+    _head_dot: dict[str, Value]
+    _head_star: dict[str, Value]
+    _tail: dict[str, Value]
+    _regexes: list[RegexEntry]
+    _prefix_cs: _PrefixIndex | None
+    _prefix_ci: _PrefixIndex | None
+    _gram_cs: _GramIndex | None
+    _gram_ci: _GramIndex | None
+    _always: list[int]
+    _captures: frozenset[str]
+    hostnames: bool
+    default: Value
+    entry_count: int
+    source_files: tuple[SourceFile, ...]
+    variables: frozenset[str]
+
+    def __init__(
+        self,
+        *,
+        exact: dict[str, Value],
+        head_dot: dict[str, Value],
+        head_star: dict[str, Value],
+        tail: dict[str, Value],
+        regexes: list[RegexEntry],
+        index_keys: list[tuple[int, str]],
+        hostnames: bool,
+        default: Value,
+        source_files: Iterable[SourceFile],
+        captures: frozenset[str],
+        variables: frozenset[str],
+    ) -> None:
+        """Build the index; ``index_keys[i]`` says how regex ``i`` is indexed.
+
+        Each is ``(how, literal)`` with ``how`` 0 = by prefix, 1 = by a
+        required literal, 2 = not indexed (always a candidate).
+        """
+        set_ = object.__setattr__
+        set_(self, "_exact", exact)
+        set_(self, "_head_dot", head_dot)
+        set_(self, "_head_star", head_star)
+        set_(self, "_tail", tail)
+        set_(self, "_regexes", regexes)
+        set_(self, "hostnames", hostnames)
+        set_(self, "default", default)
+        set_(self, "source_files", tuple(source_files))
+        set_(self, "_captures", captures)
+        set_(self, "variables", variables)
+        set_(self, "entry_count", len(exact) + len(head_dot) + len(head_star) + len(tail) + len(regexes))
+        prefix: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
+        grams: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
+        always: list[int] = []
+        for i, (how, literal) in enumerate(index_keys):
+            ci = 1 if regexes[i].caseless else 0
+            if how == 0:
+                bucket = prefix[ci].get(literal)
+                if bucket is None:
+                    prefix[ci][literal] = [i]
+                else:
+                    bucket.append(i)
+            elif how == 1:
+                table = grams[ci]
+                piece = _choose_piece(literal, table)
+                bucket = table.get(piece)
+                if bucket is None:
+                    table[piece] = [i]
+                else:
+                    bucket.append(i)
+            else:
+                always.append(i)
+        set_(self, "_prefix_cs", _PrefixIndex(prefix[0]) if prefix[0] else None)
+        set_(self, "_prefix_ci", _PrefixIndex(prefix[1]) if prefix[1] else None)
+        set_(self, "_gram_cs", _GramIndex(grams[0]) if grams[0] else None)
+        set_(self, "_gram_ci", _GramIndex(grams[1]) if grams[1] else None)
+        set_(self, "_always", always)
+        set_(self, "_frozen", True)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("UrlMap is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("UrlMap is immutable")
+
+    def __repr__(self) -> str:
+        files = ", ".join(f.path for f in self.source_files[:1])
+        return f"<UrlMap {self.entry_count} entries from {files or '<text>'}>"
+
+    # -- lookup ---------------------------------------------------------------
+
+    def lookup(self, key: str, variables: Mapping[str, str] | Resolver | None = None) -> str:
+        """The value nginx's map gives for ``key`` (``""`` when nothing matches
+        and there is no default).  ``variables`` supplies non-capture
+        variables used in values (a mapping or a callable returning ``None``
+        for unknown names)."""
+        return self.match(key, variables).value
+
+    def match(self, key: str, variables: Mapping[str, str] | Resolver | None = None) -> MapLookup:
+        """Like :meth:`lookup`, also saying which entry answered."""
+        resolve = as_resolver(variables)
+        if self.hostnames and key.endswith("."):
+            key = key[:-1]
+        low = ascii_lower(key)
+        value = self._exact.get(low)
+        if value is not None:
+            return MapLookup(render(value, None, self._captures, resolve), "exact", low)
+        if key and self.hostnames:
+            found = self._wildcard(low)
+            if found is not None:
+                kind, entry, value = found
+                return MapLookup(render(value, None, self._captures, resolve), kind, entry)
+        if key and self._regexes:
+            for order in self._candidates(key, low):
+                entry_rx = self._regexes[order]
+                m = entry_rx.search(key)
+                if m is not None:
+                    kind = "regex_caseless" if entry_rx.caseless else "regex"
+                    return MapLookup(
+                        render(entry_rx.value, m, self._captures, resolve),
+                        kind, entry_rx.source, entry_rx.filename, entry_rx.line,
+                    )
+        return MapLookup(render(self.default, None, self._captures, resolve), "default", "default")
+
+    def _wildcard(self, low: str) -> tuple[str, str, Value] | None:
+        head_dot = self._head_dot
+        head_star = self._head_star
+        if head_dot or head_star:
+            value = head_dot.get(low)
+            if value is not None:
+                return "wildcard_dot", "." + low, value
+            i = low.find(".")
+            while i >= 0:
+                suffix = low[i + 1:]
+                value = head_dot.get(suffix)
+                if value is not None:
+                    return "wildcard_dot", "." + suffix, value
+                value = head_star.get(suffix)
+                if value is not None:
+                    return "wildcard_head", "*." + suffix, value
+                i = low.find(".", i + 1)
+        tail = self._tail
+        if tail:
+            i = low.rfind(".")
+            while i > 0:
+                head = low[:i]
+                value = tail.get(head)
+                if value is not None:
+                    return "wildcard_tail", head + ".*", value
+                i = low.rfind(".", 0, i)
+        return None
+
+    def _candidates(self, key: str, low: str) -> Iterable[int]:
+        lists: list[list[int]] = []
+        if self._prefix_cs is not None:
+            self._prefix_cs.probe(key, lists)
+        if self._prefix_ci is not None:
+            self._prefix_ci.probe(low, lists)
+        if self._gram_cs is not None:
+            self._gram_cs.probe(key, lists)
+        if self._gram_ci is not None:
+            self._gram_ci.probe(low, lists)
+        if self._always:
+            lists.append(self._always)
+        if len(lists) == 1:
+            return lists[0]
+        if not lists:
+            return ()
+        return heapq.merge(*lists)
+
+
+def _choose_piece(literal: str, table: dict[str, list[int]]) -> str:
+    """Pick the piece of ``literal`` to index by: of a few evenly spaced
+    4-character pieces, the one with the fewest entries so far."""
+    if len(literal) <= _GRAM:
+        return literal
+    last = len(literal) - _GRAM
+    best = literal[last:]
+    best_count = len(table.get(best, ()))
+    for start in (0, last // 2, last // 3, (2 * last) // 3):
+        piece = literal[start:start + _GRAM]
+        count = len(table.get(piece, ()))
+        if count < best_count:
+            best, best_count = piece, count
+    return best

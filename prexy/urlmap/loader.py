@@ -1,0 +1,260 @@
+"""Reading map files into a :class:`~prexy.urlmap.index.UrlMap`.
+
+Statements are handled as ``ngx_http_map`` handles them, in order:
+
+* ``hostnames;`` switches wildcard keys on for the entries that follow (and
+  the dropping of one trailing dot of looked-up keys); ``volatile;`` is
+  accepted and ignored;
+* ``include FILE;`` splices another file, relative to the including file;
+  shell wildcards are expanded in sorted order; include cycles are errors;
+* ``default VALUE;`` sets the default (twice is an error);
+* ``~REGEX VALUE;`` / ``~*REGEX VALUE;`` add a regex (a bad regex is an error
+  now, not at lookup time);
+* anything else is an exact key (a leading ``\\`` is dropped, so
+  ``\\default`` is the key ``default``); a key already present is an error,
+  "conflicting parameter", as nginx refuses it too.
+
+Files are read as bytes and decoded as latin-1: one character per byte, like
+nginx.  Every error is a :class:`~prexy.urlmap.errors.MapError` with file and
+line.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import regex
+
+from prexy.urlmap.errors import MapError
+from prexy.urlmap.index import REGEX_FLAGS, RegexEntry, SourceFile, UrlMap
+from prexy.urlmap.lexer import statements
+from prexy.urlmap.pcre import RegexSyntaxError, ascii_lower, translate
+from prexy.urlmap.values import Template, Value, ValueSyntaxError, compile_value
+
+__all__ = ["load_map", "parse_map"]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def load_map(path: str | os.PathLike[str]) -> UrlMap:
+    """Read the map file at ``path`` (and what it includes) into a :class:`UrlMap`."""
+    filename = os.fspath(path)
+    builder = _Builder()
+    builder.read_file(filename, filename, 0)
+    return builder.build()
+
+
+def parse_map(text: str, filename: str = "<map>", base_dir: str | None = None) -> UrlMap:
+    """Build a :class:`UrlMap` from map text; includes resolve against
+    ``base_dir`` (default: the directory of ``filename``)."""
+    builder = _Builder()
+    if base_dir is None:
+        base_dir = os.path.dirname(filename)
+    builder.parse_text(text, filename, base_dir)
+    return builder.build()
+
+
+class _Builder:
+    """Accumulates entries in file order, with nginx's conflict rules."""
+
+    def __init__(self) -> None:
+        self.hostnames = False
+        self.default: Value | None = None
+        self.exact: dict[str, Value] = {}
+        self.exact_names: set[str] = set()
+        self.head_dot: dict[str, Value] = {}
+        self.head_star: dict[str, Value] = {}
+        self.tail: dict[str, Value] = {}
+        self.regexes: list[RegexEntry] = []
+        self.index_keys: list[tuple[int, str]] = []
+        self.sources: list[SourceFile] = []
+        self.values: dict[str, Value] = {}
+        self.skeletons: dict[tuple[str, bool], str] = {}  # skeleton -> "" or error
+        self.rests: dict[tuple[str, bool], Any] = {}
+        self.captures: set[str] = set()
+        self.variables: set[str] = set()
+        self.stack: list[str] = []
+
+    # -- files ----------------------------------------------------------------
+
+    def read_file(self, path: str, where: str, line: int) -> None:
+        real = os.path.realpath(path)
+        if real in self.stack:
+            chain = " -> ".join([*self.stack[self.stack.index(real):], real])
+            raise MapError(where, line, path, "include cycle", chain)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+                mtime = os.fstat(f.fileno()).st_mtime
+        except OSError as exc:
+            raise MapError(where, line, path, "cannot open", exc.strerror or str(exc)) from None
+        self.sources.append(SourceFile(path, mtime))
+        self.stack.append(real)
+        try:
+            self.parse_text(data.decode("latin-1"), path, os.path.dirname(path))
+        finally:
+            self.stack.pop()
+
+    def parse_text(self, text: str, filename: str, base_dir: str) -> None:
+        for args, line in statements(text, filename):
+            self.statement(args, line, filename, base_dir)
+
+    # -- statements -----------------------------------------------------------
+
+    def statement(self, args: list[str], line: int, filename: str, base_dir: str) -> None:
+        if len(args) == 1 and args[0] == "hostnames":
+            self.hostnames = True
+            return
+        if len(args) == 1 and args[0] == "volatile":
+            return
+        if len(args) != 2:
+            raise MapError(filename, line, " ".join(args), "invalid number of the map parameters")
+        key, text = args
+        if key == "include":
+            self.include(text, filename, line, base_dir)
+            return
+        value = self.values.get(text)
+        if value is None:
+            try:
+                value = compile_value(text)
+            except ValueSyntaxError as exc:
+                raise MapError(filename, line, text, str(exc)) from None
+            if isinstance(value, Template):
+                self.variables.update(value.variables)
+            self.values[text] = value
+        if key == "default":
+            if self.default is not None:
+                raise MapError(filename, line, key, "duplicate default map parameter")
+            self.default = value
+            return
+        if key.startswith("~"):
+            self.add_regex(key, value, filename, line)
+            return
+        if key.startswith("\\"):
+            key = key[1:]
+        self.add_key(key, value, filename, line)
+
+    def include(self, name: str, filename: str, line: int, base_dir: str) -> None:
+        path = os.path.join(base_dir, name)
+        if _GLOB_CHARS.intersection(name):
+            for each in sorted(glob.glob(path)):
+                self.read_file(each, filename, line)
+            return
+        self.read_file(path, filename, line)
+
+    def add_key(self, key: str, value: Value, filename: str, line: int) -> None:
+        """``ngx_hash_add_key``: exact keys, and with ``hostnames`` the wildcards."""
+        if self.hostnames:
+            stars = key.count("*")
+            if stars > 1 or ".." in key or "\0" in key:
+                raise MapError(filename, line, key, "invalid hostname or wildcard")
+            if len(key) > 1 and key[0] == ".":
+                base = ascii_lower(key[1:])
+                if base in self.exact_names or base in self.head_dot:
+                    raise MapError(filename, line, key, "conflicting parameter")
+                self.exact_names.add(base)
+                self.head_dot[base] = value
+                return
+            if len(key) > 2 and key.startswith("*."):
+                base = ascii_lower(key[2:])
+                if base in self.head_star:
+                    raise MapError(filename, line, key, "conflicting parameter")
+                self.head_star[base] = value
+                return
+            if len(key) > 2 and key.endswith(".*"):
+                base = ascii_lower(key[:-2])
+                if base in self.tail:
+                    raise MapError(filename, line, key, "conflicting parameter")
+                self.tail[base] = value
+                return
+            if stars:
+                raise MapError(filename, line, key, "invalid hostname or wildcard")
+        low = ascii_lower(key)
+        if low in self.exact_names:
+            raise MapError(filename, line, key, "conflicting parameter")
+        self.exact_names.add(low)
+        self.exact[low] = value
+
+    def add_regex(self, source: str, value: Value, filename: str, line: int) -> None:
+        caseless = source.startswith("~*")
+        pattern = source[2:] if caseless else source[1:]
+        try:
+            tr = translate(pattern, caseless)
+        except RegexSyntaxError as exc:
+            raise MapError(filename, line, source, "invalid regex", str(exc)) from None
+        flags = REGEX_FLAGS | (regex.IGNORECASE if caseless else 0)
+        self.validate(tr.pattern, tr.skeleton, flags, caseless, source, filename, line)
+        self.captures.update(tr.group_names)
+        order = len(self.regexes)
+        rest = None
+        split = 0
+        if tr.split is not None:
+            rest_text = tr.pattern[tr.split:]
+            rest_key = (rest_text, caseless)
+            rest = self.rests.get(rest_key)
+            if rest is None:
+                try:
+                    rest = regex.compile(rest_text, flags)
+                except regex.error:
+                    rest = False  # the rest alone is not a pattern: no sharing
+                self.rests[rest_key] = rest
+            if rest is False:
+                rest = None
+            else:
+                split = len(tr.split_literal)
+        entry = RegexEntry(
+            order, source, filename, line, caseless, value,
+            None if rest is not None else tr.pattern, rest, split,
+        )
+        self.regexes.append(entry)
+        if tr.anchored:
+            self.index_keys.append((0, tr.anchored))
+        elif tr.required:
+            self.index_keys.append((1, tr.required))
+        else:
+            self.index_keys.append((2, ""))
+
+    def validate(
+        self, pattern: str, skeleton: str | None, flags: int, caseless: bool,
+        source: str, filename: str, line: int,
+    ) -> None:
+        """Fail now if the pattern does not compile; shapes seen before are free."""
+        if skeleton is not None:
+            known = self.skeletons.get((skeleton, caseless))
+            if known == "":
+                return
+            if known is None:
+                try:
+                    regex.compile(skeleton, flags)
+                except regex.error:
+                    pass  # the real pattern below gives the real message
+                else:
+                    self.skeletons[(skeleton, caseless)] = ""
+                    return
+        try:
+            regex.compile(pattern, flags)
+        except regex.error as exc:
+            raise MapError(filename, line, source, "invalid regex", _engine_message(exc)) from None
+
+    def build(self) -> UrlMap:
+        default: Value = self.default if self.default is not None else ""
+        return UrlMap(
+            exact=self.exact,
+            head_dot=self.head_dot,
+            head_star=self.head_star,
+            tail=self.tail,
+            regexes=self.regexes,
+            index_keys=self.index_keys,
+            hostnames=self.hostnames,
+            default=default,
+            source_files=self.sources,
+            captures=frozenset(self.captures),
+            variables=frozenset(self.variables - self.captures),
+        )
+
+
+def _engine_message(exc: regex.error) -> str:
+    msg = getattr(exc, "msg", None) or str(exc)
+    return str(msg)

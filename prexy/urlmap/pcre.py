@@ -1,0 +1,874 @@
+"""Translate an nginx map regex (PCRE2 syntax) for the ``regex`` package, and
+find the literals every match must contain.
+
+nginx compiles map regexes with PCRE2 on bytes, without UTF, UCP, multiline
+or dotall; ``~*`` adds caseless.  The translation targets ``regex`` with
+``V1 | ASCII`` (``V1`` gives PCRE's scoped inline flags) and rewrites what
+``regex`` reads differently: ``\\Q..\\E``, ``\\x{..}``, ``\\o{..}``, ``\\e``,
+``\\cX``, ``\\h``/``\\v``/``\\R``/``\\N``, ``\\Z``, ``\\k<name>``, ``(?'n'..)``,
+``{,n}`` (a literal in PCRE2 10.42), PCRE's backreference-or-octal rule, and
+character classes (emitted canonically so ``regex``'s set operators never
+trigger).  Syntax errors PCRE would report are raised as
+:class:`RegexSyntaxError`.
+
+Alongside the pattern it produces what the index needs:
+
+* ``anchored``: the literal text every match starts with when the pattern
+  begins with ``^`` (or ``\\A``) and has no top-level ``|``;
+* ``split``: when that literal is written plainly right after ``^``, the
+  offset in the translated pattern where the rest begins, so maps whose
+  regexes differ only in that literal share one compiled "rest";
+* ``required``: the longest literal any match must contain;
+* ``skeleton``: the translated pattern with each run of literal characters
+  collapsed to one ``a``; it compiles exactly when the pattern does, so
+  100,000 regexes of a few shapes are validated with a few compilations.
+
+Literals are lower-cased (ASCII) for caseless regexes.  Anything unusual
+(inline flags, recursion, conditionals, verbs, branch reset) turns the
+analysis off: such a regex is simply always a candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RegexSyntaxError", "Translated", "translate", "ascii_lower"]
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(text: str) -> str:
+    """Lower-case ASCII letters only, as nginx's ``ngx_tolower`` does."""
+    if text.isascii():
+        return text.lower()
+    return text.translate(_ASCII_LOWER)
+
+
+class RegexSyntaxError(ValueError):
+    """The pattern is not valid PCRE (or uses a PCRE feature not supported)."""
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A translated pattern and what the index may use about it."""
+
+    pattern: str
+    skeleton: str | None
+    group_names: tuple[str, ...]
+    anchored: str
+    split: int | None
+    split_literal: str
+    required: str
+
+
+_LIT, _ZERO, _BREAK = 0, 1, 2
+_MARK = object()  # a literal character in the skeleton
+
+_POSIX: dict[str, list[tuple[int, int]]] = {
+    "alpha": [(0x41, 0x5A), (0x61, 0x7A)],
+    "digit": [(0x30, 0x39)],
+    "alnum": [(0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)],
+    "upper": [(0x41, 0x5A)],
+    "lower": [(0x61, 0x7A)],
+    "space": [(0x09, 0x0D), (0x20, 0x20)],
+    "blank": [(0x09, 0x09), (0x20, 0x20)],
+    "cntrl": [(0x00, 0x1F), (0x7F, 0x7F)],
+    "graph": [(0x21, 0x7E)],
+    "print": [(0x20, 0x7E)],
+    "punct": [(0x21, 0x2F), (0x3A, 0x40), (0x5B, 0x60), (0x7B, 0x7E)],
+    "xdigit": [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)],
+    "word": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+    "ascii": [(0x00, 0x7F)],
+}
+_HSPACE = [(0x09, 0x09), (0x20, 0x20), (0xA0, 0xA0)]
+_VSPACE = [(0x0A, 0x0D), (0x85, 0x85)]
+_MAXCHAR = 0x10FFFF
+_SIMPLE_ESCAPES = {"a": "\x07", "e": "\x1b", "f": "\x0c", "n": "\n", "r": "\r", "t": "\t"}
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/_-")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_OCT = frozenset("01234567")
+_DIGITS = frozenset("0123456789")
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_NAME_CHARS = _NAME_START | _DIGITS
+
+
+def _char(code: int) -> str:
+    """A code point as an unambiguous escape, usable inside and outside classes."""
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def _emit_literal(ch: str) -> str:
+    if ch in _PLAIN:
+        return ch
+    return _char(ord(ch))
+
+
+def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    nxt = 0
+    for lo, hi in sorted(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = max(nxt, hi + 1)
+    if nxt <= _MAXCHAR:
+        out.append((nxt, _MAXCHAR))
+    return out
+
+
+def _ranges_text(ranges: list[tuple[int, int]]) -> str:
+    return "".join(_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in ranges)
+
+
+class _Parser:
+    """One pass over a PCRE pattern: emit the translation, collect literal facts."""
+
+    def __init__(self, src: str, caseless: bool) -> None:
+        self.src = src
+        self.caseless = caseless
+        self.pos = 0
+        self.out: list[str] = []
+        self.skel: list[object] = []
+        self.groups = 0
+        self.names: list[str] = []
+        self.opaque = False  # literal analysis unsafe
+        self.no_skeleton = False
+        self.lookbehind = 0
+        self.extended = False
+        self.quoted_start = -1
+        # top level: (kind, char, out index before, out index after, direct)
+        self.top: list[tuple[int, str, int, int, bool]] = []
+        self.top_alternation = False
+
+    # -- helpers ------------------------------------------------------------
+
+    def error(self, msg: str) -> RegexSyntaxError:
+        return RegexSyntaxError(f"{msg} at offset {self.pos}")
+
+    def peek(self, k: int = 0) -> str:
+        i = self.pos + k
+        return self.src[i] if i < len(self.src) else ""
+
+    def emit(self, text: str) -> None:
+        self.out.append(text)
+        self.skel.append(text)
+
+    def emit_literal(self, ch: str, items: list[tuple[int, str, int, int, bool]], direct: bool) -> None:
+        before = len(self.out)
+        self.out.append(_emit_literal(ch))
+        self.skel.append(self.out[-1] if self.lookbehind else _MARK)
+        items.append((_LIT, ascii_lower(ch) if self.caseless else ch, before, len(self.out), direct))
+
+    # -- structure ----------------------------------------------------------
+
+    def parse(self) -> list[tuple[int, str, int, int, bool]]:
+        items = self.alternation(top=True)
+        if self.pos < len(self.src):
+            raise self.error("unmatched closing parenthesis")
+        return items or []
+
+    def alternation(self, top: bool = False) -> list[tuple[int, str, int, int, bool]] | None:
+        """Parse branches until ``)`` or the end; return the items if there is one branch."""
+        saved_extended = self.extended
+        branches = 0
+        items: list[tuple[int, str, int, int, bool]] = []
+        while True:
+            branch: list[tuple[int, str, int, int, bool]] = []
+            self.sequence(branch, top)
+            branches += 1
+            if branches == 1:
+                items = branch
+            if self.peek() == "|":
+                self.pos += 1
+                self.emit("|")
+                if top:
+                    self.top_alternation = True
+                continue
+            break
+        self.extended = saved_extended
+        return items if branches == 1 else None
+
+    def sequence(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        src = self.src
+        last: tuple[int, int] | None = None  # (first item, first output piece) of the last atom
+        while self.pos < len(src):
+            ch = src[self.pos]
+            if ch == "|" or ch == ")":
+                return
+            if self.extended and ch in " \t\n\r\x0b\x0c":
+                self.pos += 1
+                continue
+            if self.extended and ch == "#":
+                nl = src.find("\n", self.pos)
+                self.pos = len(src) if nl < 0 else nl + 1
+                continue
+            quant = self.read_quantifier()
+            if quant:
+                if last is None:
+                    raise self.error("quantifier does not follow a repeatable item")
+                self.apply_quantifier(quant, items, *last)
+                last = None
+                continue
+            start_items = len(items)
+            before = len(self.out)
+            self.quoted_start = -1
+            self.atom(items, top)
+            if self.quoted_start >= 0:
+                # a quantifier after \Q..\E applies to its last character only
+                last = (self.quoted_start, items[-1][2])
+            elif len(self.out) > before:
+                last = (start_items, before)
+
+    def read_quantifier(self) -> str:
+        """Consume and return a quantifier at the current position, or return ``""``."""
+        src = self.src
+        ch = self.peek()
+        quant = ""
+        if ch in ("*", "+", "?"):
+            quant = ch
+            self.pos += 1
+        elif ch == "{":
+            end = self.pos + 1
+            while end < len(src) and src[end] in _DIGITS:
+                end += 1
+            lo = src[self.pos + 1:end]
+            if lo and end < len(src) and src[end] == "}":
+                quant = src[self.pos:end + 1]
+                self.pos = end + 1
+            elif lo and end < len(src) and src[end] == ",":
+                end2 = end + 1
+                while end2 < len(src) and src[end2] in _DIGITS:
+                    end2 += 1
+                if end2 < len(src) and src[end2] == "}":
+                    hi = src[end + 1:end2]
+                    if hi and int(hi) < int(lo):
+                        self.pos = end2
+                        raise self.error("numbers out of order in {} quantifier")
+                    quant = src[self.pos:end2 + 1]
+                    self.pos = end2 + 1
+        if quant and self.peek() in ("+", "?"):
+            quant += self.peek()
+            self.pos += 1
+        return quant
+
+    def apply_quantifier(
+        self, quant: str, items: list[tuple[int, str, int, int, bool]], start_items: int, before: int
+    ) -> None:
+        # the quantified atom is no longer a fixed literal
+        if self.skel and self.skel[-1] is _MARK:
+            self.skel[-1] = "a"
+        self.emit(quant)
+        del items[start_items:]
+        items.append((_BREAK, "", before, len(self.out), False))
+
+    def atom(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        src = self.src
+        ch = src[self.pos]
+        if ch == "\\":
+            self.escape(items, top)
+        elif ch == "[":
+            before = len(self.out)
+            self.char_class()
+            items.append((_BREAK, "", before, len(self.out), False))
+        elif ch == "(":
+            self.group(items, top)
+        elif ch == "^" or ch == "$":
+            self.pos += 1
+            before = len(self.out)
+            self.emit(ch)
+            items.append((_ZERO, ch, before, len(self.out), top))
+        elif ch == ".":
+            self.pos += 1
+            before = len(self.out)
+            self.emit(".")
+            items.append((_BREAK, "", before, len(self.out), False))
+        elif ch in "*+?":
+            raise self.error("quantifier does not follow a repeatable item")
+        else:
+            self.pos += 1
+            self.emit_literal(ch, items, top)
+
+    def escape(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        src = self.src
+        self.pos += 1
+        if self.pos >= len(src):
+            raise self.error("\\ at end of pattern")
+        ch = src[self.pos]
+        self.pos += 1
+        before = len(self.out)
+        if ch == "Q":
+            end = src.find("\\E", self.pos)
+            stop = len(src) if end < 0 else end
+            for lit in src[self.pos:stop]:
+                self.quoted_start = len(items)
+                self.emit_literal(lit, items, top)
+            self.pos = len(src) if end < 0 else end + 2
+            return
+        if ch == "E":
+            return
+        code = self.char_escape(ch, in_class=False)
+        if code is not None:
+            self.emit_literal(chr(code), items, top)
+            return
+        if ch in "dDwWsS":
+            self.emit("\\" + ch)
+        elif ch in "hHvV":
+            ranges = _HSPACE if ch in "hH" else _VSPACE
+            neg = "^" if ch.isupper() else ""
+            self.emit(f"[{neg}{_ranges_text(ranges)}]")
+        elif ch == "R":
+            self.emit("(?>\\x0d\\x0a|[\\x0a-\\x0d\\x85])")
+        elif ch == "N":
+            if self.peek() == "{":
+                raise self.error("\\N{name} is not supported")
+            self.emit("[^\\x0a]")
+        elif ch == "X":
+            self.emit("\\X")
+        elif ch == "C":
+            self.emit("(?s:.)")
+        elif ch in "pP":
+            if self.peek() == "{":
+                end = src.find("}", self.pos)
+                if end < 0:
+                    raise self.error("malformed \\P or \\p sequence")
+                prop = src[self.pos - 2:end + 1]
+                self.pos = end + 1
+            else:
+                if self.pos >= len(src):
+                    raise self.error("malformed \\P or \\p sequence")
+                prop = src[self.pos - 2:self.pos + 1]
+                self.pos += 1
+            self.emit(prop)
+        elif ch in "bBAzGK":
+            self.emit("\\" + ch)
+            items.append((_ZERO, ch, before, len(self.out), False))
+            return
+        elif ch == "Z":
+            self.emit("(?=\\x0a?\\z)")
+            items.append((_ZERO, ch, before, len(self.out), False))
+            return
+        elif ch in _DIGITS:
+            self.backref_or_octal(ch, items, top)
+            return
+        elif ch == "g":
+            self.g_escape()
+        elif ch == "k":
+            self.k_escape()
+        else:
+            raise self.error("unrecognized character follows \\")
+        items.append((_BREAK, "", before, len(self.out), False))
+
+    def char_escape(self, ch: str, in_class: bool) -> int | None:
+        """Escapes that stand for one character; ``None`` if ``ch`` is not one."""
+        src = self.src
+        if ch in _SIMPLE_ESCAPES:
+            return ord(_SIMPLE_ESCAPES[ch])
+        if in_class and ch == "b":
+            return 0x08
+        if not ch.isascii() or not ch.isalnum():
+            return ord(ch)
+        if ch == "x":
+            if self.peek() == "{":
+                end = src.find("}", self.pos)
+                digits = src[self.pos + 1:end] if end >= 0 else ""
+                if end < 0 or not digits or any(c not in _HEX for c in digits):
+                    raise self.error("non-hex character in \\x{} (closing brace missing?)")
+                self.pos = end + 1
+                code = int(digits, 16)
+            else:
+                end = self.pos
+                while end < len(src) and end < self.pos + 2 and src[end] in _HEX:
+                    end += 1
+                code = int(src[self.pos:end], 16) if end > self.pos else 0
+                self.pos = end
+            if code > _MAXCHAR:
+                raise self.error("character code point value in \\x{} or \\o{} is too large")
+            return code
+        if ch == "o":
+            end = src.find("}", self.pos)
+            digits = src[self.pos + 1:end] if self.peek() == "{" and end >= 0 else ""
+            if not digits or any(c not in _OCT for c in digits):
+                raise self.error("missing opening brace after \\o or non-octal character")
+            self.pos = end + 1
+            code = int(digits, 8)
+            if code > _MAXCHAR:
+                raise self.error("character code point value in \\x{} or \\o{} is too large")
+            return code
+        if ch == "c":
+            if self.pos >= len(src) or not src[self.pos].isascii() or not src[self.pos].isprintable():
+                raise self.error("\\c must be followed by a printable ASCII character")
+            code = ord(src[self.pos].upper()) ^ 0x40
+            self.pos += 1
+            return code
+        if ch == "0":
+            end = self.pos
+            while end < len(src) and end < self.pos + 2 and src[end] in _OCT:
+                end += 1
+            code = int("0" + src[self.pos:end], 8)
+            self.pos = end
+            return code
+        if in_class and ch in _OCT:
+            end = self.pos
+            while end < len(src) and end < self.pos + 2 and src[end] in _OCT:
+                end += 1
+            code = int(ch + src[self.pos:end], 8)
+            self.pos = end
+            return code
+        return None
+
+    def backref_or_octal(self, first: str, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        src = self.src
+        start = self.pos - 1
+        end = self.pos
+        while end < len(src) and src[end] in _DIGITS:
+            end += 1
+        number = int(src[start:end])
+        if number < 10 or first in "89" or number <= self.groups:
+            self.pos = end
+            self.backref_number(number)
+            return
+        # octal: up to three octal digits, the rest are literal digits
+        end = start
+        while end < len(src) and end < start + 3 and src[end] in _OCT:
+            end += 1
+        if end == start:
+            self.pos = start + 1
+            self.backref_number(number)
+            return
+        self.pos = end
+        self.emit_literal(chr(int(src[start:end], 8)), items, top)
+
+    def backref_number(self, number: int) -> None:
+        before = len(self.out)
+        self.emit(f"(?:\\g<{number}>)")
+        self.no_skeleton = True  # validity depends on the group count
+        del before
+
+    def g_escape(self) -> None:
+        src = self.src
+        ch = self.peek()
+        if ch in ("<", "'"):
+            self.opaque = True
+            self.no_skeleton = True
+            close = ">" if ch == "<" else "'"
+            end = src.find(close, self.pos + 1)
+            if end < 0:
+                raise self.error("\\g is not followed by a braced, angle-bracketed, or quoted name/number")
+            ref = src[self.pos + 1:end]
+            self.pos = end + 1
+            self.emit(f"(?{ref})" if ref.lstrip("+-").isdigit() else f"(?&{ref})")
+            return
+        if ch == "{":
+            end = src.find("}", self.pos)
+            if end < 0:
+                raise self.error("\\g is not followed by a braced, angle-bracketed, or quoted name/number")
+            ref = src[self.pos + 1:end]
+            self.pos = end + 1
+        else:
+            end = self.pos
+            if end < len(src) and src[end] in "+-":
+                end += 1
+            while end < len(src) and src[end] in _DIGITS:
+                end += 1
+            ref = src[self.pos:end]
+            self.pos = end
+        if not ref:
+            raise self.error("a numbered reference must not be zero")
+        if ref.lstrip("+-").isdigit():
+            number = int(ref)
+            if ref.startswith("-"):
+                number = self.groups + 1 + number
+            elif ref.startswith("+"):
+                raise self.error("\\g{+n} is not supported")
+            if number <= 0:
+                raise self.error("a numbered reference must not be zero")
+            self.backref_number(number)
+        else:
+            self.backref_name(ref)
+
+    def k_escape(self) -> None:
+        src = self.src
+        opener = self.peek()
+        close = {"<": ">", "'": "'", "{": "}"}.get(opener)
+        if close is None:
+            raise self.error("\\k is not followed by a braced, angle-bracketed, or quoted name")
+        end = src.find(close, self.pos + 1)
+        if end < 0:
+            raise self.error("syntax error in subpattern name (missing terminator?)")
+        name = src[self.pos + 1:end]
+        self.pos = end + 1
+        self.backref_name(name)
+
+    def backref_name(self, name: str) -> None:
+        self.check_name(name)
+        self.emit(f"(?P={name})")
+        self.no_skeleton = True
+
+    def check_name(self, name: str) -> None:
+        if not name or name[0] not in _NAME_START or any(c not in _NAME_CHARS for c in name):
+            raise self.error("subpattern name expected")
+        if len(name) > 32:
+            raise self.error("subpattern name is too long (maximum 32 code units)")
+
+    def group(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        src = self.src
+        before = len(self.out)
+        self.pos += 1
+        kind = "capture"
+        name = ""
+        if self.peek() == "*":
+            end = src.find(")", self.pos)
+            if end < 0:
+                raise self.error("missing closing parenthesis")
+            verb = src[self.pos:end]
+            if self.pos == 1 and verb[1:].isupper() and verb[1:].replace("_", "").isalpha() and "=" not in verb:
+                pass
+            self.opaque = True
+            self.no_skeleton = True
+            self.pos = end + 1
+            self.emit(f"({verb})")
+            items.append((_BREAK, "", before, len(self.out), False))
+            return
+        if self.peek() == "?":
+            self.pos += 1
+            ch = self.peek()
+            if ch == "#":
+                end = src.find(")", self.pos)
+                if end < 0:
+                    raise self.error("missing ) at end of (?# comment")
+                self.pos = end + 1
+                return
+            if ch == ":":
+                kind, opener = "plain", "(?:"
+                self.pos += 1
+            elif ch == ">":
+                kind, opener = "plain", "(?>"
+                self.pos += 1
+            elif ch == "|":
+                kind, opener = "reset", "(?|"
+                self.pos += 1
+                self.opaque = True
+                self.no_skeleton = True
+            elif ch in ("=", "!"):
+                kind, opener = "look", "(?" + ch
+                self.pos += 1
+            elif ch == "<" and self.peek(1) in ("=", "!"):
+                kind, opener = "lookbehind", "(?<" + self.peek(1)
+                self.pos += 2
+            elif ch == "<" or ch == "'" or (ch == "P" and self.peek(1) == "<"):
+                if ch == "P":
+                    self.pos += 1
+                close = ">" if self.peek() == "<" else "'"
+                end = src.find(close, self.pos + 1)
+                if end < 0:
+                    raise self.error("syntax error in subpattern name (missing terminator?)")
+                name = src[self.pos + 1:end]
+                self.check_name(name)
+                if name in self.names:
+                    raise self.error("two named subpatterns have the same name (PCRE2_DUPNAMES not set)")
+                self.pos = end + 1
+                kind, opener = "capture", f"(?P<{name}>"
+            elif ch == "P" and self.peek(1) == "=":
+                end = src.find(")", self.pos)
+                if end < 0:
+                    raise self.error("syntax error in subpattern name (missing terminator?)")
+                ref = src[self.pos + 2:end]
+                self.pos = end + 1
+                self.backref_name(ref)
+                items.append((_BREAK, "", before, len(self.out), False))
+                return
+            elif ch == "P" and self.peek(1) == ">" or ch == "&" or ch == "R" or ch in _DIGITS or ch in "+-" and self.peek(1) in _DIGITS:
+                end = src.find(")", self.pos)
+                if end < 0:
+                    raise self.error("missing closing parenthesis")
+                ref = src[self.pos:end]
+                self.pos = end + 1
+                if ref.startswith("P>"):
+                    ref = "&" + ref[2:]
+                self.opaque = True
+                self.no_skeleton = True
+                self.emit(f"(?{ref})")
+                items.append((_BREAK, "", before, len(self.out), False))
+                return
+            elif ch == "(":
+                self.opaque = True
+                self.no_skeleton = True
+                self.pos += 1
+                if self.peek() == "?":
+                    self.emit("(?")
+                    self.group([], False)
+                    cond_done = True
+                else:
+                    end = src.find(")", self.pos)
+                    if end < 0:
+                        raise self.error("malformed number or name after (?(")
+                    cond = src[self.pos:end]
+                    self.pos = end + 1
+                    if cond[:1] in ("<", "'"):
+                        cond = cond[1:-1]
+                    self.emit(f"(?({cond})")
+                    cond_done = True
+                assert cond_done
+                self.alternation()
+                if self.peek() != ")":
+                    raise self.error("missing closing parenthesis")
+                self.pos += 1
+                self.emit(")")
+                items.append((_BREAK, "", before, len(self.out), False))
+                return
+            else:
+                # inline options: (?imsx-imsx) or (?imsx-imsx: ...)
+                end = self.pos
+                while end < len(src) and src[end] not in ":)":
+                    end += 1
+                if end >= len(src):
+                    raise self.error("missing closing parenthesis")
+                flags = src[self.pos:end]
+                on, _, off = flags.partition("-")
+                if not flags or any(c not in "imsx" for c in on + off) or "-" in off:
+                    raise self.error("unrecognized character after (? or (?-")
+                self.opaque = True
+                emitted_on = on.replace("x", "")
+                emitted_off = off.replace("x", "")
+                spec = emitted_on + ("-" + emitted_off if emitted_off else "")
+                self.pos = end + 1
+                if src[end] == ")":
+                    if "x" in on:
+                        self.extended = True
+                    if "x" in off:
+                        self.extended = False
+                    if spec:
+                        self.emit(f"(?{spec})")
+                    items.append((_BREAK, "", before, len(self.out), False))
+                    return
+                saved = self.extended
+                if "x" in on:
+                    self.extended = True
+                if "x" in off:
+                    self.extended = False
+                kind, opener = "plain", f"(?{spec}:" if spec else "(?:"
+                self.emit(opener)
+                inner = self.alternation()
+                self.extended = saved
+                if self.peek() != ")":
+                    raise self.error("missing closing parenthesis")
+                self.pos += 1
+                self.emit(")")
+                items.append((_BREAK, "", before, len(self.out), False))
+                del inner
+                return
+        else:
+            opener = "("
+        if kind == "capture":
+            self.groups += 1
+            if name:
+                self.names.append(name)
+        if kind == "lookbehind":
+            self.lookbehind += 1
+        self.emit(opener)
+        inner = self.alternation()
+        if kind == "lookbehind":
+            self.lookbehind -= 1
+        if self.peek() != ")":
+            raise self.error("missing closing parenthesis")
+        self.pos += 1
+        self.emit(")")
+        if kind in ("look", "lookbehind"):
+            items.append((_ZERO, "", before, len(self.out), False))
+        elif inner is None or kind == "reset":
+            items.append((_BREAK, "", before, len(self.out), False))
+        else:
+            # a group with one branch: its literals join the sequence,
+            # but not as plain text of this level (no textual split through it)
+            items.extend((k, c, b, a, False) for k, c, b, a, _ in inner)
+
+    def char_class(self) -> None:
+        src = self.src
+        self.pos += 1
+        negate = False
+        if self.peek() == "^":
+            negate = True
+            self.pos += 1
+        members: list[str] = []
+        ranges: list[tuple[int, int]] = []
+        first = True
+        pending: int | None = None  # last single character, may start a range
+
+        def flush() -> None:
+            nonlocal pending
+            if pending is not None:
+                ranges.append((pending, pending))
+                pending = None
+
+        while True:
+            if self.pos >= len(src):
+                raise self.error("missing terminating ] for character class")
+            ch = src[self.pos]
+            if ch == "]" and not first:
+                self.pos += 1
+                break
+            first = False
+            if ch == "[" and self.peek(1) in (":", ".", "="):
+                close = src.find(self.peek(1) + "]", self.pos + 2)
+                if close >= 0:
+                    if self.peek(1) != ":":
+                        raise self.error("POSIX collating elements are not supported")
+                    name = src[self.pos + 2:close]
+                    neg = name.startswith("^")
+                    name = name.lstrip("^")
+                    if name not in _POSIX:
+                        raise self.error("unknown POSIX class name")
+                    self.pos = close + 2
+                    flush()
+                    rs = _POSIX[name]
+                    members.append(_ranges_text(_complement(rs) if neg else rs))
+                    continue
+            code: int | None
+            if ch == "\\":
+                self.pos += 1
+                if self.pos >= len(src):
+                    raise self.error("\\ at end of pattern")
+                esc = src[self.pos]
+                self.pos += 1
+                if esc == "Q":
+                    end = src.find("\\E", self.pos)
+                    stop = len(src) if end < 0 else end
+                    for lit in src[self.pos:stop]:
+                        flush()
+                        pending = ord(lit)
+                    self.pos = len(src) if end < 0 else end + 2
+                    continue
+                if esc == "E":
+                    continue
+                if esc in "dDwWsS":
+                    flush()
+                    members.append("\\" + esc)
+                    continue
+                if esc in "hHvV":
+                    flush()
+                    rs = _HSPACE if esc in "hH" else _VSPACE
+                    members.append(_ranges_text(_complement(rs) if esc.isupper() else rs))
+                    continue
+                if esc in "pP":
+                    flush()
+                    if self.peek() == "{":
+                        end = src.find("}", self.pos)
+                        if end < 0:
+                            raise self.error("malformed \\P or \\p sequence")
+                        members.append(src[self.pos - 2:end + 1])
+                        self.pos = end + 1
+                    else:
+                        members.append(src[self.pos - 2:self.pos + 1])
+                        self.pos += 1
+                    continue
+                code = self.char_escape(esc, in_class=True)
+                if code is None:
+                    raise self.error("escape sequence is invalid in character class")
+            else:
+                self.pos += 1
+                code = ord(ch)
+            # a range?
+            if pending is not None and code == ord("-") and ch == "-":
+                nxt = self.peek()
+                if nxt and nxt != "]":
+                    lo = pending
+                    pending = None
+                    hi_code: int | None
+                    if nxt == "\\":
+                        self.pos += 1
+                        esc = self.peek()
+                        self.pos += 1
+                        if esc in "dDwWsShHvVpP" or esc == "":
+                            raise self.error("invalid range in character class")
+                        hi_code = self.char_escape(esc, in_class=True)
+                        if hi_code is None:
+                            raise self.error("escape sequence is invalid in character class")
+                    elif nxt == "[" and self.peek(1) == ":":
+                        raise self.error("invalid range in character class")
+                    else:
+                        self.pos += 1
+                        hi_code = ord(nxt)
+                    if hi_code < lo:
+                        raise self.error("range out of order in character class")
+                    ranges.append((lo, hi_code))
+                    continue
+            flush()
+            pending = code
+        flush()
+        body = _ranges_text(ranges) + "".join(members)
+        if not body:
+            body = ""
+        self.emit(("[^" if negate else "[") + body + "]")
+
+
+def translate(pattern: str, caseless: bool) -> Translated:
+    """Translate one map regex (without its ``~``/``~*``) and analyse it."""
+    parser = _Parser(pattern, caseless)
+    items = parser.parse()
+    out = "".join(parser.out)
+    skeleton: str | None = None
+    if not parser.no_skeleton:
+        parts: list[str] = []
+        prev_mark = False
+        for piece in parser.skel:
+            if piece is _MARK:
+                if not prev_mark:
+                    parts.append("a")
+                prev_mark = True
+            else:
+                assert isinstance(piece, str)
+                parts.append(piece)
+                prev_mark = False
+        skeleton = "".join(parts)
+    anchored = ""
+    split: int | None = None
+    split_literal = ""
+    required = ""
+    if not parser.opaque and not parser.top_alternation:
+        # anchored literal: ^ at the very start, then literals (zero-width items skipped)
+        if items and items[0][0] == _ZERO and items[0][1] in ("^", "A"):
+            lit: list[str] = []
+            textual = True
+            text_chars: list[str] = []
+            split_at = None
+            for kind, ch, _before, after, direct in items[1:]:
+                if kind == _LIT:
+                    lit.append(ch)
+                    if textual and direct:
+                        text_chars.append(ch)
+                        split_at = after
+                    else:
+                        textual = False
+                elif kind == _ZERO:
+                    textual = False
+                else:
+                    break
+            anchored = "".join(lit)
+            if text_chars and items[0][2] == 0 and items[0][3] == 1:
+                split = sum(len(p) for p in parser.out[:split_at])
+                split_literal = "".join(text_chars)
+        # longest required literal
+        run: list[str] = []
+        best = ""
+        for kind, ch, _b, _a, _d in items:
+            if kind == _LIT:
+                run.append(ch)
+            elif kind == _BREAK:
+                if len(run) > len(best):
+                    best = "".join(run)
+                run = []
+        if len(run) > len(best):
+            best = "".join(run)
+        required = best
+    return Translated(
+        pattern=out,
+        skeleton=skeleton,
+        group_names=tuple(parser.names),
+        anchored=anchored,
+        split=split,
+        split_literal=split_literal,
+        required=required,
+    )

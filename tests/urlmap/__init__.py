@@ -1,0 +1,1 @@
+"""Tests for prexy.urlmap: parser, index, lookups, CLI and scale."""
