@@ -1,0 +1,151 @@
+"""Property tests: the output never depends on how the body is cut.
+
+Random rule sets (literals, classes, quantifiers, anchors, ``\\b``,
+alternation, groups; ``g`` and once; ``i``) and random bodies over a small
+alphabet are fed whole, in random pieces and byte by byte; every way must
+give the output of the body given at once at the end (no hold-back at all).
+Only the declared load errors may be raised.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prexy.substitution.dialect import DialectError
+from prexy.substitution.rules import UnsafePatternError, compile_rule
+from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.template import TemplateError
+
+ATOMS = [
+    "a",
+    "b",
+    "c",
+    "ab",
+    "\\n",
+    " ",
+    ".",
+    "[ab]",
+    "[^a]",
+    "\\w",
+    "\\W",
+    "\\s",
+    "\\S",
+    "\\d",
+    "x",
+    "A",
+]
+ASSERTS = ["^", "$", "\\b", "\\B", "\\A", "\\z"]
+QUANTS = ["", "", "", "*", "+", "?", "*?", "+?", "??", "{1,2}", "{2}", "{0,3}?"]
+
+
+@st.composite
+def patterns(draw: st.DrawFn, depth: int = 0) -> str:
+    """A random sregex pattern from a small grammar."""
+    n_alts = draw(st.integers(1, 3 if depth == 0 else 2))
+    alts = []
+    for _ in range(n_alts):
+        items = []
+        for _ in range(draw(st.integers(1, 4))):
+            kind = draw(st.integers(0, 9))
+            if kind < 6:
+                atom = draw(st.sampled_from(ATOMS))
+                if len(atom) > 1 and not atom.startswith(("\\", "[")):
+                    atom = f"(?:{atom})"
+                items.append(atom + draw(st.sampled_from(QUANTS)))
+            elif kind < 8:
+                items.append(draw(st.sampled_from(ASSERTS)))
+            elif depth < 2:
+                inner = draw(patterns(depth + 1))
+                cap = draw(st.booleans())
+                items.append(("(" if cap else "(?:") + inner + ")" + draw(st.sampled_from(QUANTS)))
+            else:
+                items.append("c")
+        alts.append("".join(items))
+    return "|".join(alts)
+
+
+RuleSpec = tuple[str, str, str]
+
+rule_specs = st.lists(
+    st.tuples(
+        patterns(),
+        st.sampled_from(["X", "", "[$&]", "<$1>", "${2}|$0", "$$"]),
+        st.sampled_from(["g", "", "gi", "i"]),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def build(specs: list[RuleSpec]) -> RuleSet:
+    """Compile the rules that load (unsafe ones are skipped), without a limit."""
+    rules = []
+    for pattern, replacement, flags in specs:
+        try:
+            rules.append(compile_rule(pattern.encode(), replacement.encode(), flags))
+        except UnsafePatternError:
+            continue
+    if not rules:
+        rules.append(compile_rule(b"a", b"X", b"g"))
+    return RuleSet.build(rules, max_buffered_size=10**9)
+
+
+bodies = st.text(alphabet="aabbc \nA-x1", max_size=40).map(lambda s: s.encode())
+
+
+def reference(ruleset: RuleSet, body: bytes) -> bytes:
+    """The body given all at once with the end of body: nothing is held."""
+    return ruleset.new_transducer(timeout=None).finish(body)
+
+
+def feed_in(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
+    t = ruleset.new_transducer(timeout=None)
+    out = b"".join(t.feed(p) for p in pieces) + t.finish()
+    assert not t.bailed_out and not t.timed_out
+    return out
+
+
+@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8))
+def test_any_chunking_same_output(specs: list[RuleSpec], body: bytes, cuts: list[int]) -> None:
+    """Whole, random pieces and bytewise feeding all give the reference output."""
+    ruleset = build(specs)
+    expected = reference(ruleset, body)
+    assert feed_in(ruleset, [body]) == expected
+    assert feed_in(ruleset, [body[i : i + 1] for i in range(len(body))]) == expected
+    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+    pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+    assert feed_in(ruleset, pieces) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(patterns(), st.sampled_from(["g", "", "i", "gi", "x", "gg"]))
+def test_only_declared_errors(pattern: str, flags: str) -> None:
+    """Compiling a rule raises nothing but the declared load errors."""
+    try:
+        rule = compile_rule(pattern.encode(), b"[$&]", flags)
+    except (DialectError, UnsafePatternError, TemplateError, ValueError):
+        return
+    RuleSet.build([rule]).new_transducer().finish(b"ab a\nb")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(a|a)+$", "(a|ab)*c", "(\\w+\\d+)+", "(?:x|xy)+", "(a|)+"],
+)
+def test_pathological_patterns_refused(pattern: str) -> None:
+    """Nested unbounded repeats over overlapping alternatives are refused."""
+    with pytest.raises(UnsafePatternError):
+        compile_rule(pattern.encode(), b"X", "g")
+
+
+@pytest.mark.parametrize(
+    "pattern", ["(a+)+$", "(foo|bar)+", "(a+b+)+", "word[0-9]+token", "(\\s*\\w+)+;"]
+)
+def test_common_safe_shapes_accepted(pattern: str) -> None:
+    """Safe shapes load: a single nested repeat, disjoint alternatives."""
+    compile_rule(pattern.encode(), b"X", "g")
