@@ -1,0 +1,92 @@
+"""``python -m prexy rewrite``: rules files applied to stdin, load errors exit 1."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prexy.substitution.cli import main
+
+PAGE = b'<a href="http://www.example.com/x">UA-1234-5</a>\n' * 50
+
+
+@pytest.fixture
+def rules_file(tmp_path: Path) -> Path:
+    path = tmp_path / "site.rules"
+    path.write_bytes(
+        b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
+        b"replace_filter '(UA-)\\d+-\\d+' '${1}99999-9' gi;\n"
+    )
+    return path
+
+
+def run_main(argv: list[str], data: bytes) -> tuple[int, bytes]:
+    out = io.BytesIO()
+    status = main(argv, stdin=io.BytesIO(data), stdout=out)
+    return status, out.getvalue()
+
+
+def test_rewrite_whole_and_chunked_agree(rules_file: Path) -> None:
+    """Any --chunk-size gives the same bytes as the whole input."""
+    expected = PAGE.replace(b"www.example.com", b"www.example.nl").replace(
+        b"UA-1234-5", b"UA-99999-9"
+    )
+    for size in ([], ["--chunk-size", "1"], ["--chunk-size", "7"], ["--chunk-size", "4096"]):
+        assert run_main(["--rules", str(rules_file), *size], PAGE) == (0, expected)
+
+
+def test_several_rules_files(rules_file: Path, tmp_path: Path) -> None:
+    """--rules may be repeated; files apply in order."""
+    more = tmp_path / "more.rules"
+    more.write_bytes(b"replace_filter href HREF g;")
+    status, out = run_main(["--rules", str(rules_file), "--rules", str(more)], PAGE)
+    assert status == 0
+    assert out.count(b"HREF=") == 50
+
+
+def test_bad_rules_file_exits_1_with_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A load error is printed as file:line:col: reason and exits 1."""
+    bad = tmp_path / "bad.rules"
+    bad.write_bytes(b"# header\nreplace_filter 'a(' b g;\n")
+    status, out = run_main(["--rules", str(bad)], b"abc")
+    assert status == 1
+    assert out == b""
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:2:")
+    assert "bad regex" in err
+
+
+def test_module_entry_point(rules_file: Path) -> None:
+    """``python -m prexy rewrite`` works as a real process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "prexy", "rewrite", "--rules", str(rules_file), "--chunk-size", "3"],
+        input=b"see www.example.com",
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"see www.example.nl"
+
+
+def test_module_entry_point_bad_file(tmp_path: Path) -> None:
+    """The process exits non-zero with the load error on stderr."""
+    bad = tmp_path / "bad.rules"
+    bad.write_bytes(b"replace_filter a b gx;")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prexy", "rewrite", "--rules", str(bad)],
+        input=b"a",
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip() == f"{bad}:1:20: unknown flag 'x' in \"gx\""

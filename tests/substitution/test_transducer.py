@@ -1,0 +1,190 @@
+"""The transducer's semantics: the examples of docs/substitution.md and the flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from prexy.substitution.rules import compile_rule, parse_rules
+from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.template import TemplateError, compile_template
+
+
+def rules(*specs: tuple[str, str, str], limit: int | None = None) -> RuleSet:
+    return RuleSet.build(
+        [
+            compile_rule(p.encode("latin-1"), r.encode("latin-1"), f, safe=False)
+            for p, r, f in specs
+        ],
+        max_buffered_size=limit,
+    )
+
+
+def rewrite(rs: RuleSet, *pieces: bytes) -> bytes:
+    t = rs.new_transducer()
+    return b"".join(t.feed(p) for p in pieces) + t.finish()
+
+
+@pytest.mark.parametrize(
+    ("specs", "pieces", "expected"),
+    [
+        ([("abcabd", "X", "")], [b"abcabcabde\n"], b"abcXe\n"),
+        ([("ab|abc", "X", "")], [b"abc\n"], b"Xc\n"),
+        ([("a", "X", "")], [b"abcabcabde\n"], b"Xbcabcabde\n"),
+        ([("b", "X", "g")], [b"bbc\n"], b"XXc\n"),
+        ([("[0-9]*", "X", "g")], [b"abcabcabde"], b"XaXbXcXaXbXcXaXbXdXeX"),
+        ([("[0-9]*", "X", "g")], [b"a1b"], b"XaXXbX"),
+        ([("^\\s+", "", "g")], [b"  hi  \n   yo\n"], b"hi  \nyo\n"),
+        ([("\\bb|a", "X", "g")], [b"a", b"b\n"], b"Xb\n"),
+        ([("a.+a", "X", "ig")], [b"ABCabcABCabc\n"], b"Xbc\n"),
+        ([("c", "X", "g"), ("ab", "Y", "g")], [b"abc"], b"YX"),
+        ([("a", "[a]", ""), ("ab", "<ab>", "")], [b"ab"], b"[a]b"),
+        ([("ab", "X", ""), ("b", "Y", "g")], [b"abab"], b"Xab"),
+        ([("ab", "X", ""), ("b", "Y", "")], [b"abab"], b"Xab"),
+        ([("b", "Y", ""), ("a", "X", "")], [b"abab"], b"XYab"),
+    ],
+)
+def test_documented_examples(
+    specs: list[tuple[str, str, str]], pieces: list[bytes], expected: bytes
+) -> None:
+    """The examples checked against the real module, in one piece and bytewise."""
+    rs = rules(*specs)
+    assert rewrite(rs, *pieces) == expected
+    body = b"".join(pieces)
+    assert rewrite(rs, *(body[i : i + 1] for i in range(len(body)))) == expected
+
+
+def test_templates() -> None:
+    """$& $N ${N} $0 $$ and missing groups; no reference means verbatim."""
+    rs = rules(("(a)(b)?(c)", "<$&|$1|${2}|$3|$0|$$|$9>", "g"))
+    assert rewrite(rs, b"acabc") == b"<ac|a||c|ac|$|><abc|a|b|c|abc|$|>"
+    assert rewrite(rules(("a", "$$", "g")), b"a") == b"$$"
+    assert rewrite(rules(("a", "\\1\\n", "g")), b"a") == b"\\1\\n"
+    assert rewrite(rules(("(a)", "${1}1", "g")), b"a") == b"a1"
+    assert rewrite(rules(("(a)", "$11", "g")), b"a") == b""
+
+
+@pytest.mark.parametrize("bad", ["$", "x$", "$host", "${1", "$-", "${}"])
+def test_template_refusals(bad: str) -> None:
+    """Unknown variables and malformed references are load errors."""
+    with pytest.raises(TemplateError):
+        compile_template(bad.encode())
+
+
+def test_anchor_waits_for_next_byte() -> None:
+    """``a$`` at a chunk edge is decided by the next byte, not the edge."""
+    rs = rules(("a$", "X", "g"))
+    t = rs.new_transducer()
+    assert t.feed(b"xa") == b"x"
+    assert t.held == 1
+    assert t.feed(b"b") == b"ab"
+    assert t.feed(b"a") == b""
+    assert t.feed(b"\n") == b"X\n"
+    assert t.finish() == b""
+    t = rs.new_transducer()
+    assert t.feed(b"xa") + t.finish() == b"xX"
+
+
+def test_only_possible_match_bytes_are_held() -> None:
+    """Bytes that no rule can still match are written at once."""
+    rs = rules(("www\\.example\\.com", "X", "g"))
+    t = rs.new_transducer()
+    assert t.feed(b"hello world, see www.exam") == b"hello world, see "
+    assert t.feed(b"ple.com!") == b"X!"
+    assert t.held == 0
+
+
+def test_stats() -> None:
+    """match_count, rules_matched and scan_seconds are kept."""
+    rs = rules(("a", "X", "g"), ("b", "Y", "g"), ("z", "Z", "g"))
+    t = rs.new_transducer()
+    t.feed(b"aab")
+    t.finish()
+    assert t.match_count == 3
+    assert t.rules_matched == {0, 1}
+    assert t.scan_seconds > 0
+
+
+def test_once_single_rule_passes_rest_through() -> None:
+    """A single once-rule stops scanning after it fired."""
+    rs = rules(("a", "X", ""))
+    t = rs.new_transducer()
+    assert t.feed(b"bab") == b"bXb"
+    assert t.passing_through
+    assert t.feed(b"aaa") == b"aaa"
+
+
+def test_all_once_rules_fired_passes_through() -> None:
+    """When every rule is once and all fired, the rest passes through."""
+    rs = rules(("a", "X", ""), ("b", "Y", ""))
+    t = rs.new_transducer()
+    assert t.feed(b"ab") == b"XY"
+    assert t.passing_through
+    rs = rules(("a", "X", ""), ("b", "Y", "g"))
+    t = rs.new_transducer()
+    t.feed(b"ab")
+    assert not t.passing_through
+
+
+def test_bail_out_flushes_and_stops() -> None:
+    """Over the limit: held bytes go out unchanged, no more substitution."""
+    rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
+    t = rs.new_transducer()
+    out = t.feed(b"a<abcdef")
+    assert t.bailed_out
+    assert out == b"X<abcdef"
+    assert t.feed(b">a") == b">a"
+    assert t.finish() == b""
+
+
+def test_timeout_passes_rest_through() -> None:
+    """A scan that exceeds its time limit stops substitution for the body."""
+    rs = rules(("(x|x)+y", "X", "g"))
+    t = rs.new_transducer(timeout=0.01)
+    out = t.feed(b"ab" + b"x" * 40 + b"z") + t.feed(b"ab") + t.finish()
+    assert t.timed_out
+    assert out.startswith(b"ab")
+    assert out == b"ab" + b"x" * 40 + b"zab"
+
+
+def test_large_body_in_slices_keeps_state_small() -> None:
+    """Fed in 64 KB slices, nothing beyond a possible match is held."""
+    rs = parse_rules(b"replace_filter 'word[0-9]+token' X g; replace_filter foo.com bar.nl g;")
+    chunk = b"<p>some text with foo.com and word123token inside</p>\n" * 2000
+    t = rs.new_transducer()
+    out = []
+    for i in range(0, len(chunk), 65536):
+        out.append(t.feed(chunk[i : i + 65536]))
+        assert t.held < 64
+    out.append(t.finish())
+    assert b"".join(out) == chunk.replace(b"foo.com", b"bar.nl").replace(b"word123token", b"X")
+
+
+def test_feed_after_finish_is_an_error() -> None:
+    """The transducer's life cycle is feed* then finish once."""
+    t = rules(("a", "b", "g")).new_transducer()
+    t.finish()
+    with pytest.raises(RuntimeError):
+        t.feed(b"a")
+    with pytest.raises(RuntimeError):
+        t.finish()
+
+
+def test_caseless_is_ascii_only() -> None:
+    """The i flag folds ASCII letters only, never other bytes."""
+    rs = rules(("\xe9a", "X", "gi"))
+    assert rewrite(rs, "\xe9A \xc9a".encode("latin-1")) == b"X \xc9a"
+
+
+def test_dot_matches_newline_and_s_excludes_vt() -> None:
+    """``.`` matches a newline; ``\\s`` does not match vertical tab."""
+    assert rewrite(rules(("a.b", "X", "g")), b"a\nb") == b"X"
+    assert rewrite(rules(("\\s", "_", "g")), b"a\x0b\tb") == b"a\x0b_b"
+    assert rewrite(rules(("\\h+", "_", "g")), b"a \t\xa0b") == b"a_b"
+    assert rewrite(rules(("\\N+", "_", "g")), b"ab\ncd") == b"_\n_"
+
+
+def test_stream_anchors() -> None:
+    r"""``\A`` and ``\z`` are the start and end of the body, not of a chunk."""
+    rs = rules(("\\Aa|a\\z", "X", "g"))
+    assert rewrite(rs, b"a", b"a", b"a") == b"XaX"
+    assert rewrite(rs, b"aaa") == b"XaX"
