@@ -147,10 +147,15 @@ class ProxyService(service.MultiService):
         self.metrics = Metrics()
         self.pool = UpstreamPool(reactor, config.timeouts)
         self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics)
-        log_path = config.access_log if config.access_log not in (None, "-") else None
-        self.site = ProxySite(self.resource, config.max_request_body, self.metrics, log_path, reactor)
+        self.site = ProxySite(self.resource, config.max_request_body, self.metrics, reactor=reactor)
+        self.access_log = None
         if config.access_log is None:
             self.site.log = lambda request: None  # type: ignore[method-assign]
+        else:
+            from prexy.accesslog import AccessLog
+
+            self.access_log = AccessLog(reactor, config.access_log)
+            self.site.log = self.access_log.log  # type: ignore[method-assign]
         for desc in config.listen_endpoints():
             strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
         if config.admin:
@@ -184,15 +189,22 @@ class ProxyService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.access_log is not None:
+            self.access_log.start()
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
-            self.reactor.callWhenRunning(self._install_sighup)
+            self.reactor.callWhenRunning(self._install_signals)
 
-    def _install_sighup(self) -> None:
+    def _install_signals(self) -> None:
         signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        if self.access_log is not None:
+            log_file = self.access_log
+            signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(log_file.reopen))
 
     def stopService(self) -> Any:
         d = super().stopService()
-        self.pool.close_idle()
+        self.pool.stop()
+        if self.access_log is not None:
+            self.access_log.stop()
         return d
 
 

@@ -23,7 +23,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from prexy.metrics import Metrics
-from prexy.proxy.headers import append_forwarded_for, append_via, end_to_end
+from prexy.proxy.headers import VIA, append_forwarded_for, append_via, end_to_end
 from prexy.proxy.upstream import (
     OriginKey,
     UpstreamError,
@@ -106,7 +106,7 @@ class ProxyResource(Resource):
         exchange.pending = d
         d.addCallbacks(exchange.response_head, exchange.upstream_failed)
         d.addErrback(exchange.internal_error)
-        request.notifyFinish().addErrback(exchange.client_gone)
+        request.exchange = exchange
         return server.NOT_DONE_YET
 
     def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> Any:
@@ -208,32 +208,30 @@ class _Exchange:
             if encoding is None or encoding.lower() == b"identity":
                 if rules.applies_to((ctype or b"").decode("latin-1")):
                     transducer = rules.new_transducer()
-        grouped: dict[bytes, list[bytes]] = {}
-        for name, value in headers:
-            grouped.setdefault(name, []).append(value)
-        response_headers = request.responseHeaders
-        for name, values in grouped.items():
-            response_headers.setRawHeaders(name, values)
+        has_length = False
         if transducer is not None:
             self.transducer = transducer
             if not rules.keep_last_modified:
-                response_headers.removeHeader(b"last-modified")
-            etag = response_headers.getRawHeaders(b"etag")
-            if etag:
-                response_headers.setRawHeaders(b"etag", [_derived_etag(etag[0], rules.digest)])
+                headers = [(n, v) for n, v in headers if n.lower() != b"last-modified"]
+            headers = [
+                (n, _derived_etag(v, rules.digest) if n.lower() == b"etag" else v) for n, v in headers
+            ]
         elif response.length is not None and response.code not in (204, 304):
-            response_headers.setRawHeaders(b"content-length", [b"%d" % response.length])
-        response_headers.setRawHeaders(b"via", [append_via(_all(response.headers, b"via"))])
+            headers.append((b"Content-Length", b"%d" % response.length))
+            has_length = True
+        via = _all(response.headers, b"via")
+        headers.append((b"Via", append_via(via) if via else VIA))
         now = resource.reactor.seconds()
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = max(0.0, now - self.started - upstream_time)
-        response_headers.setRawHeaders(
-            b"server-timing",
-            [
+        headers.append(
+            (
+                b"Server-Timing",
                 b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f"
-                % (response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000)
-            ],
+                % (response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000),
+            )
         )
+        request.set_raw_head(headers, has_length)
         resource.metrics.observe_upstream(response.first_byte_seconds + response.connect_seconds)
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
@@ -354,7 +352,7 @@ class _Exchange:
         if not self.client_gone_flag and not self.done:
             self.abort_client()
 
-    def client_gone(self, reason: Failure) -> None:
+    def client_gone(self, reason: Failure | None = None) -> None:
         """The client disconnected before the response was complete."""
         if self.done:
             return
@@ -397,6 +395,53 @@ class ProxyRequest(server.Request):
     defaultContentType = None
     _rejected = False
     _body_seen = 0
+    _raw_head: list[tuple[bytes, bytes]] | None = None
+    _has_length = False
+    exchange: _Exchange | None = None
+
+    def set_raw_head(self, headers: list[tuple[bytes, bytes]], has_length: bool) -> None:
+        """Use these (already validated) header pairs as the response head.
+
+        twisted.web's Headers object normalises and re-encodes every name and
+        value; for a proxied response that is most of the per-request cost,
+        and the upstream parser has already rejected CR/LF in headers."""
+        self._raw_head = headers
+        self._has_length = has_length
+
+    def write(self, data: bytes) -> None:
+        if not self.startedWriting and self._raw_head is not None:
+            if self._write_raw_head():
+                return
+        http.Request.write(self, data)
+
+    def _write_raw_head(self) -> bool:
+        """Write the status line and headers; True when no body may follow."""
+        self.startedWriting = 1
+        headers = self._raw_head
+        assert headers is not None
+        code = self.code
+        no_body = self.method == b"HEAD" or code in http.NO_BODY_CODES
+        if self.clientproto == b"HTTP/1.1" and not self._has_length and not no_body:
+            headers.append((b"Transfer-Encoding", b"chunked"))
+            self.chunked = 1
+        seq = [self.clientproto, b" ", b"%d" % code, b" ", self.code_message, b"\r\n"]
+        for name, values in self.responseHeaders.getAllRawHeaders():
+            for value in values:  # e.g. Connection: close set by the channel
+                seq += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            seq += (name, b": ", value, b"\r\n")
+        seq.append(b"\r\n")
+        self.channel.writeSequence(seq)
+        if no_body:
+            self.write = lambda data: None  # type: ignore[method-assign]
+            return True
+        return False
+
+    def connectionLost(self, reason: Failure) -> None:
+        exchange = self.exchange
+        super().connectionLost(reason)
+        if exchange is not None and not self.finished:
+            exchange.client_gone(reason)
 
     def gotLength(self, length: int | None) -> None:
         limit = self.channel.site.max_request_body
@@ -443,6 +488,7 @@ class ProxyRequest(server.Request):
             self.processingFailed(Failure())
 
     def finish(self) -> None:
+        self.exchange = None
         self.channel.site.metrics.count_status(self.code)
         super().finish()
 

@@ -26,7 +26,7 @@ from typing import IO, Any, Protocol as TypingProtocol
 import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -163,7 +163,8 @@ class UpstreamProtocol(Protocol):
         self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
         self._keep_alive = True
         self._method = b"GET"
-        self._timer: IDelayedCall | None = None
+        self._timeout = 0.0
+        self._phase = ""
         self._last_activity = 0.0
         self._paused = False
         self.requests_served = 0
@@ -185,7 +186,7 @@ class UpstreamProtocol(Protocol):
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         previous = self.state
         self.state = _State.CLOSED
-        self._cancel_timer()
+        self._pool._unwatch(self)
         self._pool._forget(self)
         if previous is _State.WAITING:
             err = UpstreamClosed(f"upstream closed the connection before answering: {reason.getErrorMessage()}")
@@ -261,31 +262,33 @@ class UpstreamProtocol(Protocol):
     # -- timers -------------------------------------------------------------------
 
     def _start_timer(self, seconds: float, phase: str) -> None:
-        self._cancel_timer()
+        """Watch this connection: it times out after ``seconds`` without
+        progress (the pool's sweeper checks; no DelayedCall per request)."""
+        self._timeout = seconds
+        self._phase = phase
         if seconds > 0:
             self._last_activity = self._clock.seconds()
-            self._timer = self._clock.callLater(seconds, self._timer_fired, seconds, phase)
+            self._pool._watch(self)
+        else:
+            self._pool._unwatch(self)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
+        self._timeout = 0.0
+        self._pool._unwatch(self)
 
-    def _timer_fired(self, seconds: float, phase: str) -> None:
-        self._timer = None
-        if self.state is _State.BODY:
-            # Idle timeout: only counts while we are not deliberately paused,
-            # and restarts from the last byte received.
-            now = self._clock.seconds()
-            quiet = now - self._last_activity
-            if self._paused or quiet < seconds:
-                wait = seconds if self._paused else seconds - quiet
-                self._timer = self._clock.callLater(wait, self._timer_fired, seconds, phase)
-                return
-        elif self.state is not _State.WAITING:
+    def check_timeout(self, now: float) -> None:
+        """Called by the pool's sweeper for watched connections."""
+        if self._timeout <= 0 or self.state not in (_State.WAITING, _State.BODY):
+            self._pool._unwatch(self)
             return
-        error = UpstreamTimeout(phase, seconds)
+        if self._paused:
+            # A slow client paused us: that is not upstream idleness.
+            self._last_activity = now
+            return
+        if now - self._last_activity < self._timeout:
+            return
+        error = UpstreamTimeout(self._phase, self._timeout)
+        self._cancel_timer()
         if self.state is _State.WAITING:
             self._fail_response(Failure(error))
         else:
@@ -353,6 +356,8 @@ class UpstreamProtocol(Protocol):
         chunked = False
         connection_close = version == b"HTTP/1.0"
         for line in lines[1:]:
+            if b"\n" in line or b"\r" in line:
+                raise UpstreamProtocolError("bare CR or LF in a response header")
             if line[:1] in (b" ", b"\t"):
                 if not headers:
                     raise UpstreamProtocolError("continuation line before any header")
@@ -629,6 +634,34 @@ class UpstreamPool:
         self._idle: dict[OriginKey, list[UpstreamProtocol]] = {}
         self._endpoint_factory = endpoint_factory or self._default_endpoint
         self.connections_opened = 0
+        self._watched: dict[UpstreamProtocol, None] = {}
+        self._sweeper: Any = None
+        nonzero = [t for t in (timeouts.first_byte, timeouts.idle) if t > 0]
+        self._sweep_interval = min([1.0, *(t / 4 for t in nonzero)])
+
+    def _watch(self, protocol: UpstreamProtocol) -> None:
+        self._watched[protocol] = None
+        if self._sweeper is None:
+            from twisted.internet.task import LoopingCall
+
+            self._sweeper = LoopingCall(self._sweep)
+            self._sweeper.clock = self.reactor
+            self._sweeper.start(self._sweep_interval, now=False)
+
+    def _unwatch(self, protocol: UpstreamProtocol) -> None:
+        self._watched.pop(protocol, None)
+
+    def _sweep(self) -> None:
+        now = self.reactor.seconds()
+        for protocol in list(self._watched):
+            protocol.check_timeout(now)
+
+    def stop(self) -> None:
+        """Stop the timeout sweeper and close idle connections (shutdown)."""
+        if self._sweeper is not None and self._sweeper.running:
+            self._sweeper.stop()
+        self._sweeper = None
+        self.close_idle()
 
     def _default_endpoint(self, key: OriginKey, timeout: float) -> Any:
         from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS

@@ -41,6 +41,10 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 
+_WORD = r"(?:[^ \t\r\n;{}\"'#\\$]|\\[^\r\n]|\$\{?)(?:[^ \t\r\n;{\\$]+|\\[^\r\n]|\$\{?)*"
+# the common statement, "KEY VALUE;" on one line, in one step
+_SIMPLE = re.compile(rf"([ \t\r\n]*)({_WORD})[ \t]+({_WORD})[ \t]*;")
+
 _UNESCAPE = re.compile(r"""\\(["'\\tnr])""")
 _UNESCAPED = {'"': '"', "'": "'", "\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
 _AFTER_QUOTE_OK = frozenset(" \t\r\n;{)")
@@ -68,7 +72,21 @@ def statements(text: str, filename: str) -> Iterator[Statement]:
     pos = 0
     end = len(text)
     match = _TOKEN.match
+    simple = _SIMPLE.match
     while pos < end:
+        if not args:
+            s = simple(text, pos)
+            if s is not None:
+                key, value, ws = s.group(2), s.group(3), s.group(1)
+                if ws:
+                    line += ws.count("\n")
+                if "\\" in key:
+                    key = unescape(key)
+                if "\\" in value:
+                    value = unescape(value)
+                pos = s.end()
+                yield Statement([key, value], line)
+                continue
         m = match(text, pos)
         assert m is not None  # the last alternative matches any character
         kind = m.lastgroup
@@ -81,8 +99,6 @@ def statements(text: str, filename: str) -> Iterator[Statement]:
             if not args:
                 first_line = line
             if "\\" in tok:
-                if tok.endswith("\\") and pos >= end:
-                    raise MapError(filename, line, tok, 'unexpected end of file, expecting ";" or "}"')
                 line += tok.count("\n")
                 tok = unescape(tok)
             args.append(tok)

@@ -30,7 +30,7 @@ import regex
 from prexy.urlmap.errors import MapError
 from prexy.urlmap.index import REGEX_FLAGS, RegexEntry, SourceFile, UrlMap
 from prexy.urlmap.lexer import statements
-from prexy.urlmap.pcre import RegexSyntaxError, ascii_lower, translate
+from prexy.urlmap.pcre import RegexSyntaxError, TailCache, ascii_lower, translate
 from prexy.urlmap.values import Template, Value, ValueSyntaxError, compile_value
 
 __all__ = ["load_map", "parse_map"]
@@ -73,6 +73,7 @@ class _Builder:
         self.values: dict[str, Value] = {}
         self.skeletons: dict[tuple[str, bool], str] = {}  # skeleton -> "" or error
         self.rests: dict[tuple[str, bool], Any] = {}
+        self.tail_cache: TailCache = {}
         self.captures: set[str] = set()
         self.variables: set[str] = set()
         self.stack: list[str] = []
@@ -181,7 +182,7 @@ class _Builder:
         caseless = source.startswith("~*")
         pattern = source[2:] if caseless else source[1:]
         try:
-            tr = translate(pattern, caseless)
+            tr = translate(pattern, caseless, self.tail_cache)
         except RegexSyntaxError as exc:
             raise MapError(filename, line, source, "invalid regex", str(exc)) from None
         flags = REGEX_FLAGS | (regex.IGNORECASE if caseless else 0)

@@ -30,7 +30,9 @@ analysis off: such a regex is simply always a candidate.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["RegexSyntaxError", "Translated", "translate", "ascii_lower"]
 
@@ -47,9 +49,13 @@ def ascii_lower(text: str) -> str:
 class RegexSyntaxError(ValueError):
     """The pattern is not valid PCRE (or uses a PCRE feature not supported)."""
 
+    def __init__(self, reason: str, offset: int) -> None:
+        self.reason = reason
+        self.offset = offset
+        super().__init__(f"{reason} at offset {offset}")
 
-@dataclass(frozen=True)
-class Translated:
+
+class Translated(NamedTuple):
     """A translated pattern and what the index may use about it."""
 
     pattern: str
@@ -146,7 +152,7 @@ class _Parser:
     # -- helpers ------------------------------------------------------------
 
     def error(self, msg: str) -> RegexSyntaxError:
-        return RegexSyntaxError(f"{msg} at offset {self.pos}")
+        return RegexSyntaxError(msg, self.pos)
 
     def peek(self, k: int = 0) -> str:
         i = self.pos + k
@@ -804,36 +810,180 @@ class _Parser:
         self.emit(("[^" if negate else "[") + body + "]")
 
 
-def translate(pattern: str, caseless: bool) -> Translated:
-    """Translate one map regex (without its ``~``/``~*``) and analyse it."""
+@dataclass
+class _Parsed:
+    """The raw result of one parse, before the literal analysis."""
+
+    out: list[str]
+    skel: list[object]
+    items: list[tuple[int, str, int, int, bool]]
+    names: tuple[str, ...]
+    opaque: bool
+    no_skeleton: bool
+    top_alternation: bool
+
+
+def _parse(pattern: str, caseless: bool) -> _Parsed:
     parser = _Parser(pattern, caseless)
     items = parser.parse()
-    out = "".join(parser.out)
-    skeleton: str | None = None
-    if not parser.no_skeleton:
-        parts: list[str] = []
-        prev_mark = False
-        for piece in parser.skel:
-            if piece is _MARK:
-                if not prev_mark:
-                    parts.append("a")
-                prev_mark = True
+    return _Parsed(
+        parser.out, parser.skel, items, tuple(parser.names),
+        parser.opaque, parser.no_skeleton, parser.top_alternation,
+    )
+
+
+# "^" and a run of plain literal characters: the common start of map regexes
+_FAST_PREFIX = re.compile(r"\^((?:[^\\\[\](){}|^$.*+?#\s]|\\[^A-Za-z0-9\s])+)")
+_ATOM = re.compile(r"\\.|.", re.DOTALL)
+_UNESCAPE = re.compile(r"\\(.)", re.DOTALL)
+_ESCAPE_TABLE = {c: _char(c) for c in range(256) if chr(c) not in _PLAIN}
+
+def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> Translated:
+    """Translate one map regex (without its ``~``/``~*``) and analyse it.
+
+    Patterns that start with ``^`` and plain literal text are parsed from
+    where the literal ends; ``cache`` (shared over one load) keeps those
+    parses, so regexes differing only in that literal cost one parse.
+    """
+    m = _FAST_PREFIX.match(pattern)
+    tail = ""
+    lit_src = ""
+    if m is not None:
+        lit_src = m.group(1)
+        tail = pattern[m.end():]
+        if tail[:1] in ("*", "+", "?", "{"):
+            # the last literal character is quantified: leave it to the tail
+            atoms = _ATOM.findall(lit_src)
+            if len(atoms) > 1:
+                lit_src = "".join(atoms[:-1])
+                tail = atoms[-1] + tail
             else:
-                assert isinstance(piece, str)
-                parts.append(piece)
-                prev_mark = False
-        skeleton = "".join(parts)
+                m = None
+    if m is None:
+        return _finish(_parse(pattern, caseless), caseless)
+    offset = len(pattern) - len(tail)
+    key = (tail, caseless)
+    facts = cache.get(key) if cache is not None else None
+    if facts is None:
+        try:
+            facts = _TailFacts(_parse(tail, caseless))
+        except RegexSyntaxError as exc:
+            raise RegexSyntaxError(exc.reason, exc.offset + offset) from None
+        if cache is not None:
+            cache[key] = facts
+    literal = _UNESCAPE.sub(r"\1", lit_src) if "\\" in lit_src else lit_src
+    return facts.complete(literal, caseless)
+
+
+class _TailFacts:
+    """What ``^`` + literal + this tail translates to, for any literal."""
+
+    __slots__ = (
+        "out", "skeleton", "names", "analysed", "lead", "lead_text", "lead_out", "best_rest",
+    )
+
+    def __init__(self, parsed: _Parsed) -> None:
+        self.out = "".join(parsed.out)
+        self.names = parsed.names
+        self.skeleton: str | None = None
+        if not parsed.no_skeleton:
+            # the prefix literal's mark merges with a leading mark of the tail
+            pieces = parsed.skel[1:] if parsed.skel[:1] == [_MARK] else parsed.skel
+            self.skeleton = _collapse(["^", _MARK, *pieces])
+        self.analysed = not parsed.opaque and not parsed.top_alternation
+        lead: list[str] = []
+        lead_text: list[str] = []
+        textual = True
+        lead_out = 0
+        items = parsed.items
+        i = 0
+        while i < len(items):
+            kind, ch, _before, after, direct = items[i]
+            if kind == _LIT:
+                lead.append(ch)
+                if textual and direct:
+                    lead_text.append(ch)
+                    lead_out = after
+                else:
+                    textual = False
+            elif kind == _ZERO:
+                textual = False
+            else:
+                break
+            i += 1
+        self.lead = "".join(lead)
+        self.lead_text = "".join(lead_text)
+        self.lead_out = sum(len(piece) for piece in parsed.out[:lead_out])
+        self.best_rest = _longest_run(items[i:])
+
+    def complete(self, literal: str, caseless: bool) -> Translated:
+        escaped = literal.translate(_ESCAPE_TABLE)
+        pattern = "^" + escaped + self.out
+        if not self.analysed:
+            return Translated(pattern, self.skeleton, self.names, "", None, "", "")
+        folded = ascii_lower(literal) if caseless else literal
+        anchored = folded + self.lead
+        required = anchored if len(anchored) >= len(self.best_rest) else self.best_rest
+        return Translated(
+            pattern=pattern,
+            skeleton=self.skeleton,
+            group_names=self.names,
+            anchored=anchored,
+            split=1 + len(escaped) + self.lead_out,
+            split_literal=folded + self.lead_text,
+            required=required,
+        )
+
+
+TailCache = dict[tuple[str, bool], _TailFacts]
+
+
+def _collapse(skel: list[object]) -> str:
+    """Join skeleton pieces, each run of literal marks becoming one ``a``."""
+    parts: list[str] = []
+    prev_mark = False
+    for piece in skel:
+        if piece is _MARK:
+            if not prev_mark:
+                parts.append("a")
+            prev_mark = True
+        else:
+            assert isinstance(piece, str)
+            parts.append(piece)
+            prev_mark = False
+    return "".join(parts)
+
+
+def _longest_run(items: list[tuple[int, str, int, int, bool]]) -> str:
+    """The longest run of literals not broken by a non-literal (zero-width items do not break)."""
+    run: list[str] = []
+    best = ""
+    for kind, ch, _b, _a, _d in items:
+        if kind == _LIT:
+            run.append(ch)
+        elif kind == _BREAK:
+            joined = "".join(run)
+            if len(joined) > len(best):
+                best = joined
+            run = []
+    joined = "".join(run)
+    return joined if len(joined) > len(best) else best
+
+
+def _finish(parsed: _Parsed, caseless: bool) -> Translated:
+    items = parsed.items
+    skeleton = None if parsed.no_skeleton else _collapse(parsed.skel)
     anchored = ""
     split: int | None = None
     split_literal = ""
     required = ""
-    if not parser.opaque and not parser.top_alternation:
+    if not parsed.opaque and not parsed.top_alternation:
         # anchored literal: ^ at the very start, then literals (zero-width items skipped)
         if items and items[0][0] == _ZERO and items[0][1] in ("^", "A"):
             lit: list[str] = []
             textual = True
             text_chars: list[str] = []
-            split_at = None
+            split_at = 0
             for kind, ch, _before, after, direct in items[1:]:
                 if kind == _LIT:
                     lit.append(ch)
@@ -848,25 +998,13 @@ def translate(pattern: str, caseless: bool) -> Translated:
                     break
             anchored = "".join(lit)
             if text_chars and items[0][2] == 0 and items[0][3] == 1:
-                split = sum(len(p) for p in parser.out[:split_at])
+                split = sum(len(piece) for piece in parsed.out[:split_at])
                 split_literal = "".join(text_chars)
-        # longest required literal
-        run: list[str] = []
-        best = ""
-        for kind, ch, _b, _a, _d in items:
-            if kind == _LIT:
-                run.append(ch)
-            elif kind == _BREAK:
-                if len(run) > len(best):
-                    best = "".join(run)
-                run = []
-        if len(run) > len(best):
-            best = "".join(run)
-        required = best
+        required = _longest_run(items)
     return Translated(
-        pattern=out,
+        pattern="".join(parsed.out),
         skeleton=skeleton,
-        group_names=tuple(parser.names),
+        group_names=parsed.names,
         anchored=anchored,
         split=split,
         split_literal=split_literal,
