@@ -36,6 +36,8 @@ from prexy.urlmap.values import Resolver, Value, as_resolver, render
 __all__ = ["MapLookup", "SourceFile", "UrlMap", "RegexEntry", "REGEX_FLAGS"]
 
 REGEX_FLAGS = regex.V1 | regex.ASCII
+_FLAGS = int(REGEX_FLAGS)
+_CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class RegexEntry:
             return rest.match(key, self.split)
         compiled = self.compiled
         if compiled is None:
-            flags = REGEX_FLAGS | (regex.IGNORECASE if self.caseless else 0)
+            flags = _CASELESS_FLAGS if self.caseless else _FLAGS
             compiled = self.compiled = regex.compile(self.pattern, flags)
         return compiled.search(key)
 
@@ -266,33 +268,42 @@ class UrlMap:
         and there is no default).  ``variables`` supplies non-capture
         variables used in values (a mapping or a callable returning ``None``
         for unknown names)."""
-        return self.match(key, variables).value
+        value, m, _entry = self._find(key)
+        if type(value) is str:
+            return value
+        return render(value, m, self._captures, as_resolver(variables))
 
     def match(self, key: str, variables: Mapping[str, str] | Resolver | None = None) -> MapLookup:
         """Like :meth:`lookup`, also saying which entry answered."""
-        resolve = as_resolver(variables)
+        value, m, entry = self._find(key)
+        text = render(value, m, self._captures, as_resolver(variables))
+        if isinstance(entry, RegexEntry):
+            kind = "regex_caseless" if entry.caseless else "regex"
+            return MapLookup(text, kind, entry.source, entry.filename, entry.line)
+        kind, _, name = entry.partition(" ")
+        return MapLookup(text, kind, name)
+
+    def _find(self, key: str) -> tuple[Value, Any, RegexEntry | str]:
+        """(value, regex match or None, the entry: a RegexEntry or "kind key")."""
         if self.hostnames and key.endswith("."):
             key = key[:-1]
         low = ascii_lower(key)
         value = self._exact.get(low)
         if value is not None:
-            return MapLookup(render(value, None, self._captures, resolve), "exact", low)
+            return value, None, "exact " + low
         if key and self.hostnames:
             found = self._wildcard(low)
             if found is not None:
-                kind, entry, value = found
-                return MapLookup(render(value, None, self._captures, resolve), kind, entry)
+                kind, name, value = found
+                return value, None, kind + " " + name
         if key and self._regexes:
+            regexes = self._regexes
             for order in self._candidates(key, low):
-                entry_rx = self._regexes[order]
-                m = entry_rx.search(key)
+                entry = regexes[order]
+                m = entry.search(key)
                 if m is not None:
-                    kind = "regex_caseless" if entry_rx.caseless else "regex"
-                    return MapLookup(
-                        render(entry_rx.value, m, self._captures, resolve),
-                        kind, entry_rx.source, entry_rx.filename, entry_rx.line,
-                    )
-        return MapLookup(render(self.default, None, self._captures, resolve), "default", "default")
+                    return entry.value, m, entry
+        return self.default, None, "default default"
 
     def _wildcard(self, low: str) -> tuple[str, str, Value] | None:
         head_dot = self._head_dot
@@ -323,22 +334,43 @@ class UrlMap:
         return None
 
     def _candidates(self, key: str, low: str) -> Iterable[int]:
-        lists: list[list[int]] = []
-        if self._prefix_cs is not None:
-            self._prefix_cs.probe(key, lists)
-        if self._prefix_ci is not None:
-            self._prefix_ci.probe(low, lists)
+        """Entry numbers that may match, in file order (a lazy merge of the
+        index hits; in the common case the one hit list itself)."""
+        first: list[int] | None = None
+        more: list[list[int]] | None = None
+        size = len(key)
+        for index, probe in (
+            (self._prefix_cs, key),
+            (self._prefix_ci, low),
+        ):
+            if index is None:
+                continue
+            table = index.table
+            for n in index.lengths:
+                if n > size:
+                    break
+                hit = table.get(probe[:n])
+                if hit is not None:
+                    if first is None:
+                        first = hit
+                    elif more is None:
+                        more = [first, hit]
+                    else:
+                        more.append(hit)
+        grams: list[list[int]] = []
         if self._gram_cs is not None:
-            self._gram_cs.probe(key, lists)
+            self._gram_cs.probe(key, grams)
         if self._gram_ci is not None:
-            self._gram_ci.probe(low, lists)
+            self._gram_ci.probe(low, grams)
         if self._always:
-            lists.append(self._always)
-        if len(lists) == 1:
-            return lists[0]
-        if not lists:
-            return ()
-        return heapq.merge(*lists)
+            grams.append(self._always)
+        if grams:
+            if more is None:
+                more = [first] if first is not None else []
+            more.extend(grams)
+        if more is not None:
+            return heapq.merge(*more)
+        return first if first is not None else ()
 
 
 def _choose_piece(literal: str, table: dict[str, list[int]]) -> str:

@@ -36,6 +36,8 @@ from prexy.urlmap.values import Template, Value, ValueSyntaxError, compile_value
 __all__ = ["load_map", "parse_map"]
 
 _GLOB_CHARS = frozenset("*?[")
+_FLAGS = int(REGEX_FLAGS)
+_CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
 
 def load_map(path: str | os.PathLike[str]) -> UrlMap:
@@ -185,7 +187,7 @@ class _Builder:
             tr = translate(pattern, caseless, self.tail_cache)
         except RegexSyntaxError as exc:
             raise MapError(filename, line, source, "invalid regex", str(exc)) from None
-        flags = REGEX_FLAGS | (regex.IGNORECASE if caseless else 0)
+        flags = _CASELESS_FLAGS if caseless else _FLAGS
         self.validate(tr.pattern, tr.skeleton, flags, caseless, source, filename, line)
         self.captures.update(tr.group_names)
         order = len(self.regexes)

@@ -837,6 +837,7 @@ _FAST_PREFIX = re.compile(r"\^((?:[^\\\[\](){}|^$.*+?#\s]|\\[^A-Za-z0-9\s])+)")
 _ATOM = re.compile(r"\\.|.", re.DOTALL)
 _UNESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _ESCAPE_TABLE = {c: _char(c) for c in range(256) if chr(c) not in _PLAIN}
+_ALL_PLAIN = re.compile(r"[A-Za-z0-9/_\-]*").fullmatch
 
 def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> Translated:
     """Translate one map regex (without its ``~``/``~*``) and analyse it.
@@ -917,7 +918,7 @@ class _TailFacts:
         self.best_rest = _longest_run(items[i:])
 
     def complete(self, literal: str, caseless: bool) -> Translated:
-        escaped = literal.translate(_ESCAPE_TABLE)
+        escaped = literal if _ALL_PLAIN(literal) else literal.translate(_ESCAPE_TABLE)
         pattern = "^" + escaped + self.out
         if not self.analysed:
             return Translated(pattern, self.skeleton, self.names, "", None, "", "")
