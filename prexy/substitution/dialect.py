@@ -910,3 +910,30 @@ def _is_within(inner: Node, outer: Repeat) -> bool:
         elif isinstance(n, (Cat, Alt)):
             stack.extend(n.items)
     return False
+
+
+def literal_prefix(node: Node) -> bytes:
+    """Bytes every match of ``node`` starts with (case-sensitive; may be empty)."""
+    out = bytearray()
+    _prefix(node, out)
+    return bytes(out)
+
+
+def _prefix(node: Node, out: bytearray) -> bool:
+    """Append ``node``'s fixed leading bytes to ``out``; True if all of it is fixed."""
+    if isinstance(node, Char):
+        out.append(node.byte)
+        return True
+    if isinstance(node, Assert):
+        return True
+    if isinstance(node, Group):
+        return _prefix(node.child, out)
+    if isinstance(node, Cat):
+        for item in node.items:
+            if not _prefix(item, out):
+                return False
+        return True
+    if isinstance(node, Repeat) and node.low >= 1:
+        _prefix(node.child, out)
+        return False
+    return False

@@ -2,15 +2,19 @@
 
 The transducer asks a scanner two questions about a buffer:
 
-* ``find(buf, pos)``: the match the whole rule set makes first from ``pos``
-  (leftmost start, then rule order, then Perl priority inside the rule);
-* ``hold_point(buf, pos, limit)``: the leftmost position ``<= limit`` where
-  some rule could still match if more bytes arrived (its exploration ran off
-  the end of the buffer), or None.
+* ``cursor(buf).find(pos)``: the match the whole rule set makes first from
+  ``pos`` (leftmost start, then rule order, then Perl priority inside the
+  rule);
+* ``hold_point(buf, lo, found)``: the leftmost position where some rule
+  could still match if more bytes arrived (its exploration ran off the end of
+  the buffer), or None.
 
-:class:`RegexScanner` answers both with the ``regex`` package: one
-alternation of all rules for ``find``, and a probe ``(?:ALL)(*FAIL)`` run with
-``partial=True`` for ``hold_point``.  The probe is only run where it can
+:class:`RegexScanner` answers both with the ``regex`` package.  ``find``
+runs each rule's own pattern (so each keeps ``regex``'s literal fast path,
+which one big alternation loses) and merges their next matches in a heap by
+(start, rule index), which is exactly the alternation's order; a rule's
+cached next match stays valid until the scan passes its start.  ``hold_point``
+runs a probe ``(?:ALL)(*FAIL)`` with ``partial=True``.  The probe is only run where it can
 matter: a match can only run off the end from a position whose distance to
 the end, not counting bytes that unbounded repeats may eat, is within the
 rules' bounded width.  A multi-pattern prefilter (issue 4) slots in as
@@ -21,6 +25,7 @@ Every call passes ``timeout=``; a ``TimeoutError`` propagates to the caller.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -30,6 +35,7 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     _set_src,
     bounded_width,
+    literal_prefix,
     repeat_bytes,
     to_regex_source,
 )
@@ -74,11 +80,18 @@ class Found:
         return self._ngroups
 
 
+class Cursor(Protocol):
+    """Successive ``find`` calls over one buffer, positions not decreasing."""
+
+    def find(self, pos: int) -> Found | None:
+        """The first match at or after ``pos`` (treating the buffer end as final)."""
+
+
 class Scanner(Protocol):
     """What the transducer needs from a scanner."""
 
-    def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
-        """The first match from ``pos`` in ``buf`` (treating its end as final)."""
+    def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
+        """A cursor over ``buf``; every scan it runs passes ``timeout``."""
 
     def reach_floor(self, buf: bytes, pos: int) -> int:
         """Lowest start ``>= pos`` whose exploration could reach the end of ``buf``."""
@@ -94,24 +107,72 @@ class Scanner(Protocol):
         """
 
 
+class _HeapCursor:
+    """Merges the rules' own next matches by (start, rule index)."""
+
+    __slots__ = ("_buf", "_timeout", "_patterns", "_prefixes", "_ngroups", "_heap", "_started")
+
+    def __init__(
+        self,
+        buf: bytes,
+        timeout: float | None,
+        patterns: Sequence[regex.Pattern[bytes]],
+        prefixes: Sequence[bytes],
+        ngroups: Sequence[int],
+    ) -> None:
+        self._buf = buf
+        self._timeout = timeout
+        self._patterns = patterns
+        self._prefixes = prefixes
+        self._ngroups = ngroups
+        self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
+        self._started = False
+
+    def _search(self, rule: int, pos: int) -> regex.Match[bytes] | None:
+        prefix = self._prefixes[rule]
+        if prefix:
+            # Every match starts with ``prefix``: skip to it with memchr speed.
+            pos = self._buf.find(prefix, pos)
+            if pos < 0:
+                return None
+        return self._patterns[rule].search(self._buf, pos, timeout=self._timeout)
+
+    def find(self, pos: int) -> Found | None:
+        heap = self._heap
+        patterns = self._patterns
+        if not self._started:
+            self._started = True
+            for rule in range(len(patterns)):
+                m = self._search(rule, pos)
+                if m is not None:
+                    heap.append((m.start(), rule, m))
+            heapq.heapify(heap)
+        while heap and heap[0][0] < pos:
+            rule = heap[0][1]
+            m = self._search(rule, pos)
+            if m is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (m.start(), rule, m))
+        if not heap:
+            return None
+        start, rule, m = heap[0]
+        return Found(start, m.end(), rule, m, 0, self._ngroups[rule])
+
+
 class RegexScanner:
-    """The ``regex``-package scanner: one alternation, one probe."""
+    """The ``regex``-package scanner: one pattern per rule, one probe."""
 
     def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
-        parts: list[str] = []
         probe_parts: list[str] = []
-        self._rule_of_group: dict[int, int] = {}
         self._ngroups: list[int] = []
-        group = 0
-        for index, p in enumerate(parsed):
-            group += 1
-            self._rule_of_group[group] = index
-            parts.append("(" + to_regex_source(p.tree) + ")")
+        self.sources: list[str] = []
+        for p in parsed:
+            self.sources.append(to_regex_source(p.tree))
             probe_parts.append(to_regex_source(p.tree, probe=True))
             self._ngroups.append(p.ngroups)
-            group += p.ngroups
-        self.source = "|".join(parts)
-        self.pattern = regex.compile(self.source.encode("latin-1"), FLAGS)
+        self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
+        self.prefixes = [literal_prefix(p.tree) for p in parsed]
         self._probe_parts = probe_parts
         self.probe = self._compile_probe(len(probe_parts))
         self._prefix_probes: dict[int, regex.Pattern[bytes]] = {}
@@ -134,14 +195,12 @@ class RegexScanner:
         alts = "|".join("(?:" + s + ")" for s in self._probe_parts[:count])
         return regex.compile(("(?:" + alts + ")(*FAIL)").encode("latin-1"), FLAGS)
 
+    def cursor(self, buf: bytes, timeout: float | None) -> _HeapCursor:
+        return _HeapCursor(buf, timeout, self.patterns, self.prefixes, self._ngroups)
+
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
-        m = self.pattern.search(buf, pos, timeout=timeout)
-        if m is None:
-            return None
-        group = m.lastindex
-        assert group is not None
-        rule = self._rule_of_group[group]
-        return Found(m.start(), m.end(), rule, m, group, self._ngroups[rule])
+        """One-off ``cursor(buf, timeout).find(pos)``."""
+        return self.cursor(buf, timeout).find(pos)
 
     def reach_floor(self, buf: bytes, pos: int) -> int:
         """Lowest start whose exploration could reach the end of ``buf``."""

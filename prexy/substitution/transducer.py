@@ -129,12 +129,13 @@ class Transducer:
         timeout = self.timeout
         floor = -1
         self._pos_at_timeout = pos
+        cursor = scanner.cursor(buf, timeout) if scanner is not None else None
         while pos < n or (final and pos == n and not self._passthrough):
             if self._passthrough:
                 out.append(buf[pos:])
                 return n
-            assert scanner is not None
-            found = scanner.find(buf, pos, timeout)
+            assert scanner is not None and cursor is not None
+            found = cursor.find(pos)
             if not final:
                 if floor < 0:
                     floor = scanner.reach_floor(buf, pos)

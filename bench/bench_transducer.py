@@ -1,0 +1,145 @@
+"""Throughput of the substitution transducer alone (no HTTP, no network).
+
+Run standalone::
+
+    python bench/bench_transducer.py [--runs N] [--quick]
+
+For 1, 10, 100 and 1000 rules (the issue's mix: the site's domain, an
+analytics id, then generated ``word[0-9]+token``-style regexes that rarely
+match, all global) and pages of 20 KB and 1 MB (generated HTML carrying the
+domain and the id), it prints the median MB/s of several runs, feeding the
+page in 64 KB slices as the proxy does.  Targets (issue 3): 1 MB with 1 rule
+>= 100 MB/s, with 10 rules >= 50 MB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prexy.substitution.rules import parse_rules  # noqa: E402
+from prexy.substitution.ruleset import RuleSet  # noqa: E402
+
+DOMAIN = "www.example.com"
+ANALYTICS_ID = "UA-12345678-1"
+SLICE = 64 * 1024
+WORDS = (
+    "about account archive article author banner browse button cache card category "
+    "channel comment community content cookie daily data design detail digital discuss "
+    "document download editor email event feature field footer forum gallery global guide "
+    "header help history home image index issue item journal label latest layout library "
+    "link local login market media member menu message module network news notice online "
+    "option order page panel photo policy portal post press price print privacy product "
+    "profile project public question quick radio record region report review search section "
+    "select service share shop sidebar signup site social source sport store story style "
+    "support system table team theme today token topic travel update upload user video view "
+    "weather widget word world"
+).split()
+
+
+def html_page(size: int, seed: int = 1) -> bytes:
+    """A deterministic HTML page of ``size`` bytes with the domain and the id."""
+    rng = random.Random(seed)
+    head = (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<link rel="canonical" href="https://{DOMAIN}/">\n'
+        f"<script>ga('create','{ANALYTICS_ID}','auto');</script>\n</head>\n<body>\n"
+    )
+    parts = [head]
+    length = len(head)
+    while length < size:
+        words = [rng.choice(WORDS) for _ in range(rng.randint(40, 90))]
+        if rng.random() < 0.05:
+            words[rng.randrange(len(words))] = f"word{rng.randint(1, 999)}token"
+        text = " ".join(words)
+        if rng.random() < 0.5:
+            slug = "-".join(rng.choice(WORDS) for _ in range(3))
+            text += f' See <a href="https://{DOMAIN}/{slug}/">{slug}</a>.'
+        if rng.random() < 0.05:
+            text += f"<!-- {ANALYTICS_ID} -->"
+        para = f"<p>{text}.</p>\n"
+        parts.append(para)
+        length += len(para)
+    return "".join(parts).encode()[:size]
+
+
+def rules_text(count: int) -> bytes:
+    """The issue's rule mix as a rules file."""
+    lines = [f"replace_filter '{DOMAIN.replace('.', chr(92) + '.')}' 'www.example.org' g;"]
+    if count >= 2:
+        lines.append("replace_filter 'UA-\\d+-\\d+' 'UA-00000000-0' g;")
+    suffixes = ("token", "tok", "ref", "id", "key")
+    words = ["word", *(w for w in WORDS if w != "word")]
+    n = 0
+    while len(lines) < count:
+        block = n // len(words)
+        word = words[n % len(words)]
+        digit = str(block) if block else ""
+        lines.append(
+            f"replace_filter '{word}{digit}[0-9]+{suffixes[block % len(suffixes)]}' "
+            f"'{word.upper()}-{n}' g;"
+        )
+        n += 1
+    return "\n".join(lines[:count]).encode()
+
+
+def rewrite(ruleset: RuleSet, page: bytes) -> tuple[bytes, float]:
+    """Rewrite ``page`` in 64 KB slices; return the output and seconds taken."""
+    started = time.perf_counter()
+    t = ruleset.new_transducer()
+    out = [t.feed(page[i : i + SLICE]) for i in range(0, len(page), SLICE)]
+    out.append(t.finish())
+    elapsed = time.perf_counter() - started
+    assert not t.bailed_out and not t.timed_out
+    return b"".join(out), elapsed
+
+
+def measure(ruleset: RuleSet, page: bytes, runs: int, budget: float) -> float:
+    """Median MB/s over ``runs`` runs (fewer if one run exceeds the budget)."""
+    rates = []
+    deadline = time.perf_counter() + budget
+    for _ in range(runs):
+        _, elapsed = rewrite(ruleset, page)
+        rates.append(len(page) / elapsed / 1e6)
+        if time.perf_counter() > deadline:
+            break
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=7, help="runs per cell (median)")
+    parser.add_argument("--quick", action="store_true", help="1 and 10 rules only")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds per cell at most")
+    args = parser.parse_args(argv)
+    counts = (1, 10) if args.quick else (1, 10, 100, 1000)
+    sizes = {"20 KB": 20 * 1024, "1 MB": 1024 * 1024}
+    pages = {label: html_page(size) for label, size in sizes.items()}
+    print(f"{'rules':>6} {'page':>6} {'MB/s':>9} {'compile ms':>11}")
+    results: dict[tuple[int, str], float] = {}
+    for count in counts:
+        started = time.perf_counter()
+        ruleset = parse_rules(rules_text(count), f"rules-{count}")
+        compile_ms = (time.perf_counter() - started) * 1000
+        for label, page in pages.items():
+            rate = measure(ruleset, page, args.runs, args.budget)
+            results[(count, label)] = rate
+            print(f"{count:>6} {label:>6} {rate:>9.1f} {compile_ms:>11.1f}", flush=True)
+    targets = [((1, "1 MB"), 100.0), ((10, "1 MB"), 50.0)]
+    ok = True
+    for key, target in targets:
+        if key in results:
+            verdict = "ok" if results[key] >= target else "BELOW TARGET"
+            ok = ok and results[key] >= target
+            print(f"target {key[0]} rules, {key[1]}: >= {target:.0f} MB/s: {verdict}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
