@@ -1,0 +1,207 @@
+"""Map files load as nginx's map block reads them: directives, includes, conflicts, errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from prexy.urlmap import MapError, UrlMap, load_map, parse_map
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="latin-1")
+    return path
+
+
+def test_default_and_no_default() -> None:
+    """``default`` answers when nothing matches; without it the answer is empty."""
+    assert parse_map("default /home; /a /b;").lookup("/x") == "/home"
+    assert parse_map("/a /b;").lookup("/x") == ""
+
+
+def test_duplicate_default_is_an_error() -> None:
+    """A second ``default`` is refused, as nginx refuses it."""
+    with pytest.raises(MapError, match=r'^m.map:2: duplicate default map parameter "default"'):
+        parse_map("default a;\ndefault b;", "m.map")
+
+
+def test_escaped_keywords_are_plain_keys() -> None:
+    """``\\default``, ``\\include`` and ``\\~x`` are exact keys with those names."""
+    m = parse_map("default d; \\default dflt; \\include inc; \\~x tilde; hostnames x;")
+    assert m.lookup("default") == "dflt"
+    assert m.lookup("include") == "inc"
+    assert m.lookup("~x") == "tilde"
+    assert m.lookup("hostnames") == "x"  # with a value it is an entry, not the directive
+    assert m.lookup("other") == "d"
+
+
+def test_volatile_is_accepted_and_ignored() -> None:
+    """``volatile;`` changes nothing about lookups."""
+    assert parse_map("volatile; /a /b;").lookup("/a") == "/b"
+
+
+@pytest.mark.parametrize("text", ["/a;", "/a /b /c;", "default;", "include;"])
+def test_wrong_parameter_count(text: str) -> None:
+    """Statements other than hostnames/volatile need exactly a key and a value."""
+    with pytest.raises(MapError, match="invalid number of the map parameters"):
+        parse_map(text, "m.map")
+
+
+def test_duplicate_exact_key_is_refused() -> None:
+    """nginx refuses a repeated exact key ("conflicting parameter", ngx_hash_add_key
+    returns NGX_BUSY) rather than keeping the first or the last; so do we, and
+    keys differing only in case are the same key."""
+    with pytest.raises(MapError) as info:
+        parse_map("/a /1;\n/b /2;\n/A /3;\n", "m.map")
+    assert str(info.value) == 'm.map:3: conflicting parameter "/A"'
+    assert info.value.line == 3 and info.value.text == "/A"
+
+
+def test_duplicate_regexes_are_allowed_first_wins() -> None:
+    """Regexes are not deduplicated: the first in file order answers."""
+    assert parse_map("~^/a 1; ~^/a 2;").lookup("/a") == "1"
+
+
+def test_bad_regex_is_a_load_error_with_location() -> None:
+    """A regex that does not compile fails the load, naming file, line and the regex."""
+    with pytest.raises(MapError) as info:
+        parse_map("/ok /x;\n\n~^/(a  /b;\n", "old.map")
+    err = info.value
+    assert (err.filename, err.line, err.text, err.reason) == ("old.map", 3, "~^/(a", "invalid regex")
+    assert str(err).startswith('old.map:3: invalid regex "~^/(a": missing')
+
+
+@pytest.mark.parametrize(
+    "regex",
+    [
+        "~a)", "~[a", '"~a{3,2}"', "~(?<n>a)(?<n>b)", r"~\k<nope>", "~(?<1a>x)",
+        r"~\y", r"~x\\\\\\", "~(?z)", r"~[z-a]",
+    ],
+)
+def test_invalid_regexes_rejected(regex: str) -> None:
+    """PCRE syntax errors (and what the engine rejects) are load errors."""
+    with pytest.raises(MapError, match="invalid regex"):
+        parse_map(f"{regex} v;", "m.map")
+
+
+def test_unquoted_brace_in_regex_is_a_token_error() -> None:
+    """As in nginx, a regex containing ``{`` must be quoted; unquoted it ends the token."""
+    with pytest.raises(MapError, match='unexpected "{"'):
+        parse_map("~^/a{2} v;", "m.map")
+    assert parse_map('"~^/a{2}$" v;').lookup("/aa") == "v"
+
+
+def test_empty_regex_matches_every_nonempty_key() -> None:
+    """``~`` and ``~*`` alone are empty patterns: they match any key except the empty one."""
+    m = parse_map("default d; ~* any;")
+    assert m.lookup("/x") == "any"
+    assert m.lookup("") == "d"
+
+
+def test_many_regexes_sharing_a_shape_still_catch_one_bad() -> None:
+    """Validation by shape does not let a bad regex hide among good ones of the same look."""
+    lines = [f"~^/p/{i}\\b(\\?[^/]*)*/?$ /;" for i in range(50)]
+    lines.insert(30, "~^/p/x\\b(\\?[^/]*)*/?$( /;")
+    with pytest.raises(MapError) as info:
+        parse_map("\n".join(lines), "m.map")
+    assert info.value.line == 31
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("/a$", "invalid variable name"), ("$/x", "invalid variable name"),
+     ("${x", 'the closing bracket in "x" variable is missing'), ("${}", "invalid variable name")],
+)
+def test_bad_values_are_errors(value: str, reason: str) -> None:
+    """Values nginx cannot compile (a ``$`` not followed by a name) are load errors."""
+    with pytest.raises(MapError, match=reason):
+        parse_map(f'/k "{value}";', "m.map")
+
+
+def test_include_relative_to_including_file(tmp_path: Path) -> None:
+    """``include`` resolves against the including file's directory, nested includes too,
+    and entries keep their place in file order."""
+    main = _write(tmp_path / "main.map", "~^/a first;\ninclude sub/one.map;\n~^/ab last;\n")
+    _write(tmp_path / "sub" / "one.map", "include two.map;\n/x x;\n")
+    _write(tmp_path / "sub" / "two.map", "~^/ab middle;\n")
+    m = load_map(main)
+    assert m.lookup("/ab") == "first"
+    assert m.lookup("/x") == "x"
+    assert [os.path.basename(f.path) for f in m.source_files] == ["main.map", "one.map", "two.map"]
+    assert all(f.mtime > 0 for f in m.source_files)
+    assert m.entry_count == 4
+
+
+def test_include_glob_in_sorted_order(tmp_path: Path) -> None:
+    """Shell wildcards in ``include`` expand in sorted order; no match is not an error."""
+    main = _write(tmp_path / "main.map", "include parts/*.map;\ninclude none/*.map;\n")
+    _write(tmp_path / "parts" / "b.map", "~^/k b;\n")
+    _write(tmp_path / "parts" / "a.map", "~^/k a;\n")
+    assert load_map(main).lookup("/k") == "a"
+
+
+def test_include_cycle_is_an_error(tmp_path: Path) -> None:
+    """A file that includes itself (directly or not) is reported, not recursed forever."""
+    main = _write(tmp_path / "a.map", "/a a;\ninclude b.map;\n")
+    _write(tmp_path / "b.map", "include a.map;\n")
+    with pytest.raises(MapError) as info:
+        load_map(main)
+    assert info.value.reason == "include cycle"
+    assert info.value.filename.endswith("b.map") and info.value.line == 1
+
+
+def test_missing_include_names_the_including_line(tmp_path: Path) -> None:
+    """A missing included file is an error at the include's file and line."""
+    main = _write(tmp_path / "a.map", "/a a;\n\ninclude nope.map;\n")
+    with pytest.raises(MapError) as info:
+        load_map(main)
+    assert info.value.line == 3 and info.value.reason == "cannot open"
+    assert str(info.value).startswith(f"{main}:3: cannot open")
+
+
+def test_missing_map_file(tmp_path: Path) -> None:
+    """Loading a file that does not exist is a MapError too."""
+    with pytest.raises(MapError, match="cannot open"):
+        load_map(tmp_path / "absent.map")
+
+
+def test_error_in_included_file_names_that_file(tmp_path: Path) -> None:
+    """Errors inside an included file carry that file's name and line."""
+    main = _write(tmp_path / "a.map", "include b.map;\n")
+    _write(tmp_path / "b.map", "/x x;\n~(  y;\n")
+    with pytest.raises(MapError) as info:
+        load_map(main)
+    assert info.value.filename.endswith("b.map") and info.value.line == 2
+
+
+def test_parse_map_base_dir(tmp_path: Path) -> None:
+    """parse_map resolves includes against base_dir when given."""
+    _write(tmp_path / "inc.map", "/i i;\n")
+    assert parse_map("include inc.map;", "<text>", str(tmp_path)).lookup("/i") == "i"
+
+
+def test_bytes_are_latin1(tmp_path: Path) -> None:
+    """Files are read byte for byte: a UTF-8 key matches the same bytes seen as latin-1."""
+    path = tmp_path / "u.map"
+    path.write_bytes("/caf\u00e9 /cafe;\n".encode())
+    key = "/caf\u00e9".encode().decode("latin-1")
+    assert load_map(path).lookup(key) == "/cafe"
+
+
+def test_urlmap_is_immutable() -> None:
+    """A loaded map cannot be changed in place (swap a new one in instead)."""
+    m = parse_map("/a /b;")
+    assert isinstance(m, UrlMap)
+    with pytest.raises(AttributeError):
+        m.default = "x"
+
+
+def test_maperror_pickles() -> None:
+    """MapError survives pickling (it may cross a process boundary to a master)."""
+    err = MapError("f.map", 3, "~(", "invalid regex", "missing )")
+    again = pickle.loads(pickle.dumps(err))
+    assert str(again) == str(err) == 'f.map:3: invalid regex "~(": missing )'

@@ -1,0 +1,233 @@
+"""Lookups give nginx's answer: order of kinds, file order, captures, hostnames, PCRE syntax."""
+
+from __future__ import annotations
+
+import pytest
+
+from prexy.urlmap import MapError, MapLookup, parse_map
+
+
+def test_exact_keys_are_case_insensitive_ascii_only() -> None:
+    """Exact keys and input are lower-cased, ASCII letters only (bytes >= 0x80 unchanged)."""
+    m = parse_map("/Old/Path /new; /caf\xc9 /cafe;")
+    assert m.lookup("/OLD/path") == "/new"
+    assert m.lookup("/CAF\xc9") == "/cafe"
+    assert m.lookup("/caf\xe9") == ""
+
+
+def test_exact_beats_an_earlier_regex() -> None:
+    """Exact keys are consulted before any regex, wherever they are in the file."""
+    m = parse_map("~^/a regex; /a/b exact;")
+    assert m.lookup("/a/b") == "exact"
+    assert m.lookup("/a/c") == "regex"
+
+
+def test_first_regex_in_file_order_wins_across_index_buckets() -> None:
+    """Candidates from different prefixes, pieces and unindexed regexes are tried in file order."""
+    m = parse_map(
+        r"""
+        ~^/shop/item  by-long-prefix-late;
+        ~^/shop       by-short-prefix;
+        ~^/shop/item/ never;
+        """
+    )
+    assert m.lookup("/shop/item/1") == "by-long-prefix-late"
+    assert parse_map("~^/shop short; ~^/shop/item long;").lookup("/shop/item") == "short"
+    m = parse_map(
+        r"""
+        ~item/\d+$      by-literal;
+        ~^/shop/item/7  by-prefix;
+        ~\d$            unindexed;
+        """
+    )
+    assert m.lookup("/shop/item/7") == "by-literal"
+    assert m.lookup("/shop/item/7x") == "by-prefix"
+    assert m.lookup("/x/9") == "unindexed"
+    assert m.match("/x/9") == MapLookup("unindexed", "regex", r"~\d$", "<map>", 4)
+
+
+def test_regex_is_a_search_not_anchored() -> None:
+    """Without ``^``/``$`` a regex matches anywhere in the key."""
+    assert parse_map("~old new;").lookup("/very/old/page") == "new"
+
+
+def test_regexes_never_tried_on_empty_key() -> None:
+    """nginx skips regexes for an empty key; an exact empty key still matches it."""
+    assert parse_map("default d; ~^$ empty-regex;").lookup("") == "d"
+    assert parse_map('default d; "" empty-key;').lookup("") == "empty-key"
+
+
+def test_caseless_regex() -> None:
+    """``~*`` matches ignoring ASCII case, including its indexed prefix."""
+    m = parse_map(r"~*^/Legacy/(\d+)$ /items/$1; ~^/CS x;")
+    assert m.lookup("/LEGACY/42") == "/items/42"
+    assert m.lookup("/legacy/42") == "/items/42"
+    assert m.lookup("/cs") == ""
+    assert m.match("/LEGACY/1").kind == "regex_caseless"
+
+
+def test_numbered_captures() -> None:
+    """``$1``..``$9`` and ``${1}`` are captures; ``$10`` is capture 1 then ``0``."""
+    m = parse_map(r"~^/(a)(b)(c)(d)(e)(f)(g)(h)(i)(j) $9-${1}-$10;")
+    assert m.lookup("/abcdefghij") == "i-a-a0"
+
+
+def test_unmatched_and_missing_groups_are_empty() -> None:
+    """A group that did not take part, or does not exist, expands to nothing."""
+    m = parse_map(r"~^/(x)?y(z)? [$1|$2|$5];")
+    assert m.lookup("/y") == "[||]"
+
+
+def test_named_captures_both_syntaxes() -> None:
+    """``(?<name>..)`` and ``(?P<name>..)`` are named groups, used as ``$name`` or ``${name}``."""
+    m = parse_map(r"""
+        ~^/u/(?<user>[a-z]+)/(?P<page>\d+) /users/$user/p${page}x;
+        ~^/q/(?'q'\w+)  /q=$q;
+    """)
+    assert m.lookup("/u/ann/12") == "/users/ann/p12x"
+    assert m.lookup("/q/zz") == "/q=zz"
+
+
+def test_captures_outside_a_regex_answer_are_empty() -> None:
+    """An exact or default value using captures gets empty strings for them."""
+    m = parse_map(r"default /d$1$name; /e /e$1; ~(?<name>zzz) z;")
+    assert m.lookup("/e") == "/e"
+    assert m.lookup("/other") == "/d"
+
+
+def test_variables_from_caller() -> None:
+    """Non-capture variables come from the caller (mapping or callable); unknown ones are empty."""
+    m = parse_map("default $scheme://$host/x; /a ${host}:$port;")
+    assert m.variables == frozenset({"scheme", "host", "port"})
+    assert m.lookup("/zz", {"scheme": "https", "host": "h"}) == "https://h/x"
+    assert m.lookup("/a", lambda name: {"host": "h"}.get(name)) == "h:"
+    assert m.lookup("/a") == ":"
+
+
+def test_values_without_dollar_are_verbatim() -> None:
+    """Plain values come back as written (after token unescaping)."""
+    assert parse_map(r'/a "/b c\td";').lookup("/a") == "/b c\td"
+
+
+class TestHostnames:
+    """``hostnames`` maps: masks after exact keys, longest mask first, trailing dot dropped."""
+
+    MAP = """
+        hostnames;
+        default none;
+        example.com            exact;
+        *.example.com          star;
+        *.deep.example.com     deep-star;
+        .dot.example.com       dot;
+        www.example.*          tail;
+        www.*                  www;
+        ~^(?<sub>[a-z]+)\\.regex\\.org$ re-$sub;
+    """
+
+    @pytest.mark.parametrize(
+        ("key", "value", "kind"),
+        [
+            ("example.com", "exact", "exact"),
+            ("EXAMPLE.COM.", "exact", "exact"),
+            ("a.example.com", "star", "wildcard_head"),
+            ("a.b.example.com", "star", "wildcard_head"),
+            ("deep.example.com", "star", "wildcard_head"),
+            ("x.deep.example.com", "deep-star", "wildcard_head"),
+            ("dot.example.com", "dot", "wildcard_dot"),
+            ("a.b.dot.example.com.", "dot", "wildcard_dot"),
+            ("www.example.org", "tail", "wildcard_tail"),
+            ("www.example.co.uk", "tail", "wildcard_tail"),
+            ("www.example", "www", "wildcard_tail"),
+            ("www.other.net", "www", "wildcard_tail"),
+            ("www", "none", "default"),
+            ("api.regex.org.", "re-api", "regex"),
+            ("example.org", "none", "default"),
+        ],
+    )
+    def test_lookup(self, key: str, value: str, kind: str) -> None:
+        """Each key gets the value of the mask nginx's combined hash would pick."""
+        got = parse_map(self.MAP).match(key)
+        assert (got.value, got.kind) == (value, kind)
+
+    def test_head_mask_beats_tail_mask(self) -> None:
+        """A ``*.`` mask is consulted before any ``.*`` mask."""
+        m = parse_map("hostnames; *.example.com head; www.example.* tail;")
+        assert m.lookup("www.example.com") == "head"
+
+    def test_without_hostnames_masks_are_exact_keys(self) -> None:
+        """Without ``hostnames``, ``*.example.com`` is just a key and dots are kept."""
+        m = parse_map("*.example.com star; example.com e;")
+        assert m.lookup("a.example.com") == ""
+        assert m.lookup("*.example.com") == "star"
+        assert m.lookup("example.com.") == ""
+
+    def test_hostnames_applies_to_later_entries(self) -> None:
+        """Like nginx, ``hostnames`` affects keys added after it."""
+        m = parse_map("*.a.com early; hostnames; *.b.com late;")
+        assert m.lookup("x.a.com") == ""
+        assert m.lookup("*.a.com") == "early"
+        assert m.lookup("x.b.com") == "late"
+
+    @pytest.mark.parametrize("key", ["*.a.*", "a.*.com", "a..com", "*a.com"])
+    def test_invalid_wildcards(self, key: str) -> None:
+        """Masks nginx rejects are load errors."""
+        with pytest.raises(MapError, match="invalid hostname or wildcard"):
+            parse_map(f"hostnames; {key} v;", "h.map")
+
+    @pytest.mark.parametrize(
+        "pair", [("example.com", ".example.com"), (".example.com", "example.com"),
+                 ("*.a.com", "*.A.com"), ("www.a.*", "WWW.a.*")],
+    )
+    def test_conflicts(self, pair: tuple[str, str]) -> None:
+        """A dot mask claims its bare name too; repeated masks conflict."""
+        with pytest.raises(MapError, match="conflicting parameter"):
+            parse_map(f"hostnames; {pair[0]} 1; {pair[1]} 2;", "h.map")
+
+
+class TestPcreSyntax:
+    """Map regexes are PCRE; the translation keeps PCRE's meaning."""
+
+    @pytest.mark.parametrize(
+        ("regex", "key", "matches"),
+        [
+            (r"^/a(?=b)", "/ab", True),
+            (r"^/a(?!b)", "/ab", False),
+            (r"(?<=/x)y", "/xy", True),
+            (r"(?<!/x)y", "/xy", False),
+            (r"^\d+$", "\u0663", False),  # \d is ASCII only without UCP
+            (r"^\w$", "\xe9", False),
+            (r"^\Qa.b\E$", "a.b", True),
+            (r"^\Qa.b\E$", "axb", False),
+            (r"^\x{41}\x42$", "AB", True),
+            (r"^a\{,3}$", "a{,3}", True),
+            (r"^a\Z", "a\n", True),
+            (r"^a\z", "a\n", False),
+            (r"^a$", "a\n", True),
+            (r"^[[:alpha:]]+$", "abC", True),
+            (r"^[[:^digit:]]+$", "ab1", False),
+            (r"^a.c$", "a\nc", False),
+            (r"^(?i)abc$", "ABC", True),
+            (r"^a(?i)b|c$", "C", True),
+            (r"^(?:a(?i)b)c$", "aBC", False),
+            (r"^(a)\1$", "aa", True),
+            (r"^(?<n>a)\k<n>$", "aa", True),
+            (r"^(?<n>a)\g{n}$", "aa", True),
+            (r"^(a)\g{-1}$", "aa", True),
+            (r"^\101$", "A", True),
+            (r"^a++b$", "aab", True),
+            (r"^(?>a+)a$", "aaa", False),
+            (r"^\h$", "\t", True),
+            (r"^[\d-z]+$", "1-z", True),
+            (r"^[]a]+$", "]a", True),
+            (r"^(?x) a b # comment", "ab", True),
+            (r"^/(?#comment)x$", "/x", True),
+            (r"^\Ax", "x", True),
+            (r"^a{2}$", "aa", True),
+            (r"^[a&&b]$", "&", True),
+        ],
+    )
+    def test_match(self, regex: str, key: str, matches: bool) -> None:
+        """Each construct matches (or not) as PCRE does."""
+        quoted = '"~' + regex.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        m = parse_map(f"{quoted} yes;")
+        assert (m.lookup(key) == "yes") is matches
