@@ -63,7 +63,10 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
     try:
         return load_rules(paths)
     except RulesError as exc:
-        raise ConfigError(exc.filename, exc.line, None, str(exc.reason)) from None
+        reason = f"column {exc.column}: {exc.reason}"
+        if exc.text:
+            reason += f" (at {exc.text!r})"
+        raise ConfigError(exc.filename, exc.line, None, reason) from None
     except OSError as exc:
         raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
 
@@ -74,7 +77,12 @@ def _load_map(path: str) -> Any:
     try:
         return load_map(path)
     except MapError as exc:
-        raise ConfigError(exc.filename, exc.line, None, str(exc.reason)) from None
+        reason = exc.reason
+        if exc.text:
+            reason += f' "{exc.text}"'
+        if exc.detail:
+            reason += f": {exc.detail}"
+        raise ConfigError(exc.filename, exc.line, None, reason) from None
     except OSError as exc:
         raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
 
@@ -122,7 +130,8 @@ def _unchanged(loaded: Any) -> bool:
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
-    for path, mtime in sources:
+    for source in sources:
+        path, mtime = (source.path, source.mtime) if hasattr(source, "path") else source
         try:
             if os.stat(path).st_mtime != mtime:
                 return False

@@ -167,6 +167,25 @@ class ProxyService(service.MultiService):
             admin_site.log = lambda request: None  # type: ignore[method-assign]
             strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
 
+    def listening_ports(self) -> Any:
+        """Deferred list of the listening ports of the proxy endpoints (once
+        they listen); the endpoint services keep their own results."""
+        from twisted.application.internet import StreamServerEndpointService
+        from twisted.internet import defer
+
+        waits = []
+        for child in self:
+            if isinstance(child, StreamServerEndpointService) and child.factory is self.site:
+                d: defer.Deferred[Any] = defer.Deferred()
+
+                def passthrough(port: Any, d: defer.Deferred[Any] = d) -> Any:
+                    d.callback(port)
+                    return port
+
+                child._waitingForPort.addCallback(passthrough)
+                waits.append(d)
+        return defer.gatherResults(waits)
+
     @property
     def runtime(self) -> Runtime:
         return self.resource.runtime

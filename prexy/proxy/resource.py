@@ -72,12 +72,11 @@ class ProxyResource(Resource):
             return _plain(request, 400, b"Bad Request: unsupported request target\n")
 
         if site.urlmap is not None:
-            handled = self._apply_map(request, site, target)
-            if handled is not None:
-                if isinstance(handled, bytes):
-                    target = handled
-                else:
-                    return handled
+            action, result = self._apply_map(request, site, target)
+            if action == "redirect":
+                return result
+            if action == "rewrite":
+                target = result
 
         upstream = site.config.upstream
         if upstream.path:
@@ -89,6 +88,11 @@ class ProxyResource(Resource):
         out = end_to_end(raw, drop)
         out.insert(0, (b"Host", site.config.upstream_host_header(host)))
         if rewriting:
+            digest = site.rules.digest
+            out = [
+                (n, _upstream_if_none_match(v, digest) if n.lower() == b"if-none-match" else v)
+                for n, v in out
+            ]
             # Never let compressed bytes reach the transducer: ask for identity.
             out.append((b"Accept-Encoding", b"identity"))
         client = request.getClientAddress()
@@ -109,14 +113,16 @@ class ProxyResource(Resource):
         request.exchange = exchange
         return server.NOT_DONE_YET
 
-    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> Any:
-        """Redirect (returns the rendered body) or rewrite (returns the new
-        target as bytes) per the site's map; None when no entry matched."""
+    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, bytes]:
+        """Per the site's map: ("redirect", body) with the response head set,
+        ("rewrite", new target), or ("", b"") when no entry matched."""
         cfg = site.config.map
         assert cfg is not None
-        value = site.urlmap.lookup(request.uri.decode("latin-1"))
+        urlmap = site.urlmap
+        uri = request.uri.decode("latin-1")
+        value = urlmap.lookup(uri, _request_variables(request, uri) if urlmap.variables else None)
         if not value:
-            return None
+            return "", b""
         self.metrics.count("prexy_map_hits_total", action=cfg.action)
         query = b""
         if cfg.keep_query and b"?" in target and "?" not in value:
@@ -125,7 +131,7 @@ class ProxyResource(Resource):
             new = value.encode("latin-1")
             if not new.startswith(b"/"):
                 new = b"/" + new
-            return new + query
+            return "rewrite", new + query
         location = value.encode("latin-1") + query
         if location.startswith(b"/") and not location.startswith(b"//"):
             scheme = b"https" if request.isSecure() else b"http"
@@ -133,7 +139,25 @@ class ProxyResource(Resource):
             location = scheme + b"://" + (host if isinstance(host, bytes) else host.encode()) + location
         request.setResponseCode(cfg.status)
         request.setHeader(b"Location", location)
-        return _plain(request, cfg.status, b"Redirecting to " + location + b"\n", keep_code=True)
+        return "redirect", _plain(request, cfg.status, b"Redirecting to " + location + b"\n", keep_code=True)
+
+
+def _request_variables(request: server.Request, uri: str) -> dict[str, str]:
+    """The nginx variables a map value may use besides its captures."""
+    path, sep, query = uri.partition("?")
+    host = request.getHeader(b"host") or b""
+    return {
+        "request_uri": uri,
+        "uri": path,
+        "args": query,
+        "query_string": query,
+        "is_args": "?" if sep else "",
+        "host": host.decode("latin-1").split(":")[0].lower(),
+        "http_host": host.decode("latin-1"),
+        "scheme": "https" if request.isSecure() else "http",
+        "request_method": request.method.decode("latin-1"),
+        "remote_addr": getattr(request.getClientAddress(), "host", ""),
+    }
 
 
 def _plain(request: server.Request, code: int, body: bytes, keep_code: bool = False) -> bytes:
@@ -201,21 +225,25 @@ class _Exchange:
         request.setResponseCode(response.code, response.phrase or None)
         headers = end_to_end(response.headers, _RESPONSE_DROP)
         rules = self.site.rules
-        transducer = None
-        if rules is not None and response.length != 0 and request.method != b"HEAD":
+        rewrite = False
+        if rules is not None and response.length != 0 and response.code not in (204, 304):
             ctype = _header(headers, b"content-type")
             encoding = _header(headers, b"content-encoding")
             if encoding is None or encoding.lower() == b"identity":
-                if rules.applies_to((ctype or b"").decode("latin-1")):
-                    transducer = rules.new_transducer()
+                rewrite = rules.applies_to((ctype or b"").decode("latin-1"))
         has_length = False
-        if transducer is not None:
-            self.transducer = transducer
+        if rewrite:
+            # HEAD gets the same head a GET would: no length, derived validators.
+            if request.method != b"HEAD":
+                self.transducer = rules.new_transducer()
             if not rules.keep_last_modified:
                 headers = [(n, v) for n, v in headers if n.lower() != b"last-modified"]
             headers = [
                 (n, _derived_etag(v, rules.digest) if n.lower() == b"etag" else v) for n, v in headers
             ]
+            if request.method != b"HEAD":
+                # Substitution time is known only at the end: a trailer.
+                headers.append((b"Trailer", b"Server-Timing"))
         elif response.length is not None and response.code not in (204, 304):
             headers.append((b"Content-Length", b"%d" % response.length))
             has_length = True
@@ -281,6 +309,12 @@ class _Exchange:
                 self.resource.metrics.bytes_out += len(tail)
                 request.write(tail)
             self._count_transducer(transducer)
+            timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
+            if transducer.bailed_out:
+                timing += b', rewrite-bailout;desc="max_buffered_size reached"'
+            if transducer.timed_out:
+                timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
+            request.set_trailer(b"Server-Timing", timing)
         self._unregister()
         self.done = True
         request.finish()
@@ -377,14 +411,32 @@ def _all(headers: list[tuple[bytes, bytes]], lname: bytes) -> list[bytes] | None
     return values or None
 
 
+def _etag_suffix(digest: str) -> bytes:
+    return b"-px" + digest[:8].encode("ascii")
+
+
 def _derived_etag(etag: bytes, digest: str) -> bytes:
-    """A validator for the rewritten bytes: the upstream ETag plus the rule
-    set's hash, kept strong/weak as the upstream's was."""
-    weak = etag.startswith(b"W/")
-    tag = etag[2:] if weak else etag
-    tag = tag.strip(b'"')
-    mixed = hashlib.sha1(tag + b"|" + digest.encode("ascii")).hexdigest()[:16].encode("ascii")
-    return (b'W/"' if weak else b'"') + mixed + b'-px"'
+    """A validator for the rewritten bytes: the upstream's entity tag with the
+    rule set's hash appended inside the quotes, weak or strong as it was, so
+    a changed rule set changes every validator and the original can be
+    recovered for conditional requests upstream."""
+    etag = etag.strip()
+    if etag.endswith(b'"') and len(etag) >= 2:
+        return etag[:-1] + _etag_suffix(digest) + b'"'
+    return etag
+
+
+def _upstream_if_none_match(value: bytes, digest: str) -> bytes:
+    """If-None-Match as the upstream knows it: derived tags of this rule set
+    back to the upstream's own; other tags unchanged."""
+    suffix = _etag_suffix(digest) + b'"'
+    tags = []
+    for tag in value.split(b","):
+        tag = tag.strip()
+        if tag.endswith(suffix):
+            tag = tag[: -len(suffix)] + b'"'
+        tags.append(tag)
+    return b", ".join(tags)
 
 
 class ProxyRequest(server.Request):
@@ -397,6 +449,7 @@ class ProxyRequest(server.Request):
     _body_seen = 0
     _raw_head: list[tuple[bytes, bytes]] | None = None
     _has_length = False
+    _trailer: bytes = b""
     exchange: _Exchange | None = None
 
     def set_raw_head(self, headers: list[tuple[bytes, bytes]], has_length: bool) -> None:
@@ -487,7 +540,14 @@ class ProxyRequest(server.Request):
         except BaseException:
             self.processingFailed(Failure())
 
+    def set_trailer(self, name: bytes, value: bytes) -> None:
+        """A trailer field sent after the last chunk (chunked responses only)."""
+        self._trailer += name + b": " + value + b"\r\n"
+
     def finish(self) -> None:
+        if self._trailer and self.chunked and not self.finished and not self._disconnected:
+            self.channel.write(b"0\r\n" + self._trailer + b"\r\n")
+            self.chunked = 0  # the last chunk is written
         self.exchange = None
         self.channel.site.metrics.count_status(self.code)
         super().finish()

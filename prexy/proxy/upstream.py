@@ -227,7 +227,7 @@ class UpstreamProtocol(Protocol):
         self._pending_body = []
         self._body_complete = False
         self._connect_seconds = connect_seconds
-        d: defer.Deferred[UpstreamResponse] = defer.Deferred(lambda _d: self.abort())
+        d: defer.Deferred[UpstreamResponse] = defer.Deferred(self._cancel_request)
         self._deferred = d
         lines = [method, b" ", target, b" HTTP/1.1\r\n"]
         for name, value in headers:
@@ -250,6 +250,11 @@ class UpstreamProtocol(Protocol):
             self.transport.write(head)
         self._start_timer(self._pool.timeouts.first_byte, "first byte")
         return d
+
+    def _cancel_request(self, d: defer.Deferred[UpstreamResponse]) -> None:
+        # Deferred.cancel errbacks d itself; just drop the connection.
+        self._deferred = None
+        self.abort()
 
     def _stream_request_body(self, body: IO[bytes]) -> None:
         from twisted.protocols.basic import FileSender

@@ -1,0 +1,117 @@
+"""A real HTTP origin for integration tests, served by twisted.web on loopback.
+
+Paths: ``/hello`` (12 bytes), ``/cookies`` (two Set-Cookie), ``/echo`` (the
+request head and body as JSON), ``/big?mb=N`` (N MiB streamed by a pull
+producer, counting what it produced), ``/chunked`` (chunked text),
+``/stall`` (never answers), ``/reset`` (half a body, then a reset),
+``/html`` (an HTML page for rewriting).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.interfaces import IPullProducer
+from twisted.web import resource, server
+from zope.interface import implementer
+
+HTML = (
+    b"<html><head><script>ga('create', 'UA-12345-1');</script></head>"
+    b"<body><a href='https://www.original-shop.example/x'>Original Shop</a></body></html>\n"
+)
+
+
+@implementer(IPullProducer)
+class Streamer:
+    PIECE = b"0123456789abcdef" * 4096  # 64 KiB
+
+    def __init__(self, origin: Origin, request: server.Request, size: int) -> None:
+        self.origin = origin
+        self.request = request
+        self.left = size
+
+    def resumeProducing(self) -> None:
+        if self.left <= 0:
+            return
+        piece = self.PIECE[: min(len(self.PIECE), self.left)]
+        self.left -= len(piece)
+        self.origin.produced += len(piece)
+        self.request.write(piece)
+        if self.left <= 0:
+            self.request.unregisterProducer()
+            self.request.finish()
+
+    def stopProducing(self) -> None:
+        self.left = 0
+
+
+class Origin(resource.Resource):
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.produced = 0
+        self.requests: list[server.Request] = []
+        self.lost: list[bytes] = []
+        self.peer_ports: list[int] = []
+
+    def render(self, request: server.Request) -> Any:
+        self.requests.append(request)
+        self.peer_ports.append(request.getClientAddress().port)
+        request.notifyFinish().addErrback(lambda _: self.lost.append(request.path))
+        path = request.path
+        if path == b"/hello":
+            request.setHeader(b"content-type", b"text/plain")
+            return b"hello world!"
+        if path == b"/html":
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"etag", b'"v1"')
+            request.setHeader(b"last-modified", b"Mon, 30 Nov 2026 00:00:00 GMT")
+            return HTML
+        if path == b"/cookies":
+            request.addCookie(b"a", b"1")
+            request.addCookie(b"b", b"2")
+            return b"cookies"
+        if path == b"/echo":
+            body = request.content.read()
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(
+                {
+                    "method": request.method.decode(),
+                    "uri": request.uri.decode(),
+                    "headers": [[n.decode(), v.decode()] for n, vs in request.requestHeaders.getAllRawHeaders() for v in vs],
+                    "body": body.decode("latin-1"),
+                }
+            ).encode()
+        if path == b"/big":
+            mb = float(request.args.get(b"mb", [b"1"])[0])
+            size = int(mb * 1024 * 1024)
+            request.setHeader(b"content-length", b"%d" % size)
+            request.setHeader(b"content-type", b"application/octet-stream")
+            request.registerProducer(Streamer(self, request, size), False)
+            return server.NOT_DONE_YET
+        if path == b"/chunked":
+            request.setHeader(b"content-type", b"text/plain")
+            request.write(b"first ")
+            request.write(b"second")
+            request.finish()
+            return server.NOT_DONE_YET
+        if path == b"/stall":
+            return server.NOT_DONE_YET
+        if path == b"/reset":
+            request.setHeader(b"content-length", b"1000")
+            request.write(b"x" * 400)
+            from twisted.internet import reactor
+
+            transport = request.channel.transport
+            reactor.callLater(0.05, transport.abortConnection)  # after the bytes left
+            return server.NOT_DONE_YET
+        request.setResponseCode(404)
+        return b"no such page\n"
+
+
+def origin_site(origin: Origin) -> server.Site:
+    site = server.Site(origin)
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return site

@@ -1,0 +1,139 @@
+"""Substitution inside the proxy: which responses are rewritten, what
+happens to their headers, and that the body streams through the transducer."""
+
+from __future__ import annotations
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.config import Config, SiteConfig, UpstreamURL
+from prexy.proxy.resource import _derived_etag
+from prexy.substitution import parse_rules
+
+from .support import Harness, header, parse_response, site_runtime
+from .test_proxy import request_head
+
+RULES = b"""
+replace_filter 'www\\.origin\\.example' 'www.clone.example' g;
+replace_filter '(UA-)\\d+-\\d+' '${1}99999-9' g;
+replace_filter_types text/html text/css;
+"""
+PAGE = b"<a href='https://www.origin.example/x'>x</a><script>ga('UA-123-4')</script>"
+REWRITTEN = b"<a href='https://www.clone.example/x'>x</a><script>ga('UA-99999-9')</script>"
+
+
+def harness(rules: bytes = RULES) -> Harness:
+    config = Config(
+        listen=("tcp:0",),
+        sites=(SiteConfig("s", UpstreamURL.parse("http://origin.test")),),
+        default_site="s",
+    )
+    return Harness(config, site_runtime(config, s={"rules": parse_rules(rules, "test.rules")}))
+
+
+def respond(h: Harness, head: bytes, body: bytes, request: bytes = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", pieces: int = 1):
+    _, client = h.send(request)
+    conn = h.conns[-1]
+    sent = conn.sent()
+    conn.reply(head + b"\r\n")
+    step = max(1, len(body) // pieces)
+    for i in range(0, len(body), step):
+        conn.reply(body[i : i + step])
+    return sent, client
+
+
+class RewriteTests(SynchronousTestCase):
+    def test_html_is_rewritten_and_chunked(self) -> None:
+        """A matching text/html body is rewritten even when it arrives split in
+        single bytes; Content-Length is dropped for chunked framing, and the
+        trailer reports the substitution time."""
+        h = harness()
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n" % len(PAGE),
+            PAGE,
+            pieces=len(PAGE),
+        )
+        raw = client.value()
+        status, headers, body = parse_response(raw)
+        self.assertEqual((status, body), (200, REWRITTEN))
+        self.assertEqual(header(headers, b"content-length"), [])
+        self.assertEqual(header(headers, b"transfer-encoding"), [b"chunked"])
+        self.assertEqual(header(headers, b"trailer"), [b"Server-Timing"])
+        self.assertRegex(raw, rb"0\r\nServer-Timing: rewrite;dur=[\d.]+\r\n\r\n$")
+        self.assertEqual(h.pool.idle_connections(), 1)
+
+    def test_identity_encoding_requested(self) -> None:
+        """A rewriting site asks upstream for an uncompressed body."""
+        h = harness()
+        sent, _ = respond(
+            h, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n", b"",
+            request=b"GET / HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip, br\r\n\r\n",
+        )
+        _, headers = request_head(sent)
+        self.assertEqual(headers[b"accept-encoding"], [b"identity"])
+
+    def test_other_types_pass_with_length(self) -> None:
+        """An image is not rewritten and keeps its Content-Length."""
+        h = harness()
+        body = b"www.origin.example UA-1-2"
+        _, client = respond(h, b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: %d\r\n" % len(body), body)
+        status, headers, out = parse_response(client.value())
+        self.assertEqual(out, body)
+        self.assertEqual(header(headers, b"content-length"), [b"%d" % len(body)])
+
+    def test_validators(self) -> None:
+        """Last-Modified is cleared, a strong ETag becomes a derived one that
+        carries the rule set's hash, and a conditional request with it is sent
+        upstream with the upstream's own tag (so a 304 can come back)."""
+        h = harness()
+        ruleset = h.runtime.default.rules
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: \"abc\"\r\n"
+            b"Last-Modified: Mon, 30 Nov 2026 00:00:00 GMT\r\nContent-Length: %d\r\n" % len(PAGE),
+            PAGE,
+        )
+        _, headers, _ = parse_response(client.value())
+        derived = _derived_etag(b'"abc"', ruleset.digest)
+        self.assertEqual(header(headers, b"etag"), [derived])
+        self.assertNotEqual(derived, b'"abc"')
+        self.assertEqual(header(headers, b"last-modified"), [])
+        sent, client = respond(
+            h, b"HTTP/1.1 304 Not Modified\r\nETag: \"abc\"\r\n", b"",
+            request=b"GET / HTTP/1.1\r\nHost: x\r\nIf-None-Match: " + derived + b', "other"\r\n\r\n',
+        )
+        _, req_headers = request_head(sent)
+        self.assertEqual(req_headers[b"if-none-match"], [b'"abc", "other"'])
+        status, headers, _ = parse_response(client.value())
+        self.assertEqual(status, 304)
+
+    def test_keep_last_modified(self) -> None:
+        """replace_filter_last_modified keep keeps Last-Modified."""
+        h = harness(RULES + b"replace_filter_last_modified keep;\n")
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nLast-Modified: Mon, 30 Nov 2026 00:00:00 GMT\r\n"
+            b"Content-Length: %d\r\n" % len(PAGE),
+            PAGE,
+        )
+        _, headers, _ = parse_response(client.value())
+        self.assertEqual(header(headers, b"last-modified"), [b"Mon, 30 Nov 2026 00:00:00 GMT"])
+
+    def test_head_gets_the_get_head(self) -> None:
+        """HEAD of a rewritable page shows no Content-Length (a GET's body
+        length would differ) and the derived ETag."""
+        h = harness()
+        _, client = respond(
+            h, b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: \"abc\"\r\nContent-Length: 500\r\n", b"",
+            request=b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        raw = client.value()
+        self.assertNotIn(b"Content-Length", raw)
+        self.assertIn(b"-px", raw)
+        self.assertTrue(raw.endswith(b"\r\n\r\n"))
+
+    def test_empty_body_not_rewritten(self) -> None:
+        """Content-Length: 0 responses are left alone (as the module does)."""
+        h = harness()
+        _, client = respond(h, b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 0\r\n", b"")
+        self.assertIn(b"Content-Length: 0\r\n", client.value())
