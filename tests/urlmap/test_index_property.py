@@ -1,0 +1,143 @@
+"""Property tests: the index answers exactly like a naive nginx-order walk, and the
+PCRE translation means what Python's ``re`` means on their common syntax."""
+
+from __future__ import annotations
+
+import re
+
+import regex
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prexy.urlmap import parse_map
+from prexy.urlmap.index import REGEX_FLAGS
+from prexy.urlmap.pcre import ascii_lower, translate
+
+ALPHABET = "abAB/.?1"
+TAILS = ["", "$", r"\b", r"(\?[^/]*)*/?$", r"(\w*)", "[ab]", "(b|a)", ".*1", "/?$", "(A)?b+", "(?=a)"]
+
+
+def _lit(text: str) -> str:
+    """A literal written as PCRE (metacharacters escaped)."""
+    return "".join("\\" + c if c in ".?" else c for c in text)
+
+
+literals = st.text(alphabet=ALPHABET, min_size=1, max_size=5)
+
+
+@st.composite
+def regex_sources(draw: st.DrawFn) -> str:
+    """A map regex (with its ``~``/``~*``) of one of the shapes the index handles differently."""
+    lit = _lit(draw(literals))
+    tail = draw(st.sampled_from(TAILS))
+    shape = draw(st.sampled_from(["prefix", "prefix", "free", "group", "opaque", "alt", "class"]))
+    if shape == "prefix":
+        body = "^" + lit + tail
+    elif shape == "free":
+        body = lit + tail
+    elif shape == "group":
+        body = "^(" + lit + ")" + tail
+    elif shape == "opaque":
+        body = "(?i)" + lit + tail
+    elif shape == "alt":
+        body = "^" + lit + "|" + _lit(draw(literals))
+    else:
+        body = "[ab]" + tail
+    return ("~*" if draw(st.booleans()) else "~") + body
+
+
+entries = st.lists(
+    st.one_of(
+        st.tuples(st.just("exact"), literals),
+        st.tuples(st.just("regex"), regex_sources()),
+    ),
+    max_size=25,
+)
+
+
+def _naive(spec: list[tuple[str, str, str]], default: str, key: str) -> str:
+    """nginx's algorithm done the slow way: exact keys, then every regex in file order."""
+    for kind, source, value in spec:
+        if kind == "exact" and ascii_lower(source) == ascii_lower(key):
+            return value
+    if key:
+        for kind, source, value in spec:
+            if kind != "regex":
+                continue
+            caseless = source.startswith("~*")
+            body = source[2:] if caseless else source[1:]
+            flags = REGEX_FLAGS | (regex.IGNORECASE if caseless else 0)
+            m = regex.compile(translate(body, caseless).pattern, flags).search(key)
+            if m is not None:
+                group = m.group(1) if m.re.groups >= 1 else None
+                return value.replace("$1", group or "")
+    return default
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=entries, keys=st.lists(st.text(alphabet=ALPHABET, max_size=9), min_size=1, max_size=8))
+def test_index_agrees_with_linear_walk(entries: list[tuple[str, str]], keys: list[str]) -> None:
+    """For random maps of prefix, literal, grouped, unindexable and caseless regexes and
+    exact keys, every lookup equals the naive first-match-in-file-order walk."""
+    spec: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    lines = ["default none;"]
+    for i, (kind, source) in enumerate(entries):
+        if kind == "exact":
+            if ascii_lower(source) in seen:
+                continue
+            seen.add(ascii_lower(source))
+        value = f"v{i}:$1" if kind == "regex" else f"v{i}"
+        spec.append((kind, source, value))
+        lines.append(f'"{source}" "{value}";')
+    urlmap = parse_map("\n".join(lines))
+    derived = [e[1].lstrip("~*^(") + k for e in entries[:3] for k in keys[:2]]
+    for key in keys + derived:
+        assert urlmap.lookup(key) == _naive(spec, "none", key), key
+
+
+# -- the translation against Python's re on syntax both read the same way ---------
+
+atoms = st.one_of(
+    st.sampled_from(["a", "b", "/", r"\.", ".", "[ab]", "[^a]", r"\d", r"\w", r"\b", "1"]),
+)
+
+
+@st.composite
+def simple_patterns(draw: st.DrawFn, depth: int = 0) -> str:
+    """Patterns in the PCRE subset Python's ``re`` reads identically."""
+    parts: list[str] = []
+    for _ in range(draw(st.integers(1, 4))):
+        if depth < 2 and draw(st.integers(0, 5)) == 0:
+            inner = [draw(simple_patterns(depth + 1)) for _ in range(draw(st.integers(1, 2)))]
+            atom = "(" + "|".join(inner) + ")"
+        else:
+            atom = draw(atoms)
+        if atom != r"\b":
+            atom += draw(st.sampled_from(["", "", "*", "+", "?", "{1,2}", "*?"]))
+        parts.append(atom)
+    pattern = "".join(parts)
+    if depth == 0:
+        pattern = draw(st.sampled_from(["", "^"])) + pattern + draw(st.sampled_from(["", "$"]))
+    return pattern
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=simple_patterns(),
+    caseless=st.booleans(),
+    subjects=st.lists(st.text(alphabet="abAB/.1_ \n", max_size=8), min_size=1, max_size=6),
+)
+def test_translation_matches_re_semantics(pattern: str, caseless: bool, subjects: list[str]) -> None:
+    """On the syntax PCRE and Python share, the translated pattern finds the same
+    match (span and groups) as the original compiled by ``re`` with ASCII rules."""
+    reference = re.compile(pattern, re.ASCII | (re.IGNORECASE if caseless else 0))
+    flags = REGEX_FLAGS | (regex.IGNORECASE if caseless else 0)
+    translated = regex.compile(translate(pattern, caseless).pattern, flags)
+    for subject in subjects:
+        want = reference.search(subject)
+        got = translated.search(subject)
+        assert (want is None) == (got is None), (pattern, subject)
+        if want is not None and got is not None:
+            assert want.span() == got.span()
+            assert want.groups() == got.groups()
