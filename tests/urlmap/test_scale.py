@@ -120,4 +120,4 @@ def test_unindexable_regexes_stay_candidates(monkeypatch: pytest.MonkeyPatch) ->
     # unindexed one, confirmed in file order: 5 of 1,002
     assert calls == ["~^/p/9$", "~\\d{5}", "~^/p/99$", "~^/p/(\\d+)7$", "~^/p/999$"]
     assert urlmap.lookup("/p/12345") == "/five"
-    assert urlmap.lookup("/p/17") == "/seven/1"
+    assert urlmap.lookup("/p/1007") == "/seven/100"
