@@ -22,10 +22,13 @@ from prexy.config import Config, MapConfig, SiteConfig, UpstreamURL
 
 log = Logger()
 
-ORIGIN = "tcp:8081:interface=127.0.0.1"
-ORIGIN_URL = "http://127.0.0.1:8081"
-PROXY = "tcp:8080:interface=127.0.0.1"
-ADMIN = "tcp:8082:interface=127.0.0.1"
+#: Ports: Prexy on BASE, the origin on BASE+1, admin on BASE+2 (BASE from
+#: the PREXY_DEMO_PORT environment variable, 8080 by default).
+BASE = int(os.environ.get("PREXY_DEMO_PORT", "8080"))
+ORIGIN = f"tcp:{BASE + 1}:interface=127.0.0.1"
+ORIGIN_URL = f"http://127.0.0.1:{BASE + 1}"
+PROXY = f"tcp:{BASE}:interface=127.0.0.1"
+ADMIN = f"tcp:{BASE + 2}:interface=127.0.0.1"
 FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_files")
 
 _PAGE = """<!DOCTYPE html>
@@ -59,7 +62,7 @@ CSS = b"body { font-family: sans-serif; background: url(https://www.original-sho
 
 @implementer(IPullProducer)
 class _LargeBody:
-    """Streams ``size`` bytes of HTML one piece per resumeProducing call."""
+    """Streams ``size`` bytes of HTML, one piece per resumeProducing call."""
 
     PIECE = (
         b'<p>Line of a large page at <a href="https://www.original-shop.example/p">'
@@ -133,15 +136,16 @@ class DemoService(service.MultiService):
         self.reactor.callWhenRunning(self._banner)
 
     def _banner(self) -> None:
+        p, o, a = BASE, BASE + 1, BASE + 2
         log.info(
             "\n"
             "  Prexy demo is running.\n"
-            "    origin (as is):      http://127.0.0.1:8081/\n"
-            "    through Prexy:       http://127.0.0.1:8080/            (domain and analytics id rewritten)\n"
-            "    old URL redirected:  http://127.0.0.1:8080/blog/2024/summer-sale\n"
-            "    large streamed body: http://127.0.0.1:8080/large?mb=64\n"
-            "    admin:               http://127.0.0.1:8082/metrics\n"
-            "  Try: curl -si http://127.0.0.1:8080/ | head -20\n"
+            f"    origin (as is):      http://127.0.0.1:{o}/\n"
+            f"    through Prexy:       http://127.0.0.1:{p}/            (domain and analytics id rewritten)\n"
+            f"    old URL redirected:  http://127.0.0.1:{p}/blog/2024/summer-sale\n"
+            f"    large streamed body: http://127.0.0.1:{p}/large?mb=64\n"
+            f"    admin:               http://127.0.0.1:{a}/metrics\n"
+            f"  Try: curl -si http://127.0.0.1:{p}/ | head -20\n"
         )
 
 

@@ -22,6 +22,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
+from prexy.codec import DECODABLE, Decoder, DecodeError, GzipEncoder, accepts_gzip
 from prexy.metrics import Metrics
 from prexy.proxy.headers import VIA, append_forwarded_for, append_via, end_to_end
 from prexy.proxy.upstream import (
@@ -208,6 +209,8 @@ class _Exchange:
         self.pending: Any = None
         self.response: UpstreamResponse | None = None
         self.transducer: Any = None
+        self.decoder: Decoder | None = None
+        self.encoder: GzipEncoder | None = None
         self.client_gone_flag = False
         self.done = False
         self.producer_registered = False
@@ -226,16 +229,30 @@ class _Exchange:
         headers = end_to_end(response.headers, _RESPONSE_DROP)
         rules = self.site.rules
         rewrite = False
+        coding = None
         if rules is not None and response.length != 0 and response.code not in (204, 304):
             ctype = _header(headers, b"content-type")
             encoding = _header(headers, b"content-encoding")
-            if encoding is None or encoding.lower() == b"identity":
+            if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+                coding = encoding.strip().lower()
+            if coding is None or coding in DECODABLE:
                 rewrite = rules.applies_to((ctype or b"").decode("latin-1"))
         has_length = False
         if rewrite:
             # HEAD gets the same head a GET would: no length, derived validators.
             if request.method != b"HEAD":
                 self.transducer = rules.new_transducer()
+            if coding is not None:
+                # Compressed despite Accept-Encoding: identity. Decode, rewrite,
+                # and compress again only for clients that take gzip.
+                self.decoder = Decoder(coding)
+                headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
+                if accepts_gzip(request.requestHeaders.getRawHeaders(b"accept-encoding")):
+                    self.encoder = GzipEncoder()
+                    headers.append((b"Content-Encoding", b"gzip"))
+                vary = [v for n, v in headers if n.lower() == b"vary"]
+                if not any(b"accept-encoding" in v.lower() or b"*" in v for v in vary):
+                    headers.append((b"Vary", b"Accept-Encoding"))
             if not rules.keep_last_modified:
                 headers = [(n, v) for n, v in headers if n.lower() != b"last-modified"]
             headers = [
@@ -279,12 +296,20 @@ class _Exchange:
             self.request.write(data)
             return
         try:
+            if self.decoder is not None:
+                data = self.decoder.feed(data)
             if len(data) <= _FEED_SLICE:
                 out = transducer.feed(data)
             else:
                 out = b"".join(
                     transducer.feed(data[i : i + _FEED_SLICE]) for i in range(0, len(data), _FEED_SLICE)
                 )
+            if self.encoder is not None:
+                out = self.encoder.feed(out)
+        except DecodeError as exc:
+            log.warn("{uri}: {error}; resetting client connection", uri=self.request.uri.decode("latin-1"), error=str(exc))
+            self.abort_client()
+            return
         except Exception:
             log.failure("substitution failed; aborting the response")
             self.abort_client()
@@ -300,7 +325,16 @@ class _Exchange:
         transducer = self.transducer
         if transducer is not None:
             try:
-                tail = transducer.finish()
+                tail = b""
+                if self.decoder is not None:
+                    tail = transducer.feed(self.decoder.finish())
+                tail += transducer.finish()
+                if self.encoder is not None:
+                    tail = self.encoder.feed(tail) + self.encoder.finish()
+            except DecodeError as exc:
+                log.warn("{uri}: {error}; resetting client connection", uri=request.uri.decode("latin-1"), error=str(exc))
+                self.abort_client()
+                return
             except Exception:
                 log.failure("substitution failed at end of body; aborting the response")
                 self.abort_client()

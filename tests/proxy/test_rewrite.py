@@ -137,3 +137,74 @@ class RewriteTests(SynchronousTestCase):
         h = harness()
         _, client = respond(h, b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 0\r\n", b"")
         self.assertIn(b"Content-Length: 0\r\n", client.value())
+
+
+class CompressedUpstreamTests(SynchronousTestCase):
+    """Compressed bodies are decoded before the rules, never rewritten raw."""
+
+    def _gzip(self, data: bytes) -> bytes:
+        import gzip
+
+        return gzip.compress(data)
+
+    def test_gzip_decoded_rewritten_and_recompressed(self) -> None:
+        """A gzip body is rewritten and sent gzip to a client that accepts it,
+        with Vary: Accept-Encoding."""
+        import gzip
+
+        h = harness()
+        body = self._gzip(PAGE * 50)
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n" % len(body),
+            body,
+            request=b"GET / HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n",
+            pieces=7,
+        )
+        status, headers, out = parse_response(client.value())
+        self.assertEqual(header(headers, b"content-encoding"), [b"gzip"])
+        self.assertEqual(header(headers, b"vary"), [b"Accept-Encoding"])
+        self.assertEqual(gzip.decompress(out), REWRITTEN * 50)
+
+    def test_deflate_decoded_for_identity_client(self) -> None:
+        """A deflate body goes out rewritten and uncompressed to a client that
+        did not ask for compression (raw deflate is accepted too)."""
+        import zlib
+
+        for wbits in (zlib.MAX_WBITS, -zlib.MAX_WBITS):
+            c = zlib.compressobj(6, zlib.DEFLATED, wbits)
+            body = c.compress(PAGE) + c.flush()
+            h = harness()
+            _, client = respond(
+                h,
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n" % len(body),
+                body,
+            )
+            status, headers, out = parse_response(client.value())
+            self.assertEqual(header(headers, b"content-encoding"), [])
+            self.assertEqual(out, REWRITTEN)
+
+    def test_unknown_coding_passes_unchanged(self) -> None:
+        """A coding we cannot decode (br) passes through untouched, with its
+        length: compressed bytes never reach the transducer."""
+        h = harness()
+        body = b"\x8b\x00www.origin.example"
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: br\r\nContent-Length: %d\r\n" % len(body),
+            body,
+        )
+        status, headers, out = parse_response(client.value())
+        self.assertEqual(out, body)
+        self.assertEqual(header(headers, b"content-encoding"), [b"br"])
+
+    def test_corrupt_gzip_resets_client(self) -> None:
+        """A corrupt compressed body ends in a reset, not a clean end."""
+        h = harness()
+        body = b"\x1f\x8b\x08\x00garbage-not-gzip-at-all"
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n" % len(body),
+            body,
+        )
+        self.assertTrue(client.aborted)

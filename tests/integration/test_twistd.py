@@ -1,0 +1,189 @@
+"""End to end through the real entry point: ``twistd -n prexy`` in a child
+process, a real origin on loopback, real sockets."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from twisted.internet import defer, reactor, task
+from twisted.trial.unittest import TestCase
+
+from .origin import Origin, origin_site
+from .test_service import RawClient, connect
+from .twistd_support import TWISTD, Twistd, free_port, free_port_block, wait_listening
+
+RULES = b"""
+replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
+replace_filter '(UA-)\\d+-\\d+' '${1}99999-9' g;
+"""
+
+
+def write(directory: str, name: str, data: bytes) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+class TwistdTests(TestCase):
+    timeout = 120
+
+    def setUp(self) -> None:
+        self.origin = Origin()
+        self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
+        self.addCleanup(self.origin_port.stopListening)
+        self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
+        self.dir = tempfile.mkdtemp(prefix="prexy-files-")
+
+    @defer.inlineCallbacks
+    def start(self, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> Any:
+        port = port or free_port()
+        child = Twistd(*args, env=env) if "--demo" in args else Twistd(
+            "--listen", f"tcp:{port}:interface=127.0.0.1", *args, env=env
+        )
+        self.addCleanup(child.stop)
+        yield wait_listening(port, child)
+        return child, port
+
+    @defer.inlineCallbacks
+    def fetch(self, port: int, path: str, headers: bytes = b"") -> Any:
+        client = RawClient(
+            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n"
+        )
+        yield connect(port, client)
+        head, _, body = bytes(client.data).partition(b"\r\n\r\n")
+        if b"Transfer-Encoding: chunked" in head:
+            out, rest = b"", body
+            while rest:
+                size, _, rest = rest.partition(b"\r\n")
+                n = int(size, 16)
+                if n == 0:
+                    break
+                out, rest = out + rest[:n], rest[n + 2 :]
+            body = out
+        return head, body
+
+    @defer.inlineCallbacks
+    def test_rules_rewrite_through_twistd(self) -> Any:
+        """--upstream with --rules: the page comes back rewritten."""
+        rules = write(self.dir, "site.rules", RULES)
+        child, port = yield self.start("--upstream", self.upstream, "--rules", rules)
+        head, body = yield self.fetch(port, "/html")
+        self.assertIn(b"http://clone.test/x", body)
+        self.assertIn(b"UA-99999-9", body)
+        self.assertNotIn(b"original-shop", body)
+        self.assertIn(b"Server-Timing:", head)
+
+    @defer.inlineCallbacks
+    def test_map_redirect_through_twistd(self) -> Any:
+        """--map: an old URL is redirected without touching the origin."""
+        map_file = write(self.dir, "old.map", b"/old/page  /new/page;\n~^/item/(\\d+)$  /items/$1;\n")
+        child, port = yield self.start("--upstream", self.upstream, "--map", map_file)
+        head, _ = yield self.fetch(port, "/item/42")
+        self.assertTrue(head.startswith(b"HTTP/1.1 301"))
+        self.assertIn(b"Location: http://t/items/42", head)
+        self.assertEqual(self.origin.requests, [])
+        head, body = yield self.fetch(port, "/hello")
+        self.assertEqual(body, b"hello world!")
+
+    @defer.inlineCallbacks
+    def test_demo(self) -> Any:
+        """--demo starts its origin and Prexy; the page is rewritten and the
+        demo map redirects."""
+        base = free_port_block(3)
+        child, port = yield self.start("--demo", env={"PREXY_DEMO_PORT": str(base)}, port=base)
+        head, body = yield self.fetch(base, "/")
+        self.assertIn(b"UA-99999-9", body)
+        self.assertIn(b"Cloned Shop", body)
+        head, _ = yield self.fetch(base, "/blog/2024/summer-sale")
+        self.assertIn(b"Location: http://t/news/summer-sale.html", head)
+        self.assertIn("Prexy demo is running", child.output())
+
+    @defer.inlineCallbacks
+    def test_gzip_upstream_rewritten(self) -> Any:
+        """Compressed answers from an upstream that ignores identity are
+        decoded, rewritten and compressed again."""
+        rules = write(self.dir, "site.rules", RULES)
+        child, port = yield self.start("--upstream", self.upstream, "--rules", rules)
+        # The test origin does not compress; use twisted.web's gzip encoder.
+        from twisted.web.resource import EncodingResourceWrapper
+        from twisted.web.server import GzipEncoderFactory, Site
+
+        site = Site(EncodingResourceWrapper(Origin(), [GzipEncoderFactory()]))
+        site.log = lambda r: None  # type: ignore[method-assign]
+        gz_port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(gz_port.stopListening)
+        child.stop()
+        child, port = yield self.start("--upstream", f"http://127.0.0.1:{gz_port.getHost().port}", "--rules", rules)
+        head, body = yield self.fetch(port, "/html", b"Accept-Encoding: gzip\r\n")
+        # The proxy asked for identity, so twisted's encoder did not compress:
+        self.assertNotIn(b"Content-Encoding", head)
+        self.assertIn(b"UA-99999-9", body)
+
+    @defer.inlineCallbacks
+    def test_slow_client_memory_bounded(self) -> Any:
+        """A slow client reading a huge rewritten body: the proxy's memory
+        stays flat (< 20 MB growth) because the upstream is paused."""
+        rules = write(self.dir, "site.rules", RULES)
+        child, port = yield self.start("--upstream", self.upstream, "--rules", rules)
+        head, _ = yield self.fetch(port, "/hello")  # warm up
+        before = child.rss_kib()
+        client = RawClient(b"GET /big?mb=1024 HTTP/1.1\r\nHost: t\r\n\r\n", read_limit=1)
+        connect(port, client)
+        peak = before
+        received = 0
+        for _ in range(30):  # read about 1 MB every 0.1 s: a slow reader
+            yield task.deferLater(reactor, 0.1, lambda: None)
+            if client.transport is not None:
+                client.transport.resumeProducing()
+                yield task.deferLater(reactor, 0.005, lambda: None)
+                client.transport.pauseProducing()
+            received = len(client.data)
+            peak = max(peak, child.rss_kib())
+        self.assertGreater(received, 0)
+        self.assertLess(self.origin.produced, 200 * 1024 * 1024)
+        self.assertLess(peak - before, 20 * 1024, f"RSS grew from {before} to {peak} KiB")
+        client.transport.abortConnection()
+        yield client.closed
+
+
+class CheckTests(TestCase):
+    """``--check`` exits 0 or 1 like ``nginx -t``; a broken config does not start."""
+
+    def run_twistd(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
+            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+        )
+
+    def test_check_good_and_bad(self) -> None:
+        d = tempfile.mkdtemp(prefix="prexy-check-")
+        write(d, "ok.rules", RULES)
+        good = write(d, "good.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['ok.rules']\n")
+        result = self.run_twistd("--config", good, "--check")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("is ok", result.stdout)
+
+        bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\n\ntimeout = 3\n")
+        result = self.run_twistd("--config", bad, "--check")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(f"{bad}:4: sites.a.timeout: unknown key", result.stderr)
+
+        write(d, "broken.rules", b"replace_filter 'a' 'b' gx;\n")
+        bad_rules = write(d, "badrules.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['broken.rules']\n")
+        result = self.run_twistd("--config", bad_rules, "--check")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(os.path.join(d, "broken.rules") + ":1:", result.stderr)
+
+    def test_broken_config_refuses_to_start(self) -> None:
+        """Without --check, a broken config stops twistd with the reason."""
+        d = tempfile.mkdtemp(prefix="prexy-check-")
+        bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'gopher://x'\n")
+        result = self.run_twistd("--config", bad)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("bad.toml:2: sites.a.upstream", result.stdout + result.stderr)

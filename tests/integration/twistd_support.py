@@ -1,0 +1,114 @@
+"""Run ``twistd -n prexy ...`` as a child process for end-to-end tests.
+
+The child is started with the interpreter running the tests, so it sees the
+same installed Prexy; its output goes to a file that tests read; it is
+always terminated at cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from twisted.internet import defer, reactor, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.protocol import Factory, Protocol
+
+TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(n: int = 1) -> int:
+    """A base port with ``n`` consecutive bindable ports, below the ephemeral
+    range (a port that an outgoing connection used recently, even in
+    TIME-WAIT, can refuse a listener)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        if all(_bindable(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def free_port() -> int:
+    return free_port_block(1)
+
+
+class Twistd:
+    """One ``twistd -n prexy`` child process."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.dir = tempfile.mkdtemp(prefix="prexy-test-")
+        self.log_path = os.path.join(self.dir, "out.log")
+        self._log = open(self.log_path, "wb")
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
+            cwd=self.dir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+        )
+
+    def output(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    @defer.inlineCallbacks
+    def wait_exit(self, seconds: float = 20) -> Any:
+        for _ in range(int(seconds / 0.05)):
+            if self.process.poll() is not None:
+                return self.process.returncode
+            yield task.deferLater(reactor, 0.05, lambda: None)
+        raise AssertionError(f"twistd did not exit; output:\n{self.output()}")
+
+
+@defer.inlineCallbacks
+def wait_listening(port: int, child: Twistd, seconds: float = 20) -> Any:
+    """Wait until something accepts on 127.0.0.1:port (or the child died)."""
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=1)
+    for _ in range(int(seconds / 0.1)):
+        if child.process.poll() is not None:
+            raise AssertionError(f"twistd exited {child.process.returncode}:\n{child.output()}")
+        try:
+            proto = yield endpoint.connect(Factory.forProtocol(Protocol))
+        except Exception:
+            yield task.deferLater(reactor, 0.1, lambda: None)
+            continue
+        proto.transport.loseConnection()
+        return None
+    raise AssertionError(f"nothing listens on {port}; output:\n{child.output()}")
