@@ -68,14 +68,15 @@ class MapLookup:
 class RegexEntry:
     """One ``~`` / ``~*`` entry, in file order.
 
-    ``rest`` (shared) and ``split`` are set when the regex is ``^`` + a plain
-    literal + a rest shared with other entries; otherwise ``pattern`` is
-    compiled on first use into ``compiled``.
+    ``rest`` (shared) and ``literal`` (lower-cased for ``~*``) are set when
+    the regex is ``^`` + a plain literal + a rest shared with other entries:
+    it matches when the key starts with the literal and the rest matches
+    from there; otherwise ``pattern`` is compiled on first use.
     """
 
     __slots__ = (
         "order", "source", "filename", "line", "caseless", "value",
-        "pattern", "compiled", "rest", "split",
+        "pattern", "compiled", "rest", "split", "literal",
     )
 
     def __init__(
@@ -88,7 +89,7 @@ class RegexEntry:
         value: Value,
         pattern: str | None,
         rest: Any,
-        split: int,
+        literal: str,
     ) -> None:
         self.order = order
         self.source = source
@@ -99,12 +100,19 @@ class RegexEntry:
         self.pattern = pattern
         self.compiled: Any = None
         self.rest = rest
-        self.split = split
+        self.literal = literal
+        self.split = len(literal)
 
     def search(self, key: str) -> Any:
         """The regex match on ``key``, or ``None``."""
         rest = self.rest
         if rest is not None:
+            literal = self.literal
+            if self.caseless:
+                if ascii_lower(key[:self.split]) != literal:
+                    return None
+            elif not key.startswith(literal):
+                return None
             return rest.match(key, self.split)
         compiled = self.compiled
         if compiled is None:
@@ -114,6 +122,8 @@ class RegexEntry:
 
 
 _GRAM = 4
+_CROWDED = 8  # prefix bucket size above which entries move to the piece index
+_MIN_SECONDARY = 3  # shortest other literal worth moving for
 
 
 class _PrefixIndex:
@@ -199,17 +209,18 @@ class UrlMap:
         head_star: dict[str, Value],
         tail: dict[str, Value],
         regexes: list[RegexEntry],
-        index_keys: list[tuple[int, str]],
+        index_keys: list[tuple[str, str]],
         hostnames: bool,
         default: Value,
         source_files: Iterable[SourceFile],
         captures: frozenset[str],
         variables: frozenset[str],
     ) -> None:
-        """Build the index; ``index_keys[i]`` says how regex ``i`` is indexed.
+        """Build the index; ``index_keys[i]`` says how regex ``i`` can be indexed.
 
-        Each is ``(how, literal)`` with ``how`` 0 = by prefix, 1 = by a
-        required literal, 2 = not indexed (always a candidate).
+        Each is ``(anchored, literal)``: the literal every match starts with
+        (or ``""``) and another literal every match contains (or ``""``);
+        a regex with neither is a candidate for every key.
         """
         set_ = object.__setattr__
         set_(self, "_exact", exact)
@@ -226,16 +237,32 @@ class UrlMap:
         prefix: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
         grams: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
         always: list[int] = []
-        for i, (how, literal) in enumerate(index_keys):
-            ci = 1 if regexes[i].caseless else 0
-            if how == 0:
-                bucket = prefix[ci].get(literal)
+        for i, (anchored, _other) in enumerate(index_keys):
+            if anchored:
+                table = prefix[1 if regexes[i].caseless else 0]
+                bucket = table.get(anchored)
                 if bucket is None:
-                    prefix[ci][literal] = [i]
+                    table[anchored] = [i]
                 else:
                     bucket.append(i)
-            elif how == 1:
-                table = grams[ci]
+        # a crowded prefix (many regexes like ^/item/(\d+)-slug) would be a
+        # linear walk: move those with another literal to the piece index
+        moved: set[int] = set()
+        for table in prefix:
+            for anchored, bucket in list(table.items()):
+                if len(bucket) <= _CROWDED:
+                    continue
+                keep = [i for i in bucket if len(index_keys[i][1]) < _MIN_SECONDARY]
+                moved.update(i for i in bucket if len(index_keys[i][1]) >= _MIN_SECONDARY)
+                if keep:
+                    table[anchored] = keep
+                else:
+                    del table[anchored]
+        for i, (anchored, literal) in enumerate(index_keys):
+            if anchored and i not in moved:
+                continue
+            if literal:
+                table = grams[1 if regexes[i].caseless else 0]
                 piece = _choose_piece(literal, table)
                 bucket = table.get(piece)
                 if bucket is None:

@@ -70,7 +70,7 @@ class _Builder:
         self.head_star: dict[str, Value] = {}
         self.tail: dict[str, Value] = {}
         self.regexes: list[RegexEntry] = []
-        self.index_keys: list[tuple[int, str]] = []
+        self.index_keys: list[tuple[str, str]] = []
         self.sources: list[SourceFile] = []
         self.values: dict[str, Value] = {}
         self.skeletons: dict[tuple[str, bool], str] = {}  # skeleton -> "" or error
@@ -183,6 +183,10 @@ class _Builder:
     def add_regex(self, source: str, value: Value, filename: str, line: int) -> None:
         caseless = source.startswith("~*")
         pattern = source[2:] if caseless else source[1:]
+        if pattern.startswith("(?i)"):
+            # a leading (?i) is the caseless option for the whole pattern
+            caseless = True
+            pattern = pattern[4:]
         try:
             tr = translate(pattern, caseless, self.tail_cache)
         except RegexSyntaxError as exc:
@@ -192,7 +196,7 @@ class _Builder:
         self.captures.update(tr.group_names)
         order = len(self.regexes)
         rest = None
-        split = 0
+        literal = ""
         if tr.split is not None:
             rest_text = tr.pattern[tr.split:]
             rest_key = (rest_text, caseless)
@@ -206,18 +210,14 @@ class _Builder:
             if rest is False:
                 rest = None
             else:
-                split = len(tr.split_literal)
+                # share the string object with the prefix index key when equal
+                literal = tr.anchored if tr.anchored == tr.split_literal else tr.split_literal
         entry = RegexEntry(
             order, source, filename, line, caseless, value,
-            None if rest is not None else tr.pattern, rest, split,
+            None if rest is not None else tr.pattern, rest, literal,
         )
         self.regexes.append(entry)
-        if tr.anchored:
-            self.index_keys.append((0, tr.anchored))
-        elif tr.required:
-            self.index_keys.append((1, tr.required))
-        else:
-            self.index_keys.append((2, ""))
+        self.index_keys.append((tr.anchored, tr.secondary if tr.anchored else tr.required))
 
     def validate(
         self, pattern: str, skeleton: str | None, flags: int, caseless: bool,

@@ -18,7 +18,8 @@ Alongside the pattern it produces what the index needs:
 * ``split``: when that literal is written plainly right after ``^``, the
   offset in the translated pattern where the rest begins, so maps whose
   regexes differ only in that literal share one compiled "rest";
-* ``required``: the longest literal any match must contain;
+* ``required``: the longest literal any match must contain, and
+  ``secondary`` the longest one outside the anchored literal;
 * ``skeleton``: the translated pattern with each run of literal characters
   collapsed to one ``a``; it compiles exactly when the pattern does, so
   100,000 regexes of a few shapes are validated with a few compilations.
@@ -65,6 +66,7 @@ class Translated(NamedTuple):
     split: int | None
     split_literal: str
     required: str
+    secondary: str = ""
 
 
 _LIT, _ZERO, _BREAK = 0, 1, 2
@@ -933,6 +935,7 @@ class _TailFacts:
             split=1 + len(escaped) + self.lead_out,
             split_literal=folded + self.lead_text,
             required=required,
+            secondary=self.best_rest,
         )
 
 
@@ -978,6 +981,7 @@ def _finish(parsed: _Parsed, caseless: bool) -> Translated:
     split: int | None = None
     split_literal = ""
     required = ""
+    secondary = ""
     if not parsed.opaque and not parsed.top_alternation:
         # anchored literal: ^ at the very start, then literals (zero-width items skipped)
         if items and items[0][0] == _ZERO and items[0][1] in ("^", "A"):
@@ -985,7 +989,11 @@ def _finish(parsed: _Parsed, caseless: bool) -> Translated:
             textual = True
             text_chars: list[str] = []
             split_at = 0
+            lead_len = 0
             for kind, ch, _before, after, direct in items[1:]:
+                if kind == _BREAK:
+                    break
+                lead_len += 1
                 if kind == _LIT:
                     lit.append(ch)
                     if textual and direct:
@@ -993,14 +1001,14 @@ def _finish(parsed: _Parsed, caseless: bool) -> Translated:
                         split_at = after
                     else:
                         textual = False
-                elif kind == _ZERO:
-                    textual = False
                 else:
-                    break
+                    textual = False
             anchored = "".join(lit)
             if text_chars and items[0][2] == 0 and items[0][3] == 1:
                 split = sum(len(piece) for piece in parsed.out[:split_at])
                 split_literal = "".join(text_chars)
+            if anchored:
+                secondary = _longest_run(items[1 + lead_len:])
         required = _longest_run(items)
     return Translated(
         pattern="".join(parsed.out),
@@ -1010,4 +1018,5 @@ def _finish(parsed: _Parsed, caseless: bool) -> Translated:
         split=split,
         split_literal=split_literal,
         required=required,
+        secondary=secondary,
     )

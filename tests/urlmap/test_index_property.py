@@ -141,3 +141,20 @@ def test_translation_matches_re_semantics(pattern: str, caseless: bool, subjects
         if want is not None and got is not None:
             assert want.span() == got.span()
             assert want.groups() == got.groups()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    slugs=st.lists(st.text(alphabet="ab-1", min_size=0, max_size=5), min_size=9, max_size=40),
+    keys=st.lists(st.text(alphabet="ab-1", max_size=7), min_size=1, max_size=6),
+    caseless=st.booleans(),
+)
+def test_crowded_prefix_agrees_with_linear_walk(slugs: list[str], keys: list[str], caseless: bool) -> None:
+    """Many regexes sharing one prefix (moved to the piece index by their other literal,
+    or kept when they have none) still answer like the naive walk."""
+    tilde = "~*" if caseless else "~"
+    spec = [("regex", f"{tilde}^/p/(\\d+){slug}$", f"v{i}:$1") for i, slug in enumerate(slugs)]
+    urlmap = parse_map("default none;\n" + "\n".join(f'"{s}" "{v}";' for _k, s, v in spec))
+    for key in keys:
+        for candidate in (f"/p/12{key}", f"/P/7{key.upper()}", key):
+            assert urlmap.lookup(candidate) == _naive(spec, "none", candidate), candidate

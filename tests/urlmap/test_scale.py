@@ -121,3 +121,21 @@ def test_unindexable_regexes_stay_candidates(monkeypatch: pytest.MonkeyPatch) ->
     assert calls == ["~^/p/9$", "~\\d{5}", "~^/p/99$", "~^/p/(\\d+)7$", "~^/p/999$"]
     assert urlmap.lookup("/p/12345") == "/five"
     assert urlmap.lookup("/p/1007") == "/seven/100"
+
+
+def test_crowded_prefix_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 regexes sharing the prefix ``/item/`` but differing after a group are
+    found through their other literal, not tried one by one."""
+    from prexy.urlmap import parse_map
+
+    urlmap = parse_map("\n".join(f"~^/item/(\\d+)-slug-{i}$ /new/{i}/$1;" for i in range(10_000)))
+    calls: list[str] = []
+    original = RegexEntry.search
+
+    def counting(self: RegexEntry, key: str) -> object:
+        calls.append(self.source)
+        return original(self, key)
+
+    monkeypatch.setattr(RegexEntry, "search", counting)
+    assert urlmap.lookup("/item/42-slug-9999") == "/new/9999/42"
+    assert len(calls) < 50, len(calls)
