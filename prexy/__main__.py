@@ -8,7 +8,7 @@ what a URL map gives for each key.  The proxy itself runs as ``twistd prexy``.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 USAGE = """usage: python -m prexy COMMAND [ARGS]
 

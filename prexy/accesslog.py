@@ -66,7 +66,8 @@ class AccessLog:
 
     def open(self) -> None:
         if self.path == "-":
-            self._file = open(os.dup(sys.__stdout__.fileno()), "a", buffering=65536, encoding="utf-8")
+            stdout: Any = sys.__stdout__
+            self._file = open(os.dup(stdout.fileno()), "a", buffering=65536, encoding="utf-8")
         else:
             self._file = open(self.path, "a", buffering=65536, encoding="utf-8")
 

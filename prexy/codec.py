@@ -9,6 +9,7 @@ gzip.  Pure stdlib zlib, no Twisted.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 #: Codings we can decode before rewriting.
 DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
@@ -75,7 +76,7 @@ class GzipEncoder:
         return self._c.flush(zlib.Z_FINISH)
 
 
-def accepts_gzip(accept_encoding: list[bytes] | None) -> bool:
+def accepts_gzip(accept_encoding: Sequence[bytes] | None) -> bool:
     """Whether an Accept-Encoding header allows gzip (q > 0)."""
     if not accept_encoding:
         return False

@@ -336,6 +336,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     sites_table = data.get("sites")
     if not isinstance(sites_table, dict) or not sites_table:
         err("sites", "at least one [sites.NAME] table with an upstream is required")
+    assert isinstance(sites_table, dict)
     sites = []
     seen_hosts: dict[str, str] = {}
     for name, table in sites_table.items():

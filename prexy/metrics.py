@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: Upper bounds (seconds) of the upstream latency histogram buckets.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -67,13 +68,14 @@ class Metrics:
 
     def merge(self, snapshot: Mapping[str, object]) -> None:
         """Add a snapshot (from another process) into this one."""
-        for name, labels, value in snapshot["counters"]:  # type: ignore[attr-defined]
+        snap: Any = snapshot
+        for name, labels, value in snap["counters"]:
             self.counters[(name, tuple(tuple(kv) for kv in labels))] += value
-        self.bytes_out += int(snapshot["bytes_out"])  # type: ignore[call-overload]
-        for i, v in enumerate(snapshot["latency_buckets"]):  # type: ignore[arg-type]
+        self.bytes_out += int(snap["bytes_out"])
+        for i, v in enumerate(snap["latency_buckets"]):
             self.latency_buckets[i] += v
-        self.latency_sum += float(snapshot["latency_sum"])  # type: ignore[arg-type]
-        self.latency_count += int(snapshot["latency_count"])  # type: ignore[call-overload]
+        self.latency_sum += float(snap["latency_sum"])
+        self.latency_count += int(snap["latency_count"])
 
 
 def render(metrics: Iterable[Metrics], extra: Mapping[str, float] | None = None) -> bytes:
@@ -97,14 +99,14 @@ def render(metrics: Iterable[Metrics], extra: Mapping[str, float] | None = None)
     lines.append("# HELP prexy_upstream_seconds Time to the upstream's response head.")
     lines.append("# TYPE prexy_upstream_seconds histogram")
     cumulative = 0
-    for bound, count in zip(LATENCY_BUCKETS, total.latency_buckets):
+    for bound, count in zip(LATENCY_BUCKETS, total.latency_buckets[:-1], strict=True):
         cumulative += count
         lines.append(f'prexy_upstream_seconds_bucket{{le="{bound}"}} {cumulative}')
     cumulative += total.latency_buckets[-1]
     lines.append(f'prexy_upstream_seconds_bucket{{le="+Inf"}} {cumulative}')
     lines.append(f"prexy_upstream_seconds_sum {total.latency_sum}")
     lines.append(f"prexy_upstream_seconds_count {total.latency_count}")
-    for name, value in (extra or {}).items():
-        lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name} {value}")
+    for gauge, amount in (extra or {}).items():
+        lines.append(f"# TYPE {gauge} gauge")
+        lines.append(f"{gauge} {amount}")
     return ("\n".join(lines) + "\n").encode("utf-8")

@@ -159,8 +159,9 @@ class ProxyService(service.MultiService):
         for desc in config.listen_endpoints():
             strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
         if config.admin:
-            from prexy.admin import AdminResource
             from twisted.web.server import Site
+
+            from prexy.admin import AdminResource
 
             admin = AdminResource(self)
             admin_site = Site(admin)
@@ -182,7 +183,8 @@ class ProxyService(service.MultiService):
                     d.callback(port)
                     return port
 
-                child._waitingForPort.addCallback(passthrough)
+                waiting: Any = child._waitingForPort
+                waiting.addCallback(passthrough)
                 waits.append(d)
         return defer.gatherResults(waits)
 

@@ -9,7 +9,14 @@ import tempfile
 import attrs
 import pytest
 
-from prexy.config import ConfigError, Timeouts, load_config, parse_config, parse_size, single_site_config
+from prexy.config import (
+    ConfigError,
+    Timeouts,
+    load_config,
+    parse_config,
+    parse_size,
+    single_site_config,
+)
 
 
 def write(tmp: str, name: str, text: str) -> str:

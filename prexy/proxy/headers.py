@@ -6,7 +6,7 @@ cheap per request.  Repeated headers (``Set-Cookie``) stay separate pairs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 #: Headers that describe one connection, never forwarded (RFC 9110 7.6.1),
 #: plus Proxy-Authorization/-Authenticate which are meant for this proxy.
@@ -49,14 +49,14 @@ def end_to_end(
     return [(n, v) for n, v in headers if n.lower() not in drop]
 
 
-def append_forwarded_for(existing: list[bytes] | None, client_ip: bytes) -> bytes:
+def append_forwarded_for(existing: Sequence[bytes] | None, client_ip: bytes) -> bytes:
     """``X-Forwarded-For`` value with this client's address appended."""
     if existing:
         return b", ".join([*existing, client_ip])
     return client_ip
 
 
-def append_via(existing: list[bytes] | None) -> bytes:
+def append_via(existing: Sequence[bytes] | None) -> bytes:
     """``Via`` value with this proxy appended."""
     if existing:
         return b", ".join([*existing, VIA])

@@ -11,7 +11,6 @@ client connection when the upstream dies mid-body (never a clean end).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tempfile
 from typing import IO, Any
@@ -22,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
-from prexy.codec import DECODABLE, Decoder, DecodeError, GzipEncoder, accepts_gzip
+from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder, accepts_gzip
 from prexy.metrics import Metrics
 from prexy.proxy.headers import VIA, append_forwarded_for, append_via, end_to_end
 from prexy.proxy.upstream import (
@@ -61,7 +60,7 @@ class ProxyResource(Resource):
         self.runtime = runtime
         self.metrics = metrics
 
-    def render(self, request: server.Request) -> Any:
+    def render(self, request: ProxyRequest) -> Any:
         started = self.reactor.seconds()
         runtime = self.runtime
         headers = request.requestHeaders
@@ -201,7 +200,7 @@ def _request_body(request: server.Request) -> tuple[IO[bytes] | None, int]:
 class _Exchange:
     """State of one proxied request: from upstream head to the last byte."""
 
-    def __init__(self, resource: ProxyResource, request: server.Request, site: SiteRuntime, started: float) -> None:
+    def __init__(self, resource: ProxyResource, request: ProxyRequest, site: SiteRuntime, started: float) -> None:
         self.resource = resource
         self.request = request
         self.site = site
@@ -384,8 +383,9 @@ class _Exchange:
         if self.response is not None:
             self.response.abort()
         channel = self.request.channel
-        if channel is not None and channel.transport is not None:
-            channel.transport.abortConnection()
+        transport: Any = channel.transport if channel is not None else None
+        if transport is not None:
+            transport.abortConnection()
 
     # -- failures --------------------------------------------------------------
 
@@ -486,6 +486,9 @@ class ProxyRequest(server.Request):
     _trailer: bytes = b""
     exchange: _Exchange | None = None
 
+    def _site_of_channel(self) -> ProxySite:
+        return self.channel.site  # type: ignore[attr-defined]
+
     def set_raw_head(self, headers: list[tuple[bytes, bytes]], has_length: bool) -> None:
         """Use these (already validated) header pairs as the response head.
 
@@ -531,7 +534,7 @@ class ProxyRequest(server.Request):
             exchange.client_gone(reason)
 
     def gotLength(self, length: int | None) -> None:
-        limit = self.channel.site.max_request_body
+        limit = self._site_of_channel().max_request_body
         if length is not None and length > limit:
             self._reject_too_large()
             return
@@ -544,20 +547,22 @@ class ProxyRequest(server.Request):
         if self._rejected:
             return
         self._body_seen += len(data)
-        if self._body_seen > self.channel.site.max_request_body:
+        if self._body_seen > self._site_of_channel().max_request_body:
             self._reject_too_large()
             return
-        self.content.write(data)
+        content: Any = self.content
+        content.write(data)
 
     def _reject_too_large(self) -> None:
         self._rejected = True
         self.content = io.BytesIO()
         body = b"413 Payload Too Large: request body exceeds the configured limit\n"
-        self.channel.transport.write(
+        transport: Any = self.channel.transport
+        transport.write(
             b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
         )
-        self.channel.site.metrics.count("prexy_requests_total", status="413")
+        self._site_of_channel().metrics.count("prexy_requests_total", status="413")
         self.channel.loseConnection()
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
@@ -566,7 +571,7 @@ class ProxyRequest(server.Request):
         super().requestReceived(command, path, version)
 
     def process(self) -> None:
-        self.site = self.channel.site
+        self.site = self._site_of_channel()
         self.prepath = []
         self.postpath = []
         try:
@@ -583,7 +588,7 @@ class ProxyRequest(server.Request):
             self.channel.write(b"0\r\n" + self._trailer + b"\r\n")
             self.chunked = 0  # the last chunk is written
         self.exchange = None
-        self.channel.site.metrics.count_status(self.code)
+        self._site_of_channel().metrics.count_status(self.code)
         super().finish()
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Sequence
-from typing import IO, Any, Protocol as TypingProtocol
+from typing import IO, Any
+from typing import Protocol as TypingProtocol
 
 import attrs
 from twisted.internet import defer
@@ -39,6 +40,7 @@ log = Logger()
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADER_COUNT = 200
 NO_BODY_STATUSES = frozenset({204, 304})
+_CONNECTION_DONE = Failure(ConnectionDone())
 IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
@@ -148,6 +150,8 @@ class _TransportProducer:
 class UpstreamProtocol(Protocol):
     """One HTTP/1.1 connection to an upstream; serves one request at a time."""
 
+    transport: Any  # a TCP or TLS transport: also a push producer with abortConnection
+
     def __init__(self, pool: UpstreamPool, key: OriginKey) -> None:
         self._pool = pool
         self._key = key
@@ -183,7 +187,7 @@ class UpstreamProtocol(Protocol):
         if set_no_delay is not None:
             set_no_delay(True)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         previous = self.state
         self.state = _State.CLOSED
         self._pool._unwatch(self)
@@ -400,6 +404,7 @@ class UpstreamProtocol(Protocol):
             headers.append((name, value))
         if connection_close:
             self._keep_alive = False
+        length_out: int | None
         if self._method == b"HEAD" or code in NO_BODY_STATUSES or code == 101:
             framing, length_out = _Framing.NONE, 0
             if self._method == b"HEAD" and code not in NO_BODY_STATUSES:
@@ -413,7 +418,7 @@ class UpstreamProtocol(Protocol):
             self._keep_alive = False
         self._framing = framing
         if framing is _Framing.LENGTH:
-            self._remaining = content_length or 0
+            self._remaining = content_length if content_length is not None else 0
         self._chunk_state = 0
         now = self._clock.seconds()
         return UpstreamResponse(
@@ -671,7 +676,7 @@ class UpstreamPool:
     def _default_endpoint(self, key: OriginKey, timeout: float) -> Any:
         from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 
-        endpoint = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
+        endpoint: Any = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
         if key.scheme == "https":
             from twisted.internet.ssl import optionsForClientTLS
 
@@ -730,7 +735,8 @@ class UpstreamPool:
         return result
 
     def _connect(self, key: OriginKey) -> defer.Deferred[UpstreamProtocol]:
-        from twisted.internet.error import ConnectingCancelledError, DNSLookupError, TimeoutError as TxTimeout
+        from twisted.internet.error import ConnectingCancelledError, DNSLookupError
+        from twisted.internet.error import TimeoutError as TxTimeout
 
         timeout = self.timeouts.connect
         endpoint = self._endpoint_factory(key, timeout)

@@ -3,7 +3,6 @@ process, a real origin on loopback, real sockets."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import subprocess
 import sys

@@ -7,7 +7,8 @@ connection reuse.  Time is a MemoryReactorClock; nothing touches a socket.
 
 from __future__ import annotations
 
-from twisted.internet.error import ConnectionLost, TimeoutError as TxTimeout
+from twisted.internet.error import ConnectionLost
+from twisted.internet.error import TimeoutError as TxTimeout
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
