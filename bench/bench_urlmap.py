@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -89,38 +88,88 @@ def child(path: str, first: str, last: str) -> dict[str, float]:
     }
 
 
+def child_together(specs: list[tuple[str, str, str]], rounds: int) -> list[dict[str, float]]:
+    """Load every map in one process and time their lookups round-robin, so
+    machine noise hits all sizes alike; return per-map medians."""
+    sys.path.insert(0, str(REPO))
+    from prexy.urlmap import load_map
+
+    maps = [(load_map(path), first, last) for path, first, last in specs]
+    samples: list[dict[str, list[float]]] = [
+        {"first_us": [], "last_us": [], "none_us": []} for _ in maps
+    ]
+    for _ in range(rounds):
+        for (urlmap, first, last), sample in zip(maps, samples, strict=True):
+            sample["first_us"].append(
+                _time_lookup(urlmap.lookup, f"/hello/world/{first}", "/", 1, 20000) * 1e6)
+            sample["last_us"].append(
+                _time_lookup(urlmap.lookup, f"/hello/world/{last}?a=1", "/", 1, 20000) * 1e6)
+            sample["none_us"].append(
+                _time_lookup(urlmap.lookup, "/nothing/matches/here", "", 1, 20000) * 1e6)
+    return [{k: statistics.median(v) for k, v in s.items()} for s in samples]
+
+
+def _run_child(args: list[str]) -> object:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], check=True, capture_output=True, text=True,
+    ).stdout
+    return json.loads(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,10000,100000")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh-process runs per size")
     parser.add_argument("--child", nargs=3, metavar=("MAP", "FIRST", "LAST"), help=argparse.SUPPRESS)
+    parser.add_argument("--together", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
+    if args.together:
+        specs = json.loads(args.together)
+        print(json.dumps(child_together([tuple(s) for s in specs], 15)))
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows: dict[int, dict[str, float]] = {}
+    runs: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
     with tempfile.TemporaryDirectory() as tmp:
+        specs: dict[int, list[str]] = {}
         for size in sizes:
             path = Path(tmp) / f"map{size}.map"
             hashes = write_map(path, size, 100_000 if size == max(sizes) else 0)
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(path), hashes[0], hashes[-1]],
-                check=True, capture_output=True, text=True,
-            ).stdout
-            rows[size] = json.loads(out)
-            os.unlink(path)
+            specs[size] = [str(path), hashes[0], hashes[-1]]
+        for _ in range(args.rounds):  # interleaved: noise spreads over all sizes
+            for size in sizes:
+                result = _run_child(["--child", *specs[size]])
+                assert isinstance(result, dict)
+                runs[size].append(result)
+        together = _run_child(["--together", json.dumps([specs[s] for s in sizes])])
+        assert isinstance(together, list)
+    rows = {size: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for size, rs in runs.items()}
+    print(f"fresh process per size, median of {args.rounds} interleaved runs "
+          "(lookup: median of 7 x 20,000 calls):")
     print(f"{'regexes':>8} {'entries':>8} {'load s':>7} {'RSS MiB':>8} "
           f"{'first us':>9} {'last us':>8} {'none us':>8}")
     for size, r in rows.items():
         print(f"{size:>8} {int(r['entries']):>8} {r['load_s']:>7.2f} {r['rss_mib']:>8.1f} "
               f"{r['first_us']:>9.2f} {r['last_us']:>8.2f} {r['none_us']:>8.2f}")
+    _ratios(rows, sizes)
+    print("\nall sizes loaded in one process, lookups timed round-robin (median of 15):")
+    print(f"{'regexes':>8} {'first us':>9} {'last us':>8} {'none us':>8}")
+    same = dict(zip(sizes, together, strict=True))
+    for size, r in same.items():
+        print(f"{size:>8} {r['first_us']:>9.2f} {r['last_us']:>8.2f} {r['none_us']:>8.2f}")
+    _ratios(same, sizes)
+    return 0
+
+
+def _ratios(rows: dict[int, dict[str, float]], sizes: list[int]) -> None:
     small, large = rows[min(sizes)], rows[max(sizes)]
     print(f"cost({max(sizes)})/cost({min(sizes)}): "
           f"first {large['first_us'] / small['first_us']:.2f}x, "
           f"last {large['last_us'] / small['last_us']:.2f}x, "
           f"none {large['none_us'] / small['none_us']:.2f}x")
-    return 0
 
 
 if __name__ == "__main__":
