@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,15 +55,16 @@ def _rss_kib() -> int:
     return 0
 
 
-def _time_lookup(lookup: object, key: str, expected: str, repeat: int = 7, number: int = 20000) -> float:
+def _time_lookup(
+    lookup: Callable[[str], str], key: str, expected: str, repeat: int = 7, number: int = 20000
+) -> float:
     """Median seconds per lookup of ``key`` over ``repeat`` runs of ``number``."""
-    fn = lookup  # type: ignore[assignment]
-    assert fn(key) == expected, (key, fn(key), expected)  # type: ignore[operator]
+    assert lookup(key) == expected, (key, lookup(key), expected)
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(number):
-            fn(key)  # type: ignore[operator]
+            lookup(key)
         runs.append((time.perf_counter() - start) / number)
     return statistics.median(runs)
 
@@ -128,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(*args.child)))
         return 0
     if args.together:
-        specs = json.loads(args.together)
-        print(json.dumps(child_together([tuple(s) for s in specs], 15)))
+        triples = [(s[0], s[1], s[2]) for s in json.loads(args.together)]
+        print(json.dumps(child_together(triples, 15)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
