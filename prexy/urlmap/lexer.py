@@ -41,7 +41,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 
-_WORD = r"(?:[^ \t\r\n;{}\"'#\\$]|\\[^\r\n]|\$\{?)(?:[^ \t\r\n;{\\$]+|\\[^\r\n]|\$\{?)*"
+_WORD = r"(?:[^ \t\r\n;{}\"'#\\$]|\\[^\r\n]|\$\{?)(?:[^ \t\r\n;{\\$]++|\\[^\r\n]|\$\{?)*+"
 # the common statement, "KEY VALUE;" on one line, in one step
 _SIMPLE = re.compile(rf"([ \t\r\n]*)({_WORD})[ \t]+({_WORD})[ \t]*;")
 

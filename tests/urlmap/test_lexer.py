@@ -72,3 +72,10 @@ def test_syntax_errors_name_file_and_line(text: str, message: str) -> None:
 def test_quote_followed_by_paren_starts_new_token() -> None:
     """After a closing quote nginx accepts ``)`` as a separator (it begins the next token)."""
     assert _args('"a")b;') == [["a", ")b"]]
+
+
+def test_long_tokens_do_not_backtrack() -> None:
+    """Statements the one-step fast path rejects (one or three long tokens) are cut in
+    linear time, not after exponential backtracking."""
+    long = "a" * 5000
+    assert _args(f"{long};\nk {long} {long};") == [[long], ["k", long, long]]
