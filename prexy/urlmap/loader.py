@@ -30,12 +30,20 @@ import regex
 from prexy.urlmap.errors import MapError
 from prexy.urlmap.index import REGEX_FLAGS, RegexEntry, SourceFile, UrlMap
 from prexy.urlmap.lexer import statements
-from prexy.urlmap.pcre import RegexSyntaxError, TailCache, ascii_lower, translate
+from prexy.urlmap.pcre import (
+    RegexSyntaxError,
+    TailCache,
+    ascii_lower,
+    literal_text,
+    split_prefix,
+    translate,
+)
 from prexy.urlmap.values import Template, Value, ValueSyntaxError, compile_value
 
 __all__ = ["load_map", "parse_map"]
 
 _GLOB_CHARS = frozenset("*?[")
+_UNSEEN: Any = object()
 _FLAGS = int(REGEX_FLAGS)
 _CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
@@ -76,6 +84,9 @@ class _Builder:
         self.skeletons: dict[tuple[str, bool], str] = {}  # skeleton -> "" or error
         self.rests: dict[tuple[str, bool], Any] = {}
         self.tail_cache: TailCache = {}
+        # per (tail, caseless): what every "^literal" + tail regex shares, or
+        # None when such regexes take the general path
+        self.shapes: dict[tuple[str, bool], tuple[Any, str, str, str] | None] = {}
         self.captures: set[str] = set()
         self.variables: set[str] = set()
         self.stack: list[str] = []
@@ -187,6 +198,23 @@ class _Builder:
             # a leading (?i) is the caseless option for the whole pattern
             caseless = True
             pattern = pattern[4:]
+        split = split_prefix(pattern)
+        shape: tuple[str, bool] | None = None
+        if split is not None:
+            shape = (split[1], caseless)
+            known = self.shapes.get(shape, _UNSEEN)
+            if known is not None and known is not _UNSEEN:
+                # seen this tail before: validated, translated, rest compiled
+                rest, lead, lead_text, secondary = known
+                literal = literal_text(split[0])
+                if caseless:
+                    literal = ascii_lower(literal)
+                self.regexes.append(RegexEntry(
+                    len(self.regexes), source, filename, line, caseless, value, None, rest,
+                    literal + lead_text if lead_text else literal,
+                ))
+                self.index_keys.append((literal + lead if lead else literal, secondary))
+                return
         try:
             tr = translate(pattern, caseless, self.tail_cache)
         except RegexSyntaxError as exc:
@@ -194,7 +222,6 @@ class _Builder:
         flags = _CASELESS_FLAGS if caseless else _FLAGS
         self.validate(tr.pattern, tr.skeleton, flags, caseless, source, filename, line)
         self.captures.update(tr.group_names)
-        order = len(self.regexes)
         rest = None
         literal = ""
         if tr.split is not None:
@@ -212,11 +239,17 @@ class _Builder:
             else:
                 # share the string object with the prefix index key when equal
                 literal = tr.anchored if tr.anchored == tr.split_literal else tr.split_literal
-        entry = RegexEntry(
-            order, source, filename, line, caseless, value,
+        if shape is not None and shape not in self.shapes:
+            facts = self.tail_cache.get(shape)
+            usable = rest is not None and facts is not None and facts.analysed
+            self.shapes[shape] = (
+                (rest, facts.lead, facts.lead_text, facts.best_rest)
+                if usable and facts is not None else None
+            )
+        self.regexes.append(RegexEntry(
+            len(self.regexes), source, filename, line, caseless, value,
             None if rest is not None else tr.pattern, rest, literal,
-        )
-        self.regexes.append(entry)
+        ))
         self.index_keys.append((tr.anchored, tr.secondary if tr.anchored else tr.required))
 
     def validate(

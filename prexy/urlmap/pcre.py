@@ -35,7 +35,10 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["RegexSyntaxError", "Translated", "translate", "ascii_lower"]
+__all__ = [
+    "RegexSyntaxError", "TailCache", "Translated", "ascii_lower", "literal_text", "split_prefix",
+    "translate",
+]
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
@@ -848,22 +851,10 @@ def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> T
     where the literal ends; ``cache`` (shared over one load) keeps those
     parses, so regexes differing only in that literal cost one parse.
     """
-    m = _FAST_PREFIX.match(pattern)
-    tail = ""
-    lit_src = ""
-    if m is not None:
-        lit_src = m.group(1)
-        tail = pattern[m.end():]
-        if tail[:1] in ("*", "+", "?", "{"):
-            # the last literal character is quantified: leave it to the tail
-            atoms = _ATOM.findall(lit_src)
-            if len(atoms) > 1:
-                lit_src = "".join(atoms[:-1])
-                tail = atoms[-1] + tail
-            else:
-                m = None
-    if m is None:
+    split = split_prefix(pattern)
+    if split is None:
         return _finish(_parse(pattern, caseless), caseless)
+    lit_src, tail = split
     offset = len(pattern) - len(tail)
     key = (tail, caseless)
     facts = cache.get(key) if cache is not None else None
@@ -874,8 +865,32 @@ def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> T
             raise RegexSyntaxError(exc.reason, exc.offset + offset) from None
         if cache is not None:
             cache[key] = facts
-    literal = _UNESCAPE.sub(r"\1", lit_src) if "\\" in lit_src else lit_src
-    return facts.complete(literal, caseless)
+    return facts.complete(literal_text(lit_src), caseless)
+
+
+def split_prefix(pattern: str) -> tuple[str, str] | None:
+    """``(literal source, tail)`` when ``pattern`` is ``^`` + plain literal text + tail.
+
+    A quantifier at the start of the tail takes the last literal character
+    with it.  ``None`` when the pattern does not start that way.
+    """
+    m = _FAST_PREFIX.match(pattern)
+    if m is None:
+        return None
+    lit_src = m.group(1)
+    tail = pattern[m.end():]
+    if tail[:1] in ("*", "+", "?", "{"):
+        atoms = _ATOM.findall(lit_src)
+        if len(atoms) < 2:
+            return None
+        lit_src = "".join(atoms[:-1])
+        tail = atoms[-1] + tail
+    return lit_src, tail
+
+
+def literal_text(lit_src: str) -> str:
+    """The characters a literal run written in PCRE stands for (escapes removed)."""
+    return _UNESCAPE.sub(r"\1", lit_src) if "\\" in lit_src else lit_src
 
 
 class _TailFacts:
