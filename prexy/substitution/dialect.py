@@ -618,58 +618,65 @@ def _set_src(members: frozenset[int]) -> str:
     return ("[^" if negate else "[") + "".join(parts) + "]"
 
 
-_END_SENSITIVE = frozenset(("eol", "z", "b", "B"))
 _ASSERT_SRC = {"bol": "^", "eol": "$", "A": "\\A", "z": "\\Z", "b": "\\b", "B": "\\B"}
 
 
-def to_regex_source(tree: Node, group_offset: int = 0, probe: bool = False) -> str:
+PROBE_GROUP = "e"
+_AT_END = f"(?=\\Z)(?P<{PROBE_GROUP}>)"
+
+
+def to_regex_source(tree: Node, probe: bool = False) -> str:
     """Emit ``regex`` syntax for ``tree`` (compile with DOTALL | MULTILINE).
 
-    Capture group ``n`` becomes group ``n + group_offset``, so several rules
-    can share one pattern.  With ``probe`` set, every assertion that depends
-    on the byte after it can also report "need more data" at the end of the
-    buffer (see the transducer's hold-back probe).
+    With ``probe`` set, the pattern is the hold-back probe: at the end of the
+    buffer every byte-consuming atom and every assertion may instead match
+    empty there and set the group named ``PROBE_GROUP``, so any path that
+    reaches the end succeeds there, marked.  The first success of the probe (in priority order) then
+    tells whether a path of higher priority than the real match ran off the
+    end of the buffer, i.e. whether the match must wait for more data.
+    Capture groups are not kept in the probe.
     """
     out: list[str] = []
-    _emit(tree, group_offset, probe, out)
+    _emit(tree, probe, out)
     return "".join(out)
 
 
-def _emit(node: Node, off: int, probe: bool, out: list[str]) -> None:
-    if isinstance(node, Char):
-        out.append(_byte_src(node.byte))
-    elif isinstance(node, Set):
-        out.append(_set_src(node.members))
+def _emit(node: Node, probe: bool, out: list[str]) -> None:
+    if isinstance(node, (Char, Set)):
+        src = _byte_src(node.byte) if isinstance(node, Char) else _set_src(node.members)
+        out.append(f"(?:{src}|{_AT_END})" if probe else src)
     elif isinstance(node, Assert):
         src = _ASSERT_SRC[node.kind]
-        if probe and node.kind in _END_SENSITIVE:
-            out.append(f"(?:{src}|(?=.)(*FAIL))")
+        if probe:
+            # At the end of the buffer a path may have got there through an
+            # empty "at end" atom, so no assertion can be trusted there.
+            out.append(f"(?:{_AT_END}|{src})")
         else:
             out.append(src)
     elif isinstance(node, Group):
-        out.append("(" if node.index is not None else "(?:")
-        _emit(node.child, off, probe, out)
+        out.append("(" if node.index is not None and not probe else "(?:")
+        _emit(node.child, probe, out)
         out.append(")")
     elif isinstance(node, Cat):
         for item in node.items:
             if isinstance(item, Alt):
                 out.append("(?:")
-                _emit(item, off, probe, out)
+                _emit(item, probe, out)
                 out.append(")")
             else:
-                _emit(item, off, probe, out)
+                _emit(item, probe, out)
     elif isinstance(node, Alt):
         for k, item in enumerate(node.items):
             if k:
                 out.append("|")
-            _emit(item, off, probe, out)
+            _emit(item, probe, out)
     elif isinstance(node, Repeat):
         child = node.child
         if isinstance(child, (Char, Set)) or (isinstance(child, Group) and child.index is not None):
-            _emit(child, off, probe, out)
+            _emit(child, probe, out)
         else:
             out.append("(?:")
-            _emit(child, off, probe, out)
+            _emit(child, probe, out)
             out.append(")")
         low, high = node.low, node.high
         if (low, high) == (0, None):
@@ -687,13 +694,6 @@ def _emit(node: Node, off: int, probe: bool, out: list[str]) -> None:
         out.append(q if node.greedy else q + "?")
     else:  # pragma: no cover - exhaustive
         raise TypeError(node)
-
-
-def renumber(tree: Node, offset: int) -> str:
-    """Emit ``tree`` with its capture groups shifted by ``offset``."""
-    # Groups are emitted positionally, so numbering follows from position;
-    # the offset is implied by the wrapper groups before it.
-    return to_regex_source(tree, offset)
 
 
 # --- analysis --------------------------------------------------------------

@@ -14,7 +14,10 @@ runs each rule's own pattern (so each keeps ``regex``'s literal fast path,
 which one big alternation loses) and merges their next matches in a heap by
 (start, rule index), which is exactly the alternation's order; a rule's
 cached next match stays valid until the scan passes its start.  ``hold_point``
-runs a probe ``(?:ALL)(*FAIL)`` with ``partial=True``.  The probe is only run where it can
+runs a probe: all rules in one alternation, rewritten so that at the end of
+the buffer any atom may match empty and mark the match (see
+``dialect.to_regex_source``); its first success tells where a match could
+still need more data.  The probe is only run where it can
 matter: a match can only run off the end from a position whose distance to
 the end, not counting bytes that unbounded repeats may eat, is within the
 rules' bounded width.  A multi-pattern prefilter (issue 4) slots in as
@@ -32,6 +35,7 @@ from typing import Protocol
 import regex
 
 from prexy.substitution.dialect import (
+    PROBE_GROUP,
     ParsedRegex,
     _set_src,
     bounded_width,
@@ -173,9 +177,8 @@ class RegexScanner:
             self._ngroups.append(p.ngroups)
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
         self.prefixes = [literal_prefix(p.tree) for p in parsed]
-        self._probe_parts = probe_parts
-        self.probe = self._compile_probe(len(probe_parts))
-        self._prefix_probes: dict[int, regex.Pattern[bytes]] = {}
+        probe_src = "|".join("(?:" + s + ")" for s in probe_parts)
+        self.probe = regex.compile(probe_src.encode("latin-1"), FLAGS)
         # Bound on the bytes a match consumes outside unbounded repeats, and the
         # bytes unbounded repeats can consume: used to skip the probe far from
         # the end of the buffer.
@@ -189,11 +192,6 @@ class RegexScanner:
             other = _set_src(frozenset(range(256)) - eaten)
             self._other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
         self._everything = len(eaten) == 256
-
-    def _compile_probe(self, count: int) -> regex.Pattern[bytes]:
-        """``(?:r0|...|r{count-1})(*FAIL)``: only partial matches can come out."""
-        alts = "|".join("(?:" + s + ")" for s in self._probe_parts[:count])
-        return regex.compile(("(?:" + alts + ")(*FAIL)").encode("latin-1"), FLAGS)
 
     def cursor(self, buf: bytes, timeout: float | None) -> _HeapCursor:
         return _HeapCursor(buf, timeout, self.patterns, self.prefixes, self._ngroups)
@@ -224,17 +222,14 @@ class RegexScanner:
         limit = found.start if found is not None else len(buf)
         if lo > limit:
             return None
-        m = self.probe.search(buf, lo, partial=True, timeout=timeout)
+        m = self.probe.search(buf, lo, timeout=timeout)
         if m is None or m.start() > limit:
             return None
-        if found is None or m.start() < limit:
+        if PROBE_GROUP not in self.probe.groupindex:
+            return None  # nothing in these rules depends on the next byte
+        if m.start() < limit:
+            # No real match starts before ``limit``: this path ran off the end.
             return m.start()
-        # At the start of the match only rules of higher priority matter
-        # (and, conservatively, the matching rule itself).
-        rule = found.rule
-        probe = self._prefix_probes.get(rule)
-        if probe is None:
-            probe = self._prefix_probes[rule] = self._compile_probe(rule + 1)
-        if probe.match(buf, limit, partial=True, timeout=timeout) is None:
-            return None
-        return limit
+        # At the match's start: hold only if a path of higher priority than
+        # the match (earlier rule, or earlier in Perl order) ran off the end.
+        return limit if m.group(PROBE_GROUP) is not None else None

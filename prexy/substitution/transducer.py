@@ -63,7 +63,6 @@ class Transducer:
         self._passthrough = self._scanner is None
         self._buf = b""
         self._pos = 0  # bytes of _buf before _pos were already emitted
-        self._pos_at_timeout = 0
 
     # -- public API ---------------------------------------------------------
 
@@ -101,14 +100,7 @@ class Transducer:
         started = time.perf_counter()
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
-        try:
-            pos = self._scan(buf, self._pos, final, out)
-        except TimeoutError:
-            self.timed_out = True
-            self._passthrough = True
-            pos = self._pos_at_timeout
-            out.append(buf[pos:])
-            pos = len(buf)
+        pos = self._scan(buf, self._pos, final, out)
         if not final and len(buf) - pos > self.ruleset.max_buffered_size:
             # The module's bail-out: flush held bytes, stop substituting.
             out.append(buf[pos:])
@@ -124,39 +116,52 @@ class Transducer:
         return b"".join(out)
 
     def _scan(self, buf: bytes, pos: int, final: bool, out: list[bytes]) -> int:
+        """Rewrite ``buf`` from ``pos`` into ``out``; return where holding starts."""
         scanner = self._scanner
         n = len(buf)
+        if scanner is None or self._passthrough:
+            out.append(buf[pos:])
+            return n
         timeout = self.timeout
-        floor = -1
-        self._pos_at_timeout = pos
-        cursor = scanner.cursor(buf, timeout) if scanner is not None else None
-        while pos < n or (final and pos == n and not self._passthrough):
-            if self._passthrough:
-                out.append(buf[pos:])
-                return n
-            assert scanner is not None and cursor is not None
-            found = cursor.find(pos)
-            if not final:
-                if floor < 0:
-                    floor = scanner.reach_floor(buf, pos)
-                hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
-                if hold is not None:
-                    out.append(buf[pos:hold])
-                    return hold
-            if found is None:
-                out.append(buf[pos:])
-                return n
-            start, end = found.start, found.end
-            if start > pos:
-                out.append(buf[pos:start])
-            out.append(self._replacement(found, buf))
-            if end == start:
-                if start < n:
-                    out.append(buf[start : start + 1])
-                pos = start + 1
-            else:
-                pos = end
-            self._pos_at_timeout = min(pos, n)
+        emit = out.append
+        cursor = scanner.cursor(buf, timeout)
+        # Below ``floor`` no match can run off the end of the buffer, so the
+        # hold-back probe is only needed for matches starting at or above it.
+        floor = n + 1 if final else scanner.reach_floor(buf, pos)
+        try:
+            while pos < n or (final and pos == n):
+                found = cursor.find(pos)
+                if floor <= (found.start if found is not None else n):
+                    hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
+                    if hold is not None:
+                        emit(buf[pos:hold])
+                        return hold
+                if found is None:
+                    emit(buf[pos:])
+                    return n
+                start = found.start
+                if start == n and not final:
+                    # An empty match at the end: decide it with the next bytes.
+                    emit(buf[pos:])
+                    return n
+                end = found.end
+                if start > pos:
+                    emit(buf[pos:start])
+                emit(self._replacement(found, buf))
+                if end == start:
+                    if start < n:
+                        emit(buf[start : start + 1])
+                    pos = start + 1
+                else:
+                    pos = end
+                if self._passthrough:
+                    emit(buf[pos:])
+                    return n
+        except TimeoutError:
+            self.timed_out = True
+            self._passthrough = True
+            emit(buf[pos:])
+            return n
         return min(pos, n)
 
     def _replacement(self, found: Found, buf: bytes) -> bytes:

@@ -118,11 +118,8 @@ STRICTER_ACCOUNTING = {
     '01-sanity.t:TEST 48: github issue #2: error "general look-ahead not supported", no "g"',
     "01-sanity.t:TEST 50: nested rematch bufs (splitting pending buf)",
     "01-sanity.t:TEST 51: remove C/C++ comments (1 byte at a time)",
-    "01-sanity.t:TEST 58: github issue #3: data lost in particular situation",
-    "01-sanity.t:TEST 59: variation",
     "01-sanity.t:TEST 60: nested pending matched",
     "01-sanity.t:TEST 63: trim leading spaces (1 byte at a time)",
-    "04-capturing.t:TEST 57: variation",
 }
 
 
