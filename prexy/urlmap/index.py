@@ -237,6 +237,8 @@ class UrlMap:
         prefix: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
         grams: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
         always: list[int] = []
+        rest: list[int] = []  # entries not indexed by prefix, in file order
+        crowded: list[list[int]] = []
         for i, (anchored, _other) in enumerate(index_keys):
             if anchored:
                 table = prefix[1 if regexes[i].caseless else 0]
@@ -245,22 +247,23 @@ class UrlMap:
                     table[anchored] = [i]
                 else:
                     bucket.append(i)
+                    if len(bucket) == _CROWDED + 1:
+                        crowded.append(bucket)
+            else:
+                rest.append(i)
         # a crowded prefix (many regexes like ^/item/(\d+)-slug) would be a
         # linear walk: move those with another literal to the piece index
-        moved: set[int] = set()
-        for table in prefix:
-            for anchored, bucket in list(table.items()):
-                if len(bucket) <= _CROWDED:
-                    continue
-                keep = [i for i in bucket if len(index_keys[i][1]) < _MIN_SECONDARY]
-                moved.update(i for i in bucket if len(index_keys[i][1]) >= _MIN_SECONDARY)
-                if keep:
-                    table[anchored] = keep
-                else:
+        if crowded:
+            moved: list[int] = []
+            for bucket in crowded:
+                moved.extend(i for i in bucket if len(index_keys[i][1]) >= _MIN_SECONDARY)
+                bucket[:] = [i for i in bucket if len(index_keys[i][1]) < _MIN_SECONDARY]
+            for table in prefix:
+                for anchored in [a for a, bucket in table.items() if not bucket]:
                     del table[anchored]
-        for i, (anchored, literal) in enumerate(index_keys):
-            if anchored and i not in moved:
-                continue
+            rest = sorted(rest + moved)
+        for i in rest:
+            literal = index_keys[i][1]
             if literal:
                 table = grams[1 if regexes[i].caseless else 0]
                 piece = _choose_piece(literal, table)

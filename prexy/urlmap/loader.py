@@ -73,7 +73,6 @@ class _Builder:
         self.hostnames = False
         self.default: Value | None = None
         self.exact: dict[str, Value] = {}
-        self.exact_names: set[str] = set()
         self.head_dot: dict[str, Value] = {}
         self.head_star: dict[str, Value] = {}
         self.tail: dict[str, Value] = {}
@@ -166,9 +165,9 @@ class _Builder:
                 raise MapError(filename, line, key, "invalid hostname or wildcard")
             if len(key) > 1 and key[0] == ".":
                 base = ascii_lower(key[1:])
-                if base in self.exact_names or base in self.head_dot:
+                # ".example.com" also claims the exact name "example.com"
+                if base in self.exact or base in self.head_dot:
                     raise MapError(filename, line, key, "conflicting parameter")
-                self.exact_names.add(base)
                 self.head_dot[base] = value
                 return
             if len(key) > 2 and key.startswith("*."):
@@ -186,9 +185,8 @@ class _Builder:
             if stars:
                 raise MapError(filename, line, key, "invalid hostname or wildcard")
         low = ascii_lower(key)
-        if low in self.exact_names:
+        if low in self.exact or low in self.head_dot:
             raise MapError(filename, line, key, "conflicting parameter")
-        self.exact_names.add(low)
         self.exact[low] = value
 
     def add_regex(self, source: str, value: Value, filename: str, line: int) -> None:
