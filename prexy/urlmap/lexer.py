@@ -73,20 +73,22 @@ def statements(text: str, filename: str) -> Iterator[Statement]:
     end = len(text)
     match = _TOKEN.match
     simple = _SIMPLE.match
+    needs_unescape = _UNESCAPE.search
     while pos < end:
         if not args:
             s = simple(text, pos)
-            if s is not None:
-                key, value, ws = s.group(2), s.group(3), s.group(1)
-                if ws:
-                    line += ws.count("\n")
-                if "\\" in key:
+            while s is not None:
+                ws, key, value = s.groups()
+                line += ws.count("\n")
+                if "\\" in key and needs_unescape(key):
                     key = unescape(key)
-                if "\\" in value:
+                if "\\" in value and needs_unescape(value):
                     value = unescape(value)
-                pos = s.end()
                 yield Statement([key, value], line)
-                continue
+                pos = s.end()
+                s = simple(text, pos)
+            if pos >= end:
+                break
         m = match(text, pos)
         assert m is not None  # the last alternative matches any character
         kind = m.lastgroup
