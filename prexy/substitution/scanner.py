@@ -97,7 +97,7 @@ class Scanner(Protocol):
     def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
         """A cursor over ``buf``; every scan it runs passes ``timeout``."""
 
-    def reach_floor(self, buf: bytes, pos: int) -> int:
+    def reach_floor(self, buf: bytes, pos: int, timeout: float | None = None) -> int:
         """Lowest start ``>= pos`` whose exploration could reach the end of ``buf``."""
 
     def hold_point(
@@ -111,49 +111,66 @@ class Scanner(Protocol):
         """
 
 
-class _HeapCursor:
-    """Merges the rules' own next matches by (start, rule index)."""
+class _SingleCursor:
+    """One rule: its own pattern's next match."""
 
-    __slots__ = ("_buf", "_timeout", "_patterns", "_prefixes", "_ngroups", "_heap", "_started")
+    __slots__ = ("_buf", "_timeout", "_search", "_ngroups")
+
+    def __init__(
+        self, buf: bytes, timeout: float | None, pattern: regex.Pattern[bytes], ngroups: int
+    ) -> None:
+        self._buf = buf
+        self._timeout = timeout
+        self._search = pattern.search
+        self._ngroups = ngroups
+
+    def find(self, pos: int) -> Found | None:
+        m = self._search(self._buf, pos, timeout=self._timeout)
+        if m is None:
+            return None
+        return Found(m.start(), m.end(), 0, m, 0, self._ngroups)
+
+
+class _HeapCursor:
+    """Merges the rules' own next matches by (start, rule index).
+
+    A rule's cached next match stays valid while the scan position has not
+    passed its start (the match found from an earlier position is also the
+    leftmost from any later position up to its start), so each rule is
+    searched again only when the scan moves past its cached match.
+    """
+
+    __slots__ = ("_buf", "_timeout", "_patterns", "_ngroups", "_heap", "_started")
 
     def __init__(
         self,
         buf: bytes,
         timeout: float | None,
         patterns: Sequence[regex.Pattern[bytes]],
-        prefixes: Sequence[bytes],
         ngroups: Sequence[int],
     ) -> None:
         self._buf = buf
         self._timeout = timeout
         self._patterns = patterns
-        self._prefixes = prefixes
         self._ngroups = ngroups
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._started = False
 
-    def _search(self, rule: int, pos: int) -> regex.Match[bytes] | None:
-        prefix = self._prefixes[rule]
-        if prefix:
-            # Every match starts with ``prefix``: skip to it with memchr speed.
-            pos = self._buf.find(prefix, pos)
-            if pos < 0:
-                return None
-        return self._patterns[rule].search(self._buf, pos, timeout=self._timeout)
-
     def find(self, pos: int) -> Found | None:
         heap = self._heap
         patterns = self._patterns
+        buf = self._buf
+        timeout = self._timeout
         if not self._started:
             self._started = True
-            for rule in range(len(patterns)):
-                m = self._search(rule, pos)
+            for rule, pattern in enumerate(patterns):
+                m = pattern.search(buf, pos, timeout=timeout)
                 if m is not None:
                     heap.append((m.start(), rule, m))
             heapq.heapify(heap)
         while heap and heap[0][0] < pos:
             rule = heap[0][1]
-            m = self._search(rule, pos)
+            m = patterns[rule].search(buf, pos, timeout=timeout)
             if m is None:
                 heapq.heappop(heap)
             else:
@@ -176,6 +193,7 @@ class RegexScanner:
             probe_parts.append(to_regex_source(p.tree, probe=True))
             self._ngroups.append(p.ngroups)
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
+        # Fixed leading bytes of each rule: for a multi-pattern prefilter.
         self.prefixes = [literal_prefix(p.tree) for p in parsed]
         probe_src = "|".join("(?:" + s + ")" for s in probe_parts)
         self.probe = regex.compile(probe_src.encode("latin-1"), FLAGS)
@@ -193,14 +211,16 @@ class RegexScanner:
             self._other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
         self._everything = len(eaten) == 256
 
-    def cursor(self, buf: bytes, timeout: float | None) -> _HeapCursor:
-        return _HeapCursor(buf, timeout, self.patterns, self.prefixes, self._ngroups)
+    def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
+        if len(self.patterns) == 1:
+            return _SingleCursor(buf, timeout, self.patterns[0], self._ngroups[0])
+        return _HeapCursor(buf, timeout, self.patterns, self._ngroups)
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
         """One-off ``cursor(buf, timeout).find(pos)``."""
         return self.cursor(buf, timeout).find(pos)
 
-    def reach_floor(self, buf: bytes, pos: int) -> int:
+    def reach_floor(self, buf: bytes, pos: int, timeout: float | None = None) -> int:
         """Lowest start whose exploration could reach the end of ``buf``."""
         n = len(buf)
         need = self.bounded + 2  # one byte of margin for assertions
@@ -210,7 +230,7 @@ class RegexScanner:
             return pos
         end = n
         for _ in range(need):
-            m = self._other.search(buf, pos, end)
+            m = self._other.search(buf, pos, end, timeout=timeout)
             if m is None:
                 return pos
             end = m.start()

@@ -124,30 +124,48 @@ class Transducer:
             return n
         timeout = self.timeout
         emit = out.append
-        cursor = scanner.cursor(buf, timeout)
-        # Below ``floor`` no match can run off the end of the buffer, so the
-        # hold-back probe is only needed for matches starting at or above it.
-        floor = n + 1 if final else scanner.reach_floor(buf, pos)
+        literals = self._literal
+        disabled = self._disabled
+        once = self._once
+        rules_matched = self.rules_matched
         try:
+            find = scanner.cursor(buf, timeout).find
+            # Below ``floor`` no match can run off the end of the buffer, so
+            # the hold-back probe only runs for matches starting at or above it.
+            floor = n + 1 if final else scanner.reach_floor(buf, pos, timeout)
             while pos < n or (final and pos == n):
-                found = cursor.find(pos)
-                if floor <= (found.start if found is not None else n):
+                found = find(pos)
+                if found is None:
+                    if floor <= n:
+                        hold = scanner.hold_point(buf, max(floor, pos), None, timeout)
+                        if hold is not None:
+                            emit(buf[pos:hold])
+                            return hold
+                    emit(buf[pos:])
+                    return n
+                start = found.start
+                if floor <= start:
                     hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
                     if hold is not None:
                         emit(buf[pos:hold])
                         return hold
-                if found is None:
-                    emit(buf[pos:])
-                    return n
-                start = found.start
-                if start == n and not final:
-                    # An empty match at the end: decide it with the next bytes.
-                    emit(buf[pos:])
-                    return n
+                    if start == n and not final:
+                        # An empty match at the end: decide it with the next bytes.
+                        emit(buf[pos:])
+                        return n
                 end = found.end
                 if start > pos:
                     emit(buf[pos:start])
-                emit(self._replacement(found, buf))
+                rule = found.rule
+                self.match_count += 1
+                rules_matched.add(rule)
+                literal = literals[rule]
+                if disabled[rule]:
+                    emit(buf[start:end])
+                elif literal is not None and not once[rule]:
+                    emit(literal)
+                else:
+                    emit(self._replacement(found))
                 if end == start:
                     if start < n:
                         emit(buf[start : start + 1])
@@ -164,12 +182,9 @@ class Transducer:
             return n
         return min(pos, n)
 
-    def _replacement(self, found: Found, buf: bytes) -> bytes:
+    def _replacement(self, found: Found) -> bytes:
+        """The replacement for ``found``; fires once-rules."""
         rule = found.rule
-        self.match_count += 1
-        self.rules_matched.add(rule)
-        if self._disabled[rule]:
-            return buf[found.start : found.end]
         literal = self._literal[rule]
         value = literal if literal is not None else self._templates[rule].expand(found.group)
         if self._once[rule]:
