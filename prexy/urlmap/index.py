@@ -136,6 +136,7 @@ class _PrefixIndex:
         self.lengths = tuple(sorted({len(k) for k in table}))
 
     def probe(self, key: str, out: list[list[int]]) -> None:
+        """Append the buckets of every indexed prefix ``key`` starts with."""
         table = self.table
         size = len(key)
         for n in self.lengths:
@@ -156,6 +157,7 @@ class _GramIndex:
         self.lengths = tuple(sorted({len(k) for k in table}))
 
     def probe(self, key: str, out: list[list[int]]) -> None:
+        """Append the buckets of every indexed piece found in ``key`` (each once)."""
         table = self.table
         seen: set[str] = set()
         size = len(key)

@@ -93,6 +93,7 @@ class _Builder:
     # -- files ----------------------------------------------------------------
 
     def read_file(self, path: str, where: str, line: int) -> None:
+        """Read one file (included from ``where``:``line``), refusing include cycles."""
         real = os.path.realpath(path)
         if real in self.stack:
             chain = " -> ".join([*self.stack[self.stack.index(real):], real])
@@ -111,12 +112,14 @@ class _Builder:
             self.stack.pop()
 
     def parse_text(self, text: str, filename: str, base_dir: str) -> None:
+        """Apply every statement of one file's text."""
         for args, line in statements(text, filename):
             self.statement(args, line, filename, base_dir)
 
     # -- statements -----------------------------------------------------------
 
     def statement(self, args: list[str], line: int, filename: str, base_dir: str) -> None:
+        """Apply one statement, as ``ngx_http_map`` does."""
         if len(args) == 1 and args[0] == "hostnames":
             self.hostnames = True
             return
@@ -150,6 +153,7 @@ class _Builder:
         self.add_key(key, value, filename, line)
 
     def include(self, name: str, filename: str, line: int, base_dir: str) -> None:
+        """Splice the named file(s), relative to the including file."""
         path = os.path.join(base_dir, name)
         if _GLOB_CHARS.intersection(name):
             for each in sorted(glob.glob(path)):
@@ -190,6 +194,7 @@ class _Builder:
         self.exact[low] = value
 
     def add_regex(self, source: str, value: Value, filename: str, line: int) -> None:
+        """Add a ``~``/``~*`` entry: translate, validate now, share compiled rests."""
         caseless = source.startswith("~*")
         pattern = source[2:] if caseless else source[1:]
         if pattern.startswith("(?i)"):
@@ -273,6 +278,7 @@ class _Builder:
             raise MapError(filename, line, source, "invalid regex", _engine_message(exc)) from None
 
     def build(self) -> UrlMap:
+        """Freeze what was read into a :class:`UrlMap`."""
         default: Value = self.default if self.default is not None else ""
         return UrlMap(
             exact=self.exact,

@@ -157,17 +157,21 @@ class _Parser:
     # -- helpers ------------------------------------------------------------
 
     def error(self, msg: str) -> RegexSyntaxError:
+        """A syntax error at the current offset."""
         return RegexSyntaxError(msg, self.pos)
 
     def peek(self, k: int = 0) -> str:
+        """The character ``k`` ahead, or ``""`` past the end."""
         i = self.pos + k
         return self.src[i] if i < len(self.src) else ""
 
     def emit(self, text: str) -> None:
+        """Append non-literal output (verbatim in the skeleton too)."""
         self.out.append(text)
         self.skel.append(text)
 
     def emit_literal(self, ch: str, items: list[tuple[int, str, int, int, bool]], direct: bool) -> None:
+        """Emit one literal character and record it for the literal analysis."""
         before = len(self.out)
         self.out.append(_emit_literal(ch))
         self.skel.append(self.out[-1] if self.lookbehind else _MARK)
@@ -176,6 +180,7 @@ class _Parser:
     # -- structure ----------------------------------------------------------
 
     def parse(self) -> list[tuple[int, str, int, int, bool]]:
+        """Parse the whole pattern; return the top-level items."""
         items = self.alternation(top=True)
         if self.pos < len(self.src):
             raise self.error("unmatched closing parenthesis")
@@ -203,6 +208,7 @@ class _Parser:
         return items if branches == 1 else None
 
     def sequence(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        """Parse one branch up to ``|``, ``)`` or the end."""
         src = self.src
         last: tuple[int, int] | None = None  # (first item, first output piece) of the last atom
         while self.pos < len(src):
@@ -268,6 +274,7 @@ class _Parser:
     def apply_quantifier(
         self, quant: str, items: list[tuple[int, str, int, int, bool]], start_items: int, before: int
     ) -> None:
+        """Attach a quantifier to the last atom, which stops being a fixed literal."""
         # the quantified atom is no longer a fixed literal
         if self.skel and self.skel[-1] is _MARK:
             self.skel[-1] = "a"
@@ -276,6 +283,7 @@ class _Parser:
         items.append((_BREAK, "", before, len(self.out), False))
 
     def atom(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        """Parse one atom (not its quantifier)."""
         src = self.src
         ch = src[self.pos]
         if ch == "\\":
@@ -303,6 +311,7 @@ class _Parser:
             self.emit_literal(ch, items, top)
 
     def escape(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        """Parse a backslash sequence outside a class."""
         src = self.src
         self.pos += 1
         if self.pos >= len(src):
@@ -431,6 +440,7 @@ class _Parser:
         return None
 
     def backref_or_octal(self, first: str, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        """PCRE's rule for ``\\<digits>``: a backreference, else an octal character."""
         src = self.src
         start = self.pos - 1
         end = self.pos
@@ -453,12 +463,12 @@ class _Parser:
         self.emit_literal(chr(int(src[start:end], 8)), items, top)
 
     def backref_number(self, number: int) -> None:
-        before = len(self.out)
+        """Emit a numbered backreference, delimited so following digits stay literal."""
         self.emit(f"(?:\\g<{number}>)")
         self.no_skeleton = True  # validity depends on the group count
-        del before
 
     def g_escape(self) -> None:
+        """``\\g`` forms: backreferences by number or name, or subroutine calls."""
         src = self.src
         ch = self.peek()
         if ch in ("<", "'"):
@@ -501,6 +511,7 @@ class _Parser:
             self.backref_name(ref)
 
     def k_escape(self) -> None:
+        """``\\k<name>`` / ``\\k'name'`` / ``\\k{name}`` backreferences."""
         src = self.src
         opener = self.peek()
         close = {"<": ">", "'": "'", "{": "}"}.get(opener)
@@ -514,17 +525,20 @@ class _Parser:
         self.backref_name(name)
 
     def backref_name(self, name: str) -> None:
+        """Emit a named backreference."""
         self.check_name(name)
         self.emit(f"(?P={name})")
         self.no_skeleton = True
 
     def check_name(self, name: str) -> None:
+        """PCRE's rules for group names."""
         if not name or name[0] not in _NAME_START or any(c not in _NAME_CHARS for c in name):
             raise self.error("subpattern name expected")
         if len(name) > 32:
             raise self.error("subpattern name is too long (maximum 32 code units)")
 
     def group(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
+        """Parse a parenthesised construct starting at ``(``."""
         src = self.src
         before = len(self.out)
         self.pos += 1
@@ -535,8 +549,6 @@ class _Parser:
             if end < 0:
                 raise self.error("missing closing parenthesis")
             verb = src[self.pos:end]
-            if self.pos == 1 and verb[1:].isupper() and verb[1:].replace("_", "").isalpha() and "=" not in verb:
-                pass
             self.opaque = True
             self.no_skeleton = True
             self.pos = end + 1
@@ -609,9 +621,10 @@ class _Parser:
                 self.no_skeleton = True
                 self.pos += 1
                 if self.peek() == "?":
+                    # an assertion condition: (?(?=...)yes|no)
                     self.emit("(?")
+                    self.pos -= 1
                     self.group([], False)
-                    cond_done = True
                 else:
                     end = src.find(")", self.pos)
                     if end < 0:
@@ -621,8 +634,6 @@ class _Parser:
                     if cond[:1] in ("<", "'"):
                         cond = cond[1:-1]
                     self.emit(f"(?({cond})")
-                    cond_done = True
-                assert cond_done
                 self.alternation()
                 if self.peek() != ")":
                     raise self.error("missing closing parenthesis")
@@ -662,14 +673,13 @@ class _Parser:
                     self.extended = False
                 kind, opener = "plain", f"(?{spec}:" if spec else "(?:"
                 self.emit(opener)
-                inner = self.alternation()
+                self.alternation()
                 self.extended = saved
                 if self.peek() != ")":
                     raise self.error("missing closing parenthesis")
                 self.pos += 1
                 self.emit(")")
                 items.append((_BREAK, "", before, len(self.out), False))
-                del inner
                 return
         else:
             opener = "("
@@ -697,6 +707,7 @@ class _Parser:
             items.extend((k, c, b, a, False) for k, c, b, a, _ in inner)
 
     def char_class(self) -> None:
+        """Parse ``[...]`` with PCRE's rules and emit it canonically."""
         src = self.src
         self.pos += 1
         negate = False
@@ -810,8 +821,6 @@ class _Parser:
             pending = code
         flush()
         body = _ranges_text(ranges) + "".join(members)
-        if not body:
-            body = ""
         self.emit(("[^" if negate else "[") + body + "]")
 
 
@@ -935,6 +944,7 @@ class _TailFacts:
         self.best_rest = _longest_run(items[i:])
 
     def complete(self, literal: str, caseless: bool) -> Translated:
+        """The translation of ``^`` + ``literal`` + this tail."""
         escaped = literal if _ALL_PLAIN(literal) else literal.translate(_ESCAPE_TABLE)
         pattern = "^" + escaped + self.out
         if not self.analysed:

@@ -224,6 +224,12 @@ class TestPcreSyntax:
             (r"^\Ax", "x", True),
             (r"^a{2}$", "aa", True),
             (r"^[a&&b]$", "&", True),
+            (r"^(?(?=a)ab|cd)$", "cd", True),
+            (r"^(?(?=a)ab|cd)$", "ad", False),
+            (r"^(x)?(?(1)y|z)$", "xy", True),
+            (r"^(x)?(?(1)y|z)$", "xz", False),
+            (r"^/caf\xc3\xa9$", "/caf\xc3\xa9", True),
+            (r"(?i)^/ABC$", "/abc", True),
         ],
     )
     def test_match(self, regex: str, key: str, matches: bool) -> None:
