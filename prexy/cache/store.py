@@ -1,0 +1,570 @@
+"""The shared object store: one LMDB environment per machine, used by every
+worker process at once, bounded in bytes with (approximate) LRU eviction.
+
+Why LMDB and how it compares with the alternatives is written in the
+package docstring (``prexy/cache/__init__.py``).  This module imports no
+Twisted; every call is synchronous and short (a hit is a read-only
+transaction on a memory map: no system call, no lock), so the proxy calls it
+straight from the reactor thread.
+
+Layout of the environment (a directory, e.g. ``/dev/shm/prexy-cache``):
+
+``obj``
+    object key (32 bytes, see :func:`prexy.cache.policy.cache_key`) ->
+    ``u32 meta length | marshal(meta tuple) | body``.
+``vary``
+    primary key (16 bytes: site + URL) -> marshal(tuple of lower-case header
+    names) of the last response stored for that URL, so a lookup knows which
+    request headers pick the variant.
+``idx``
+    object key -> ``u64 tick | u64 size | f64 dead_at | f64 touched_at |
+    site NUL url``: what eviction, expiry sweeps and bans need without
+    reading the body.
+``lru``
+    ``u64 tick (big-endian) | object key`` -> empty: the recency order;
+    eviction deletes from the front.
+``meta``
+    ``bytes`` (accounted total), ``count``, ``tick`` (a counter bumped on
+    every store and touch), ``format``.
+
+LRU is approximate so that a hit stays a read-only transaction: like
+Varnish's ``lru_interval``, a hit moves its object to the back of the queue
+(one short write transaction) only when it was last moved more than
+``touch_interval`` seconds ago (default 2 s).  An object hit at least that
+often is never the next victim; one that is not drifts to the front.
+
+Sizes are accounted as LMDB pages, not just payload bytes (a value larger
+than ~2000 bytes takes whole 4 KiB overflow pages; small ones are charged
+their bytes plus B-tree overhead), so ``max_bytes`` bounds the memory the
+map really uses to within the B-tree's slack.  The map itself is sized
+``2 * max_bytes + 64 MiB`` (virtual; on tmpfs only touched pages cost
+memory) so that pages held by long readers never make a commit fail; if one
+does, the store evicts down to half and retries once.
+
+Every process must call :meth:`Store.open` itself, after forking: an LMDB
+environment must not cross a ``fork()``.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import re
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import lmdb
+
+from prexy.cache.policy import CachePolicy, cache_key, primary_key, vary_key
+
+__all__ = ["CachedObject", "LookupResult", "ObjectMeta", "Store", "Writer"]
+
+#: Changes when the record layout or the marshal version changes; a store
+#: written in another format is emptied on open.
+FORMAT = b"prexy-cache/1 marshal/%d py/%d.%d" % (marshal.version, *sys.version_info[:2])
+
+_PAGE = 4096
+_OVERFLOW = 2000  # values above this go to overflow pages (LMDB: ~pagesize/2)
+_INDEX_OVERHEAD = 192  # idx + lru entries, nodes and B-tree slack
+_IDX = struct.Struct("<QQdd")
+_TICK = struct.Struct(">Q")
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_BATCH = 1000
+
+
+@attrs.frozen
+class ObjectMeta:
+    """Everything about a cached response except its body.
+
+    Times are wall-clock seconds (``reactor.seconds()``), the same in every
+    process.  ``stored_at`` is when the response was generated (now minus
+    the upstream's ``Age``), so ``age(now)`` is what the ``Age`` header says.
+    """
+
+    status: int
+    #: (name, value) pairs as they go to the client (a list is fine too).
+    headers: Sequence[tuple[bytes, bytes]] = ()
+    stored_at: float = 0.0
+    ttl: float = 0.0
+    grace: float = 0.0
+    keep: float = 0.0
+    stale_if_error: float = 0.0
+    #: Site name and URL (as given to ``cache_key``): for bans and debugging.
+    site: str = ""
+    url: bytes = b""
+    #: Lower-case names of the headers the response varies on (``vary_names``).
+    vary: tuple[bytes, ...] = ()
+    #: Reason phrase, b"" for the default one.
+    phrase: bytes = b""
+    #: A hit-for-miss marker: no body; lookups that find it go straight
+    #: upstream without coalescing, until it expires.
+    hit_for_miss: bool = False
+
+    def age(self, now: float) -> float:
+        """Seconds since the response was generated (>= 0)."""
+        return max(0.0, now - self.stored_at)
+
+    def remaining(self, now: float) -> float:
+        """Freshness left in seconds; negative once stale (RFC 9211 ``ttl``)."""
+        return self.stored_at + self.ttl - now
+
+    def fresh(self, now: float) -> bool:
+        return now < self.stored_at + self.ttl
+
+    def in_grace(self, now: float) -> bool:
+        """Stale but may be served while one background fetch refreshes it."""
+        return self.stored_at + self.ttl <= now < self.stored_at + self.ttl + self.grace
+
+    def stale_usable_on_error(self, now: float) -> bool:
+        """May be served instead of an error when upstream fails."""
+        window = max(self.grace, self.stale_if_error)
+        return now < self.stored_at + self.ttl + window
+
+    def dead_at(self) -> float:
+        """After this, nothing may use the object (not even to revalidate)."""
+        return self.stored_at + self.ttl + max(self.grace, self.stale_if_error) + self.keep
+
+    def _pack(self) -> bytes:
+        return marshal.dumps(
+            (
+                self.status, tuple((bytes(n), bytes(v)) for n, v in self.headers), self.stored_at, self.ttl, self.grace, self.keep,
+                self.stale_if_error, self.site, self.url, self.vary, self.phrase, self.hit_for_miss,
+            )
+        )
+
+
+@attrs.frozen
+class CachedObject(ObjectMeta):
+    """A stored response: its meta data, its body and its accounted size."""
+
+    body: bytes = b""
+    #: Bytes charged against ``max_bytes`` (pages, not just payload).
+    size: int = 0
+
+
+@attrs.frozen
+class LookupResult:
+    """What :meth:`Store.lookup` found.
+
+    ``primary`` (16 bytes) names the URL whatever its variants: the natural
+    key to coalesce concurrent misses on.  ``key`` is the variant the request
+    selects given the ``Vary`` of the last response stored for the URL (no
+    vary when none is known).  ``obj`` is ``None`` on a miss;
+    ``url_known`` tells a variant miss (``fwd=vary-miss``) from a URL never
+    seen (``fwd=uri-miss``).
+    """
+
+    primary: bytes
+    key: bytes
+    obj: CachedObject | None
+    url_known: bool
+
+
+def footprint(key_len: int, record_len: int) -> int:
+    """Bytes charged for one object: what it costs in LMDB pages."""
+    if record_len > _OVERFLOW:
+        pages = (record_len + 16 + _PAGE - 1) // _PAGE
+        return pages * _PAGE + key_len + _INDEX_OVERHEAD
+    # Leaf nodes: 8-byte header, pages about 2/3 full on average.
+    return (key_len + record_len + 8) * 3 // 2 + _INDEX_OVERHEAD
+
+
+def _decode(key: bytes, record: Any, size: int) -> CachedObject:
+    (meta_len,) = _U32.unpack_from(record, 0)
+    (status, headers, stored_at, ttl, grace, keep, sie, site, url, vary, phrase, hfm) = marshal.loads(
+        record[4 : 4 + meta_len]
+    )
+    return CachedObject(
+        status, headers, stored_at, ttl, grace, keep, sie, site, url, vary, phrase, hfm,
+        bytes(record[4 + meta_len :]), size,
+    )
+
+
+class Writer:
+    """Collects one response body as it streams, then stores it in one
+    transaction at :meth:`commit`.
+
+    ``write`` returns ``False`` (and drops what it held) once the body
+    exceeds the size limit; the caller streams on without storing, and
+    ``commit`` then stores nothing and returns ``False``.  Nothing is visible
+    to readers before ``commit``.  A writer that is neither committed nor
+    aborted simply stores nothing.
+    """
+
+    def __init__(self, store: Store, key: bytes, meta: ObjectMeta, limit: int) -> None:
+        self._store = store
+        self._key = key
+        self._meta = meta
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._length = 0
+        self.refused = False
+        self.closed = False
+
+    @property
+    def length(self) -> int:
+        """Body bytes received so far."""
+        return self._length
+
+    def write(self, chunk: bytes) -> bool:
+        """Adds ``chunk``; ``False`` when the object is (now) too large or closed."""
+        if self.refused or self.closed:
+            return False
+        self._length += len(chunk)
+        if self._length > self._limit:
+            self.refused = True
+            self._chunks = []
+            return False
+        if chunk:
+            self._chunks.append(bytes(chunk))
+        return True
+
+    def commit(self) -> bool:
+        """Stores the object; ``True`` when it was stored."""
+        if self.refused or self.closed:
+            self.closed = True
+            return False
+        self.closed = True
+        body = b"".join(self._chunks)
+        self._chunks = []
+        return self._store._store(self._key, self._meta, body)
+
+    def abort(self) -> None:
+        """Forgets the body (upstream failed, client aborted...)."""
+        self.closed = True
+        self._chunks = []
+
+
+class Store:
+    """The machine-wide cache.  Open one per process with :meth:`open`."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        path: str,
+        max_bytes: int,
+        max_object_size: int,
+        clock: Callable[[], float],
+        touch_interval: float,
+    ) -> None:
+        self._env = env
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_object_size = max_object_size
+        self._clock = clock
+        self.touch_interval = touch_interval
+        self._obj = env.open_db(b"obj")
+        self._vary = env.open_db(b"vary")
+        self._idx = env.open_db(b"idx")
+        self._lru = env.open_db(b"lru")
+        self._meta = env.open_db(b"meta")
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        max_bytes: int,
+        max_object_size: int | None = None,
+        clock: Callable[[], float] = time.time,
+        touch_interval: float = 2.0,
+    ) -> Store:
+        """Opens (creating if needed) the store in directory ``path``.
+
+        ``max_object_size`` (default and ceiling ``max_bytes // 4``) caps what
+        a writer accepts.  ``clock`` gives wall-clock seconds, the same in
+        every process (pass ``reactor.seconds``); it decides when an object is
+        dead and when a hit refreshes its LRU position (at most once per
+        ``touch_interval`` seconds).  A store left in another format is
+        emptied; one holding more than ``max_bytes`` is evicted down to it.
+        """
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        os.makedirs(path, exist_ok=True)
+        env = lmdb.open(
+            path,
+            map_size=2 * max_bytes + 64 * 1024 * 1024,
+            max_dbs=8,
+            max_readers=512,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            meminit=False,
+            lock=True,
+        )
+        env.reader_check()  # slots left by crashed processes
+        limit = max_bytes // 4 if max_object_size is None else min(max_object_size, max_bytes // 4)
+        store = cls(env, path, max_bytes, limit, clock, touch_interval)
+        with env.begin(write=True) as txn:
+            if txn.get(b"format", db=store._meta) != FORMAT:
+                for db in (store._obj, store._vary, store._idx, store._lru, store._meta):
+                    txn.drop(db, delete=False)
+                txn.put(b"format", FORMAT, db=store._meta)
+            store._evict(txn, 0)
+        return store
+
+    def close(self) -> None:
+        self._env.close()
+
+    # -- reads -------------------------------------------------------------------
+
+    def get(self, key: bytes) -> CachedObject | None:
+        """The object stored under ``key``, or ``None``.
+
+        Stale objects are returned (for grace, stale-if-error and
+        revalidation: check ``obj.fresh(now)``) until they are past their
+        :meth:`~ObjectMeta.dead_at`.
+        """
+        with self._env.begin(buffers=True) as txn:
+            obj, touch = self._get(txn, key)
+        if touch:
+            self._touch(key)
+        return obj
+
+    def lookup(
+        self,
+        site: str,
+        method_class: bytes,
+        url: bytes,
+        ruleset_version: str | bytes,
+        request_headers: Iterable[tuple[bytes, bytes]],
+        policy: CachePolicy | None = None,
+    ) -> LookupResult:
+        """Finds the variant a request selects, in one read transaction.
+
+        Reads the URL's recorded ``Vary`` names, computes the variant key with
+        :func:`~prexy.cache.policy.vary_key` and fetches it.  On a miss, store
+        the response under ``cache_key(..., vary_key(response Vary, request
+        headers), ...)``, which may differ from ``result.key`` when the URL's
+        ``Vary`` changed or was unknown.  ``policy`` (when given) drops the
+        cookies it ignores from a ``Cookie`` the response varies on.
+        """
+        primary = primary_key(site, url)
+        headers = list(request_headers)
+        with self._env.begin(buffers=True) as txn:
+            raw = txn.get(primary, db=self._vary)
+            names: tuple[bytes, ...] = marshal.loads(raw) if raw is not None else ()
+            key = cache_key(
+                site, method_class, url, vary_key(names, headers, policy), ruleset_version
+            )
+            obj, touch = self._get(txn, key)
+        if touch:
+            self._touch(key)
+        return LookupResult(primary, key, obj, raw is not None)
+
+    def _get(self, txn: lmdb.Transaction, key: bytes) -> tuple[CachedObject | None, bool]:
+        record = txn.get(key, db=self._obj)
+        if record is None:
+            return None, False
+        info = txn.get(key, db=self._idx)
+        if info is None:
+            return None, False
+        _, size, dead_at, touched_at = _IDX.unpack_from(info, 0)
+        now = self._clock()
+        if now >= dead_at:
+            return None, False
+        return _decode(key, record, size), now - touched_at > self.touch_interval
+
+    def _touch(self, key: bytes) -> None:
+        with self._env.begin(write=True) as txn:
+            info = txn.get(key, db=self._idx)
+            if info is None:
+                return
+            tick, size, dead_at, _ = _IDX.unpack_from(info, 0)
+            txn.delete(_TICK.pack(tick) + key, db=self._lru)
+            new = self._next_tick(txn)
+            txn.put(_TICK.pack(new) + key, b"", db=self._lru)
+            txn.put(key, _IDX.pack(new, size, dead_at, self._clock()) + info[_IDX.size :], db=self._idx)
+
+    # -- writes ------------------------------------------------------------------
+
+    def writer(self, key: bytes, meta: ObjectMeta, limit: int | None = None) -> Writer:
+        """A :class:`Writer` for a response streaming in; ``limit`` (bytes of
+        body, default and ceiling the store's ``max_object_size``)."""
+        cap = self.max_object_size if limit is None else min(limit, self.max_object_size)
+        return Writer(self, key, meta, cap)
+
+    def put(self, key: bytes, meta: ObjectMeta, body: bytes = b"") -> bool:
+        """Stores a whole object at once; ``False`` when it is too large."""
+        w = self.writer(key, meta)
+        w.write(body)
+        return w.commit()
+
+    def put_hit_for_miss(self, key: bytes, meta: ObjectMeta) -> bool:
+        """Stores a bodiless hit-for-miss marker built from ``meta`` (whose
+        ``ttl`` is the hit-for-miss TTL)."""
+        return self.put(key, attrs.evolve(meta, hit_for_miss=True, grace=0.0, keep=0.0, stale_if_error=0.0))
+
+    def refresh(self, key: bytes, meta: ObjectMeta) -> bool:
+        """Replaces the meta data of a stored object, keeping its body (after a
+        304 from upstream revalidated it).  ``False`` when it is gone."""
+        with self._env.begin(buffers=True) as txn:
+            record = txn.get(key, db=self._obj)
+            if record is None:
+                return False
+            (meta_len,) = _U32.unpack_from(record, 0)
+            body = bytes(record[4 + meta_len :])
+        return self._store(key, meta, body)
+
+    def _store(self, key: bytes, meta: ObjectMeta, body: bytes) -> bool:
+        packed = meta._pack()
+        record = _U32.pack(len(packed)) + packed + body
+        site_url = meta.site.encode("utf-8") + b"\0" + meta.url
+        size = footprint(len(key), len(record)) + len(site_url)
+        if size > self.max_bytes:
+            return False
+        primary = key[:16]
+        vary = marshal.dumps(tuple(meta.vary))
+        for attempt in (0, 1):
+            try:
+                with self._env.begin(write=True) as txn:
+                    self._delete(txn, key)
+                    self._evict(txn, size if attempt == 0 else size + self.max_bytes // 2)
+                    tick = self._next_tick(txn)
+                    txn.put(key, record, db=self._obj)
+                    txn.put(key, _IDX.pack(tick, size, meta.dead_at(), self._clock()) + site_url, db=self._idx)
+                    txn.put(_TICK.pack(tick) + key, b"", db=self._lru)
+                    txn.put(primary, vary, db=self._vary)
+                    self._add(txn, size, 1)
+                return True
+            except lmdb.MapFullError:
+                continue
+        return False
+
+    def delete(self, key: bytes) -> bool:
+        """Removes one object; ``True`` when there was one."""
+        with self._env.begin(write=True) as txn:
+            return self._delete(txn, key)
+
+    def purge_url(self, site: str, url: bytes) -> int:
+        """Removes every variant (every method class and rule-set version) of
+        one URL, and its recorded ``Vary``; returns how many objects went."""
+        primary = primary_key(site, url)
+        with self._env.begin(write=True) as txn:
+            keys = []
+            cursor = txn.cursor(db=self._obj)
+            if cursor.set_range(primary):
+                for k in cursor.iternext(keys=True, values=False):
+                    if not bytes(k).startswith(primary):
+                        break
+                    keys.append(bytes(k))
+            for k in keys:
+                self._delete(txn, k)
+            txn.delete(primary, db=self._vary)
+        return len(keys)
+
+    def ban(self, site: str | None, url_regex: str | re.Pattern[str]) -> int:
+        """Removes now every object of ``site`` (any site when ``None``) whose
+        URL (decoded as latin-1) matches ``url_regex`` (``re.search``).
+
+        Immediate scan-and-delete, not a ban list: the index is scanned in a
+        read transaction (writers are not blocked), then matches are deleted
+        in batches of 1000.  Cost grows with the number of objects (measured:
+        see the package docstring).  A response whose fetch started before
+        the ban and is committed after it is not banned.
+        """
+        pattern = re.compile(url_regex) if isinstance(url_regex, str) else url_regex
+        wanted = None if site is None else site.encode("utf-8")
+        victims = []
+        with self._env.begin(buffers=True) as txn:
+            for k, v in txn.cursor(db=self._idx):
+                site_url = bytes(v[_IDX.size :])
+                s, _, url = site_url.partition(b"\0")
+                if wanted is not None and s != wanted:
+                    continue
+                if pattern.search(url.decode("latin-1")):
+                    victims.append(bytes(k))
+        return self._delete_many(victims)
+
+    def expire(self) -> int:
+        """Removes every object past its ``dead_at``; returns how many.
+        Optional housekeeping: ``get`` never returns dead objects and LRU
+        evicts them in time anyway."""
+        now = self._clock()
+        victims = []
+        with self._env.begin(buffers=True) as txn:
+            for k, v in txn.cursor(db=self._idx):
+                if _IDX.unpack_from(v, 0)[2] <= now:
+                    victims.append(bytes(k))
+        return self._delete_many(victims)
+
+    def clear(self) -> None:
+        """Empties the store."""
+        with self._env.begin(write=True) as txn:
+            for db in (self._obj, self._vary, self._idx, self._lru):
+                txn.drop(db, delete=False)
+            txn.put(b"bytes", _U64.pack(0), db=self._meta)
+            txn.put(b"count", _U64.pack(0), db=self._meta)
+
+    def stats(self) -> dict[str, int]:
+        """``bytes`` (accounted), ``count`` (objects), ``max_bytes``,
+        ``map_used`` (bytes of the map ever touched: the high-water mark)."""
+        with self._env.begin() as txn:
+            used = txn.get(b"bytes", db=self._meta)
+            count = txn.get(b"count", db=self._meta)
+        info = self._env.info()
+        return {
+            "bytes": _U64.unpack(used)[0] if used else 0,
+            "count": _U64.unpack(count)[0] if count else 0,
+            "max_bytes": self.max_bytes,
+            "map_used": (info["last_pgno"] + 1) * self._env.stat()["psize"],
+        }
+
+    # -- internals (inside a write transaction) -----------------------------------
+
+    def _delete_many(self, keys: list[bytes]) -> int:
+        done = 0
+        for i in range(0, len(keys), _BATCH):
+            with self._env.begin(write=True) as txn:
+                for k in keys[i : i + _BATCH]:
+                    done += self._delete(txn, k)
+        return done
+
+    def _delete(self, txn: lmdb.Transaction, key: bytes) -> bool:
+        info = txn.get(key, db=self._idx)
+        if info is None:
+            return bool(txn.delete(key, db=self._obj))
+        tick, size, _, _ = _IDX.unpack_from(info, 0)
+        txn.delete(key, db=self._obj)
+        txn.delete(key, db=self._idx)
+        txn.delete(_TICK.pack(tick) + key, db=self._lru)
+        self._add(txn, -size, -1)
+        return True
+
+    def _evict(self, txn: lmdb.Transaction, incoming: int) -> None:
+        """Deletes least recently used objects until ``incoming`` more bytes fit."""
+        raw = txn.get(b"bytes", db=self._meta)
+        used = _U64.unpack(raw)[0] if raw else 0
+        if used + incoming <= self.max_bytes:
+            return
+        victims = []
+        cursor = txn.cursor(db=self._lru)
+        for k in cursor.iternext(keys=True, values=False):
+            if used + incoming <= self.max_bytes:
+                break
+            key = bytes(k)[_TICK.size :]
+            info = txn.get(key, db=self._idx)
+            used -= _IDX.unpack_from(info, 0)[1] if info is not None else 0
+            victims.append(key)
+        for key in victims:
+            self._delete(txn, key)
+
+    def _next_tick(self, txn: lmdb.Transaction) -> int:
+        raw = txn.get(b"tick", db=self._meta)
+        tick = (_U64.unpack(raw)[0] if raw else 0) + 1
+        txn.put(b"tick", _U64.pack(tick), db=self._meta)
+        return tick
+
+    def _add(self, txn: lmdb.Transaction, size: int, count: int) -> None:
+        raw = txn.get(b"bytes", db=self._meta)
+        total = max(0, (_U64.unpack(raw)[0] if raw else 0) + size)
+        txn.put(b"bytes", _U64.pack(total), db=self._meta)
+        raw = txn.get(b"count", db=self._meta)
+        n = max(0, (_U64.unpack(raw)[0] if raw else 0) + count)
+        txn.put(b"count", _U64.pack(n), db=self._meta)

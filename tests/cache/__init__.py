@@ -1,0 +1,1 @@
+"""Tests for prexy.cache: policy decisions, keys and the shared store."""
