@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from scenarios import SCENARIOS, Bench, Report, Settings  # noqa: E402
 
-DEFAULT_ORDER = ("proxy", "subs", "workers", "cache", "urlmap", "transducer", "urlmap-index")
+DEFAULT_ORDER = ("proxy", "subs", "stream", "workers", "cache", "urlmap", "transducer", "urlmap-index")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
