@@ -625,7 +625,7 @@ PROBE_GROUP = "e"
 _AT_END = f"(?=\\Z)(?P<{PROBE_GROUP}>)"
 
 
-def to_regex_source(tree: Node, probe: bool = False) -> str:
+def to_regex_source(tree: Node, probe: bool = False, caseless: bool = False) -> str:
     """Emit ``regex`` syntax for ``tree`` (compile with DOTALL | MULTILINE).
 
     With ``probe`` set, the pattern is the hold-back probe: at the end of the
@@ -635,15 +635,36 @@ def to_regex_source(tree: Node, probe: bool = False) -> str:
     tells whether a path of higher priority than the real match ran off the
     end of the buffer, i.e. whether the match must wait for more data.
     Capture groups are not kept in the probe.
+
+    With ``caseless`` (the rule's ``i`` flag; its letters are already folded
+    into two-letter sets by the parser) the pattern is wrapped in ``(?i:...)``
+    and those sets are written as plain letters, which keeps ``regex``'s
+    literal fast path; on bytes ``regex`` folds ASCII letters only, and every
+    other set is already closed under folding, so the meaning is unchanged.
     """
     out: list[str] = []
-    _emit(tree, probe, out)
-    return "".join(out)
+    _emit(tree, probe, caseless, out)
+    body = "".join(out)
+    return f"(?i:{body})" if caseless else body
 
 
-def _emit(node: Node, probe: bool, out: list[str]) -> None:
+def _letter_pair(members: frozenset[int]) -> int | None:
+    """The lower-case letter when ``members`` is exactly {letter, LETTER}."""
+    if len(members) != 2:
+        return None
+    lo, hi = sorted(members)
+    if 0x41 <= lo <= 0x5A and hi == lo + 0x20:
+        return hi
+    return None
+
+
+def _emit(node: Node, probe: bool, caseless: bool, out: list[str]) -> None:
     if isinstance(node, (Char, Set)):
-        src = _byte_src(node.byte) if isinstance(node, Char) else _set_src(node.members)
+        if isinstance(node, Char):
+            src = _byte_src(node.byte)
+        else:
+            letter = _letter_pair(node.members) if caseless else None
+            src = chr(letter) if letter is not None else _set_src(node.members)
         out.append(f"(?:{src}|{_AT_END})" if probe else src)
     elif isinstance(node, Assert):
         src = _ASSERT_SRC[node.kind]
@@ -655,28 +676,28 @@ def _emit(node: Node, probe: bool, out: list[str]) -> None:
             out.append(src)
     elif isinstance(node, Group):
         out.append("(" if node.index is not None and not probe else "(?:")
-        _emit(node.child, probe, out)
+        _emit(node.child, probe, caseless, out)
         out.append(")")
     elif isinstance(node, Cat):
         for item in node.items:
             if isinstance(item, Alt):
                 out.append("(?:")
-                _emit(item, probe, out)
+                _emit(item, probe, caseless, out)
                 out.append(")")
             else:
-                _emit(item, probe, out)
+                _emit(item, probe, caseless, out)
     elif isinstance(node, Alt):
         for k, item in enumerate(node.items):
             if k:
                 out.append("|")
-            _emit(item, probe, out)
+            _emit(item, probe, caseless, out)
     elif isinstance(node, Repeat):
         child = node.child
         if isinstance(child, (Char, Set)) or (isinstance(child, Group) and child.index is not None):
-            _emit(child, probe, out)
+            _emit(child, probe, caseless, out)
         else:
             out.append("(?:")
-            _emit(child, probe, out)
+            _emit(child, probe, caseless, out)
             out.append(")")
         low, high = node.low, node.high
         if (low, high) == (0, None):

@@ -189,8 +189,8 @@ class RegexScanner:
         self._ngroups: list[int] = []
         self.sources: list[str] = []
         for p in parsed:
-            self.sources.append(to_regex_source(p.tree))
-            probe_parts.append(to_regex_source(p.tree, probe=True))
+            self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
+            probe_parts.append(to_regex_source(p.tree, probe=True, caseless=p.caseless))
             self._ngroups.append(p.ngroups)
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
         # Fixed leading bytes of each rule: for a multi-pattern prefilter.
