@@ -317,6 +317,7 @@ class WrkResult:
     errors: int
     non2xx: int
     cpu_us_per_req: float | None = None
+    origin_cpu_us_per_req: float | None = None
     raw: dict[str, int] = field(default_factory=dict)
 
 
@@ -329,11 +330,13 @@ def _wrk_script() -> Path:
 
 
 def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
-        cpu_of: Callable[[], float] | None = None, timeout_s: float = 10.0) -> WrkResult:
+        cpu_of: Callable[[], float] | None = None,
+        origin_cpu_of: Callable[[], float] | None = None, timeout_s: float = 10.0) -> WrkResult:
     """Run wrk with ``--latency`` and return its figures (plus CPU/request).
 
     ``cpu_of`` returns the CPU seconds used so far by the server under test;
-    it is sampled right before and after the run.
+    it is sampled right before and after the run.  ``origin_cpu_of`` does the
+    same for the origin behind it (a cache hit should cost the origin nothing).
     """
     threads = max(1, min(threads, connections))
     argv = [
@@ -341,8 +344,10 @@ def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
         f"--timeout={int(timeout_s)}s", "--latency", "-s", str(_wrk_script()), url,
     ]
     before = cpu_of() if cpu_of else 0.0
+    origin_before = origin_cpu_of() if origin_cpu_of else 0.0
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + timeout_s + 30)
     after = cpu_of() if cpu_of else 0.0
+    origin_after = origin_cpu_of() if origin_cpu_of else 0.0
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRKJSON ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")
@@ -362,12 +367,15 @@ def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
     )
     if cpu_of and requests:
         result.cpu_us_per_req = (after - before) / requests * 1e6
+    if origin_cpu_of and requests:
+        result.origin_cpu_us_per_req = (origin_after - origin_before) / requests * 1e6
     return result
 
 
 def median_wrk(results: Sequence[WrkResult]) -> WrkResult:
     """Per-figure medians of several runs; errors are summed."""
     cpus = [r.cpu_us_per_req for r in results if r.cpu_us_per_req is not None]
+    origin = [r.origin_cpu_us_per_req for r in results if r.origin_cpu_us_per_req is not None]
     return WrkResult(
         rps=statistics.median(r.rps for r in results),
         p50_ms=statistics.median(r.p50_ms for r in results),
@@ -377,6 +385,7 @@ def median_wrk(results: Sequence[WrkResult]) -> WrkResult:
         errors=sum(r.errors for r in results),
         non2xx=sum(r.non2xx for r in results),
         cpu_us_per_req=statistics.median(cpus) if cpus else None,
+        origin_cpu_us_per_req=statistics.median(origin) if origin else None,
     )
 
 
