@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import regex
@@ -124,6 +125,8 @@ class RegexEntry:
 _GRAM = 4
 _CROWDED = 8  # prefix bucket size above which entries move to the piece index
 _MIN_SECONDARY = 3  # shortest other literal worth moving for
+_SCAN_MAX = 48  # up to this many literal-indexed regexes are scanned with "in"
+_SORT_MAX = 256  # candidate lists this short are merged by sorting, longer ones lazily
 
 
 class _PrefixIndex:
@@ -148,16 +151,40 @@ class _PrefixIndex:
 
 
 class _GramIndex:
-    """Regexes keyed by one piece (up to 4 characters) of a required literal."""
+    """Regexes keyed by a literal every match contains.
 
-    __slots__ = ("table", "lengths")
+    Up to ``_SCAN_MAX`` of them are simply checked with ``literal in key``
+    (a C substring search each); more are keyed by one piece (up to 4
+    characters) of their literal and found by probing the key's pieces, a
+    cost that depends on the key's length, not on the number of regexes.
+    """
 
-    def __init__(self, table: dict[str, list[int]]) -> None:
-        self.table = table
-        self.lengths = tuple(sorted({len(k) for k in table}))
+    __slots__ = ("table", "lengths", "scan")
+
+    def __init__(self, entries: list[tuple[int, str]]) -> None:
+        """``entries`` are ``(entry number, literal)`` in file order."""
+        self.table: dict[str, list[int]] = {}
+        self.scan: tuple[tuple[str, int], ...] | None = None
+        if len(entries) <= _SCAN_MAX:
+            self.scan = tuple((literal, order) for order, literal in entries)
+        else:
+            table = self.table
+            for order, literal in entries:
+                piece = _choose_piece(literal, table)
+                bucket = table.get(piece)
+                if bucket is None:
+                    table[piece] = [order]
+                else:
+                    bucket.append(order)
+        self.lengths = tuple(sorted({len(k) for k in self.table}))
 
     def probe(self, key: str, out: list[list[int]]) -> None:
-        """Append the buckets of every indexed piece found in ``key`` (each once)."""
+        """Append the entry lists that may match ``key`` (each list in file order)."""
+        if self.scan is not None:
+            hits = [order for literal, order in self.scan if literal in key]
+            if hits:
+                out.append(hits)
+            return
         table = self.table
         seen: set[str] = set()
         size = len(key)
@@ -237,7 +264,7 @@ class UrlMap:
         set_(self, "variables", variables)
         set_(self, "entry_count", len(exact) + len(head_dot) + len(head_star) + len(tail) + len(regexes))
         prefix: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
-        grams: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
+        grams: tuple[list[tuple[int, str]], list[tuple[int, str]]] = ([], [])
         always: list[int] = []
         rest: list[int] = []  # entries not indexed by prefix, in file order
         crowded: list[list[int]] = []
@@ -267,13 +294,7 @@ class UrlMap:
         for i in rest:
             literal = index_keys[i][1]
             if literal:
-                table = grams[1 if regexes[i].caseless else 0]
-                piece = _choose_piece(literal, table)
-                bucket = table.get(piece)
-                if bucket is None:
-                    table[piece] = [i]
-                else:
-                    bucket.append(i)
+                grams[1 if regexes[i].caseless else 0].append((i, literal))
             else:
                 always.append(i)
         set_(self, "_prefix_cs", _PrefixIndex(prefix[0]) if prefix[0] else None)
@@ -401,6 +422,8 @@ class UrlMap:
                 more = [first] if first is not None else []
             more.extend(grams)
         if more is not None:
+            if sum(map(len, more)) <= _SORT_MAX:
+                return sorted(chain.from_iterable(more))
             return heapq.merge(*more)
         return first if first is not None else ()
 

@@ -4,6 +4,7 @@ PCRE translation means what Python's ``re`` means on their common syntax."""
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 import regex
 from hypothesis import HealthCheck, given, settings
@@ -90,10 +91,13 @@ def test_index_agrees_with_linear_walk(entries: list[tuple[str, str]], keys: lis
         value = f"v{i}:$1" if kind == "regex" else f"v{i}"
         spec.append((kind, source, value))
         lines.append(f'"{source}" "{value}";')
-    urlmap = parse_map("\n".join(lines))
     derived = [e[1].lstrip("~*^(") + k for e in entries[:3] for k in keys[:2]]
-    for key in keys + derived:
-        assert urlmap.lookup(key) == _naive(spec, "none", key), key
+    # literal regexes scanned or found by their pieces; candidates sorted or merged lazily
+    for scan_max, sort_max in ((48, 256), (0, 0)):
+        with mock.patch.multiple("prexy.urlmap.index", _SCAN_MAX=scan_max, _SORT_MAX=sort_max):
+            urlmap = parse_map("\n".join(lines))
+            for key in keys + derived:
+                assert urlmap.lookup(key) == _naive(spec, "none", key), (key, scan_max)
 
 
 # -- the translation against Python's re on syntax both read the same way ---------
@@ -154,7 +158,10 @@ def test_crowded_prefix_agrees_with_linear_walk(slugs: list[str], keys: list[str
     or kept when they have none) still answer like the naive walk."""
     tilde = "~*" if caseless else "~"
     spec = [("regex", f"{tilde}^/p/(\\d+){slug}$", f"v{i}:$1") for i, slug in enumerate(slugs)]
-    urlmap = parse_map("default none;\n" + "\n".join(f'"{s}" "{v}";' for _k, s, v in spec))
-    for key in keys:
-        for candidate in (f"/p/12{key}", f"/P/7{key.upper()}", key):
-            assert urlmap.lookup(candidate) == _naive(spec, "none", candidate), candidate
+    text = "default none;\n" + "\n".join(f'"{s}" "{v}";' for _k, s, v in spec)
+    for scan_max in (48, 0):
+        with mock.patch("prexy.urlmap.index._SCAN_MAX", scan_max):
+            urlmap = parse_map(text)
+        for key in keys:
+            for candidate in (f"/p/12{key}", f"/P/7{key.upper()}", key):
+                assert urlmap.lookup(candidate) == _naive(spec, "none", candidate), candidate
