@@ -14,13 +14,14 @@ streaming transducer (:mod:`.transducer`).  Typical use::
 from prexy.substitution.dialect import DialectError
 from prexy.substitution.rules import RulesError, load_rules, parse_rules
 from prexy.substitution.ruleset import Rule, RuleSet
-from prexy.substitution.transducer import Transducer
+from prexy.substitution.transducer import State, Transducer
 
 __all__ = [
     "DialectError",
     "Rule",
     "RuleSet",
     "RulesError",
+    "State",
     "Transducer",
     "load_rules",
     "parse_rules",

@@ -28,18 +28,35 @@ slices (e.g. 64 KB).
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.scanner import Found
 
-__all__ = ["Transducer"]
+__all__ = ["State", "Transducer"]
+
+
+class State(enum.Enum):
+    """Where a transducer is in its life: ``feed``* then ``finish`` once."""
+
+    SCANNING = "scanning"  # substituting
+    PASSING_THROUGH = "passing through"  # no more substitution in this body
+    FINISHED = "finished"  # finish() was called
 
 
 class Transducer:
-    """Rewrites one body; create it with ``RuleSet.new_transducer()``."""
+    """Rewrites one body; create it with ``RuleSet.new_transducer()``.
+
+    Attributes for the caller: ``state``, ``bailed_out`` (the buffer limit
+    stopped substitution), ``timed_out`` (a scan hit its time limit),
+    ``match_count``, ``rules_matched`` (indexes into ``ruleset.rules``),
+    ``scan_seconds`` (time spent in feed/finish) and ``held`` (bytes waiting
+    for more data).
+    """
 
     def __init__(self, ruleset: RuleSet, *, timeout: float | None = 1.0) -> None:
         self.ruleset = ruleset
@@ -49,7 +66,6 @@ class Transducer:
         self.match_count = 0
         self.rules_matched: set[int] = set()
         self.scan_seconds = 0.0
-        self.finished = False
         self._scanner = ruleset.scanner
         rules = ruleset.rules
         self._single = len(rules) == 1
@@ -59,8 +75,7 @@ class Transducer:
         self._seen_global = any(not r.once for r in rules)
         self._disabled = [False] * len(rules)
         self._disabled_count = 0
-        # Pass everything through from now on (no rules, once done, bail-out...)
-        self._passthrough = self._scanner is None
+        self.state = State.SCANNING if self._scanner is not None else State.PASSING_THROUGH
         self._buf = b""
         self._pos = 0  # bytes of _buf before _pos were already emitted
 
@@ -69,7 +84,12 @@ class Transducer:
     @property
     def passing_through(self) -> bool:
         """True once the rest of the body will pass through unchanged."""
-        return self._passthrough
+        return self.state is not State.SCANNING
+
+    @property
+    def finished(self) -> bool:
+        """True once ``finish()`` was called."""
+        return self.state is State.FINISHED
 
     @property
     def held(self) -> int:
@@ -77,22 +97,39 @@ class Transducer:
         return len(self._buf) - self._pos
 
     def feed(self, data: bytes) -> bytes:
-        """Take the next bytes of the body; return the output ready now."""
-        if self.finished:
+        """Take the next bytes of the body; return the output ready now.
+
+        The work done is proportional to ``len(data)`` (and the matches in
+        it): feed large bodies in slices, e.g. with :meth:`feed_slices`.
+        """
+        if self.state is State.FINISHED:
             raise RuntimeError("feed() after finish()")
-        if self._passthrough and not self.held:
+        if self.state is State.PASSING_THROUGH and not self.held:
             return bytes(data)
         return self._run(bytes(data), final=False)
 
+    def feed_slices(self, data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+        """Feed ``data`` ``size`` bytes at a time, yielding each output.
+
+        Suits a cooperative scheduler (``twisted.internet.task.cooperate``):
+        each step does a bounded amount of work.
+        """
+        view = memoryview(data)
+        for i in range(0, len(data), size):
+            yield self.feed(view[i : i + size].tobytes())
+
     def finish(self, data: bytes = b"") -> bytes:
         """End of body (optionally with its last bytes); return the rest."""
-        if self.finished:
+        if self.state is State.FINISHED:
             raise RuntimeError("finish() called twice")
         out = self._run(bytes(data), final=True)
-        self.finished = True
+        self.state = State.FINISHED
         self._buf = b""
         self._pos = 0
         return out
+
+    def _stop_substituting(self) -> None:
+        self.state = State.PASSING_THROUGH
 
     # -- the scan loop --------------------------------------------------------
 
@@ -106,7 +143,7 @@ class Transducer:
             out.append(buf[pos:])
             pos = len(buf)
             self.bailed_out = True
-            self._passthrough = True
+            self._stop_substituting()
         # Keep one byte of left context for ^ and \b; position 0 of the
         # buffer is the stream start only while nothing was dropped.
         keep_from = pos - 1 if pos > 0 else 0
@@ -119,7 +156,7 @@ class Transducer:
         """Rewrite ``buf`` from ``pos`` into ``out``; return where holding starts."""
         scanner = self._scanner
         n = len(buf)
-        if scanner is None or self._passthrough:
+        if scanner is None or self.state is not State.SCANNING:
             out.append(buf[pos:])
             return n
         timeout = self.timeout
@@ -172,12 +209,12 @@ class Transducer:
                     pos = start + 1
                 else:
                     pos = end
-                if self._passthrough:
+                if self.state is not State.SCANNING:
                     emit(buf[pos:])
                     return n
         except TimeoutError:
             self.timed_out = True
-            self._passthrough = True
+            self._stop_substituting()
             emit(buf[pos:])
             return n
         return min(pos, n)
@@ -189,10 +226,10 @@ class Transducer:
         value = literal if literal is not None else self._templates[rule].expand(found.group)
         if self._once[rule]:
             if self._single:
-                self._passthrough = True
+                self._stop_substituting()
             else:
                 self._disabled[rule] = True
                 self._disabled_count += 1
                 if not self._seen_global and self._disabled_count == len(self._disabled):
-                    self._passthrough = True
+                    self._stop_substituting()
         return value

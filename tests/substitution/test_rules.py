@@ -183,3 +183,14 @@ def test_ruleset_is_immutable() -> None:
     rs = parse_rules(b"replace_filter a b;")
     with pytest.raises(AttributeError):
         rs.max_buffered_size = 1  # type: ignore[misc]
+
+
+def test_literal_prefix_for_prefilters() -> None:
+    """The fixed leading bytes of a rule, for a multi-pattern prefilter."""
+    from prexy.substitution.dialect import literal_prefix, parse_sregex
+
+    assert literal_prefix(parse_sregex(b"www\\.example\\.com").tree) == b"www.example.com"
+    assert literal_prefix(parse_sregex(b"\\b(UA-)\\d+").tree) == b"UA-"
+    assert literal_prefix(parse_sregex(b"ab+c").tree) == b"ab"
+    assert literal_prefix(parse_sregex(b"a|b").tree) == b""
+    assert literal_prefix(parse_sregex(b"x", caseless=True).tree) == b""

@@ -188,3 +188,45 @@ def test_stream_anchors() -> None:
     rs = rules(("\\Aa|a\\z", "X", "g"))
     assert rewrite(rs, b"a", b"a", b"a") == b"XaX"
     assert rewrite(rs, b"aaa") == b"XaX"
+
+
+def test_lazy_match_is_released_without_waiting() -> None:
+    """A lazy match that is complete does not wait for longer, lower-priority ones."""
+    rs = rules(("<s>.*?</s>", "S", "g"))
+    t = rs.new_transducer()
+    assert t.feed(b"a<s>x</s>b<s>y</s>") == b"aSbS"
+    assert t.held == 0
+    t = rules(("<s>.*</s>", "S", "g")).new_transducer()
+    assert t.feed(b"a<s>x</s>b") == b"a"  # greedy: a later </s> could extend it
+    assert t.finish() == b"Sb"
+
+
+def test_feed_slices_bounds_each_step() -> None:
+    """feed_slices yields one output per slice and adds up to feed()."""
+    rs = rules(("ab", "X", "g"))
+    body = b"xxab" * 1000
+    t = rs.new_transducer()
+    steps = list(t.feed_slices(body, 333))
+    assert len(steps) == -(-len(body) // 333)
+    assert b"".join(steps) + t.finish() == body.replace(b"ab", b"X")
+
+
+def test_state_machine() -> None:
+    """SCANNING until a once-rule, a bail-out or a timeout; FINISHED at the end."""
+    from prexy.substitution.transducer import State
+
+    t = rules(("a", "X", "")).new_transducer()
+    assert t.state is State.SCANNING
+    t.feed(b"a")
+    assert t.state is State.PASSING_THROUGH
+    t.finish()
+    assert t.state is State.FINISHED and t.finished
+
+
+def test_many_rules() -> None:
+    """Hundreds of rules compile once and keep leftmost-then-rule-order semantics."""
+    text = b"".join(b"replace_filter 'w%d[0-9]+t' 'R%d' g;\n" % (i, i) for i in range(300))
+    rs = parse_rules(text + b"replace_filter 'w1' 'first' g;")
+    t = rs.new_transducer()
+    # Rule 1 (w1[0-9]+t) is earlier than rule 15 and 17; w2995t goes to rule 2.
+    assert t.feed(b"w17t w15t w1 w2995t x29t") + t.finish() == b"R1 R1 first R2 x29t"
