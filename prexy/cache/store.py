@@ -24,8 +24,7 @@ Layout of the environment (a directory, e.g. ``/dev/shm/prexy-cache``):
     ``u64 tick (big-endian) | object key`` -> empty: the recency order;
     eviction deletes from the front.
 ``meta``
-    ``bytes`` (accounted total), ``count``, ``tick`` (a counter bumped on
-    every store and touch), ``format``.
+    ``tick`` (a counter bumped on every store and touch) and ``format``.
 
 LRU is approximate so that a hit stays a read-only transaction: like
 Varnish's ``lru_interval``, a hit moves its object to the back of the queue
@@ -33,13 +32,18 @@ Varnish's ``lru_interval``, a hit moves its object to the back of the queue
 ``touch_interval`` seconds ago (default 2 s).  An object hit at least that
 often is never the next victim; one that is not drifts to the front.
 
-Sizes are accounted as LMDB pages, not just payload bytes (a value larger
-than ~2000 bytes takes whole 4 KiB overflow pages; small ones are charged
-their bytes plus B-tree overhead), so ``max_bytes`` bounds the memory the
-map really uses to within the B-tree's slack.  The map itself is sized
-``2 * max_bytes + 64 MiB`` (virtual; on tmpfs only touched pages cost
-memory) so that pages held by long readers never make a commit fail; if one
-does, the store evicts down to half and retries once.
+``max_bytes`` bounds the pages the data really occupies (LMDB's own page
+counts of every table, read in O(1) inside the write transaction), not an
+estimate of payload bytes: a 12-byte object with its head and index entries
+costs about 1 KB of pages (random keys leave leaf pages a third full under
+churn), a 20 KB one six 4 KiB pages.  Each store evicts from the LRU front
+before writing (by an estimate of the new object's pages) and again after,
+so every committed state is within the bound.  The free list (pages freed
+but possibly still seen by a reader) comes on top; ``stats()["map_used"]``
+is the high-water mark.  The map is sized ``2 * max_bytes + 64 MiB``
+(virtual; on tmpfs only touched pages cost memory) so that pages held by
+long readers never make a commit fail; if one does, the store evicts down to
+half and retries once.
 
 Every process must call :meth:`Store.open` itself, after forking: an LMDB
 environment must not cross a ``fork()``.
@@ -69,7 +73,9 @@ FORMAT = b"prexy-cache/1 marshal/%d py/%d.%d" % (marshal.version, *sys.version_i
 
 _PAGE = 4096
 _OVERFLOW = 2000  # values above this go to overflow pages (LMDB: ~pagesize/2)
-_INDEX_OVERHEAD = 192  # idx + lru entries, nodes and B-tree slack
+#: Per object: idx and lru entries, leaf nodes and B-tree slack (measured:
+#: with random keys and constant churn, leaf pages run about a third full).
+_INDEX_OVERHEAD = 800
 _IDX = struct.Struct("<QQdd")
 _TICK = struct.Struct(">Q")
 _U64 = struct.Struct("<Q")
@@ -170,8 +176,8 @@ def footprint(key_len: int, record_len: int) -> int:
     if record_len > _OVERFLOW:
         pages = (record_len + 16 + _PAGE - 1) // _PAGE
         return pages * _PAGE + key_len + _INDEX_OVERHEAD
-    # Leaf nodes: 8-byte header, pages about 2/3 full on average.
-    return (key_len + record_len + 8) * 3 // 2 + _INDEX_OVERHEAD
+    # A leaf node (8-byte header) in pages about a third full.
+    return (key_len + record_len + 8) * 3 + _INDEX_OVERHEAD // 2
 
 
 def _decode(key: bytes, record: Any, size: int) -> CachedObject:
@@ -431,7 +437,7 @@ class Store:
                     txn.put(key, _IDX.pack(tick, size, meta.dead_at(), self._clock()) + site_url, db=self._idx)
                     txn.put(_TICK.pack(tick) + key, b"", db=self._lru)
                     txn.put(primary, vary, db=self._vary)
-                    self._add(txn, size, 1)
+                    self._evict(txn, 0, keep=key)
                 return True
             except lmdb.MapFullError:
                 continue
@@ -499,19 +505,18 @@ class Store:
         with self._env.begin(write=True) as txn:
             for db in (self._obj, self._vary, self._idx, self._lru):
                 txn.drop(db, delete=False)
-            txn.put(b"bytes", _U64.pack(0), db=self._meta)
-            txn.put(b"count", _U64.pack(0), db=self._meta)
 
     def stats(self) -> dict[str, int]:
-        """``bytes`` (accounted), ``count`` (objects), ``max_bytes``,
-        ``map_used`` (bytes of the map ever touched: the high-water mark)."""
+        """``bytes`` (pages in use, what ``max_bytes`` bounds), ``count``
+        (objects), ``max_bytes``, ``map_used`` (bytes of the map ever
+        touched: the high-water mark, free pages included)."""
         with self._env.begin() as txn:
-            used = txn.get(b"bytes", db=self._meta)
-            count = txn.get(b"count", db=self._meta)
+            used = self._used(txn)
+            count = txn.stat(self._obj)["entries"]
         info = self._env.info()
         return {
-            "bytes": _U64.unpack(used)[0] if used else 0,
-            "count": _U64.unpack(count)[0] if count else 0,
+            "bytes": used,
+            "count": count,
             "max_bytes": self.max_bytes,
             "map_used": (info["last_pgno"] + 1) * self._env.stat()["psize"],
         }
@@ -530,29 +535,40 @@ class Store:
         info = txn.get(key, db=self._idx)
         if info is None:
             return bool(txn.delete(key, db=self._obj))
-        tick, size, _, _ = _IDX.unpack_from(info, 0)
+        tick = _IDX.unpack_from(info, 0)[0]
         txn.delete(key, db=self._obj)
         txn.delete(key, db=self._idx)
         txn.delete(_TICK.pack(tick) + key, db=self._lru)
-        self._add(txn, -size, -1)
+        # The URL's Vary record goes with its last object.
+        primary = key[:16]
+        cursor = txn.cursor(db=self._obj)
+        if not (cursor.set_range(primary) and bytes(cursor.key()).startswith(primary)):
+            txn.delete(primary, db=self._vary)
         return True
 
-    def _evict(self, txn: lmdb.Transaction, incoming: int) -> None:
-        """Deletes least recently used objects until ``incoming`` more bytes fit."""
-        raw = txn.get(b"bytes", db=self._meta)
-        used = _U64.unpack(raw)[0] if raw else 0
-        if used + incoming <= self.max_bytes:
+    def _used(self, txn: lmdb.Transaction) -> int:
+        """Bytes of the pages the data really occupies now (not the free list)."""
+        pages = 0
+        for db in (self._obj, self._vary, self._idx, self._lru, self._meta):
+            st = txn.stat(db)
+            pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return pages * _PAGE
+
+    def _evict(self, txn: lmdb.Transaction, incoming: int, keep: bytes | None = None) -> None:
+        """Deletes least recently used objects until ``incoming`` more bytes fit
+        (never ``keep``, the object just stored)."""
+        limit = self.max_bytes - incoming
+        if self._used(txn) <= limit:
             return
-        victims = []
         cursor = txn.cursor(db=self._lru)
-        for k in cursor.iternext(keys=True, values=False):
-            if used + incoming <= self.max_bytes:
-                break
-            key = bytes(k)[_TICK.size :]
-            info = txn.get(key, db=self._idx)
-            used -= _IDX.unpack_from(info, 0)[1] if info is not None else 0
-            victims.append(key)
-        for key in victims:
+        while self._used(txn) > limit:
+            if not cursor.first():
+                return
+            key = bytes(cursor.key())[_TICK.size :]
+            if key == keep:
+                if not cursor.next():
+                    return
+                key = bytes(cursor.key())[_TICK.size :]
             self._delete(txn, key)
 
     def _next_tick(self, txn: lmdb.Transaction) -> int:
@@ -560,11 +576,3 @@ class Store:
         tick = (_U64.unpack(raw)[0] if raw else 0) + 1
         txn.put(b"tick", _U64.pack(tick), db=self._meta)
         return tick
-
-    def _add(self, txn: lmdb.Transaction, size: int, count: int) -> None:
-        raw = txn.get(b"bytes", db=self._meta)
-        total = max(0, (_U64.unpack(raw)[0] if raw else 0) + size)
-        txn.put(b"bytes", _U64.pack(total), db=self._meta)
-        raw = txn.get(b"count", db=self._meta)
-        n = max(0, (_U64.unpack(raw)[0] if raw else 0) + count)
-        txn.put(b"count", _U64.pack(n), db=self._meta)
