@@ -706,9 +706,18 @@ class _Parser:
             # but not as plain text of this level (no textual split through it)
             items.extend((k, c, b, a, False) for k, c, b, a, _ in inner)
 
+    def no_range_after_set(self) -> None:
+        """PCRE2 refuses a hyphen after a class escape or POSIX class unless it ends the class."""
+        if self.peek() == "-" and self.peek(1) not in ("]", ""):
+            raise self.error("invalid range in character class")
+
     def char_class(self) -> None:
         """Parse ``[...]`` with PCRE's rules and emit it canonically."""
         src = self.src
+        if self.peek(1) in (":", ".", "=") and src.find(self.peek(1) + "]", self.pos + 2) >= 0:
+            end = src.find(self.peek(1) + "]", self.pos + 2)
+            if "]" not in src[self.pos + 2:end]:
+                raise self.error("POSIX named classes are supported only within a class")
         self.pos += 1
         negate = False
         if self.peek() == "^":
@@ -747,6 +756,7 @@ class _Parser:
                     flush()
                     rs = _POSIX[name]
                     members.append(_ranges_text(_complement(rs) if neg else rs))
+                    self.no_range_after_set()
                     continue
             code: int | None
             if ch == "\\":
@@ -768,11 +778,13 @@ class _Parser:
                 if esc in "dDwWsS":
                     flush()
                     members.append("\\" + esc)
+                    self.no_range_after_set()
                     continue
                 if esc in "hHvV":
                     flush()
                     rs = _HSPACE if esc in "hH" else _VSPACE
                     members.append(_ranges_text(_complement(rs) if esc.isupper() else rs))
+                    self.no_range_after_set()
                     continue
                 if esc in "pP":
                     flush()

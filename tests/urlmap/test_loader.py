@@ -79,7 +79,8 @@ def test_bad_regex_is_a_load_error_with_location() -> None:
     "regex",
     [
         "~a)", "~[a", '"~a{3,2}"', "~(?<n>a)(?<n>b)", r"~\k<nope>", "~(?<1a>x)",
-        r"~\y", r"~x\\\\\\", "~(?z)", r"~[z-a]",
+        r"~\y", r"~x\\\\\\", "~(?z)", r"~[z-a]", r"~[\d-z]", "~[[:alpha:]-z]", "~[:alpha:]",
+        "~[[:nope:]]",
     ],
 )
 def test_invalid_regexes_rejected(regex: str) -> None:
