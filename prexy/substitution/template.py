@@ -94,6 +94,9 @@ def compile_template(src: bytes) -> Template:
                 raise TemplateError("unclosed '${'", start)
         name_start = i
         if src[i] == ord("&"):
+            if bracket:
+                # The module reads ``${&}`` as an unclosed bracket; so do we.
+                raise TemplateError("'${&}' is not supported, write '$&'", start)
             group = 0
             i += 1
         elif src[i] in _DIGITS:

@@ -3,6 +3,8 @@
 The conformance cases live in ``shared/conformance`` beside the checkout
 (``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points.
 Tests that need them are skipped, with the reason, when they are absent.
+Hypothesis settings are given per test (``PREXY_HYPOTHESIS_EXAMPLES`` raises
+the example count of the chunking property).
 """
 
 from __future__ import annotations
@@ -12,16 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-settings.register_profile(
-    "substitution",
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 def shared_dir() -> Path | None:

@@ -63,7 +63,7 @@ def test_templates() -> None:
     assert rewrite(rules(("(a)", "$11", "g")), b"a") == b""
 
 
-@pytest.mark.parametrize("bad", ["$", "x$", "$host", "${1", "$-", "${}"])
+@pytest.mark.parametrize("bad", ["$", "x$", "$host", "${1", "$-", "${}", "${&}", "${1a}"])
 def test_template_refusals(bad: str) -> None:
     """Unknown variables and malformed references are load errors."""
     with pytest.raises(TemplateError):
