@@ -41,7 +41,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from prexy.cache.policy import cache_key  # noqa: E402
+import attrs  # noqa: E402
+
+from prexy.cache.policy import cache_key, vary_key  # noqa: E402
 from prexy.cache.store import ObjectMeta, Store  # noqa: E402
 
 HEADERS = (
@@ -274,6 +276,50 @@ def run(name: str, size: int, n: int, seconds: float, ctx: Any) -> dict[str, flo
         shutil.rmtree(root, ignore_errors=True)
 
 
+def lmdb_extras(n: int) -> list[str]:
+    """Costs only the chosen store has: lookup with Vary, put into a full
+    store (with eviction), purge_url, ban over every object."""
+    root = tempfile.mkdtemp(prefix="prexy-bench-", dir="/dev/shm")
+    try:
+        store = Store.open(os.path.join(root, "store"), 8 * 1024 * 1024)
+        headers = [(b"Accept-Encoding", b"gzip, deflate, br"), (b"User-Agent", b"bench")]
+        urls = [b"/page/%d" % i for i in range(n)]
+        meta = ObjectMeta(200, HEADERS, time.time(), 300.0, site="bench", vary=(b"accept-encoding",))
+        full_times = []
+        for url in urls:
+            k = cache_key("bench", b"GET", url, vary_key(b"accept-encoding", headers), "v1")
+            t = time.perf_counter()
+            store.put(k, attrs.evolve(meta, url=url), b"x" * 2000)
+            full_times.append((time.perf_counter() - t) * 1e6)
+        stats = store.stats()
+        alive = [u for u in urls if store.lookup("bench", b"GET", u, "v1", headers).obj is not None]
+        times = []
+        for url in alive:
+            t = time.perf_counter()
+            store.lookup("bench", b"GET", url, "v1", headers)
+            times.append((time.perf_counter() - t) * 1e6)
+        t = time.perf_counter()
+        for url in alive[:100]:
+            store.purge_url("bench", url)
+        purge = (time.perf_counter() - t) / 100 * 1e6
+        count = store.stats()["count"]
+        t = time.perf_counter()
+        banned = store.ban("bench", r"^/page/\d*7$")
+        ban = (time.perf_counter() - t) * 1e3
+        store.close()
+        full_times.sort()
+        times.sort()
+        return [
+            f"- lookup (Vary: Accept-Encoding) p50 {statistics.median(times):.1f} µs, p99 {times[int(len(times) * 0.99)]:.1f} µs",
+            f"- put of a 2 KB object into a full 8 MiB store ({stats['count']} objects, evicting): "
+            f"p50 {statistics.median(full_times):.1f} µs, p99 {full_times[int(len(full_times) * 0.99)]:.1f} µs",
+            f"- purge_url: {purge:.1f} µs",
+            f"- ban scanning {count} objects, deleting {banned}: {ban:.1f} ms",
+        ]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="objects per run")
@@ -293,6 +339,9 @@ def main() -> None:
                 f"| {r['get_p99']:.1f} | {r['hits']:,.0f} |",
                 flush=True,
             )
+    print()
+    for line in lmdb_extras(args.n * 5):
+        print(line)
 
 
 if __name__ == "__main__":

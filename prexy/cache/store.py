@@ -51,6 +51,7 @@ environment must not cross a ``fork()``.
 
 from __future__ import annotations
 
+import functools
 import marshal
 import os
 import re
@@ -58,7 +59,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import lmdb
@@ -110,6 +111,13 @@ class ObjectMeta:
     #: A hit-for-miss marker: no body; lookups that find it go straight
     #: upstream without coalescing, until it expires.
     hit_for_miss: bool = False
+
+    def header(self, lname: bytes) -> bytes | None:
+        """The first value of a header, by lower-case name (e.g. ``b"etag"``)."""
+        for name, value in self.headers:
+            if name.lower() == lname:
+                return value
+        return None
 
     def age(self, now: float) -> float:
         """Seconds since the response was generated (>= 0)."""
@@ -189,6 +197,25 @@ def _decode(key: bytes, record: Any, size: int) -> CachedObject:
         status, headers, stored_at, ttl, grace, keep, sie, site, url, vary, phrase, hfm,
         bytes(record[4 + meta_len :]), size,
     )
+
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+def _adopts_resize(method: Callable[Concatenate[Store, _P], _T]) -> Callable[Concatenate[Store, _P], _T]:
+    """Retries once after adopting a map another process made larger (a
+    worker started with a bigger ``max_bytes`` after a reload)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except lmdb.MapResizedError:
+            self._env.set_mapsize(0)
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class Writer:
@@ -320,6 +347,7 @@ class Store:
 
     # -- reads -------------------------------------------------------------------
 
+    @_adopts_resize
     def get(self, key: bytes) -> CachedObject | None:
         """The object stored under ``key``, or ``None``.
 
@@ -333,6 +361,7 @@ class Store:
             self._touch(key)
         return obj
 
+    @_adopts_resize
     def lookup(
         self,
         site: str,
@@ -407,6 +436,7 @@ class Store:
         ``ttl`` is the hit-for-miss TTL)."""
         return self.put(key, attrs.evolve(meta, hit_for_miss=True, grace=0.0, keep=0.0, stale_if_error=0.0))
 
+    @_adopts_resize
     def refresh(self, key: bytes, meta: ObjectMeta) -> bool:
         """Replaces the meta data of a stored object, keeping its body (after a
         304 from upstream revalidated it).  ``False`` when it is gone."""
@@ -418,6 +448,7 @@ class Store:
             body = bytes(record[4 + meta_len :])
         return self._store(key, meta, body)
 
+    @_adopts_resize
     def _store(self, key: bytes, meta: ObjectMeta, body: bytes) -> bool:
         packed = meta._pack()
         record = _U32.pack(len(packed)) + packed + body
@@ -443,11 +474,13 @@ class Store:
                 continue
         return False
 
+    @_adopts_resize
     def delete(self, key: bytes) -> bool:
         """Removes one object; ``True`` when there was one."""
         with self._env.begin(write=True) as txn:
             return self._delete(txn, key)
 
+    @_adopts_resize
     def purge_url(self, site: str, url: bytes) -> int:
         """Removes every variant (every method class and rule-set version) of
         one URL, and its recorded ``Vary``; returns how many objects went."""
@@ -465,6 +498,7 @@ class Store:
             txn.delete(primary, db=self._vary)
         return len(keys)
 
+    @_adopts_resize
     def ban(self, site: str | None, url_regex: str | re.Pattern[str]) -> int:
         """Removes now every object of ``site`` (any site when ``None``) whose
         URL (decoded as latin-1) matches ``url_regex`` (``re.search``).
@@ -488,6 +522,7 @@ class Store:
                     victims.append(bytes(k))
         return self._delete_many(victims)
 
+    @_adopts_resize
     def expire(self) -> int:
         """Removes every object past its ``dead_at``; returns how many.
         Optional housekeeping: ``get`` never returns dead objects and LRU
@@ -500,12 +535,14 @@ class Store:
                     victims.append(bytes(k))
         return self._delete_many(victims)
 
+    @_adopts_resize
     def clear(self) -> None:
         """Empties the store."""
         with self._env.begin(write=True) as txn:
             for db in (self._obj, self._vary, self._idx, self._lru):
                 txn.drop(db, delete=False)
 
+    @_adopts_resize
     def stats(self) -> dict[str, int]:
         """``bytes`` (pages in use, what ``max_bytes`` bounds), ``count``
         (objects), ``max_bytes``, ``map_used`` (bytes of the map ever

@@ -9,10 +9,13 @@ import marshal
 import multiprocessing
 import os
 import struct
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prexy.cache.policy import CachePolicy, cache_key, vary_key
 from prexy.cache.store import FORMAT, ObjectMeta, Store
@@ -434,3 +437,74 @@ def test_env_var_free_paths(tmp_path: Any) -> None:
     assert os.path.isdir(target)
     with pytest.raises(ValueError):
         Store.open(target, 0)
+
+
+def _child_grow(path: str) -> None:
+    store = Store.open(path, 96 * MiB, clock=lambda: NOW)
+    for i in range(80):
+        store.put(key(b"/big/%d" % i), meta(b"/big/%d" % i), bytes([i]) * MiB)
+    store.close()
+
+
+def test_adopts_map_grown_by_another_process(path: str, clock: FakeClock, ctx: Any) -> None:
+    """A worker started with a bigger cache (after a reload) grows the map;
+    workers still running adopt the new size instead of failing."""
+    store = Store.open(path, 1 * MiB, clock=clock)
+    store.put(key(b"/small"), meta(b"/small"), b"s")
+    p = ctx.Process(target=_child_grow, args=(path,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    obj = store.get(key(b"/big/79"))
+    assert obj is not None and obj.body == bytes([79]) * MiB
+    store.close()
+
+
+def test_clear_and_header(store: Store) -> None:
+    """clear empties everything; header() finds a stored header by lower-case name."""
+    store.put(key(b"/a"), meta(b"/a", vary=(b"accept-encoding",)), b"a")
+    obj = store.get(key(b"/a"))
+    assert obj is not None and obj.header(b"content-type") == b"text/html" and obj.header(b"etag") is None
+    store.clear()
+    assert store.get(key(b"/a")) is None and store.stats()["count"] == 0
+    check_consistent(store)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "delete", "purge", "get"]),
+            st.integers(0, 5),
+            st.sampled_from([b"", b"gzip", b"br"]),
+            st.binary(max_size=3000),
+        ),
+        max_size=40,
+    )
+)
+def test_store_matches_a_dict(ops: list[tuple[str, int, bytes, bytes]]) -> None:
+    """Any sequence of puts, deletes, purges and gets behaves like a dict
+    (no eviction at this size) and leaves the indexes consistent."""
+    with tempfile.TemporaryDirectory(dir="/tmp/") as tmp:
+        store = Store.open(tmp, 16 * MiB, clock=lambda: NOW)
+        model: dict[bytes, bytes] = {}
+        for op, n, vary, body in ops:
+            url = b"/u%d" % n
+            k = key(url, vary)
+            if op == "put":
+                assert store.put(k, meta(url), body)
+                model[k] = body
+            elif op == "delete":
+                assert store.delete(k) == (k in model)
+                model.pop(k, None)
+            elif op == "purge":
+                gone = [x for x in model if x[:16] == k[:16]]
+                assert store.purge_url("site", url) == len(gone)
+                for x in gone:
+                    del model[x]
+            else:
+                obj = store.get(k)
+                assert (obj.body if obj else None) == model.get(k)
+        check_consistent(store)
+        assert store.stats()["count"] == len(model)
+        store.close()
