@@ -31,7 +31,7 @@ from typing import Any
 
 import regex
 
-from prexy.urlmap.pcre import ascii_lower
+from prexy.urlmap.pcre import ASCII_LOWER_TABLE, ascii_lower
 from prexy.urlmap.values import Resolver, Value, as_resolver, render
 
 __all__ = ["MapLookup", "SourceFile", "UrlMap", "RegexEntry", "REGEX_FLAGS"]
@@ -104,15 +104,16 @@ class RegexEntry:
         self.literal = literal
         self.split = len(literal)
 
-    def search(self, key: str) -> Any:
-        """The regex match on ``key``, or ``None``."""
+    def search(self, key: str, low: str | None = None) -> Any:
+        """The regex match on ``key`` (``low``: the key ASCII-lower-cased), or ``None``."""
         rest = self.rest
         if rest is not None:
-            literal = self.literal
             if self.caseless:
-                if ascii_lower(key[:self.split]) != literal:
+                if low is None:
+                    low = ascii_lower(key)
+                if not low.startswith(self.literal):
                     return None
-            elif not key.startswith(literal):
+            elif not key.startswith(self.literal):
                 return None
             return rest.match(key, self.split)
         compiled = self.compiled
@@ -209,7 +210,7 @@ class UrlMap:
 
     __slots__ = (
         "_exact", "_head_dot", "_head_star", "_tail", "_regexes", "_prefix_cs",
-        "_prefix_ci", "_gram_cs", "_gram_ci", "_always", "_captures",
+        "_prefix_ci", "_gram_cs", "_gram_ci", "_always", "_captures", "_only_prefix",
         "hostnames", "default", "entry_count", "source_files", "variables", "_frozen",
     )
 
@@ -223,6 +224,7 @@ class UrlMap:
     _gram_cs: _GramIndex | None
     _gram_ci: _GramIndex | None
     _always: list[int]
+    _only_prefix: _PrefixIndex | None
     _captures: frozenset[str]
     hostnames: bool
     default: Value
@@ -302,6 +304,10 @@ class UrlMap:
         set_(self, "_gram_cs", _GramIndex(grams[0]) if grams[0] else None)
         set_(self, "_gram_ci", _GramIndex(grams[1]) if grams[1] else None)
         set_(self, "_always", always)
+        only = self._prefix_cs
+        if self._prefix_ci is not None or self._gram_cs is not None or self._gram_ci is not None:
+            only = None
+        set_(self, "_only_prefix", None if always else only)
         set_(self, "_frozen", True)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -340,7 +346,7 @@ class UrlMap:
         """(value, regex match or None, the entry: a RegexEntry or "kind key")."""
         if self.hostnames and key.endswith("."):
             key = key[:-1]
-        low = ascii_lower(key)
+        low = key.lower() if key.isascii() else key.translate(ASCII_LOWER_TABLE)
         value = self._exact.get(low)
         if value is not None:
             return value, None, "exact " + low
@@ -351,9 +357,23 @@ class UrlMap:
                 return value, None, kind + " " + name
         if key and self._regexes:
             regexes = self._regexes
-            for order in self._candidates(key, low):
+            only = self._only_prefix
+            if only is not None:
+                # the common case, one case-sensitive prefix index: probe it inline
+                candidates: Iterable[int] = ()
+                table = only.table
+                size = len(key)
+                for n in only.lengths:
+                    if n > size:
+                        break
+                    hit = table.get(key[:n])
+                    if hit is not None:
+                        candidates = hit if not candidates else sorted([*candidates, *hit])
+            else:
+                candidates = self._candidates(key, low)
+            for order in candidates:
                 entry = regexes[order]
-                m = entry.search(key)
+                m = entry.search(key, low)
                 if m is not None:
                     return entry.value, m, entry
         return self.default, None, "default default"

@@ -40,14 +40,14 @@ __all__ = [
     "translate",
 ]
 
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+ASCII_LOWER_TABLE = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def ascii_lower(text: str) -> str:
     """Lower-case ASCII letters only, as nginx's ``ngx_tolower`` does."""
     if text.isascii():
         return text.lower()
-    return text.translate(_ASCII_LOWER)
+    return text.translate(ASCII_LOWER_TABLE)
 
 
 class RegexSyntaxError(ValueError):

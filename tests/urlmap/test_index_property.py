@@ -165,3 +165,20 @@ def test_crowded_prefix_agrees_with_linear_walk(slugs: list[str], keys: list[str
         for key in keys:
             for candidate in (f"/p/12{key}", f"/P/7{key.upper()}", key):
                 assert urlmap.lookup(candidate) == _naive(spec, "none", candidate), candidate
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prefixes=st.lists(st.tuples(literals, st.sampled_from(TAILS)), min_size=1, max_size=20),
+    keys=st.lists(st.text(alphabet=ALPHABET, max_size=9), min_size=1, max_size=8),
+)
+def test_prefix_only_map_agrees_with_linear_walk(
+    prefixes: list[tuple[str, str]], keys: list[str]
+) -> None:
+    """Maps of only case-sensitive ``^literal`` regexes (the inline fast path, with
+    prefixes of several lengths hitting one key) answer like the naive walk."""
+    spec = [("regex", f"~^{_lit(lit)}{tail}", f"v{i}:$1") for i, (lit, tail) in enumerate(prefixes)]
+    urlmap = parse_map("default none;\n" + "\n".join(f'"{s}" "{v}";' for _k, s, v in spec))
+    derived = [lit + key for lit, _t in prefixes[:4] for key in keys[:2]]
+    for key in keys + derived:
+        assert urlmap.lookup(key) == _naive(spec, "none", key), key

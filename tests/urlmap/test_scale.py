@@ -87,9 +87,9 @@ def test_lookup_confirms_only_candidates(
     calls: list[str] = []
     original = RegexEntry.search
 
-    def counting(self: RegexEntry, key: str) -> object:
+    def counting(self: RegexEntry, key: str, low: str | None = None) -> object:
         calls.append(self.source)
-        return original(self, key)
+        return original(self, key, low)
 
     monkeypatch.setattr(RegexEntry, "search", counting)
     assert urlmap.lookup(f"/hello/world/{hashes[-1]}?x") == "/new/99999"
@@ -110,9 +110,9 @@ def test_unindexable_regexes_stay_candidates(monkeypatch: pytest.MonkeyPatch) ->
     calls: list[str] = []
     original = RegexEntry.search
 
-    def counting(self: RegexEntry, key: str) -> object:
+    def counting(self: RegexEntry, key: str, low: str | None = None) -> object:
         calls.append(self.source)
-        return original(self, key)
+        return original(self, key, low)
 
     monkeypatch.setattr(RegexEntry, "search", counting)
     assert urlmap.lookup("/p/999") == "/999"
@@ -132,9 +132,9 @@ def test_crowded_prefix_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     original = RegexEntry.search
 
-    def counting(self: RegexEntry, key: str) -> object:
+    def counting(self: RegexEntry, key: str, low: str | None = None) -> object:
         calls.append(self.source)
-        return original(self, key)
+        return original(self, key, low)
 
     monkeypatch.setattr(RegexEntry, "search", counting)
     assert urlmap.lookup("/item/42-slug-9999") == "/new/9999/42"
