@@ -76,13 +76,12 @@ class RegexEntry:
     """
 
     __slots__ = (
-        "order", "source", "filename", "line", "caseless", "value",
+        "source", "filename", "line", "caseless", "value",
         "pattern", "compiled", "rest", "split", "literal",
     )
 
     def __init__(
         self,
-        order: int,
         source: str,
         filename: str,
         line: int,
@@ -92,7 +91,6 @@ class RegexEntry:
         rest: Any,
         literal: str,
     ) -> None:
-        self.order = order
         self.source = source
         self.filename = filename
         self.line = line

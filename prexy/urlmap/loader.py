@@ -21,8 +21,11 @@ line.
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import regex
@@ -51,19 +54,39 @@ _CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 def load_map(path: str | os.PathLike[str]) -> UrlMap:
     """Read the map file at ``path`` (and what it includes) into a :class:`UrlMap`."""
     filename = os.fspath(path)
-    builder = _Builder()
-    builder.read_file(filename, filename, 0)
-    return builder.build()
+    with _gc_paused():
+        builder = _Builder()
+        builder.read_file(filename, filename, 0)
+        return builder.build()
 
 
 def parse_map(text: str, filename: str = "<map>", base_dir: str | None = None) -> UrlMap:
     """Build a :class:`UrlMap` from map text; includes resolve against
     ``base_dir`` (default: the directory of ``filename``)."""
-    builder = _Builder()
     if base_dir is None:
         base_dir = os.path.dirname(filename)
-    builder.parse_text(text, filename, base_dir)
-    return builder.build()
+    with _gc_paused():
+        builder = _Builder()
+        builder.parse_text(text, filename, base_dir)
+        return builder.build()
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a map is built.
+
+    A load allocates hundreds of thousands of objects that all stay alive
+    and form no cycles; collections in between only rescan them (about 15%
+    of the load time for 200,000 entries).  The collector is restored as
+    it was, even if the load fails.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Builder:
@@ -213,7 +236,7 @@ class _Builder:
                 if caseless:
                     literal = ascii_lower(literal)
                 self.regexes.append(RegexEntry(
-                    len(self.regexes), source, filename, line, caseless, value, None, rest,
+                    source, filename, line, caseless, value, None, rest,
                     literal + lead_text if lead_text else literal,
                 ))
                 self.index_keys.append((literal + lead if lead else literal, secondary))
@@ -250,7 +273,7 @@ class _Builder:
                 if usable and facts is not None else None
             )
         self.regexes.append(RegexEntry(
-            len(self.regexes), source, filename, line, caseless, value,
+            source, filename, line, caseless, value,
             None if rest is not None else tr.pattern, rest, literal,
         ))
         self.index_keys.append((tr.anchored, tr.secondary if tr.anchored else tr.required))

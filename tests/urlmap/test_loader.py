@@ -206,3 +206,21 @@ def test_maperror_pickles() -> None:
     err = MapError("f.map", 3, "~(", "invalid regex", "missing )")
     again = pickle.loads(pickle.dumps(err))
     assert str(again) == str(err) == 'f.map:3: invalid regex "~(": missing )'
+
+
+def test_garbage_collector_state_is_restored() -> None:
+    """Loading pauses the cyclic GC and puts it back as it was, also after an error."""
+    import gc
+
+    assert gc.isenabled()
+    parse_map("/a /b;")
+    assert gc.isenabled()
+    with pytest.raises(MapError):
+        parse_map("~( x;")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_map("/a /b;")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
