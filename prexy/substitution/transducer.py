@@ -37,7 +37,13 @@ if TYPE_CHECKING:
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.scanner import Found
 
-__all__ = ["State", "Transducer"]
+__all__ = ["HOLD_SLACK", "State", "Transducer"]
+
+#: The module counts against ``max_buffered_size`` only the held bytes before
+#: the best match found so far (the match itself and what follows are kept to
+#: be rescanned).  Prexy does the same, and also bails out when everything it
+#: holds exceeds the limit by this much, so memory stays bounded per response.
+HOLD_SLACK = 64 * 1024
 
 
 class State(enum.Enum):
@@ -78,6 +84,8 @@ class Transducer:
         self.state = State.SCANNING if self._scanner is not None else State.PASSING_THROUGH
         self._buf = b""
         self._pos = 0  # bytes of _buf before _pos were already emitted
+        # Held bytes that count against max_buffered_size (see _scan).
+        self._pending = 0
 
     # -- public API ---------------------------------------------------------
 
@@ -137,8 +145,10 @@ class Transducer:
         started = time.perf_counter()
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
+        self._pending = 0
         pos = self._scan(buf, self._pos, final, out)
-        if not final and len(buf) - pos > self.ruleset.max_buffered_size:
+        limit = self.ruleset.max_buffered_size
+        if not final and (self._pending > limit or len(buf) - pos > limit + HOLD_SLACK):
             # The module's bail-out: flush held bytes, stop substituting.
             out.append(buf[pos:])
             pos = len(buf)
@@ -177,6 +187,7 @@ class Transducer:
                         hold = scanner.hold_point(buf, max(floor, pos), None, timeout)
                         if hold is not None:
                             emit(buf[pos:hold])
+                            self._pending = n - hold
                             return hold
                     emit(buf[pos:])
                     return n
@@ -185,6 +196,10 @@ class Transducer:
                     hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
                     if hold is not None:
                         emit(buf[pos:hold])
+                        # As in the module, only the bytes before the match
+                        # found so far count against the limit; the match
+                        # and what follows it are kept apart to be rescanned.
+                        self._pending = start - hold
                         return hold
                     if start == n and not final:
                         # An empty match at the end: decide it with the next bytes.

@@ -7,6 +7,7 @@ import pytest
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError, compile_template
+from prexy.substitution.transducer import HOLD_SLACK
 
 
 def rules(*specs: tuple[str, str, str], limit: int | None = None) -> RuleSet:
@@ -129,11 +130,28 @@ def test_bail_out_flushes_and_stops() -> None:
     """Over the limit: held bytes go out unchanged, no more substitution."""
     rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
     t = rs.new_transducer()
-    out = t.feed(b"a<abcdef")
+    out = t.feed(b"a<bcdef")
     assert t.bailed_out
-    assert out == b"X<abcdef"
+    assert out == b"X<bcdef"
     assert t.feed(b">a") == b">a"
     assert t.finish() == b""
+
+
+def test_limit_counts_bytes_before_the_match_found_so_far() -> None:
+    """As in the module, a held match found so far does not count against the limit.
+
+    ``<a`` holds (a tag may still close), but ``a`` already matched inside it:
+    only ``<`` counts.  Everything held still has a hard bound.
+    """
+    rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
+    t = rs.new_transducer()
+    assert t.feed(b"x<abcdef") == b"x"
+    assert not t.bailed_out
+    assert t.feed(b">") == b"T"
+    t = rs.new_transducer()
+    t.feed(b"<" + b"a" * (HOLD_SLACK + 10))
+    assert t.bailed_out
+    assert t.held == 0
 
 
 def test_timeout_passes_rest_through() -> None:
