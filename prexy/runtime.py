@@ -64,7 +64,7 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
         return load_rules(paths)
     except RulesError as exc:
         reason = f"column {exc.column}: {exc.reason}"
-        if exc.text:
+        if exc.text and exc.text not in exc.reason:
             reason += f" (at {exc.text!r})"
         raise ConfigError(exc.filename, exc.line, None, reason) from None
     except OSError as exc:

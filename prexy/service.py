@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.application import service, strports
+from twisted.application.internet import StreamServerEndpointService
 from twisted.logger import Logger
 from twisted.python import usage
 
 from prexy.config import Config, ConfigError, load_config, parse_size, single_site_config
+from prexy.listen import ListenSpec, adopt
 from prexy.runtime import Runtime, build_runtime
 
 log = Logger()
@@ -54,6 +57,12 @@ class Options(usage.Options):
         super().__init__()
         self["listen"] = []
         self["rules"] = []
+        self.argv: list[str] = []
+
+    def parseOptions(self, options: Any = None) -> None:
+        # Keep the command line: workers and reloads parse it again.
+        self.argv = list(sys.argv[1:] if options is None else options)
+        super().parseOptions(options)
 
     def opt_listen(self, endpoint: str) -> None:
         """Listen endpoint (Twisted endpoint string), e.g. tcp:8080:interface=127.0.0.1.
@@ -136,8 +145,17 @@ class ProxyService(service.MultiService):
     everything in it loads; on any error the old runtime keeps serving.
     """
 
-    def __init__(self, reactor: Any, config: Config, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        runtime: Runtime,
+        inherited: Sequence[tuple[ListenSpec, int]] = (),
+    ) -> None:
         super().__init__()
+        self._inherited = list(inherited)
+        self._adopted: list[Any] = []
+        self._draining = False
         from prexy.metrics import Metrics
         from prexy.proxy.resource import ProxyResource, ProxySite
         from prexy.proxy.upstream import UpstreamPool
@@ -156,9 +174,10 @@ class ProxyService(service.MultiService):
 
             self.access_log = AccessLog(reactor, config.access_log)
             self.site.log = self.access_log.log  # type: ignore[method-assign]
-        for desc in config.listen_endpoints():
-            strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
-        if config.admin:
+        if not inherited:
+            for desc in config.listen_endpoints():
+                strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
+        if config.admin and not inherited:
             from twisted.web.server import Site
 
             from prexy.admin import AdminResource
@@ -171,7 +190,6 @@ class ProxyService(service.MultiService):
     def listening_ports(self) -> Any:
         """Deferred list of the listening ports of the proxy endpoints (once
         they listen); the endpoint services keep their own results."""
-        from twisted.application.internet import StreamServerEndpointService
         from twisted.internet import defer
 
         waits = []
@@ -210,6 +228,9 @@ class ProxyService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        for spec, fd in self._inherited:
+            self._adopted.append(adopt(self.reactor, spec, fd, self.site))
+        self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
@@ -220,6 +241,36 @@ class ProxyService(service.MultiService):
         if self.access_log is not None:
             log_file = self.access_log
             signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(log_file.reopen))
+
+    def drain_and_stop(self, deadline: float) -> None:
+        """Graceful exit of a worker: stop accepting, close idle keep-alive
+        connections, let requests in flight finish (up to ``deadline``
+        seconds), then stop the reactor."""
+        if self._draining:
+            return
+        self._draining = True
+        for port in self._adopted:
+            port.stopListening()
+        self._adopted = []
+        for child in list(self):
+            if isinstance(child, StreamServerEndpointService) and child.factory is self.site:
+                child.stopService()
+        self.site.close_idle_connections()
+        started = self.reactor.seconds()
+
+        def check() -> None:
+            # Wait for requests in flight and for connections accepted just
+            # before we stopped listening (their request may be on its way).
+            busy = self.site.active_requests + self.site.open_connections()
+            if busy and self.reactor.seconds() - started < deadline:
+                self.site.close_idle_connections()
+                self.reactor.callLater(0.05, check)
+                return
+            if busy:
+                log.warn("shutdown deadline reached with {n} request(s)/connection(s) open", n=busy)
+            self.reactor.stop()
+
+        check()
 
     def stopService(self) -> Any:
         d = super().stopService()
@@ -236,7 +287,8 @@ def _global_reactor() -> Any:
 
 
 def makeService(options: Options) -> service.IService:
-    """The twistd entry point."""
+    """The twistd entry point: in-process (``--workers 0``, the demo) or a
+    master with a pool of workers."""
     from twisted.internet import reactor
 
     config: Config = options.config
@@ -246,10 +298,13 @@ def makeService(options: Options) -> service.IService:
         from prexy.demo import DemoService
 
         DemoService(reactor).setServiceParent(top)
-    ProxyService(reactor, config, runtime).setServiceParent(top)
-    log.info(
-        "prexy {pid} listening on {listen}",
-        pid=os.getpid(),
-        listen=", ".join(config.listen),
-    )
+    from prexy.workers import MasterService, default_workers, sd_notify
+
+    workers = config.workers if config.workers is not None else default_workers()
+    if workers == 0:
+        ProxyService(reactor, config, runtime).setServiceParent(top)
+        reactor.callWhenRunning(sd_notify, "READY=1")
+        log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
+    else:
+        MasterService(reactor, config, options.argv, workers).setServiceParent(top)
     return top

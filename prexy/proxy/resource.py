@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import tempfile
+import weakref
 from typing import IO, Any
 
 from twisted.internet.defer import CancelledError
@@ -527,8 +528,15 @@ class ProxyRequest(server.Request):
             return True
         return False
 
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._site_of_channel().active_requests -= 1
+
     def connectionLost(self, reason: Failure) -> None:
         exchange = self.exchange
+        if not self.finished:
+            self._uncount()
         super().connectionLost(reason)
         if exchange is not None and not self.finished:
             exchange.client_gone(reason)
@@ -570,8 +578,13 @@ class ProxyRequest(server.Request):
             return  # already answered 413; the connection is closing
         super().requestReceived(command, path, version)
 
+    _counted = False
+
     def process(self) -> None:
-        self.site = self._site_of_channel()
+        site = self._site_of_channel()
+        site.active_requests += 1
+        self._counted = True
+        self.site = site
         self.prepath = []
         self.postpath = []
         try:
@@ -588,7 +601,10 @@ class ProxyRequest(server.Request):
             self.channel.write(b"0\r\n" + self._trailer + b"\r\n")
             self.chunked = 0  # the last chunk is written
         self.exchange = None
+        if self.channel is not None:
+            self.channel._prexy_served = True  # type: ignore[attr-defined]
         self._site_of_channel().metrics.count_status(self.code)
+        self._uncount()
         super().finish()
 
 
@@ -611,5 +627,34 @@ class ProxySite(server.Site):
         super().__init__(resource, logPath=log_path, timeout=timeout, reactor=reactor)
         self.max_request_body = max_request_body
         self.metrics = metrics
-        self.logFormatter = http.combinedLogFormatter
-        self._logFormatter = http.combinedLogFormatter
+        self.active_requests = 0
+        self._channels: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        self._channels[protocol] = self.reactor.seconds()
+        return protocol
+
+    def open_connections(self) -> int:
+        """Client connections still open."""
+        count = 0
+        for wrapper in list(self._channels):
+            transport = getattr(getattr(wrapper, "_channel", wrapper), "transport", None)
+            if transport is not None and getattr(transport, "connected", False):
+                count += 1
+        return count
+
+    def close_idle_connections(self, fresh_grace: float = 2.0) -> None:
+        """Graceful shutdown: make busy connections close after their
+        response, close idle keep-alive ones, and give connections accepted
+        moments ago ``fresh_grace`` seconds to send their first request."""
+        now = self.reactor.seconds()
+        for wrapper, created in list(self._channels.items()):
+            channel = getattr(wrapper, "_channel", wrapper)
+            transport = getattr(channel, "transport", None)
+            if transport is None:
+                continue
+            if getattr(channel, "requests", None):
+                channel.persistent = False
+            elif getattr(channel, "_prexy_served", False) or now - created >= fresh_grace:
+                transport.loseConnection()

@@ -3,7 +3,7 @@
 Paths: ``/hello`` (12 bytes), ``/cookies`` (two Set-Cookie), ``/echo`` (the
 request head and body as JSON), ``/big?mb=N`` (N MiB streamed by a pull
 producer, counting what it produced), ``/chunked`` (chunked text),
-``/stall`` (never answers), ``/reset`` (half a body, then a reset),
+``/stall`` (never answers), ``/slow?s=N`` (answers after N s), ``/reset`` (half a body, then a reset),
 ``/html`` (an HTML page for rewriting).
 """
 
@@ -98,6 +98,19 @@ class Origin(resource.Resource):
             request.finish()
             return server.NOT_DONE_YET
         if path == b"/stall":
+            return server.NOT_DONE_YET
+        if path == b"/slow":
+            from twisted.internet import reactor
+
+            delay = float(request.args.get(b"s", [b"1"])[0])
+
+            def answer() -> None:
+                if not request.finished and request.channel is not None:
+                    request.write(b"slow answer")
+                    request.finish()
+
+            request.setHeader(b"content-type", b"text/plain")
+            reactor.callLater(delay, answer)
             return server.NOT_DONE_YET
         if path == b"/reset":
             request.setHeader(b"content-length", b"1000")

@@ -71,12 +71,30 @@ class Twistd:
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
+    def children(self, pid: int | None = None) -> list[int]:
+        """Direct children of the twistd process (its workers)."""
+        pid = pid or self.process.pid
+        out: list[int] = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+        return out
+
     def rss_kib(self) -> int:
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
+        """Resident memory of twistd and all its workers, in KiB."""
+        total = 0
+        for pid in [self.process.pid, *self.children()]:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            total += int(line.split()[1])
+            except OSError:
+                pass
+        return total
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -112,3 +130,18 @@ def wait_listening(port: int, child: Twistd, seconds: float = 20) -> Any:
         proto.transport.loseConnection()
         return None
     raise AssertionError(f"nothing listens on {port}; output:\n{child.output()}")
+
+
+def body_of(raw: bytes) -> bytes:
+    """The body of one raw HTTP/1.1 response, de-chunked (trailers dropped)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" not in head.lower():
+        return body
+    out, rest = b"", body
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            break
+        out, rest = out + rest[:n], rest[n + 2 :]
+    return out

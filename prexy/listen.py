@@ -1,0 +1,152 @@
+"""Listening sockets for a worker pool: bound once by the master, adopted by
+every worker.
+
+The master turns each ``--listen`` endpoint string into a non-blocking
+listening socket (or takes the one systemd passed), so the port never closes
+while workers come and go; workers adopt the file descriptors they inherit.
+A blocking listening fd would hang idle workers inside accept() and make them
+ignore SIGTERM (see shared/docs/findings.md), hence non-blocking.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import attrs
+
+
+class ListenError(Exception):
+    """An endpoint that cannot be bound or is not supported by the pool."""
+
+
+def split_endpoint(desc: str) -> tuple[str, list[str], dict[str, str]]:
+    """``tcp:8080:interface=127.0.0.1`` -> ("tcp", ["8080"], {"interface": "127.0.0.1"}),
+    honouring backslash escapes as Twisted's endpoint parser does."""
+    parts: list[str] = []
+    current = []
+    escaped = False
+    for ch in desc:
+        if escaped:
+            current.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == ":":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    kind, rest = parts[0], parts[1:]
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    for item in rest:
+        if "=" in item:
+            k, v = item.split("=", 1)
+            kwargs[k] = v
+        else:
+            args.append(item)
+    return kind, args, kwargs
+
+
+@attrs.frozen
+class ListenSpec:
+    """What a worker needs to adopt one inherited listening socket."""
+
+    description: str
+    family: str  # "INET", "INET6" or "UNIX"
+    tls_key: str | None = None
+    tls_cert: str | None = None
+
+    @property
+    def address_family(self) -> int:
+        return {"INET": socket.AF_INET, "INET6": socket.AF_INET6, "UNIX": socket.AF_UNIX}[self.family]
+
+
+def bind(desc: str) -> tuple[ListenSpec, socket.socket]:
+    """Bind (or take from systemd) the socket an endpoint string describes."""
+    kind, args, kw = split_endpoint(desc)
+    backlog = int(kw.get("backlog", "1024"))
+    tls_key = tls_cert = None
+    if kind in ("tcp", "tcp6", "ssl"):
+        if not args:
+            raise ListenError(f"{desc}: no port")
+        try:
+            port = int(args[0])
+        except ValueError:
+            raise ListenError(f"{desc}: bad port {args[0]!r}") from None
+        interface = kw.get("interface", "::" if kind == "tcp6" else "")
+        family = socket.AF_INET6 if kind == "tcp6" or ":" in interface else socket.AF_INET
+        if kind == "ssl":
+            tls_key = kw.get("privateKey")
+            tls_cert = kw.get("certKey", tls_key)
+            if not tls_key:
+                raise ListenError(f"{desc}: ssl needs privateKey=")
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((interface, port))
+            sock.listen(backlog)
+        except OSError as exc:
+            sock.close()
+            raise ListenError(f"{desc}: cannot listen: {exc.strerror}") from None
+        fam = "INET6" if family == socket.AF_INET6 else "INET"
+    elif kind == "unix":
+        if not args:
+            raise ListenError(f"{desc}: no path")
+        path = args[0]
+        if os.path.exists(path):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(backlog)
+        except OSError as exc:
+            sock.close()
+            raise ListenError(f"{desc}: cannot listen: {exc.strerror}") from None
+        fam = "UNIX"
+    elif kind == "systemd":
+        fd = _systemd_fd(desc, args, kw)
+        domain = kw.get("domain", "INET").upper()
+        if domain not in ("INET", "INET6", "UNIX"):
+            raise ListenError(f"{desc}: unsupported domain {domain}")
+        family = {"INET": socket.AF_INET, "INET6": socket.AF_INET6, "UNIX": socket.AF_UNIX}[domain]
+        sock = socket.socket(family, socket.SOCK_STREAM, fileno=os.dup(fd))
+        fam = domain
+    else:
+        raise ListenError(f"{desc}: unsupported endpoint type {kind!r}")
+    sock.setblocking(False)
+    os.set_inheritable(sock.fileno(), True)
+    return ListenSpec(desc, fam, tls_key, tls_cert), sock
+
+
+def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
+    from twisted.internet.endpoints import _SystemdParser
+
+    activation: Any = _SystemdParser._sddaemon
+    if "name" in kw:
+        named = activation.inheritedNamedDescriptors()
+        if kw["name"] not in named:
+            raise ListenError(f"{desc}: systemd passed no socket named {kw['name']!r}")
+        return int(named[kw["name"]])
+    fds = activation.inheritedDescriptors()
+    index = int(kw.get("index", "0"))
+    if index >= len(fds):
+        raise ListenError(f"{desc}: systemd passed {len(fds)} socket(s), no index {index}")
+    return int(fds[index])
+
+
+def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
+    """Start listening on an inherited socket in a worker (TLS when the spec
+    has a key); the worker's copy of the fd is closed after adoption."""
+    if spec.tls_key:
+        from twisted.internet.ssl import DefaultOpenSSLContextFactory
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        context = DefaultOpenSSLContextFactory(spec.tls_key, spec.tls_cert or spec.tls_key)
+        factory = TLSMemoryBIOFactory(context, False, factory)
+    port = reactor.adoptStreamPort(fd, spec.address_family, factory)
+    os.close(fd)
+    return port

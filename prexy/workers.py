@@ -1,0 +1,378 @@
+"""Master and worker processes sharing the listening sockets.
+
+``twistd prexy --workers N`` runs a master that binds every listen endpoint
+(or takes systemd's sockets), starts N worker processes that adopt them, and
+never touches a request itself: an idle worker takes the next connection from
+the shared accept queue.
+
+The master supervises: a worker that dies is restarted (with backoff when it
+keeps dying); SIGTERM is forwarded and the master waits for the workers to
+drain; SIGHUP (or the admin endpoint's ``POST /reload``) validates the whole
+configuration first and, only if it loads, starts a new generation of
+workers and retires the old one once the new one is ready, so no request is
+refused or cut.  Workers report readiness and metrics over a pipe; the
+master's admin endpoint serves health, the summed metrics and reload.
+
+A worker runs ``python -m prexy.workers SPEC``: SPEC (JSON) carries the
+prexy command line, the inherited socket descriptors and the control pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.application import service, strports
+from twisted.internet import defer, protocol
+from twisted.logger import Logger
+
+from prexy.config import Config
+from prexy.listen import ListenSpec, bind
+from prexy.metrics import Metrics, render
+
+log = Logger()
+
+CONTROL_FD = 3
+FIRST_SOCKET_FD = 4
+METRICS_INTERVAL = 1.0
+#: Restart backoff: a worker that lived less than this is "crashing".
+HEALTHY_AFTER = 10.0
+MAX_BACKOFF = 30.0
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op without NOTIFY_SOCKET."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(address)
+            s.sendall(message.encode("utf-8"))
+    except OSError as exc:
+        log.warn("sd_notify failed: {error}", error=exc)
+
+
+class _WorkerProcess(protocol.ProcessProtocol):
+    """The master's view of one worker."""
+
+    def __init__(self, master: MasterService, generation: int, slot: int) -> None:
+        self.master = master
+        self.generation = generation
+        self.slot = slot
+        self.ready = False
+        self.retiring = False
+        self.started_at = master.reactor.seconds()
+        self.metrics: dict[str, Any] | None = None
+        self.ended: defer.Deferred[None] = defer.Deferred()
+        self._buffer = b""
+        self.pid: int | None = None
+
+    def connectionMade(self) -> None:
+        self.pid = self.transport.pid if self.transport is not None else None
+
+    def childDataReceived(self, fd: int, data: bytes) -> None:
+        if fd != CONTROL_FD:
+            return
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get("ready"):
+                self.ready = True
+                self.master._worker_ready(self)
+            if "metrics" in message:
+                self.metrics = message["metrics"]
+
+    def processEnded(self, reason: Any) -> None:
+        self.master._worker_ended(self, reason)
+        self.ended.callback(None)
+
+    def signal(self, name: str) -> None:
+        try:
+            if self.transport is not None and self.transport.pid is not None:
+                self.transport.signalProcess(name)
+        except Exception:  # already gone
+            pass
+
+
+class MasterService(service.MultiService):
+    """Binds the sockets, runs and supervises the workers, reloads."""
+
+    def __init__(self, reactor: Any, config: Config, argv: Sequence[str], workers: int) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.config = config
+        self.argv = list(argv)
+        self.count = workers
+        self.generation = 0
+        self.workers: list[_WorkerProcess] = []
+        self.sockets: list[tuple[ListenSpec, socket.socket]] = []
+        self.metrics = Metrics()
+        self.retired_metrics = Metrics()
+        self.stopping = False
+        self._backoff: dict[int, float] = {}
+        self._reloading: defer.Deferred[bool] | None = None
+        if config.admin:
+            from twisted.web.server import Site
+
+            from prexy.admin import AdminResource
+
+            admin_site = Site(AdminResource(self))
+            admin_site.log = lambda request: None  # type: ignore[method-assign]
+            strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def privilegedStartService(self) -> None:
+        for desc in self.config.listen_endpoints():
+            self.sockets.append(bind(desc))
+        super().privilegedStartService()
+
+    def startService(self) -> None:
+        if not self.sockets:
+            self.privilegedStartService()
+        super().startService()
+        self.generation = 1
+        for slot in range(self.count):
+            self._spawn(self.generation, slot)
+        log.info(
+            "prexy master {pid}: {n} worker(s) on {listen}",
+            pid=os.getpid(),
+            n=self.count,
+            listen=", ".join(self.config.listen),
+        )
+        if hasattr(signal, "SIGHUP"):
+            self.reactor.callWhenRunning(self._install_signals)
+
+    def _install_signals(self) -> None:
+        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+
+    def stopService(self) -> Any:
+        """Forward SIGTERM, wait for the workers to drain, then close."""
+        self.stopping = True
+        sd_notify("STOPPING=1")
+        live = [w for w in self.workers]
+        for w in live:
+            w.signal("TERM")
+        deadline = self.config.shutdown_timeout + 5
+
+        def kill_stragglers() -> None:
+            for w in live:
+                if not w.ended.called:
+                    log.warn("worker {pid} did not drain in time; killing it", pid=w.pid)
+                    w.signal("KILL")
+
+        timer = self.reactor.callLater(deadline, kill_stragglers)
+        d = defer.gatherResults([w.ended for w in live])
+
+        def done(_: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            for _spec, sock in self.sockets:
+                sock.close()
+            return super(MasterService, self).stopService()
+
+        d.addBoth(done)
+        return d
+
+    # -- workers -------------------------------------------------------------
+
+    def _spawn(self, generation: int, slot: int) -> _WorkerProcess:
+        worker = _WorkerProcess(self, generation, slot)
+        child_fds: dict[int, Any] = {0: "w", 1: 1, 2: 2, CONTROL_FD: "r"}
+        specs = []
+        for i, (spec, sock) in enumerate(self.sockets):
+            fd = FIRST_SOCKET_FD + i
+            child_fds[fd] = sock.fileno()
+            specs.append({"fd": fd, "family": spec.family, "description": spec.description,
+                          "tls_key": spec.tls_key, "tls_cert": spec.tls_cert})
+        spec_json = json.dumps(
+            {
+                "argv": self.argv,
+                "control_fd": CONTROL_FD,
+                "sockets": specs,
+                "generation": generation,
+                "slot": slot,
+                "master_pid": os.getpid(),
+            }
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_") and k != "NOTIFY_SOCKET"}
+        self.reactor.spawnProcess(
+            worker,
+            sys.executable,
+            [sys.executable, "-m", "prexy.workers", spec_json],
+            env=env,
+            childFDs=child_fds,
+        )
+        self.workers.append(worker)
+        return worker
+
+    def _worker_ready(self, worker: _WorkerProcess) -> None:
+        log.info("worker {pid} (generation {g}) ready", pid=worker.pid, g=worker.generation)
+        current = [w for w in self.workers if w.generation == self.generation]
+        if worker.generation == self.generation and all(w.ready for w in current):
+            # A complete new generation: retire every older one.
+            for old in self.workers:
+                if old.generation < self.generation and not old.retiring:
+                    old.retiring = True
+                    old.signal("TERM")
+            if self._reloading is not None:
+                d, self._reloading = self._reloading, None
+                d.callback(True)
+            sd_notify("READY=1")
+
+    def _worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if worker.metrics:
+            self.retired_metrics.merge(worker.metrics)
+        if self.stopping or worker.retiring or worker.generation != self.generation:
+            return
+        lived = self.reactor.seconds() - worker.started_at
+        backoff = self._backoff.get(worker.slot, 0.0)
+        backoff = 0.0 if lived > HEALTHY_AFTER else min(MAX_BACKOFF, max(0.5, backoff * 2))
+        self._backoff[worker.slot] = backoff
+        self.metrics.count("prexy_worker_restarts_total")
+        log.warn(
+            "worker {pid} died ({why}); restarting in {delay:.1f}s",
+            pid=worker.pid,
+            why=reason.getErrorMessage(),
+            delay=backoff,
+        )
+        generation = worker.generation
+        self.reactor.callLater(backoff, self._respawn, generation, worker.slot)
+
+    def _respawn(self, generation: int, slot: int) -> None:
+        if not self.stopping and generation == self.generation:
+            self._spawn(generation, slot)
+
+    # -- reload and admin ----------------------------------------------------
+
+    def reload(self) -> Any:
+        """Validate the configuration from the original command line; if it
+        loads, start a new generation and retire the old one when it is ready.
+        Returns a Deferred firing True (switched) or False (refused)."""
+        from prexy.service import Options
+
+        sd_notify("RELOADING=1")
+        try:
+            options = Options()
+            options.parseOptions(self.argv)
+        except BaseException as exc:  # UsageError or SystemExit from a check
+            log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
+            sd_notify("READY=1")
+            return defer.succeed(False)
+        if options.config.listen != self.config.listen:
+            log.warn("reload: listen endpoints changed; they take effect on restart")
+        self.config = options.config
+        if self._reloading is not None:
+            # A reload already in progress: supersede it.
+            self._reloading.callback(True)
+        self._reloading = defer.Deferred()
+        self.generation += 1
+        log.info("reload: starting worker generation {g}", g=self.generation)
+        for slot in range(self.count):
+            self._spawn(self.generation, slot)
+        return self._reloading
+
+    def collect_metrics(self) -> bytes:
+        """Prometheus text summed over the master, live and ended workers."""
+        parts = [self.metrics, self.retired_metrics]
+        for w in self.workers:
+            if w.metrics:
+                m = Metrics()
+                m.merge(w.metrics)
+                parts.append(m)
+        extra = {
+            "prexy_workers": float(sum(1 for w in self.workers if w.ready and not w.retiring)),
+            "prexy_worker_generation": float(self.generation),
+        }
+        return render(parts, extra)
+
+
+# -- worker side ------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM us if the master dies (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_main(spec_json: str) -> None:
+    """Entry point of a worker process."""
+    spec = json.loads(spec_json)
+    _die_with_parent()
+    if os.getppid() != spec["master_pid"]:
+        sys.exit(1)  # the master died before we got here
+    from twisted.internet import reactor as _reactor
+    from twisted.logger import globalLogBeginner, textFileLogObserver
+
+    reactor: Any = _reactor
+
+    from prexy.service import Options, ProxyService
+
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
+    options = Options()
+    options.parseOptions(spec["argv"])
+    inherited = [
+        (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
+    ]
+    control_fd = spec["control_fd"]
+    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited)
+
+    def send(message: dict[str, Any]) -> None:
+        try:
+            os.write(control_fd, (json.dumps(message) + "\n").encode())
+        except OSError:
+            # The master is gone: do not linger holding the port.
+            reactor.callFromThread(lambda: svc.drain_and_stop(0))
+
+    def report() -> None:
+        send({"metrics": svc.metrics.snapshot()})
+
+    def started() -> None:
+        svc.startService()
+        send({"ready": True, "pid": os.getpid()})
+        from twisted.internet.task import LoopingCall
+
+        LoopingCall(report).start(METRICS_INTERVAL, now=False)
+
+    def on_term(*_: Any) -> None:
+        reactor.callFromThread(lambda: svc.drain_and_stop(options.config.shutdown_timeout))
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload is the master's business
+    reactor.callWhenRunning(started)
+
+    def final_report() -> None:
+        report()
+
+    reactor.addSystemEventTrigger("before", "shutdown", final_report)
+    reactor.run(installSignalHandlers=False)
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1])

@@ -1,0 +1,267 @@
+"""The worker pool through ``twistd prexy --workers 2``: shared accept queue,
+supervision, reload without loss, graceful stop, systemd socket activation,
+and metrics summed by the master."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from twisted.internet import defer, reactor, task
+from twisted.trial.unittest import TestCase
+
+from .origin import Origin, origin_site
+from .test_service import RawClient, connect
+from .twistd_support import TWISTD, Twistd, body_of, free_port, free_port_block, wait_listening
+
+
+def wait(seconds: float) -> defer.Deferred[None]:
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+def socket_owners(pids: list[int]) -> dict[int, int]:
+    """Local TCP port -> pid, for the sockets these processes hold."""
+    inode_pid: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inode_pid[link[8:-1]] = pid
+        except OSError:
+            continue
+    owners = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                inode = fields[9]
+                if inode in inode_pid:
+                    owners[port] = inode_pid[inode]
+    return owners
+
+
+class WorkerPoolTests(TestCase):
+    timeout = 120
+
+    def setUp(self) -> Any:
+        self.origin = Origin()
+        self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
+        self.addCleanup(self.origin_port.stopListening)
+        self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
+        self.dir = tempfile.mkdtemp(prefix="prexy-workers-")
+        self.rules = os.path.join(self.dir, "site.rules")
+        self.write_rules(b"replace_filter 'hello' 'HELLO' g;\nreplace_filter_types text/plain;\n")
+
+    def write_rules(self, text: bytes) -> None:
+        with open(self.rules, "wb") as f:
+            f.write(text)
+
+    @defer.inlineCallbacks
+    def start(self, *extra: str) -> Any:
+        self.port = free_port()
+        self.admin = free_port()
+        child = Twistd(
+            "--listen", f"tcp:{self.port}:interface=127.0.0.1", "--upstream", self.upstream,
+            "--rules", self.rules, "--workers", "2", "--admin", f"tcp:{self.admin}:interface=127.0.0.1", *extra,
+        )
+        self.addCleanup(child.stop)
+        yield wait_listening(self.port, child)
+        for _ in range(100):
+            if len(child.children()) == 2 and child.output().count("ready") >= 2:
+                break
+            yield wait(0.05)
+        self.child = child
+        return child
+
+    @defer.inlineCallbacks
+    def get(self, path: str = "/hello", port: int | None = None) -> Any:
+        client = RawClient(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        yield connect(port or self.port, client)
+        return bytes(client.data)
+
+    @defer.inlineCallbacks
+    def test_both_workers_serve(self) -> Any:
+        """Connections are spread over both workers by the shared queue."""
+        child = yield self.start()
+        workers = child.children()
+        self.assertEqual(len(workers), 2)
+        seen: set[int] = set()
+        for _ in range(20):
+            answers = yield defer.gatherResults([self.get() for _ in range(20)])
+            self.assertTrue(all(body_of(a) == b"HELLO world!" for a in answers))
+            owners = socket_owners(workers)
+            seen |= {owners[p] for p in self.origin.peer_ports if p in owners}
+            if len(seen) == 2:
+                break
+        self.assertEqual(seen, set(workers))
+
+    @defer.inlineCallbacks
+    def test_killed_worker_comes_back(self) -> Any:
+        """SIGKILL of a worker: new requests keep succeeding on the other one,
+        and the master starts a replacement."""
+        child = yield self.start()
+        victim, survivor = child.children()
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(10):
+            answer = yield self.get()
+            self.assertEqual(body_of(answer), b"HELLO world!", answer[:200])
+        for _ in range(100):
+            now = child.children()
+            if len(now) == 2 and victim not in now:
+                break
+            yield wait(0.05)
+        now = child.children()
+        self.assertEqual(len(now), 2)
+        self.assertNotIn(victim, now)
+        self.assertIn(survivor, now)
+        self.assertIn("restarting", child.output())
+
+    @defer.inlineCallbacks
+    def test_reload_with_broken_rules_keeps_old(self) -> Any:
+        """SIGHUP with a broken rules file: logged with file and line, the old
+        rules keep serving, the workers are not replaced."""
+        child = yield self.start()
+        before = child.children()
+        self.write_rules(b"replace_filter 'hello' 'BYE' gx;\n")
+        os.kill(child.process.pid, signal.SIGHUP)
+        for _ in range(100):
+            if "reload refused" in child.output():
+                break
+            yield wait(0.05)
+        self.assertIn(f"reload refused, keeping the running configuration: {self.rules}:1:", child.output())
+        answer = yield self.get()
+        self.assertEqual(body_of(answer), b"HELLO world!")
+        self.assertEqual(sorted(child.children()), sorted(before))
+
+    @defer.inlineCallbacks
+    def test_reload_under_load_loses_nothing(self) -> Any:
+        """SIGHUP with good rules while requests keep coming: every request
+        succeeds, and afterwards the new rules are in force."""
+        child = yield self.start()
+        before = set(child.children())
+        failures: list[bytes] = []
+        counts = [0]
+        stop = [False]
+
+        @defer.inlineCallbacks
+        def load() -> Any:
+            while not stop[0]:
+                answer = yield self.get()
+                counts[0] += 1
+                if not (answer.startswith(b"HTTP/1.1 200") and body_of(answer) in (b"HELLO world!", b"BYE world!")):
+                    failures.append(answer[:200])
+
+        loops = [load() for _ in range(4)]
+        yield wait(0.5)
+        self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
+        os.kill(child.process.pid, signal.SIGHUP)
+        for _ in range(200):
+            now = set(child.children())
+            if len(now) == 2 and not (now & before):
+                break
+            yield wait(0.05)
+        yield wait(0.5)
+        stop[0] = True
+        yield defer.gatherResults(loops)
+        self.assertEqual(failures, [])
+        self.assertGreater(counts[0], 20)
+        self.assertFalse(set(child.children()) & before)
+        answer = yield self.get()
+        self.assertEqual(body_of(answer), b"BYE world!")
+
+    @defer.inlineCallbacks
+    def test_sigterm_drains(self) -> Any:
+        """SIGTERM lets a request in flight finish, then everything exits and
+        no worker is left holding the port."""
+        child = yield self.start()
+        workers = child.children()
+        slow = self.get("/slow?s=1")
+        yield wait(0.3)
+        child.process.send_signal(signal.SIGTERM)
+        answer = yield slow
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200"), answer[:100])
+        self.assertEqual(body_of(answer), b"slow answer")
+        code = yield child.wait_exit(20)
+        # twistd ends by re-raising the signal it stopped on (systemd reads
+        # that as a clean stop).
+        self.assertIn(code, (0, -signal.SIGTERM))
+        for pid in workers:
+            self.assertFalse(os.path.exists(f"/proc/{pid}/status") and "zombie" not in open(f"/proc/{pid}/status").read())
+
+    @defer.inlineCallbacks
+    def test_metrics_summed_over_workers(self) -> Any:
+        """The master's /metrics counts the requests of both workers."""
+        yield self.start()
+        yield defer.gatherResults([self.get() for _ in range(30)])
+        yield wait(1.5)  # workers report every second
+        client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        yield connect(self.admin, client)
+        text = bytes(client.data).decode()
+        self.assertIn('prexy_requests_total{status="200"} 30', text)
+        self.assertIn("prexy_workers 2.0", text)
+
+
+class SocketActivationTests(TestCase):
+    """A systemd-like launcher: bind, pass fd 3 with LISTEN_FDS/LISTEN_PID, exec."""
+
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def test_systemd_socket(self) -> Any:
+        origin = Origin()
+        origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+        self.addCleanup(origin_port.stopListening)
+        port = free_port_block(1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        launcher = (
+            "import os, sys\n"
+            "fd = int(sys.argv[1])\n"
+            "os.dup2(fd, 3)\n"
+            "os.environ['LISTEN_FDS'] = '1'\n"
+            "os.environ['LISTEN_PID'] = str(os.getpid())\n"
+            "os.environ['LISTEN_FDNAMES'] = 'http'\n"
+            "os.execv(sys.executable, [sys.executable, '-c', sys.argv[2], *sys.argv[3:]])\n"
+        )
+        log_dir = tempfile.mkdtemp(prefix="prexy-sd-")
+        log = open(os.path.join(log_dir, "out.log"), "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", launcher, str(sock.fileno()), TWISTD, "-n", "--pidfile=", "prexy",
+             "--listen", "systemd:domain=INET:index=0", "--workers", "2",
+             "--upstream", f"http://127.0.0.1:{origin_port.getHost().port}"],
+            pass_fds=(sock.fileno(),), stdout=log, stderr=subprocess.STDOUT, cwd=log_dir,
+        )
+        sock.close()  # only the launched process holds it now
+
+        def cleanup() -> None:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+            log.close()
+
+        self.addCleanup(cleanup)
+        answer = b""
+        for _ in range(100):
+            client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            try:
+                yield connect(port, client)
+            except Exception:
+                pass
+            answer = bytes(client.data)
+            if answer:
+                break
+            yield wait(0.1)
+        self.assertTrue(answer.endswith(b"hello world!"), open(os.path.join(log_dir, "out.log")).read()[-2000:])
