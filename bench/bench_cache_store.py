@@ -17,8 +17,11 @@ Every backend stores the same record (a marshalled head of 8 headers, then
 the body) and a get decodes the head, as a hit would.  For 12-byte and
 20 KB bodies it prints, per backend: put and get latency in one process
 (median and p99, microseconds) and the hit throughput of 2 processes
-reading at once (gets per second, total).  Results go to stdout as a
-markdown table.
+reading at once (gets per second, total, and CPU microseconds per hit
+summed over the readers and, for ``socket``, the cache process: less
+sensitive than wall-clock rates to a busy machine).  Backends and sizes are
+run round-robin ``--rounds`` times and medians reported.  Results go to
+stdout as a markdown table.
 """
 
 from __future__ import annotations
@@ -229,13 +232,21 @@ def reader(name: str, path: str, ks: list[bytes], seconds: float, start: Any, ou
     rnd = random.Random(os.getpid())
     start.wait()
     done = 0
+    cpu = time.process_time()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for _ in range(200):
             backend.get(ks[rnd.randrange(len(ks))])
         done += 200
-    out.put(done / seconds)
+    out.put((done, time.process_time() - cpu))
     backend.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of another process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(name: str, size: int, n: int, seconds: float, ctx: Any) -> dict[str, float]:
@@ -261,13 +272,18 @@ def run(name: str, size: int, n: int, seconds: float, ctx: Any) -> dict[str, flo
         for r in readers:
             r.start()
         time.sleep(0.5)  # let both open their backend
+        server_cpu = cpu_seconds(server.pid) if server is not None and server.pid else 0.0
         start.set()
-        rates = [out.get(timeout=seconds + 30) for _ in readers]
+        results = [out.get(timeout=seconds + 30) for _ in readers]
+        if server is not None and server.pid:
+            server_cpu = cpu_seconds(server.pid) - server_cpu
         for r in readers:
             r.join()
+        hits = sum(done for done, _ in results)
+        cpu = sum(c for _, c in results) + server_cpu
         return {
             "put_med": put_med, "put_p99": put_p99, "get_med": get_med, "get_p99": get_p99,
-            "hits": sum(rates),
+            "hits": hits / seconds, "cpu_per_hit": cpu / hits * 1e6,
         }
     finally:
         if server is not None:
@@ -325,18 +341,34 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000, help="objects per run")
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of the 2-process hit run")
     parser.add_argument("--only", default=",".join(BACKENDS), help="backends, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")
-    print(f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {args.n} objects, {args.seconds} s hit runs\n")
-    print("| backend | body | put p50 µs | put p99 µs | get p50 µs | get p99 µs | hits/s, 2 procs |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]}, "
+        f"{args.n} objects, {args.seconds} s hit runs, median of {args.rounds} interleaved rounds\n"
+    )
+    names = args.only.split(",")
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for _ in range(args.rounds):
+        for size in (12, 20 * 1024):
+            for name in names:
+                results.setdefault((name, size), []).append(run(name, size, args.n, args.seconds, ctx))
+                print(".", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    print(
+        "| backend | body | put p50 µs | put p99 µs | get p50 µs | get p99 µs "
+        "| hits/s, 2 procs | CPU µs/hit (all procs) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for size in (12, 20 * 1024):
-        for name in args.only.split(","):
-            r = run(name, size, args.n, args.seconds, ctx)
+        for name in names:
+            runs = results[(name, size)]
+            r = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
             label = "12 B" if size == 12 else "20 KB"
             print(
                 f"| {name} | {label} | {r['put_med']:.1f} | {r['put_p99']:.1f} | {r['get_med']:.1f} "
-                f"| {r['get_p99']:.1f} | {r['hits']:,.0f} |",
+                f"| {r['get_p99']:.1f} | {r['hits']:,.0f} | {r['cpu_per_hit']:.1f} |",
                 flush=True,
             )
     print()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -39,6 +40,8 @@ from email.utils import mktime_tz, parsedate_tz
 from typing import Any
 
 import attrs
+
+_blake2b = hashlib.blake2b
 
 __all__ = [
     "Action",
@@ -291,6 +294,11 @@ def parse_http_date(value: bytes | None) -> float | None:
         return None
 
 
+@functools.lru_cache(maxsize=512)
+def _vary_names(values: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    return vary_names(values)
+
+
 def vary_names(values: Iterable[bytes]) -> tuple[bytes, ...]:
     """``Vary`` values -> sorted, unique, lower-case names (``(b"*",)`` for any ``*``)."""
     names = set()
@@ -397,7 +405,7 @@ def key_url(policy: CachePolicy, host: bytes | None, target: bytes) -> bytes:
 def primary_key(site: str, url: bytes) -> bytes:
     """16 bytes naming one URL of one site, whatever its variants."""
     name = _b(site)
-    return hashlib.blake2b(b"%d:" % len(name) + name + url, digest_size=16).digest()
+    return _blake2b(b"".join((str(len(name)).encode(), b":", name, url)), digest_size=16).digest()
 
 
 def cache_key(
@@ -408,8 +416,8 @@ def cache_key(
     by a hash of the method class, the rule-set version (a changed rule set
     never serves old rewrites) and the :func:`vary_key` values."""
     version = _b(ruleset_version)
-    variant = hashlib.blake2b(
-        b"%d:%s%d:%s" % (len(method_class), method_class, len(version), version) + vary_values,
+    variant = _blake2b(
+        b"".join((str(len(method_class)).encode(), b":", method_class, str(len(version)).encode(), b":", version, vary_values)),
         digest_size=16,
     ).digest()
     return primary_key(site, url) + variant
@@ -425,29 +433,34 @@ def accept_encoding_bucket(values: Iterable[bytes]) -> bytes:
     as ``Accept-Encoding`` (and base any compression Prexy does itself on
     it), not the client's own value.
     """
+    values = tuple(values)
+    return _bucket(values[0] if len(values) == 1 else b", ".join(values))
+
+
+@functools.lru_cache(maxsize=512)
+def _bucket(value: bytes) -> bytes:
     accepted = set()
-    star = False
     refused = set()
-    for value in values:
-        for part in value.split(b","):
-            coding, _, params = part.strip().partition(b";")
-            coding = coding.strip().lower()
-            q = 1.0
-            for param in params.split(b";"):
-                k, _, v = param.strip().partition(b"=")
-                if k.strip().lower() == b"q":
-                    try:
-                        q = float(v.strip())
-                    except ValueError:
-                        q = 0.0
-            if coding == b"x-gzip":
-                coding = b"gzip"
-            if q <= 0:
-                refused.add(coding)
-            elif coding == b"*":
-                star = True
-            else:
-                accepted.add(coding)
+    star = False
+    for part in value.split(b","):
+        coding, _, params = part.strip().partition(b";")
+        coding = coding.strip().lower()
+        q = 1.0
+        for param in params.split(b";"):
+            k, _, v = param.strip().partition(b"=")
+            if k.strip().lower() == b"q":
+                try:
+                    q = float(v.strip())
+                except ValueError:
+                    q = 0.0
+        if coding == b"x-gzip":
+            coding = b"gzip"
+        if q <= 0:
+            refused.add(coding)
+        elif coding == b"*":
+            star = True
+        else:
+            accepted.add(coding)
     br = b"br" in accepted
     gzip = b"gzip" in accepted or (star and b"gzip" not in refused)
     if br and gzip:
@@ -469,7 +482,7 @@ def vary_key(
     cookies it ignores; other headers are their values joined with ``, ``.
     No ``Vary`` gives ``b""``.
     """
-    names = vary_names([vary] if isinstance(vary, bytes) else vary)
+    names = _vary_names((vary,) if isinstance(vary, bytes) else tuple(vary))
     if not names:
         return b""
     headers = list(request_headers)
