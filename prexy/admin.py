@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import defer
+from twisted.logger import Logger
 from twisted.web import resource, server
 
 from prexy.metrics import render
+
+log = Logger()
 
 
 class AdminResource(resource.Resource):
@@ -22,7 +26,7 @@ class AdminResource(resource.Resource):
         super().__init__()
         self.owner = owner
 
-    def render(self, request: server.Request) -> bytes:
+    def render(self, request: server.Request) -> bytes | int:
         path = request.path
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if path == b"/health":
@@ -38,10 +42,23 @@ class AdminResource(resource.Resource):
                 request.setResponseCode(405)
                 request.setHeader(b"allow", b"POST")
                 return b"use POST /reload\n"
-            ok = self.owner.reload()
-            if not ok:
-                request.setResponseCode(409)
-                return b"reload refused: the configuration has errors (see the log); the old one keeps serving\n"
-            return b"reloaded\n"
+            d = defer.maybeDeferred(self.owner.reload)
+
+            def answer(ok: bool) -> None:
+                if request.finished or request._disconnected:
+                    return
+                if ok:
+                    request.write(b"reloaded\n")
+                else:
+                    request.setResponseCode(409)
+                    why = getattr(self.owner, "last_reload_error", "") or "see the log"
+                    request.write(
+                        f"reload refused, the running configuration stays: {why}\n".encode()
+                    )
+                request.finish()
+
+            d.addCallback(answer)
+            d.addErrback(lambda f: log.failure("reload failed", f))
+            return server.NOT_DONE_YET
         request.setResponseCode(404)
         return b"not found: try /health, /metrics, POST /reload\n"

@@ -42,6 +42,7 @@ class Options(usage.Options):
     optFlags = [
         ["demo", None, "Run a built-in origin and Prexy in front of it on 127.0.0.1:8080."],
         ["check", None, "Validate the configuration (and its rules and maps), then exit 0 or 1."],
+        ["reload", None, "Ask the running Prexy (through its admin endpoint) to reload, then exit."],
     ]
     optParameters = [
         ["config", "c", None, "TOML configuration file."],
@@ -85,6 +86,8 @@ class Options(usage.Options):
                 sys.stderr.write(f"prexy: {exc}\nprexy: configuration test failed\n")
                 raise SystemExit(1) from None
             raise usage.UsageError(str(exc)) from None
+        if self["reload"]:
+            raise SystemExit(request_reload(config))
         if self["check"]:
             source = config.source or "command line"
             sys.stdout.write(
@@ -138,6 +141,35 @@ class Options(usage.Options):
         )
 
 
+def request_reload(config: Config) -> int:
+    """POST /reload to the admin endpoint the config names; exit status."""
+    import urllib.error
+    import urllib.request
+
+    from prexy.listen import split_endpoint
+
+    if not config.admin:
+        sys.stderr.write("prexy: --reload needs an admin endpoint ([server] admin or --admin)\n")
+        return 1
+    kind, args, kw = split_endpoint(config.admin)
+    if kind not in ("tcp", "tcp6") or not args:
+        sys.stderr.write(f"prexy: --reload cannot reach admin endpoint {config.admin!r}\n")
+        return 1
+    host = kw.get("interface", "127.0.0.1")
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{args[0]}/reload"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=60) as answer:
+            sys.stdout.write(answer.read().decode("utf-8", "replace"))
+            return 0
+    except urllib.error.HTTPError as exc:
+        sys.stderr.write("prexy: " + exc.read().decode("utf-8", "replace"))
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"prexy: cannot reach {url}: {exc}\n")
+        return 1
+
+
 class ProxyService(service.MultiService):
     """Listening ports, the upstream pool and the resource of one process.
 
@@ -154,6 +186,7 @@ class ProxyService(service.MultiService):
     ) -> None:
         super().__init__()
         self._inherited = list(inherited)
+        self.last_reload_error = ""
         self._adopted: list[Any] = []
         self._draining = False
         from prexy.metrics import Metrics
@@ -217,6 +250,7 @@ class ProxyService(service.MultiService):
             config = load_config(self.config.source) if self.config.source else self.config
             runtime = build_runtime(config, previous=self.resource.runtime)
         except ConfigError as exc:
+            self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
             return False
         if config.listen != self.config.listen:

@@ -127,6 +127,7 @@ class MasterService(service.MultiService):
         self.stopping = False
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
+        self.last_reload_error = ""
         if config.admin:
             from twisted.web.server import Site
 
@@ -274,6 +275,7 @@ class MasterService(service.MultiService):
             options = Options()
             options.parseOptions(self.argv)
         except BaseException as exc:  # UsageError or SystemExit from a check
+            self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
             sd_notify("READY=1")
             return defer.succeed(False)

@@ -13,6 +13,7 @@ import tempfile
 from typing import Any
 
 from twisted.internet import defer, reactor, task
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from .origin import Origin, origin_site
@@ -179,6 +180,27 @@ class WorkerPoolTests(TestCase):
         self.assertFalse(set(child.children()) & before)
         answer = yield self.get()
         self.assertEqual(body_of(answer), b"BYE world!")
+
+    @defer.inlineCallbacks
+    def test_reload_command_through_admin(self) -> Any:
+        """``twistd prexy ... --reload`` asks the running master over its admin
+        endpoint; a refused reload says why (409)."""
+        child = yield self.start()
+        args = [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy",
+                "--listen", f"tcp:{self.port}:interface=127.0.0.1", "--upstream", self.upstream,
+                "--rules", self.rules, "--admin", f"tcp:{self.admin}:interface=127.0.0.1", "--reload"]
+        self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
+        result = yield deferToThread(subprocess.run, args, capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("reloaded", result.stdout)
+        answer = yield self.get()
+        self.assertEqual(body_of(answer), b"BYE world!")
+        # A file that breaks after --reload checked it locally: the master refuses.
+        client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        self.write_rules(b"replace_filter 'x' 'y' q;\n")
+        yield connect(self.admin, client)
+        self.assertTrue(bytes(client.data).startswith(b"HTTP/1.1 409"), bytes(client.data)[:200])
+        self.assertIn(self.rules.encode() + b":1:", bytes(client.data))
 
     @defer.inlineCallbacks
     def test_sigterm_drains(self) -> Any:
