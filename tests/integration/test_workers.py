@@ -185,7 +185,7 @@ class WorkerPoolTests(TestCase):
     def test_reload_command_through_admin(self) -> Any:
         """``twistd prexy ... --reload`` asks the running master over its admin
         endpoint; a refused reload says why (409)."""
-        child = yield self.start()
+        yield self.start()
         args = [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy",
                 "--listen", f"tcp:{self.port}:interface=127.0.0.1", "--upstream", self.upstream,
                 "--rules", self.rules, "--admin", f"tcp:{self.admin}:interface=127.0.0.1", "--reload"]
