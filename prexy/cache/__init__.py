@@ -134,7 +134,7 @@ from prexy.cache.policy import (
     vary_key,
     vary_names,
 )
-from prexy.cache.store import CachedObject, LookupResult, ObjectMeta, Store, Writer
+from prexy.cache.store import CachedObject, LookupResult, ObjectMeta, Store, StoreError, Writer
 
 __all__ = [
     "Action",
@@ -146,6 +146,7 @@ __all__ = [
     "Store",
     "StoreAction",
     "StoreDecision",
+    "StoreError",
     "Writer",
     "accept_encoding_bucket",
     "age_header",

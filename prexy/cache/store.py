@@ -66,7 +66,7 @@ import lmdb
 
 from prexy.cache.policy import CachePolicy, cache_key, primary_key, vary_key
 
-__all__ = ["CachedObject", "LookupResult", "ObjectMeta", "Store", "Writer"]
+__all__ = ["CachedObject", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
 
 #: Changes when the record layout or the marshal version changes; a store
 #: written in another format is emptied on open.
@@ -199,6 +199,10 @@ def _decode(key: bytes, record: Any, size: int) -> CachedObject:
     )
 
 
+class StoreError(Exception):
+    """The store cannot be opened (a bad path, no permission, no space)."""
+
+
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
@@ -316,21 +320,25 @@ class Store:
         dead and when a hit refreshes its LRU position (at most once per
         ``touch_interval`` seconds).  A store left in another format is
         emptied; one holding more than ``max_bytes`` is evicted down to it.
+        Raises :class:`StoreError` when the directory cannot be used.
         """
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
-        os.makedirs(path, exist_ok=True)
-        env = lmdb.open(
-            path,
-            map_size=2 * max_bytes + 64 * 1024 * 1024,
-            max_dbs=8,
-            max_readers=512,
-            sync=False,
-            metasync=False,
-            readahead=False,
-            meminit=False,
-            lock=True,
-        )
+        try:
+            os.makedirs(path, exist_ok=True)
+            env = lmdb.open(
+                path,
+                map_size=2 * max_bytes + 64 * 1024 * 1024,
+                max_dbs=8,
+                max_readers=512,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                meminit=False,
+                lock=True,
+            )
+        except (OSError, lmdb.Error) as exc:
+            raise StoreError(f"cannot open the cache store in {path}: {exc}") from exc
         env.reader_check()  # slots left by crashed processes
         limit = max_bytes // 4 if max_object_size is None else min(max_object_size, max_bytes // 4)
         store = cls(env, path, max_bytes, limit, clock, touch_interval)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prexy.cache.policy import CachePolicy, cache_key, vary_key
-from prexy.cache.store import FORMAT, ObjectMeta, Store
+from prexy.cache.store import FORMAT, ObjectMeta, Store, StoreError
 
 NOW = 1_800_000_000.0
 MiB = 1024 * 1024
@@ -437,6 +437,10 @@ def test_env_var_free_paths(tmp_path: Any) -> None:
     assert os.path.isdir(target)
     with pytest.raises(ValueError):
         Store.open(target, 0)
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"not a directory")
+    with pytest.raises(StoreError, match="cannot open the cache store"):
+        Store.open(str(blocker / "sub"), MiB)
 
 
 def _child_grow(path: str) -> None:
