@@ -20,7 +20,8 @@ The defaults are Varnish's built-in VCL:
 * TTL (Varnish's ``cache_rfc2616.c``): ``s-maxage``, then ``max-age`` (both
   less the upstream's ``Age``), then ``Expires`` (relative to ``Date`` when
   present, so clock skew does not matter), else ``default_ttl``.  A TTL of 0
-  or less is hit-for-miss.  ``stale-while-revalidate`` sets the grace,
+  or less is hit-for-miss; so is an invalid ``max-age`` or ``Expires``
+  (RFC 9111: treat as stale).  ``stale-while-revalidate`` sets the grace,
   ``stale-if-error`` how long a stale copy may replace an upstream error.
 
 Headers are given as an iterable of ``(name, value)`` byte pairs, names in
@@ -273,9 +274,10 @@ def _split_commas(text: str) -> list[str]:
 
 
 def _seconds(value: str | None) -> float | None:
-    if value is None or not value.strip().isdigit():
+    """delta-seconds, capped at 2**31 as RFC 9111 1.2.2 says; None if invalid."""
+    if value is None or not value.strip().isascii() or not value.strip().isdigit():
         return None
-    return float(int(value.strip()))
+    return float(min(int(value.strip()), 2**31))
 
 
 def parse_http_date(value: bytes | None) -> float | None:
@@ -349,9 +351,10 @@ def response_decision(
     source = "default"
     stored_at = now
     for directive in ("s-maxage", "max-age"):
-        seconds = _seconds(cc.get(directive))
-        if seconds is not None:
-            ttl, source, stored_at = seconds, directive, now - age
+        if directive in cc:
+            # An invalid value means stale (RFC 9111 4.2.1).
+            seconds = _seconds(cc[directive])
+            ttl, source, stored_at = (seconds or 0.0), directive, now - age
             break
     if ttl is None:
         expires_values = _values(headers, b"expires")

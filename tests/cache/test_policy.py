@@ -124,6 +124,10 @@ def test_policy_validation() -> None:
         (200, [(b"Cache-Control", b"max-age=0")], "ttl"),
         (200, [(b"Cache-Control", b"s-maxage=0, max-age=60")], "ttl"),
         (200, [(b"Expires", b"0")], "ttl"),
+        # An invalid max-age means stale (RFC 9111 4.2.1).
+        (200, [(b"Cache-Control", b"max-age=soon")], "ttl"),
+        (200, [(b"Cache-Control", b"max-age=-1")], "ttl"),
+        (200, [(b"Cache-Control", b"max-age")], "ttl"),
         (200, [(b"Expires", b"Thu, 01 Jan 1970 00:00:00 GMT")], "ttl"),
     ],
 )
@@ -165,8 +169,7 @@ def test_explicit_only_statuses(status: int) -> None:
             100,
             "expires",
         ),
-        # An unparsable max-age is ignored.
-        ([(b"Cache-Control", b"max-age=soon")], 300, "default"),
+        ([(b"Cache-Control", b"max-age=99999999999999")], 2**31, "max-age"),
         ([], 300, "default"),
     ],
 )
