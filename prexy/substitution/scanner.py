@@ -40,11 +40,12 @@ from prexy.substitution.dialect import (
     _set_src,
     bounded_width,
     literal_prefix,
+    max_width,
     repeat_bytes,
     to_regex_source,
 )
 
-__all__ = ["Scanner", "Found", "RegexScanner"]
+__all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
 FLAGS = regex.DOTALL | regex.MULTILINE
 
@@ -91,24 +92,29 @@ class Cursor(Protocol):
         """The first match at or after ``pos`` (treating the buffer end as final)."""
 
 
+class HoldCursor(Protocol):
+    """The hold-back question for one buffer, positions not decreasing."""
+
+    #: No match starting below ``floor`` can run off the end of the buffer.
+    floor: int
+
+    def hold_point(self, lo: int, found: Found | None) -> int | None:
+        """Leftmost position ``>= lo`` whose match may still need more bytes.
+
+        Only positions up to ``found.start`` count (the whole buffer if no
+        match was found), and at ``found.start`` only rules up to
+        ``found.rule``.
+        """
+
+
 class Scanner(Protocol):
     """What the transducer needs from a scanner."""
 
     def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
-        """A cursor over ``buf``; every scan it runs passes ``timeout``."""
+        """A match cursor over ``buf``; every scan it runs passes ``timeout``."""
 
-    def reach_floor(self, buf: bytes, pos: int, timeout: float | None = None) -> int:
-        """Lowest start ``>= pos`` whose exploration could reach the end of ``buf``."""
-
-    def hold_point(
-        self, buf: bytes, lo: int, found: Found | None, timeout: float | None
-    ) -> int | None:
-        """Leftmost position from ``lo`` whose match may need more bytes.
-
-        Only positions up to ``found.start`` count (all of ``buf`` if no
-        match was found), and at ``found.start`` only rules up to
-        ``found.rule``.  ``lo`` must not be below ``reach_floor(buf, pos)``.
-        """
+    def hold_cursor(self, buf: bytes, pos: int, timeout: float | None) -> HoldCursor:
+        """A hold-back cursor over ``buf`` for a scan starting at ``pos``."""
 
 
 class _SingleCursor:
@@ -181,75 +187,163 @@ class _HeapCursor:
         return Found(start, m.end(), rule, m, 0, self._ngroups[rule])
 
 
+class _Reach:
+    """Per-rule facts for the hold-back question, computed once per rule set."""
+
+    __slots__ = ("probe", "prefix", "width", "bounded", "eaten", "key", "other")
+
+    def __init__(self, parsed: ParsedRegex) -> None:
+        src = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
+        # A rule without atoms or assertions gets a probe that never marks.
+        self.probe = regex.compile(src.encode("latin-1"), FLAGS)
+        if PROBE_GROUP not in self.probe.groupindex:
+            self.probe = regex.compile(
+                f"(?:{src})|(?!)(?P<{PROBE_GROUP}>)".encode("latin-1"), FLAGS
+            )
+        self.prefix = literal_prefix(parsed.tree)
+        self.width = max_width(parsed.tree)
+        self.bounded = bounded_width(parsed.tree)
+        self.eaten = repeat_bytes(parsed.tree)
+        # Rules with the same key share the floor computation of a buffer.
+        self.key = (self.width, self.bounded, self.eaten)
+        # Finds, backwards, a byte that no unbounded repeat of the rule eats.
+        self.other: regex.Pattern[bytes] | None = None
+        if self.width is None and len(self.eaten) < 256:
+            other = _set_src(frozenset(range(256)) - self.eaten)
+            self.other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
+
+
+class _HoldCursor:
+    """Answers "where could a match still need more data" for one buffer.
+
+    For each rule, the leftmost position ``>= lo`` from which one of its
+    paths, tried before any real match at that position, runs off the end
+    of the buffer.  A rule's path can only get there from a position above
+    its *floor*: the end of the buffer minus what the rule can consume
+    (bytes its unbounded repeats can eat are not counted); and, when the
+    rule starts with fixed bytes, only from where those bytes are.  Results
+    are cached per rule in a heap, as positions only grow during a scan.
+    """
+
+    def __init__(self, buf: bytes, pos: int, timeout: float | None, scanner: RegexScanner) -> None:
+        self._buf = buf
+        self._timeout = timeout
+        self._reach = scanner.reaches
+        n = len(buf)
+        self._floors: list[int] = []
+        by_key: dict[object, int] = {}
+        for r in self._reach:
+            floor = by_key.get(r.key)
+            if floor is None:
+                floor = by_key[r.key] = self._floor(r, pos)
+            self._floors.append(floor)
+        #: No path starting below ``floor`` can run off the end.
+        self.floor = min(self._floors, default=n + 1)
+        self._heap: list[tuple[int, int]] = []
+        self._started = False
+
+    def _floor(self, r: _Reach, pos: int) -> int:
+        buf = self._buf
+        n = len(buf)
+        if r.width is not None:
+            return max(pos, n - r.width - 1)
+        other = r.other
+        if other is None:
+            return pos
+        # Walk back over bytes the unbounded repeats may eat, counting the
+        # others: at most ``bounded`` of them fit in one path.
+        end = n
+        for _ in range(r.bounded + 2):
+            m = other.search(buf, pos, end, timeout=self._timeout)
+            if m is None:
+                return pos
+            end = m.start()
+        return max(pos, end)
+
+    def _rule_reach(self, rule: int, start: int) -> int | None:
+        """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
+        r = self._reach[rule]
+        buf = self._buf
+        n = len(buf)
+        timeout = self._timeout
+        start = max(start, self._floors[rule])
+        match = r.probe.match
+        prefix = r.prefix
+        if prefix:
+            k = len(prefix)
+            i = buf.find(prefix, start, n)
+            while i >= 0 and i <= n - k:
+                m = match(buf, i, timeout=timeout)
+                if m is not None and m.group(PROBE_GROUP) is not None:
+                    return i
+                i = buf.find(prefix, i + 1, n)
+            # A prefix cut by the end of the buffer.
+            start = max(start, n - k + 1)
+        search = r.probe.search
+        while start <= n:
+            m = search(buf, start, timeout=timeout)
+            if m is None:
+                return None
+            if m.group(PROBE_GROUP) is not None:
+                return m.start()
+            start = m.start() + 1
+        return None
+
+    def hold_point(self, lo: int, found: Found | None) -> int | None:
+        """Leftmost position from ``lo`` whose match may need more bytes.
+
+        Positions before ``found.start`` count for every rule (no real match
+        starts there); at ``found.start`` only rules up to ``found.rule``
+        (for that rule, a path of higher Perl priority than the match).
+        """
+        n = len(self._buf)
+        heap = self._heap
+        if not self._started:
+            self._started = True
+            for rule in range(len(self._reach)):
+                s = self._rule_reach(rule, lo)
+                if s is not None:
+                    heap.append((s, rule))
+            heapq.heapify(heap)
+        while heap and heap[0][0] < lo:
+            rule = heap[0][1]
+            s = self._rule_reach(rule, lo)
+            if s is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (s, rule))
+        if not heap:
+            return None
+        s = heap[0][0]
+        if found is None:
+            return s if s <= n else None
+        if s < found.start:
+            return s
+        if s > found.start:
+            return None
+        # Ties at the match's start: is one of them a rule of priority?
+        if any(r <= found.rule for t, r in heap if t == s):
+            return s
+        return None
+
+
 class RegexScanner:
-    """The ``regex``-package scanner: one pattern per rule, one probe."""
+    """The ``regex``-package scanner: one pattern and one probe per rule."""
 
     def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
-        probe_parts: list[str] = []
-        self._ngroups: list[int] = []
-        self.sources: list[str] = []
-        for p in parsed:
-            self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
-            probe_parts.append(to_regex_source(p.tree, probe=True, caseless=p.caseless))
-            self._ngroups.append(p.ngroups)
+        self._ngroups = [p.ngroups for p in parsed]
+        self.sources = [to_regex_source(p.tree, caseless=p.caseless) for p in parsed]
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
-        # Fixed leading bytes of each rule: for a multi-pattern prefilter.
-        self.prefixes = [literal_prefix(p.tree) for p in parsed]
-        probe_src = "|".join("(?:" + s + ")" for s in probe_parts)
-        self.probe = regex.compile(probe_src.encode("latin-1"), FLAGS)
-        # Bound on the bytes a match consumes outside unbounded repeats, and the
-        # bytes unbounded repeats can consume: used to skip the probe far from
-        # the end of the buffer.
-        self.bounded = max((bounded_width(p.tree) for p in parsed), default=0)
-        eaten: frozenset[int] = frozenset()
-        for p in parsed:
-            eaten |= repeat_bytes(p.tree)
-        self.repeat_bytes = eaten
-        self._other = None
-        if eaten and len(eaten) < 256:
-            other = _set_src(frozenset(range(256)) - eaten)
-            self._other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
-        self._everything = len(eaten) == 256
+        self.reaches = [_Reach(p) for p in parsed]
 
     def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
         if len(self.patterns) == 1:
             return _SingleCursor(buf, timeout, self.patterns[0], self._ngroups[0])
         return _HeapCursor(buf, timeout, self.patterns, self._ngroups)
 
+    def hold_cursor(self, buf: bytes, pos: int, timeout: float | None) -> _HoldCursor:
+        return _HoldCursor(buf, pos, timeout, self)
+
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
         """One-off ``cursor(buf, timeout).find(pos)``."""
         return self.cursor(buf, timeout).find(pos)
-
-    def reach_floor(self, buf: bytes, pos: int, timeout: float | None = None) -> int:
-        """Lowest start whose exploration could reach the end of ``buf``."""
-        n = len(buf)
-        need = self.bounded + 2  # one byte of margin for assertions
-        if not self.repeat_bytes:
-            return max(pos, n - need)
-        if self._everything or self._other is None:
-            return pos
-        end = n
-        for _ in range(need):
-            m = self._other.search(buf, pos, end, timeout=timeout)
-            if m is None:
-                return pos
-            end = m.start()
-        return max(pos, end)
-
-    def hold_point(
-        self, buf: bytes, lo: int, found: Found | None, timeout: float | None
-    ) -> int | None:
-        limit = found.start if found is not None else len(buf)
-        if lo > limit:
-            return None
-        m = self.probe.search(buf, lo, timeout=timeout)
-        if m is None or m.start() > limit:
-            return None
-        if PROBE_GROUP not in self.probe.groupindex:
-            return None  # nothing in these rules depends on the next byte
-        if m.start() < limit:
-            # No real match starts before ``limit``: this path ran off the end.
-            return m.start()
-        # At the match's start: hold only if a path of higher priority than
-        # the match (earlier rule, or earlier in Perl order) ran off the end.
-        return limit if m.group(PROBE_GROUP) is not None else None

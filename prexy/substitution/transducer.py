@@ -179,12 +179,19 @@ class Transducer:
             find = scanner.cursor(buf, timeout).find
             # Below ``floor`` no match can run off the end of the buffer, so
             # the hold-back probe only runs for matches starting at or above it.
-            floor = n + 1 if final else scanner.reach_floor(buf, pos, timeout)
+            if final:
+                floor = n + 1
+                hold_point = None
+            else:
+                holds = scanner.hold_cursor(buf, pos, timeout)
+                floor = holds.floor
+                hold_point = holds.hold_point
             while pos < n or (final and pos == n):
                 found = find(pos)
                 if found is None:
                     if floor <= n:
-                        hold = scanner.hold_point(buf, max(floor, pos), None, timeout)
+                        assert hold_point is not None
+                        hold = hold_point(pos, None)
                         if hold is not None:
                             emit(buf[pos:hold])
                             self._pending = n - hold
@@ -193,7 +200,8 @@ class Transducer:
                     return n
                 start = found.start
                 if floor <= start:
-                    hold = scanner.hold_point(buf, max(floor, pos), found, timeout)
+                    assert hold_point is not None
+                    hold = hold_point(pos, found)
                     if hold is not None:
                         emit(buf[pos:hold])
                         # As in the module, only the bytes before the match
