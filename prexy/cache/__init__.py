@@ -50,6 +50,14 @@ On the upstream head of a looked-up request::
     else      -> store.put_hit_for_miss(key, ObjectMeta(status, (), now, sd.ttl,
                      site=site, url=url, vary=sd.vary))
 
+Across workers, the miss leader takes ``store.claim(found.key, holder,
+lease)`` first (released with ``store.release`` after commit or abort); a
+worker whose claim fails polls ``store.get`` every few tens of milliseconds
+while ``store.claimed(found.key)``, then serves the object or fetches
+itself.  So 100 concurrent misses spread over 2 workers make 1 upstream
+request; only the waiters in the leader's own worker are served as the body
+streams in, the others once it is stored.
+
 Coalescing on ``found.key`` groups requests that agree on the Vary
 *known at lookup time* (none for a URL never seen): a waiter may share the
 leader's stream only when ``vary_key(sd.vary, waiter_headers, policy)``

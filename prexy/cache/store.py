@@ -25,6 +25,8 @@ Layout of the environment (a directory, e.g. ``/dev/shm/prexy-cache``):
     eviction deletes from the front.
 ``meta``
     ``tick`` (a counter bumped on every store and touch) and ``format``.
+``busy``
+    object key -> ``f64 expires | holder``: fetch leases (:meth:`Store.claim`).
 
 LRU is approximate so that a hit stays a read-only transaction: like
 Varnish's ``lru_interval``, a hit moves its object to the back of the queue
@@ -81,6 +83,7 @@ _IDX = struct.Struct("<QQdd")
 _TICK = struct.Struct(">Q")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_F64 = struct.Struct("<d")
 _BATCH = 1000
 
 
@@ -300,6 +303,7 @@ class Store:
         self._idx = env.open_db(b"idx")
         self._lru = env.open_db(b"lru")
         self._meta = env.open_db(b"meta")
+        self._busy = env.open_db(b"busy")
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -344,7 +348,7 @@ class Store:
         store = cls(env, path, max_bytes, limit, clock, touch_interval)
         with env.begin(write=True) as txn:
             if txn.get(b"format", db=store._meta) != FORMAT:
-                for db in (store._obj, store._vary, store._idx, store._lru, store._meta):
+                for db in (store._obj, store._vary, store._idx, store._lru, store._meta, store._busy):
                     txn.drop(db, delete=False)
                 txn.put(b"format", FORMAT, db=store._meta)
             store._evict(txn, 0)
@@ -482,6 +486,46 @@ class Store:
                 continue
         return False
 
+    # -- fetch leases: coalescing misses across worker processes -----------------
+
+    @_adopts_resize
+    def claim(self, key: bytes, holder: bytes, lease: float) -> bool:
+        """Takes the right to fetch ``key`` from upstream for ``lease``
+        seconds; ``False`` while another holder's lease runs.
+
+        Coalescing inside one worker needs no store; across workers, the
+        worker whose ``claim`` succeeds fetches and stores, and the others
+        (``claim`` false) poll :meth:`get` every few tens of milliseconds
+        until the object appears, the lease is released or it runs out
+        (:meth:`claimed` false), then fetch themselves.  ``holder`` names
+        the claimant (e.g. ``b"%d" % os.getpid()``); a lease outlives a
+        worker that died holding it by at most ``lease`` seconds.
+        """
+        now = self._clock()
+        with self._env.begin(write=True) as txn:
+            raw = txn.get(key, db=self._busy)
+            if raw is not None:
+                (expires,) = _F64.unpack_from(raw, 0)
+                if expires > now and raw[_F64.size :] != holder:
+                    return False
+            txn.put(key, _F64.pack(now + lease) + holder, db=self._busy)
+        return True
+
+    @_adopts_resize
+    def release(self, key: bytes, holder: bytes) -> None:
+        """Gives up a lease taken with :meth:`claim` (after commit or abort)."""
+        with self._env.begin(write=True) as txn:
+            raw = txn.get(key, db=self._busy)
+            if raw is not None and raw[_F64.size :] == holder:
+                txn.delete(key, db=self._busy)
+
+    @_adopts_resize
+    def claimed(self, key: bytes) -> bool:
+        """Whether someone holds a running lease on ``key`` (a read, no lock)."""
+        with self._env.begin(buffers=True) as txn:
+            raw = txn.get(key, db=self._busy)
+            return raw is not None and _F64.unpack_from(raw, 0)[0] > self._clock()
+
     @_adopts_resize
     def delete(self, key: bytes) -> bool:
         """Removes one object; ``True`` when there was one."""
@@ -532,22 +576,30 @@ class Store:
 
     @_adopts_resize
     def expire(self) -> int:
-        """Removes every object past its ``dead_at``; returns how many.
-        Optional housekeeping: ``get`` never returns dead objects and LRU
-        evicts them in time anyway."""
+        """Removes every object past its ``dead_at`` (and leases that ran out
+        unreleased); returns how many objects.  Optional housekeeping:
+        ``get`` never returns dead objects and LRU evicts them in time anyway."""
         now = self._clock()
         victims = []
+        leases = []
         with self._env.begin(buffers=True) as txn:
             for k, v in txn.cursor(db=self._idx):
                 if _IDX.unpack_from(v, 0)[2] <= now:
                     victims.append(bytes(k))
+            for k, v in txn.cursor(db=self._busy):
+                if _F64.unpack_from(v, 0)[0] <= now:
+                    leases.append(bytes(k))
+        if leases:
+            with self._env.begin(write=True) as wtxn:
+                for lease in leases:
+                    wtxn.delete(lease, db=self._busy)
         return self._delete_many(victims)
 
     @_adopts_resize
     def clear(self) -> None:
         """Empties the store."""
         with self._env.begin(write=True) as txn:
-            for db in (self._obj, self._vary, self._idx, self._lru):
+            for db in (self._obj, self._vary, self._idx, self._lru, self._busy):
                 txn.drop(db, delete=False)
 
     @_adopts_resize

@@ -512,3 +512,47 @@ def test_store_matches_a_dict(ops: list[tuple[str, int, bytes, bytes]]) -> None:
         check_consistent(store)
         assert store.stats()["count"] == len(model)
         store.close()
+
+
+def test_claim_lease(store: Store, clock: FakeClock) -> None:
+    """One holder at a time; the holder may renew; leases run out or are released."""
+    k = key(b"/lease")
+    assert not store.claimed(k)
+    assert store.claim(k, b"w1", 10.0)
+    assert store.claimed(k)
+    assert not store.claim(k, b"w2", 10.0)
+    assert store.claim(k, b"w1", 10.0)  # renew
+    store.release(k, b"w2")  # not the holder: ignored
+    assert store.claimed(k)
+    store.release(k, b"w1")
+    assert not store.claimed(k)
+    assert store.claim(k, b"w2", 5.0)
+    clock.now += 5
+    assert not store.claimed(k)
+    assert store.claim(k, b"w3", 5.0)  # a lease that ran out is taken over
+    clock.now += 10
+    store.expire()
+    with store._env.begin() as txn:
+        assert txn.get(k, db=store._busy) is None
+
+
+def _child_claim(path: str, holder: bytes, out: Any) -> None:
+    store = Store.open(path, 4 * MiB, clock=lambda: NOW)
+    out.put(store.claim(key(b"/contended"), holder, 30.0))
+    store.close()
+
+
+def test_claim_across_processes(path: str, ctx: Any) -> None:
+    """Of several processes claiming one key at once, exactly one wins."""
+    store = Store.open(path, 4 * MiB, clock=lambda: NOW)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_child_claim, args=(path, b"p%d" % i, out)) for i in range(3)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert sorted(results) == [False, False, True]
+    assert store.claimed(key(b"/contended"))
+    assert not store.claim(key(b"/contended"), b"parent", 1.0)
+    store.close()
