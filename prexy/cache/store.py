@@ -234,6 +234,11 @@ class Writer:
     ``commit`` then stores nothing and returns ``False``.  Nothing is visible
     to readers before ``commit``.  A writer that is neither committed nor
     aborted simply stores nothing.
+
+    The body waits in this process's memory (at most ``limit`` bytes) until
+    ``commit``, on purpose: an LMDB write transaction locks out every other
+    writer on the machine, so none may stay open across reactor turns while
+    a slow upstream trickles in.
     """
 
     def __init__(self, store: Store, key: bytes, meta: ObjectMeta, limit: int) -> None:
