@@ -33,6 +33,7 @@ class Metrics:
     def __init__(self) -> None:
         self.counters: Counter[LabelKey] = Counter()
         self.bytes_out = 0
+        self.bytes_in = 0
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.latency_count = 0
@@ -61,6 +62,7 @@ class Metrics:
         return {
             "counters": [[n, [list(kv) for kv in labels], v] for (n, labels), v in self.counters.items()],
             "bytes_out": self.bytes_out,
+            "bytes_in": self.bytes_in,
             "latency_buckets": list(self.latency_buckets),
             "latency_sum": self.latency_sum,
             "latency_count": self.latency_count,
@@ -72,6 +74,7 @@ class Metrics:
         for name, labels, value in snap["counters"]:
             self.counters[(name, tuple(tuple(kv) for kv in labels))] += value
         self.bytes_out += int(snap["bytes_out"])
+        self.bytes_in += int(snap.get("bytes_in", 0))
         for i, v in enumerate(snap["latency_buckets"]):
             self.latency_buckets[i] += v
         self.latency_sum += float(snap["latency_sum"])
@@ -96,6 +99,9 @@ def render(metrics: Iterable[Metrics], extra: Mapping[str, float] | None = None)
     lines.append(f"# HELP prexy_bytes_out_total {HELP['prexy_bytes_out_total']}")
     lines.append("# TYPE prexy_bytes_out_total counter")
     lines.append(f"prexy_bytes_out_total {total.bytes_out}")
+    lines.append("# HELP prexy_bytes_in_total Response body bytes received from upstreams.")
+    lines.append("# TYPE prexy_bytes_in_total counter")
+    lines.append(f"prexy_bytes_in_total {total.bytes_in}")
     lines.append("# HELP prexy_upstream_seconds Time to the upstream's response head.")
     lines.append("# TYPE prexy_upstream_seconds histogram")
     cumulative = 0

@@ -2,11 +2,14 @@
 
 Pure functions over ``(name, value)`` byte pairs so they are easy to test and
 cheap per request.  Repeated headers (``Set-Cookie``) stay separate pairs.
+The response side lives in ``UpstreamResponse.end_to_end``, which reuses the
+lower-cased names the upstream parser already computed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: Headers that describe one connection, never forwarded (RFC 9110 7.6.1),
 #: plus Proxy-Authorization/-Authenticate which are meant for this proxy.
@@ -27,26 +30,25 @@ HOP_BY_HOP = frozenset(
 VIA = b"1.1 prexy"
 
 
-def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Lower-cased header names listed in every ``Connection`` header."""
-    names: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            for token in value.split(b","):
-                token = token.strip().lower()
-                if token:
-                    names.add(token)
-    return frozenset(names)
+def raw_header_dict(headers: Any) -> dict[bytes, Sequence[bytes]]:
+    """Lower-case name -> values of a twisted.web Headers object.
+
+    Reads Headers' own table (one entry per name) rather than
+    getAllRawHeaders(), which re-capitalises every name on every call; falls
+    back to the public API if that attribute ever goes away."""
+    table = getattr(headers, "_rawHeaders", None)
+    items = table.items() if isinstance(table, dict) else headers.getAllRawHeaders()
+    return {name.lower(): values for name, values in items}
 
 
-def end_to_end(
-    headers: list[tuple[bytes, bytes]], also_drop: frozenset[bytes] = frozenset()
-) -> list[tuple[bytes, bytes]]:
-    """The headers that may cross the proxy: hop-by-hop ones and those named in
-    ``Connection`` removed, as well as any in ``also_drop`` (lower-case)."""
-    named = connection_tokens(headers)
-    drop = HOP_BY_HOP | named | also_drop
-    return [(n, v) for n, v in headers if n.lower() not in drop]
+def forwardable(raw: Mapping[bytes, Sequence[bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """Request header pairs that may go upstream: without those in ``drop``
+    (lower-case names; pass one that includes HOP_BY_HOP) and those named in
+    Connection."""
+    connection = raw.get(b"connection")
+    if connection:
+        drop = drop | {t.strip().lower() for v in connection for t in v.split(b",")}
+    return [(name, value) for name, values in raw.items() if name not in drop for value in values]
 
 
 def append_forwarded_for(existing: Sequence[bytes] | None, client_ip: bytes) -> bytes:

@@ -24,7 +24,14 @@ from twisted.web.resource import Resource
 
 from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder, accepts_gzip
 from prexy.metrics import Metrics
-from prexy.proxy.headers import VIA, append_forwarded_for, append_via, end_to_end
+from prexy.proxy.headers import (
+    HOP_BY_HOP,
+    VIA,
+    append_forwarded_for,
+    append_via,
+    forwardable,
+    raw_header_dict,
+)
 from prexy.proxy.upstream import (
     OriginKey,
     UpstreamError,
@@ -38,11 +45,12 @@ log = Logger()
 
 #: Request headers never forwarded besides hop-by-hop ones: the proxy frames
 #: the body itself, and sets Host and forwarding headers itself.
-_REQUEST_DROP = frozenset(
+_REQUEST_DROP = HOP_BY_HOP | frozenset(
     {b"host", b"content-length", b"expect", b"x-forwarded-for", b"x-forwarded-host",
      b"x-forwarded-proto", b"via"}
 )
-_RESPONSE_DROP = frozenset({b"content-length", b"via"})
+_REQUEST_DROP_REWRITING = _REQUEST_DROP | {b"accept-encoding", b"if-none-match"}
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"via"}
 _SPOOL_IN_MEMORY = 1024 * 1024
 #: Largest piece of body fed to the transducer in one go, so one huge chunk
 #: never holds the reactor for long.
@@ -64,8 +72,8 @@ class ProxyResource(Resource):
     def render(self, request: ProxyRequest) -> Any:
         started = self.reactor.seconds()
         runtime = self.runtime
-        headers = request.requestHeaders
-        host_values = headers.getRawHeaders(b"host")
+        raw = raw_header_dict(request.requestHeaders)
+        host_values = raw.get(b"host")
         host = host_values[0] if host_values else None
         site = runtime.select(host)
         target = _origin_form(request.uri)
@@ -82,27 +90,22 @@ class ProxyResource(Resource):
         upstream = site.config.upstream
         if upstream.path:
             target = upstream.path.encode("latin-1") + target
-        out: list[tuple[bytes, bytes]] = []
-        raw = [(name, value) for name, values in headers.getAllRawHeaders() for value in values]
-        rewriting = site.rules is not None
-        drop = _REQUEST_DROP | {b"accept-encoding"} if rewriting else _REQUEST_DROP
-        out = end_to_end(raw, drop)
-        out.insert(0, (b"Host", site.config.upstream_host_header(host)))
-        if rewriting:
-            digest = site.rules.digest
-            out = [
-                (n, _upstream_if_none_match(v, digest) if n.lower() == b"if-none-match" else v)
-                for n, v in out
-            ]
+        rules = site.rules
+        out = forwardable(raw, _REQUEST_DROP_REWRITING if rules is not None else _REQUEST_DROP)
+        out.append((b"Host", site.config.upstream_host_header(host)))
+        if rules is not None:
+            inm = raw.get(b"if-none-match")
+            if inm:
+                digest = rules.digest
+                out += [(b"if-none-match", _upstream_if_none_match(v, digest)) for v in inm]
             # Never let compressed bytes reach the transducer: ask for identity.
             out.append((b"Accept-Encoding", b"identity"))
-        client = request.getClientAddress()
-        client_ip = getattr(client, "host", None) or "unix"
-        out.append((b"X-Forwarded-For", append_forwarded_for(headers.getRawHeaders(b"x-forwarded-for"), client_ip.encode("ascii"))))
+        client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
+        out.append((b"X-Forwarded-For", append_forwarded_for(raw.get(b"x-forwarded-for"), client_ip.encode("ascii"))))
         out.append((b"X-Forwarded-Proto", b"https" if request.isSecure() else b"http"))
         if host:
             out.append((b"X-Forwarded-Host", host))
-        out.append((b"Via", append_via(headers.getRawHeaders(b"via"))))
+        out.append((b"Via", append_via(raw.get(b"via"))))
 
         body, body_length = _request_body(request)
         key = OriginKey(upstream.scheme, upstream.host, upstream.port)
@@ -226,7 +229,7 @@ class _Exchange:
         self.response = response
         resource = self.resource
         request.setResponseCode(response.code, response.phrase or None)
-        headers = end_to_end(response.headers, _RESPONSE_DROP)
+        headers = response.end_to_end(_RESPONSE_DROP)
         rules = self.site.rules
         rewrite = False
         coding = None
@@ -264,7 +267,7 @@ class _Exchange:
         elif response.length is not None and response.code not in (204, 304):
             headers.append((b"Content-Length", b"%d" % response.length))
             has_length = True
-        via = _all(response.headers, b"via")
+        via = response.values(b"via")
         headers.append((b"Via", append_via(via) if via else VIA))
         now = resource.reactor.seconds()
         upstream_time = response.connect_seconds + response.first_byte_seconds
@@ -290,9 +293,11 @@ class _Exchange:
     def bodyData(self, data: bytes) -> None:
         if self.client_gone_flag:
             return
+        metrics = self.resource.metrics
+        metrics.bytes_in += len(data)
         transducer = self.transducer
         if transducer is None:
-            self.resource.metrics.bytes_out += len(data)
+            metrics.bytes_out += len(data)
             self.request.write(data)
             return
         try:
@@ -439,11 +444,6 @@ def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
         if name.lower() == lname:
             return value
     return None
-
-
-def _all(headers: list[tuple[bytes, bytes]], lname: bytes) -> list[bytes] | None:
-    values = [v for n, v in headers if n.lower() == lname]
-    return values or None
 
 
 def _etag_suffix(digest: str) -> bytes:

@@ -41,6 +41,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADER_COUNT = 200
 NO_BODY_STATUSES = frozenset({204, 304})
 _CONNECTION_DONE = Failure(ConnectionDone())
+_FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
@@ -91,7 +92,12 @@ class UpstreamResponse:
     code: int
     phrase: bytes
     version: bytes
+    #: Header fields in order, repeated ones as separate pairs.
     headers: list[tuple[bytes, bytes]]
+    #: The lower-cased name of each header, in the same order.
+    lnames: list[bytes]
+    #: Header names listed in Connection (hop-by-hop for this message).
+    connection_names: frozenset[bytes]
     #: Body length from Content-Length when the body is length-delimited,
     #: ``None`` for chunked or close-delimited bodies; 0 for bodiless ones.
     #: For HEAD, the upstream's Content-Length (or None) though no body follows.
@@ -104,6 +110,17 @@ class UpstreamResponse:
     def producer(self) -> IPushProducer:
         """Push producer that pauses and resumes the upstream socket."""
         return self._protocol.producer
+
+    def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+        """Headers that may be forwarded: without hop-by-hop ones, those named
+        in Connection, and ``drop`` (lower-case names)."""
+        if self.connection_names:
+            drop = drop | self.connection_names
+        return [pair for pair, lname in zip(self.headers, self.lnames, strict=True) if lname not in drop]
+
+    def values(self, lname: bytes) -> list[bytes]:
+        """Every value of one header (lower-case name)."""
+        return [pair[1] for pair, n in zip(self.headers, self.lnames, strict=True) if n == lname]
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Start delivering the body to ``consumer``."""
@@ -360,48 +377,52 @@ class UpstreamProtocol(Protocol):
         phrase = parts[2] if len(parts) > 2 else b""
         if len(lines) > MAX_HEADER_COUNT:
             raise UpstreamProtocolError("too many response headers")
+        crlf = len(lines) - 1
+        if head.count(b"\r") != crlf or head.count(b"\n") != crlf:
+            raise UpstreamProtocolError("bare CR or LF in a response header")
         headers: list[tuple[bytes, bytes]] = []
+        lnames: list[bytes] = []
         content_length: int | None = None
         chunked = False
         connection_close = version == b"HTTP/1.0"
+        connection_names: frozenset[bytes] = frozenset()
         for line in lines[1:]:
-            if b"\n" in line or b"\r" in line:
-                raise UpstreamProtocolError("bare CR or LF in a response header")
-            if line[:1] in (b" ", b"\t"):
+            name, colon, value = line.partition(b":")
+            first = line[:1]
+            if first == b" " or first == b"\t":
                 if not headers:
                     raise UpstreamProtocolError("continuation line before any header")
                 name, value = headers[-1]
                 headers[-1] = (name, value + b" " + line.strip())
                 continue
-            colon = line.find(b":")
-            if colon <= 0:
+            if not colon or not name or name[-1] in (32, 9):
                 raise UpstreamProtocolError(f"bad header line {line[:80]!r}")
-            name = line[:colon]
-            if name != name.strip():
-                raise UpstreamProtocolError(f"bad header name {name[:80]!r}")
-            value = line[colon + 1 :].strip()
+            value = value.strip()
             lname = name.lower()
-            if lname == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise UpstreamProtocolError(f"bad Content-Length {value[:40]!r}") from None
-                if length < 0 or (content_length is not None and content_length != length):
-                    raise UpstreamProtocolError("conflicting or negative Content-Length")
-                content_length = length
-            elif lname == b"transfer-encoding":
-                codings = [c.strip().lower() for c in value.split(b",")]
-                if codings[-1] == b"chunked":
-                    chunked = True
-                else:
-                    raise UpstreamProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
-            elif lname == b"connection":
-                tokens = {t.strip().lower() for t in value.split(b",")}
-                if b"close" in tokens:
-                    connection_close = True
-                elif b"keep-alive" in tokens and version == b"HTTP/1.0":
-                    connection_close = False
+            if lname in _FRAMING_HEADERS:
+                if lname == b"content-length":
+                    try:
+                        length = int(value)
+                    except ValueError:
+                        raise UpstreamProtocolError(f"bad Content-Length {value[:40]!r}") from None
+                    if length < 0 or (content_length is not None and content_length != length):
+                        raise UpstreamProtocolError("conflicting or negative Content-Length")
+                    content_length = length
+                elif lname == b"transfer-encoding":
+                    codings = [c.strip().lower() for c in value.split(b",")]
+                    if codings[-1] == b"chunked":
+                        chunked = True
+                    else:
+                        raise UpstreamProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
+                else:  # connection
+                    tokens = frozenset(t.strip().lower() for t in value.split(b","))
+                    connection_names |= tokens
+                    if b"close" in tokens:
+                        connection_close = True
+                    elif b"keep-alive" in tokens and version == b"HTTP/1.0":
+                        connection_close = False
             headers.append((name, value))
+            lnames.append(lname)
         if connection_close:
             self._keep_alive = False
         length_out: int | None
@@ -426,6 +447,8 @@ class UpstreamProtocol(Protocol):
             phrase=phrase,
             version=version,
             headers=headers,
+            lnames=lnames,
+            connection_names=connection_names,
             length=length_out,
             connect_seconds=self._connect_seconds,
             first_byte_seconds=now - self._sent_at,
