@@ -24,6 +24,7 @@ checked at load).
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
@@ -153,28 +154,34 @@ class _GramIndex:
     """Regexes keyed by a literal every match contains.
 
     Up to ``_SCAN_MAX`` of them are simply checked with ``literal in key``
-    (a C substring search each); more are keyed by one piece (up to 4
-    characters) of their literal and found by probing the key's pieces, a
-    cost that depends on the key's length, not on the number of regexes.
+    (a C substring search each).  More are keyed, when the literal has one,
+    by a whole "word" inside it (a run between URL punctuation, such as
+    ``legacy`` in ``/legacy-page``): wherever the literal occurs in a key,
+    that word is one of the key's words, so a key probes only its own ~10
+    words.  Literals without such a word are keyed by one piece (up to 4
+    characters), found by probing the key's pieces.  Either way the cost
+    depends on the key's length, not on the number of regexes.
     """
 
-    __slots__ = ("table", "lengths", "scan")
+    __slots__ = ("words", "table", "lengths", "scan")
 
     def __init__(self, entries: list[tuple[int, str]]) -> None:
         """``entries`` are ``(entry number, literal)`` in file order."""
+        self.words: dict[str, list[int]] = {}
         self.table: dict[str, list[int]] = {}
         self.scan: tuple[tuple[str, int], ...] | None = None
         if len(entries) <= _SCAN_MAX:
             self.scan = tuple((literal, order) for order, literal in entries)
         else:
-            table = self.table
             for order, literal in entries:
-                piece = _choose_piece(literal, table)
-                bucket = table.get(piece)
-                if bucket is None:
-                    table[piece] = [order]
-                else:
-                    bucket.append(order)
+                inner = [w for w in _split_words(literal)[1:-1] if w]
+                if inner:
+                    word = min(inner, key=lambda w: len(self.words.get(w, ())))
+                    if len(self.words.get(word, ())) < _CROWDED:
+                        _add(self.words, word, order)
+                        continue
+                # no word of its own, or only crowded ones: a piece
+                _add(self.table, _choose_piece(literal, self.table), order)
         self.lengths = tuple(sorted({len(k) for k in self.table}))
 
     def probe(self, key: str, out: list[list[int]]) -> None:
@@ -184,7 +191,15 @@ class _GramIndex:
             if hits:
                 out.append(hits)
             return
+        words = self.words
+        if words:
+            for word in set(_split_words(key)):
+                hit = words.get(word)
+                if hit is not None:
+                    out.append(hit)
         table = self.table
+        if not table:
+            return
         seen: set[str] = set()
         size = len(key)
         for n in self.lengths:
@@ -194,6 +209,17 @@ class _GramIndex:
                 if hit is not None and piece not in seen:
                     seen.add(piece)
                     out.append(hit)
+
+
+_split_words = re.compile(r"""[\s/?&=.\-_~%+;,:@!$'()*\[\]#"<>^`{|}\\]+""").split
+
+
+def _add(table: dict[str, list[int]], key: str, order: int) -> None:
+    bucket = table.get(key)
+    if bucket is None:
+        table[key] = [order]
+    else:
+        bucket.append(order)
 
 
 class UrlMap:
