@@ -9,16 +9,20 @@ match wins, never tried on an empty key), then ``default``.
 The regexes are indexed by what every match must contain:
 
 * a literal prefix after ``^``: a dict from prefix to entry numbers; a key
-  probes it once per distinct prefix length (a handful);
-* otherwise a required literal: a dict from one short piece (1-4 chars) of
-  it to entry numbers; a key probes its own pieces of those lengths;
+  probes it once per distinct prefix length (a handful).  A prefix shared
+  by more than 8 regexes (``^/item/(\\d+)-slug-N``) sends those that have
+  another literal to the next kind;
+* otherwise a literal somewhere in the match: up to 48 such regexes are
+  checked with ``literal in key``; beyond that they are keyed by a whole
+  word of the literal (between URL punctuation) or a 4-character piece,
+  and a key probes its own words and pieces;
 * regexes with nothing to index are candidates for every key.
 
 Candidate lists are sorted by file position and merged, so they are tried in
 file order and the first confirmed match is nginx's answer.  Regexes that
 differ only in their literal prefix share one compiled "rest", matched from
 the end of the prefix; others are compiled on first use (their syntax was
-checked at load).
+checked at load).  Lookup cost depends on the key, not on the map's size.
 """
 
 from __future__ import annotations
