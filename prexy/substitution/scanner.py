@@ -188,18 +188,17 @@ class _HeapCursor:
 
 
 class _Reach:
-    """Per-rule facts for the hold-back question, computed once per rule set."""
+    """Per-rule facts for the hold-back question, computed once per rule set.
 
-    __slots__ = ("probe", "prefix", "width", "bounded", "eaten", "key", "other")
+    The probe pattern is compiled on first use: with many rules most are
+    never probed (no occurrence of their prefix near a buffer's end).
+    """
+
+    __slots__ = ("_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other")
 
     def __init__(self, parsed: ParsedRegex) -> None:
-        src = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
-        # A rule without atoms or assertions gets a probe that never marks.
-        self.probe = regex.compile(src.encode("latin-1"), FLAGS)
-        if PROBE_GROUP not in self.probe.groupindex:
-            self.probe = regex.compile(
-                f"(?:{src})|(?!)(?P<{PROBE_GROUP}>)".encode("latin-1"), FLAGS
-            )
+        self._source = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
+        self._probe: regex.Pattern[bytes] | None = None
         self.prefix = literal_prefix(parsed.tree)
         self.width = max_width(parsed.tree)
         self.bounded = bounded_width(parsed.tree)
@@ -211,6 +210,17 @@ class _Reach:
         if self.width is None and len(self.eaten) < 256:
             other = _set_src(frozenset(range(256)) - self.eaten)
             self.other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
+
+    @property
+    def probe(self) -> regex.Pattern[bytes]:
+        """The rule's probe (see ``dialect.to_regex_source``), compiled once."""
+        if self._probe is None:
+            src = self._source
+            if f"(?P<{PROBE_GROUP}>)" not in src:
+                # Nothing in the rule can mark: add a branch that never matches.
+                src = f"(?:{src})|(?!)(?P<{PROBE_GROUP}>)"
+            self._probe = regex.compile(src.encode("latin-1"), FLAGS)
+        return self._probe
 
 
 class _HoldCursor:
