@@ -86,6 +86,17 @@ class UpstreamURL:
 
 
 @attrs.frozen
+class OriginKey:
+    """Where a pooled upstream connection goes (and, for https, which CA
+    file to trust instead of the system's)."""
+
+    scheme: str
+    host: str
+    port: int
+    ca_file: str | None = None
+
+
+@attrs.frozen
 class Timeouts:
     """Upstream timeouts in seconds; 0 disables one."""
 
@@ -126,6 +137,8 @@ class SiteConfig:
     rules: tuple[str, ...] = ()
     map: MapConfig | None = None
     cache: CacheConfig | None = None
+    #: PEM file of the CA(s) to trust for an https upstream (default: the system's).
+    upstream_ca: str | None = None
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -345,8 +358,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(where, "must be a table")
         _known(
             table,
-            ("upstream", "hosts", "host_header", "rules", "map", "map_action", "redirect_status",
-             "map_keep_query", "cache", "cache_ttl", "cache_grace"),
+            ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
+             "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace"),
             where,
             err,
         )
@@ -365,6 +378,13 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r}")
             seen_hosts[h] = name
         host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
+        upstream_ca = None
+        if "upstream_ca" in table:
+            upstream_ca = rel(typed(table, "upstream_ca", str, where))
+            if not os.path.isfile(upstream_ca):
+                err(f"{where}.upstream_ca", f"no such file: {upstream_ca}")
+            if upstream.scheme != "https":
+                err(f"{where}.upstream_ca", "only applies to an https upstream")
         rules = table.get("rules", [])
         if isinstance(rules, str):
             rules = [rules]
@@ -410,6 +430,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 rules=rule_files,
                 map=map_cfg,
                 cache=cache_cfg,
+                upstream_ca=upstream_ca,
             )
         )
     if "default_site" in server:

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from prexy.config import Config, ConfigError, SiteConfig
+from prexy.config import Config, ConfigError, OriginKey, SiteConfig
 
 
 @attrs.frozen
@@ -24,10 +24,19 @@ class SiteRuntime:
     config: SiteConfig
     rules: Any = None  # prexy.substitution RuleSet, or None
     urlmap: Any = None  # prexy.urlmap UrlMap, or None
+    #: The upstream connection pool's key for this site.
+    origin_key: Any = attrs.field(
+        default=attrs.Factory(lambda self: _origin_key(self.config), takes_self=True), eq=False
+    )
 
     @property
     def name(self) -> str:
         return self.config.name
+
+
+def _origin_key(config: SiteConfig) -> OriginKey:
+    up = config.upstream
+    return OriginKey(up.scheme, up.host, up.port, config.upstream_ca)
 
 
 @attrs.frozen

@@ -307,11 +307,13 @@ class ProxyService(service.MultiService):
         check()
 
     def stopService(self) -> Any:
+        from twisted.internet import defer
+
         d = super().stopService()
-        self.pool.stop()
+        closed = self.pool.stop()
         if self.access_log is not None:
             self.access_log.stop()
-        return d
+        return defer.gatherResults([d, closed])
 
 
 def _global_reactor() -> Any:

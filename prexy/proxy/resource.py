@@ -33,7 +33,6 @@ from prexy.proxy.headers import (
     raw_header_dict,
 )
 from prexy.proxy.upstream import (
-    OriginKey,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
@@ -108,7 +107,7 @@ class ProxyResource(Resource):
         out.append((b"Via", append_via(raw.get(b"via"))))
 
         body, body_length = _request_body(request)
-        key = OriginKey(upstream.scheme, upstream.host, upstream.port)
+        key = site.origin_key
         exchange = _Exchange(self, request, site, started)
         d = self.pool.request(key, request.method, target, out, body, body_length)
         exchange.pending = d

@@ -33,7 +33,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.config import Timeouts
+from prexy.config import OriginKey, Timeouts
+
+__all__ = ["OriginKey", "UpstreamPool", "UpstreamResponse"]
 
 log = Logger()
 
@@ -195,6 +197,8 @@ class UpstreamProtocol(Protocol):
         self._sent_at = 0.0
         self._connect_seconds = 0.0
         self._body_writer: Any = None
+        self._lost = False
+        self._close_waiters: list[defer.Deferred[None]] = []
 
     # -- connection lifecycle -------------------------------------------------
 
@@ -207,6 +211,10 @@ class UpstreamProtocol(Protocol):
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         previous = self.state
         self.state = _State.CLOSED
+        self._lost = True
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
         self._pool._unwatch(self)
         self._pool._forget(self)
         if previous is _State.WAITING:
@@ -219,6 +227,15 @@ class UpstreamProtocol(Protocol):
                 self._fail_body(
                     Failure(UpstreamClosed(f"upstream closed mid-body: {reason.getErrorMessage()}"))
                 )
+
+    def closed(self) -> defer.Deferred[None]:
+        """Fires when this connection is closed."""
+        d: defer.Deferred[None] = defer.Deferred()
+        if self.state is _State.CLOSED and self._lost:
+            d.callback(None)
+        else:
+            self._close_waiters.append(d)
+        return d
 
     def abort(self) -> None:
         """Drop the connection at once; it will not be reused."""
@@ -629,15 +646,6 @@ class UpstreamProtocol(Protocol):
         return self._received_any
 
 
-@attrs.frozen
-class OriginKey:
-    """Where a pooled connection goes."""
-
-    scheme: str
-    host: str
-    port: int
-
-
 class _ProtocolFactory(Factory):
     noisy = False
     def __init__(self, pool: UpstreamPool, key: OriginKey) -> None:
@@ -668,6 +676,7 @@ class UpstreamPool:
         self._endpoint_factory = endpoint_factory or self._default_endpoint
         self.connections_opened = 0
         self._watched: dict[UpstreamProtocol, None] = {}
+        self._tls_cache: dict[OriginKey, Any] = {}
         self._sweeper: Any = None
         nonzero = [t for t in (timeouts.first_byte, timeouts.idle) if t > 0]
         self._sweep_interval = min([1.0, *(t / 4 for t in nonzero)])
@@ -689,22 +698,36 @@ class UpstreamPool:
         for protocol in list(self._watched):
             protocol.check_timeout(now)
 
-    def stop(self) -> None:
-        """Stop the timeout sweeper and close idle connections (shutdown)."""
+    def stop(self) -> defer.Deferred[None]:
+        """Stop the timeout sweeper and close idle connections (shutdown);
+        fires once they are closed (TLS closes take a round trip)."""
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
         self._sweeper = None
-        self.close_idle()
+        return self.close_idle()
 
     def _default_endpoint(self, key: OriginKey, timeout: float) -> Any:
         from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 
         endpoint: Any = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
         if key.scheme == "https":
-            from twisted.internet.ssl import optionsForClientTLS
-
-            endpoint = wrapClientTLS(optionsForClientTLS(key.host), endpoint)
+            endpoint = wrapClientTLS(self._tls_options(key), endpoint)
         return endpoint
+
+    def _tls_options(self, key: OriginKey) -> Any:
+        """Client TLS that verifies the upstream's certificate and host name
+        (service-identity), against the system CAs or the site's CA file."""
+        from twisted.internet.ssl import Certificate, optionsForClientTLS, platformTrust
+
+        options = self._tls_cache.get(key)
+        if options is None:
+            if key.ca_file:
+                with open(key.ca_file, "rb") as f:
+                    trust = Certificate.loadPEM(f.read())
+            else:
+                trust = platformTrust()
+            options = self._tls_cache[key] = optionsForClientTLS(key.host, trustRoot=trust)
+        return options
 
     def request(
         self,
@@ -812,12 +835,15 @@ class UpstreamPool:
         """How many connections sit idle in the pool."""
         return sum(len(v) for v in self._idle.values())
 
-    def close_idle(self) -> None:
-        """Close every idle pooled connection (shutdown)."""
+    def close_idle(self) -> defer.Deferred[None]:
+        """Close every idle pooled connection; fires when all are closed."""
+        waits = []
         for idle in self._idle.values():
             for protocol in list(idle):
+                waits.append(protocol.closed())
                 protocol.transport.loseConnection()
         self._idle.clear()
+        return defer.gatherResults(waits).addCallback(lambda _: None)
 
 
 def _cancel(current: Iterable[defer.Deferred[Any]]) -> None:
