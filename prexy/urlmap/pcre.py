@@ -363,6 +363,8 @@ class _Parser:
                 self.pos += 1
             self.emit(prop)
         elif ch in "bBAzGK":
+            if ch == "G":
+                self.opaque = True  # \G depends on where matching starts: no split
             self.emit("\\" + ch)
             items.append((_ZERO, ch, before, len(self.out), False))
             return

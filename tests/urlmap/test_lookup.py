@@ -231,6 +231,8 @@ class TestPcreSyntax:
             (r"^(x)?(?(1)y|z)$", "xz", False),
             (r"^/caf\xc3\xa9$", "/caf\xc3\xa9", True),
             (r"(?i)^/ABC$", "/abc", True),
+            (r"^/abc\Gx", "/abcx", False),
+            (r"^(/a|/b)(?R)?$", "/a/b", True),
         ],
     )
     def test_match(self, regex: str, key: str, matches: bool) -> None:
