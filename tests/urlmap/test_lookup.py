@@ -232,7 +232,8 @@ class TestPcreSyntax:
             (r"^/caf\xc3\xa9$", "/caf\xc3\xa9", True),
             (r"(?i)^/ABC$", "/abc", True),
             (r"^/abc\Gx", "/abcx", False),
-            (r"^(/a|/b)(?R)?$", "/a/b", True),
+            (r"^(\((?1)*\))$", "(()())", True),
+            (r"^(\((?1)*\))$", "(()", False),
         ],
     )
     def test_match(self, regex: str, key: str, matches: bool) -> None:
