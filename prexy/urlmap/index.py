@@ -127,6 +127,8 @@ class RegexEntry:
 
 
 _GRAM = 4
+_EXACT = object()  # _find's marker: an exact key answered
+_DEFAULT = object()  # _find's marker: nothing matched
 _CROWDED = 8  # prefix bucket size above which entries move to the piece index
 _MIN_SECONDARY = 3  # shortest other literal worth moving for
 _SCAN_MAX = 48  # up to this many literal-indexed regexes are scanned with "in"
@@ -367,22 +369,29 @@ class UrlMap:
         if isinstance(entry, RegexEntry):
             kind = "regex_caseless" if entry.caseless else "regex"
             return MapLookup(text, kind, entry.source, entry.filename, entry.line)
-        kind, _, name = entry.partition(" ")
-        return MapLookup(text, kind, name)
+        if entry is _EXACT:
+            if self.hostnames and key.endswith("."):
+                key = key[:-1]
+            return MapLookup(text, "exact", ascii_lower(key))
+        if entry is _DEFAULT:
+            return MapLookup(text, "default", "default")
+        assert isinstance(entry, tuple)
+        return MapLookup(text, entry[0], entry[1])
 
-    def _find(self, key: str) -> tuple[Value, Any, RegexEntry | str]:
-        """(value, regex match or None, the entry: a RegexEntry or "kind key")."""
+    def _find(self, key: str) -> tuple[Value, Any, RegexEntry | tuple[str, str] | object]:
+        """(value, regex match or None, the entry: a RegexEntry, a wildcard's
+        (kind, mask), or the markers ``_EXACT`` / ``_DEFAULT``)."""
         if self.hostnames and key.endswith("."):
             key = key[:-1]
         low = key.lower() if key.isascii() else key.translate(ASCII_LOWER_TABLE)
         value = self._exact.get(low)
         if value is not None:
-            return value, None, "exact " + low
+            return value, None, _EXACT
         if key and self.hostnames:
             found = self._wildcard(low)
             if found is not None:
                 kind, name, value = found
-                return value, None, kind + " " + name
+                return value, None, (kind, name)
         if key and self._regexes:
             regexes = self._regexes
             only = self._only_prefix
@@ -404,7 +413,7 @@ class UrlMap:
                 m = entry.search(key, low)
                 if m is not None:
                     return entry.value, m, entry
-        return self.default, None, "default default"
+        return self.default, None, _DEFAULT
 
     def _wildcard(self, low: str) -> tuple[str, str, Value] | None:
         head_dot = self._head_dot

@@ -241,3 +241,13 @@ class TestPcreSyntax:
         quoted = '"~' + regex.replace("\\", "\\\\").replace('"', '\\"') + '"'
         m = parse_map(f"{quoted} yes;")
         assert (m.lookup(key) == "yes") is matches
+
+
+def test_match_reports_the_answering_entry() -> None:
+    """``match`` names the kind and key of the entry that answered (regexes with file:line)."""
+    m = parse_map("default d;\n/A exact;\n~^/r(x) r$1;\n", "m.map")
+    assert m.match("/a") == MapLookup("exact", "exact", "/a")
+    assert m.match("/rx") == MapLookup("rx", "regex", "~^/r(x)", "m.map", 3)
+    assert m.match("/z") == MapLookup("d", "default", "default")
+    h = parse_map("hostnames; *.Example.com star;")
+    assert h.match("a.example.com.") == MapLookup("star", "wildcard_head", "*.example.com")
