@@ -958,3 +958,8 @@ def _prefix(node: Node, out: bytearray) -> bool:
         _prefix(node.child, out)
         return False
     return False
+
+
+def can_match_empty(node: Node) -> bool:
+    """Whether ``node`` has a match of length zero (assertions count as empty)."""
+    return _nullable(node)

@@ -29,7 +29,7 @@ Every call passes ``timeout=``; a ``TimeoutError`` propagates to the caller.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import regex
@@ -39,6 +39,7 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     _set_src,
     bounded_width,
+    can_match_empty,
     literal_prefix,
     max_width,
     repeat_bytes,
@@ -117,21 +118,59 @@ class Scanner(Protocol):
         """A hold-back cursor over ``buf`` for a scan starting at ``pos``."""
 
 
-class _SingleCursor:
-    """One rule: its own pattern's next match."""
+class _RuleStream:
+    """The successive matches of one rule over a buffer.
 
-    __slots__ = ("_buf", "_timeout", "_search", "_ngroups")
+    A rule that cannot match empty reads its matches from one ``finditer``
+    (a single C-level scan, far cheaper per match than a ``search`` call);
+    its next match is reused whenever the scan position has not passed into
+    the previous one.  A rule that can match empty is searched anew, since
+    ``finditer`` may then return a non-empty match where an empty one was
+    just found, which the module never does.
+    """
+
+    __slots__ = ("_buf", "_timeout", "_pattern", "_iter", "_last_end", "_empty_ok")
 
     def __init__(
-        self, buf: bytes, timeout: float | None, pattern: regex.Pattern[bytes], ngroups: int
+        self, buf: bytes, timeout: float | None, pattern: regex.Pattern[bytes], empty_ok: bool
     ) -> None:
         self._buf = buf
         self._timeout = timeout
-        self._search = pattern.search
+        self._pattern = pattern
+        self._empty_ok = empty_ok
+        self._iter: Iterator[regex.Match[bytes]] | None = None
+        self._last_end = -1
+
+    def next_from(self, pos: int) -> regex.Match[bytes] | None:
+        """The leftmost match starting at or after ``pos``."""
+        if self._empty_ok:
+            return self._pattern.search(self._buf, pos, timeout=self._timeout)
+        it = self._iter
+        if it is not None and self._last_end <= pos:
+            m = next(it, None)
+            if m is None:
+                self._last_end = len(self._buf) + 1
+                return None
+            if m.start() >= pos:
+                self._last_end = m.end()
+                return m
+        it = self._iter = self._pattern.finditer(self._buf, pos, timeout=self._timeout)
+        m = next(it, None)
+        self._last_end = m.end() if m is not None else len(self._buf) + 1
+        return m
+
+
+class _SingleCursor:
+    """One rule: its own pattern's next match."""
+
+    __slots__ = ("_stream", "_ngroups")
+
+    def __init__(self, stream: _RuleStream, ngroups: int) -> None:
+        self._stream = stream
         self._ngroups = ngroups
 
     def find(self, pos: int) -> Found | None:
-        m = self._search(self._buf, pos, timeout=self._timeout)
+        m = self._stream.next_from(pos)
         if m is None:
             return None
         return Found(m.start(), m.end(), 0, m, 0, self._ngroups)
@@ -146,37 +185,27 @@ class _HeapCursor:
     searched again only when the scan moves past its cached match.
     """
 
-    __slots__ = ("_buf", "_timeout", "_patterns", "_ngroups", "_heap", "_started")
+    __slots__ = ("_streams", "_ngroups", "_heap", "_started")
 
-    def __init__(
-        self,
-        buf: bytes,
-        timeout: float | None,
-        patterns: Sequence[regex.Pattern[bytes]],
-        ngroups: Sequence[int],
-    ) -> None:
-        self._buf = buf
-        self._timeout = timeout
-        self._patterns = patterns
+    def __init__(self, streams: list[_RuleStream], ngroups: Sequence[int]) -> None:
+        self._streams = streams
         self._ngroups = ngroups
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._started = False
 
     def find(self, pos: int) -> Found | None:
         heap = self._heap
-        patterns = self._patterns
-        buf = self._buf
-        timeout = self._timeout
+        streams = self._streams
         if not self._started:
             self._started = True
-            for rule, pattern in enumerate(patterns):
-                m = pattern.search(buf, pos, timeout=timeout)
+            for rule, stream in enumerate(streams):
+                m = stream.next_from(pos)
                 if m is not None:
                     heap.append((m.start(), rule, m))
             heapq.heapify(heap)
         while heap and heap[0][0] < pos:
             rule = heap[0][1]
-            m = patterns[rule].search(buf, pos, timeout=timeout)
+            m = streams[rule].next_from(pos)
             if m is None:
                 heapq.heappop(heap)
             else:
@@ -345,11 +374,16 @@ class RegexScanner:
         self.sources = [to_regex_source(p.tree, caseless=p.caseless) for p in parsed]
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
         self.reaches = [_Reach(p) for p in parsed]
+        self._empty_ok = [can_match_empty(p.tree) for p in parsed]
 
     def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
-        if len(self.patterns) == 1:
-            return _SingleCursor(buf, timeout, self.patterns[0], self._ngroups[0])
-        return _HeapCursor(buf, timeout, self.patterns, self._ngroups)
+        streams = [
+            _RuleStream(buf, timeout, pattern, empty_ok)
+            for pattern, empty_ok in zip(self.patterns, self._empty_ok, strict=True)
+        ]
+        if len(streams) == 1:
+            return _SingleCursor(streams[0], self._ngroups[0])
+        return _HeapCursor(streams, self._ngroups)
 
     def hold_cursor(self, buf: bytes, pos: int, timeout: float | None) -> _HoldCursor:
         return _HoldCursor(buf, pos, timeout, self)
