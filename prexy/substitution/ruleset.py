@@ -130,9 +130,19 @@ class RuleSet:
         h.update(b"|max|%d|keep|%d" % (self.max_buffered_size, self.keep_last_modified))
         return h.hexdigest()[:16]
 
-    def new_transducer(self, *, timeout: float | None = 1.0) -> Transducer:
-        """A fresh transducer for one response body."""
-        return Transducer(self, timeout=timeout)
+    def new_transducer(
+        self, *, timeout: float | None = 1.0, only: Iterable[int] | None = None
+    ) -> Transducer:
+        """A fresh transducer for one response body.
+
+        ``timeout`` bounds every regex scan call (seconds; a scan that takes
+        longer makes the rest of the body pass through, ``timed_out``).
+        ``only`` runs just the rules with these indexes, in their order, for
+        a caller that knows the others cannot match this body (issue 4's
+        applicability memory); the output is the same as with all rules
+        exactly when that is true.
+        """
+        return Transducer(self, timeout=timeout, only=only)
 
 
 from prexy.substitution.transducer import Transducer  # noqa: E402  (cycle)

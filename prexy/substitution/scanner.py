@@ -111,10 +111,15 @@ class HoldCursor(Protocol):
 class Scanner(Protocol):
     """What the transducer needs from a scanner."""
 
-    def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
-        """A match cursor over ``buf``; every scan it runs passes ``timeout``."""
+    def cursor(self, buf: bytes, timeout: float | None, active: Sequence[int]) -> Cursor:
+        """A match cursor over ``buf`` for the rules ``active`` (indexes, in order).
 
-    def hold_cursor(self, buf: bytes, pos: int, timeout: float | None) -> HoldCursor:
+        Every scan it runs passes ``timeout``.
+        """
+
+    def hold_cursor(
+        self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int]
+    ) -> HoldCursor:
         """A hold-back cursor over ``buf`` for a scan starting at ``pos``."""
 
 
@@ -163,17 +168,18 @@ class _RuleStream:
 class _SingleCursor:
     """One rule: its own pattern's next match."""
 
-    __slots__ = ("_stream", "_ngroups")
+    __slots__ = ("_stream", "_rule", "_ngroups")
 
-    def __init__(self, stream: _RuleStream, ngroups: int) -> None:
+    def __init__(self, stream: _RuleStream, rule: int, ngroups: int) -> None:
         self._stream = stream
+        self._rule = rule
         self._ngroups = ngroups
 
     def find(self, pos: int) -> Found | None:
         m = self._stream.next_from(pos)
         if m is None:
             return None
-        return Found(m.start(), m.end(), 0, m, 0, self._ngroups)
+        return Found(m.start(), m.end(), self._rule, m, 0, self._ngroups)
 
 
 class _HeapCursor:
@@ -187,7 +193,7 @@ class _HeapCursor:
 
     __slots__ = ("_streams", "_ngroups", "_heap", "_started")
 
-    def __init__(self, streams: list[_RuleStream], ngroups: Sequence[int]) -> None:
+    def __init__(self, streams: dict[int, _RuleStream], ngroups: Sequence[int]) -> None:
         self._streams = streams
         self._ngroups = ngroups
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
@@ -198,7 +204,7 @@ class _HeapCursor:
         streams = self._streams
         if not self._started:
             self._started = True
-            for rule, stream in enumerate(streams):
+            for rule, stream in streams.items():
                 m = stream.next_from(pos)
                 if m is not None:
                     heap.append((m.start(), rule, m))
@@ -264,20 +270,29 @@ class _HoldCursor:
     are cached per rule in a heap, as positions only grow during a scan.
     """
 
-    def __init__(self, buf: bytes, pos: int, timeout: float | None, scanner: RegexScanner) -> None:
+    def __init__(
+        self,
+        buf: bytes,
+        pos: int,
+        timeout: float | None,
+        scanner: RegexScanner,
+        active: Sequence[int],
+    ) -> None:
         self._buf = buf
         self._timeout = timeout
         self._reach = scanner.reaches
+        self._active = active
         n = len(buf)
-        self._floors: list[int] = []
+        self._floors: dict[int, int] = {}
         by_key: dict[object, int] = {}
-        for r in self._reach:
+        for rule in active:
+            r = self._reach[rule]
             floor = by_key.get(r.key)
             if floor is None:
                 floor = by_key[r.key] = self._floor(r, pos)
-            self._floors.append(floor)
+            self._floors[rule] = floor
         #: No path starting below ``floor`` can run off the end.
-        self.floor = min(self._floors, default=n + 1)
+        self.floor = min(self._floors.values(), default=n + 1)
         self._heap: list[tuple[int, int]] = []
         self._started = False
 
@@ -339,7 +354,7 @@ class _HoldCursor:
         heap = self._heap
         if not self._started:
             self._started = True
-            for rule in range(len(self._reach)):
+            for rule in self._active:
                 s = self._rule_reach(rule, lo)
                 if s is not None:
                     heap.append((s, rule))
@@ -376,18 +391,25 @@ class RegexScanner:
         self.reaches = [_Reach(p) for p in parsed]
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
 
-    def cursor(self, buf: bytes, timeout: float | None) -> Cursor:
-        streams = [
-            _RuleStream(buf, timeout, pattern, empty_ok)
-            for pattern, empty_ok in zip(self.patterns, self._empty_ok, strict=True)
-        ]
+    def cursor(
+        self, buf: bytes, timeout: float | None, active: Sequence[int] | None = None
+    ) -> Cursor:
+        rules = range(len(self.patterns)) if active is None else active
+        streams = {
+            rule: _RuleStream(buf, timeout, self.patterns[rule], self._empty_ok[rule])
+            for rule in rules
+        }
         if len(streams) == 1:
-            return _SingleCursor(streams[0], self._ngroups[0])
+            ((rule, stream),) = streams.items()
+            return _SingleCursor(stream, rule, self._ngroups[rule])
         return _HeapCursor(streams, self._ngroups)
 
-    def hold_cursor(self, buf: bytes, pos: int, timeout: float | None) -> _HoldCursor:
-        return _HoldCursor(buf, pos, timeout, self)
+    def hold_cursor(
+        self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None
+    ) -> _HoldCursor:
+        rules = range(len(self.patterns)) if active is None else active
+        return _HoldCursor(buf, pos, timeout, self, rules)
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
-        """One-off ``cursor(buf, timeout).find(pos)``."""
+        """One-off ``cursor(buf, timeout).find(pos)`` over all rules."""
         return self.cursor(buf, timeout).find(pos)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,7 +64,13 @@ class Transducer:
     for more data).
     """
 
-    def __init__(self, ruleset: RuleSet, *, timeout: float | None = 1.0) -> None:
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        *,
+        timeout: float | None = 1.0,
+        only: Iterable[int] | None = None,
+    ) -> None:
         self.ruleset = ruleset
         self.timeout = timeout
         self.bailed_out = False
@@ -81,7 +87,12 @@ class Transducer:
         self._seen_global = any(not r.once for r in rules)
         self._disabled = [False] * len(rules)
         self._disabled_count = 0
-        self.state = State.SCANNING if self._scanner is not None else State.PASSING_THROUGH
+        # Rules to run (indexes into ruleset.rules); see RuleSet.new_transducer.
+        self._active = tuple(range(len(rules))) if only is None else tuple(sorted(set(only)))
+        if any(not 0 <= i < len(rules) for i in self._active):
+            raise ValueError("rule index out of range")
+        scanning = self._scanner is not None and bool(self._active)
+        self.state = State.SCANNING if scanning else State.PASSING_THROUGH
         self._buf = b""
         self._pos = 0  # bytes of _buf before _pos were already emitted
         # Held bytes that count against max_buffered_size (see _scan).
@@ -176,14 +187,14 @@ class Transducer:
         once = self._once
         rules_matched = self.rules_matched
         try:
-            find = scanner.cursor(buf, timeout).find
+            find = scanner.cursor(buf, timeout, self._active).find
             # Below ``floor`` no match can run off the end of the buffer, so
             # the hold-back probe only runs for matches starting at or above it.
             if final:
                 floor = n + 1
                 hold_point = None
             else:
-                holds = scanner.hold_cursor(buf, pos, timeout)
+                holds = scanner.hold_cursor(buf, pos, timeout, self._active)
                 floor = holds.floor
                 hold_point = holds.hold_point
             while pos < n or (final and pos == n):

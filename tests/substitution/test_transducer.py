@@ -248,3 +248,25 @@ def test_many_rules() -> None:
     t = rs.new_transducer()
     # Rule 1 (w1[0-9]+t) is earlier than rule 15 and 17; w2995t goes to rule 2.
     assert t.feed(b"w17t w15t w1 w2995t x29t") + t.finish() == b"R1 R1 first R2 x29t"
+
+
+def test_only_some_rules() -> None:
+    """``only`` runs a subset of rules, keeping their indexes and order.
+
+    When the skipped rules cannot match the body, the output is the full
+    rule set's; with no rule at all the body passes through untouched.
+    """
+    rs = rules(("foo", "F", "g"), ("bar", "B", "g"), ("baz", "Z", "g"))
+    body = b"foo bar foo"
+    full = rs.new_transducer()
+    some = rs.new_transducer(only=[1, 0])
+    assert full.feed(body) + full.finish() == some.feed(body) + some.finish() == b"F B F"
+    assert some.rules_matched == {0, 1}
+    one = rs.new_transducer(only=[1])
+    assert one.feed(body) + one.finish() == b"foo B foo"
+    assert one.rules_matched == {1}
+    none = rs.new_transducer(only=[])
+    assert none.passing_through
+    assert none.feed(body) + none.finish() == body
+    with pytest.raises(ValueError):
+        rs.new_transducer(only=[3])
