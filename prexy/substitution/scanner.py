@@ -1,29 +1,34 @@
 """Scanning behind a small interface: where is the next match, what must wait.
 
-The transducer asks a scanner two questions about a buffer:
+The transducer asks a scanner two questions about one buffer, through two
+cursors whose positions only grow while that buffer is scanned:
 
-* ``cursor(buf).find(pos)``: the match the whole rule set makes first from
-  ``pos`` (leftmost start, then rule order, then Perl priority inside the
-  rule);
-* ``hold_point(buf, lo, found)``: the leftmost position where some rule
-  could still match if more bytes arrived (its exploration ran off the end of
-  the buffer), or None.
+* ``cursor(buf, timeout, active).find(pos)``: the match the rule set makes
+  first from ``pos`` (leftmost start, then rule order, then Perl priority
+  inside the rule);
+* ``hold_cursor(buf, pos, timeout, active).hold_point(lo, found)``: the
+  leftmost position where some rule could still match differently if more
+  bytes arrived (one of its paths, tried before any real match there, runs
+  off the end of the buffer), or None.
 
 :class:`RegexScanner` answers both with the ``regex`` package.  ``find``
 runs each rule's own pattern (so each keeps ``regex``'s literal fast path,
 which one big alternation loses) and merges their next matches in a heap by
 (start, rule index), which is exactly the alternation's order; a rule's
-cached next match stays valid until the scan passes its start.  ``hold_point``
-runs a probe: all rules in one alternation, rewritten so that at the end of
-the buffer any atom may match empty and mark the match (see
-``dialect.to_regex_source``); its first success tells where a match could
-still need more data.  The probe is only run where it can
-matter: a match can only run off the end from a position whose distance to
-the end, not counting bytes that unbounded repeats may eat, is within the
-rules' bounded width.  A multi-pattern prefilter (issue 4) slots in as
-another implementation of :class:`Scanner`.
+cached next match stays valid until the scan passes its start.
+``hold_point`` runs each rule's *probe*, the rule rewritten so that at the
+end of the buffer any atom or assertion may match empty and mark the match
+(``dialect.to_regex_source(probe=True)``): the probe's first success at a
+position says whether a path of higher priority than any real match there
+reached the end.  Probes only run where it can matter: above the rule's
+floor (the end of the buffer minus what the rule can consume, not counting
+bytes its unbounded repeats may eat) and, for a rule with fixed leading
+bytes, only where those bytes are.
 
-Every call passes ``timeout=``; a ``TimeoutError`` propagates to the caller.
+A multi-pattern prefilter (issue 4: "where can a match start" for many rules
+at once, with ``regex`` confirming) slots in as another :class:`Scanner`, or
+in front of :class:`_HeapCursor`.  Every regex call passes ``timeout=``; a
+``TimeoutError`` propagates to the caller.
 """
 
 from __future__ import annotations
