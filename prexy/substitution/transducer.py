@@ -43,7 +43,7 @@ __all__ = ["HOLD_SLACK", "State", "Transducer"]
 #: the best match found so far (the match itself and what follows are kept to
 #: be rescanned).  Prexy does the same, and also bails out when everything it
 #: holds exceeds the limit by this much, so memory stays bounded per response.
-HOLD_SLACK = 64 * 1024
+HOLD_SLACK = 16 * 1024
 
 
 class State(enum.Enum):
