@@ -183,6 +183,7 @@ class _Parser:
 
     # grammar
     def parse(self) -> ParsedRegex:
+        """Parse the whole pattern."""
         tree = self._alt()
         if self.pos < len(self.src):
             raise self._bad("syntax error: unmatched ')'")

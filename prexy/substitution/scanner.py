@@ -181,6 +181,7 @@ class _SingleCursor:
         self._ngroups = ngroups
 
     def find(self, pos: int) -> Found | None:
+        """The rule's first match at or after ``pos``."""
         m = self._stream.next_from(pos)
         if m is None:
             return None
@@ -205,6 +206,7 @@ class _HeapCursor:
         self._started = False
 
     def find(self, pos: int) -> Found | None:
+        """The first match at or after ``pos``: leftmost, then lowest rule index."""
         heap = self._heap
         streams = self._streams
         if not self._started:
@@ -399,6 +401,7 @@ class RegexScanner:
     def cursor(
         self, buf: bytes, timeout: float | None, active: Sequence[int] | None = None
     ) -> Cursor:
+        """A match cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
         streams = {
             rule: _RuleStream(buf, timeout, self.patterns[rule], self._empty_ok[rule])
@@ -412,6 +415,7 @@ class RegexScanner:
     def hold_cursor(
         self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None
     ) -> _HoldCursor:
+        """A hold-back cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
         return _HoldCursor(buf, pos, timeout, self, rules)
 
