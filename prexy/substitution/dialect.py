@@ -20,16 +20,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "PROBE_GROUP",
     "DialectError",
     "Node",
     "ParsedRegex",
-    "parse_sregex",
-    "to_regex_source",
-    "max_width",
     "bounded_width",
-    "repeat_bytes",
-    "first_bytes",
+    "can_match_empty",
     "check_pathological",
+    "first_bytes",
+    "literal_prefix",
+    "max_width",
+    "parse_sregex",
+    "repeat_bytes",
+    "set_source",
+    "to_regex_source",
 ]
 
 ALL_BYTES = frozenset(range(256))
@@ -595,7 +599,8 @@ def _byte_src(b: int) -> str:
     return chr(b) if b in _ALNUM else f"\\x{b:02x}"
 
 
-def _set_src(members: frozenset[int]) -> str:
+def set_source(members: frozenset[int]) -> str:
+    """``regex`` syntax for one byte out of ``members`` (DOTALL assumed)."""
     if members == ALL_BYTES:
         return "."  # DOTALL is always on
     if len(members) == 1:
@@ -665,7 +670,7 @@ def _emit(node: Node, probe: bool, caseless: bool, out: list[str]) -> None:
             src = _byte_src(node.byte)
         else:
             letter = _letter_pair(node.members) if caseless else None
-            src = chr(letter) if letter is not None else _set_src(node.members)
+            src = chr(letter) if letter is not None else set_source(node.members)
         out.append(f"(?:{src}|{_AT_END})" if probe else src)
     elif isinstance(node, Assert):
         src = _ASSERT_SRC[node.kind]

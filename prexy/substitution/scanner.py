@@ -42,12 +42,12 @@ import regex
 from prexy.substitution.dialect import (
     PROBE_GROUP,
     ParsedRegex,
-    _set_src,
     bounded_width,
     can_match_empty,
     literal_prefix,
     max_width,
     repeat_bytes,
+    set_source,
     to_regex_source,
 )
 
@@ -250,7 +250,7 @@ class _Reach:
         # Finds, backwards, a byte that no unbounded repeat of the rule eats.
         self.other: regex.Pattern[bytes] | None = None
         if self.width is None and len(self.eaten) < 256:
-            other = _set_src(frozenset(range(256)) - self.eaten)
+            other = set_source(frozenset(range(256)) - self.eaten)
             self.other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
 
     @property
