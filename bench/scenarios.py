@@ -793,7 +793,8 @@ def _script(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[
             done = subprocess.run([python, str(script)], capture_output=True, text=True,
                                   timeout=1200, cwd=WORK)
         notes = [] if done.returncode == 0 else [
-            f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
+            f"{name} exited with {done.returncode} (a missed target or a failure)"
+            + (f": {done.stderr.strip()[-1500:]}" if done.stderr.strip() else "")
         ]
         return Report(f"{name} (run in the bench venv)", done.stdout.strip() or "(no output)",
                       notes, {"stdout": done.stdout, "returncode": done.returncode})
