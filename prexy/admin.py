@@ -60,5 +60,44 @@ class AdminResource(resource.Resource):
             d.addCallback(answer)
             d.addErrback(lambda f: log.failure("reload failed", f))
             return server.NOT_DONE_YET
+        if path == b"/ban":
+            return self._ban(request)
         request.setResponseCode(404)
-        return b"not found: try /health, /metrics, POST /reload\n"
+        return b"not found: try /health, /metrics, POST /reload, POST /ban?regex=RE[&site=NAME]\n"
+
+    def _ban(self, request: server.Request) -> bytes | int:
+        """Remove every cached object whose URL matches a regex (all workers
+        share the store, so one ban reaches them all)."""
+        if request.method != b"POST":
+            request.setResponseCode(405)
+            request.setHeader(b"allow", b"POST")
+            return b"use POST /ban?regex=RE[&site=NAME]\n"
+        store = self.owner.cache_store()
+        if store is None:
+            request.setResponseCode(409)
+            return b"no cache configured\n"
+        args = request.args or {}
+        regex = args.get(b"regex", [b""])[0].decode("utf-8", "replace")
+        site = args.get(b"site", [b""])[0].decode("utf-8", "replace") or None
+        if not regex:
+            request.setResponseCode(400)
+            return b"give regex=...\n"
+        import re
+
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            request.setResponseCode(400)
+            return f"bad regex {regex!r}: {exc}\n".encode()
+        from twisted.internet.threads import deferToThread
+
+        d = deferToThread(store.ban, site, regex)
+
+        def answer(count: int) -> None:
+            if not request.finished and not request._disconnected:
+                request.write(b"banned %d object(s)\n" % count)
+                request.finish()
+
+        d.addCallback(answer)
+        d.addErrback(lambda f: log.failure("ban failed", f))
+        return server.NOT_DONE_YET

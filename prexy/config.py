@@ -118,11 +118,20 @@ class MapConfig:
 
 @attrs.frozen
 class CacheConfig:
-    """Per-site cache settings (the cache itself is configured in [cache])."""
+    """Per-site cache policy settings (the store itself is [cache])."""
 
-    enabled: bool = True
     default_ttl: float = 300.0
     grace: float = 10.0
+    #: Seconds an expired object with validators is kept to revalidate it.
+    keep: float = 300.0
+    hit_for_miss_ttl: float = 120.0
+    #: Cookie-name globs that do not make a request uncacheable (analytics).
+    ignore_cookies: tuple[str, ...] = ("_ga*", "_gid", "_gat*", "_fbp", "_hj*")
+    #: Regular expressions on the request target that always pass.
+    pass_rules: tuple[str, ...] = ()
+    max_object_size: int = 8 * 1024 * 1024
+    #: Client addresses allowed to send PURGE.
+    purge_from: tuple[str, ...] = ("127.0.0.1", "::1")
 
 
 @attrs.frozen
@@ -162,6 +171,8 @@ class Config:
     tls_certificate: str | None = None
     tls_key: str | None = None
     cache_size: int = 0
+    #: Directory of the machine-wide cache store (shared by all workers).
+    cache_path: str = ""
     workers: int | None = None
     shutdown_timeout: float = 30.0
     source: str | None = None
@@ -339,12 +350,14 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     cache = data.get("cache", {})
     if not isinstance(cache, dict):
         err("cache", "must be a table")
-    _known(cache, ("size",), "cache", err)
+    _known(cache, ("size", "path"), "cache", err)
     if "size" in cache:
         try:
             kwargs["cache_size"] = parse_size(cache["size"])
         except ValueError as exc:
             err("cache.size", str(exc))
+    if "path" in cache:
+        kwargs["cache_path"] = rel(typed(cache, "path", str, "cache"))
 
     sites_table = data.get("sites")
     if not isinstance(sites_table, dict) or not sites_table:
@@ -359,7 +372,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         _known(
             table,
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
-             "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace"),
+             "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
+             "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from"),
             where,
             err,
         )
@@ -414,12 +428,36 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 if key in table:
                     err(f"{where}.{key}", "has no effect without 'map'")
         cache_cfg = None
-        if table.get("cache", bool(kwargs.get("cache_size"))):
-            ckw = {}
-            if "cache_ttl" in table:
-                ckw["default_ttl"] = typed(table, "cache_ttl", float, where)
-            if "cache_grace" in table:
-                ckw["grace"] = typed(table, "cache_grace", float, where)
+        cache_on = table.get("cache", bool(kwargs.get("cache_size")))
+        if not isinstance(cache_on, bool):
+            err(f"{where}.cache", "must be true or false")
+        if cache_on:
+            if not kwargs.get("cache_size"):
+                err(f"{where}.cache", "needs a cache: set [cache] size")
+            ckw: dict[str, Any] = {}
+            for key, name in (("cache_ttl", "default_ttl"), ("cache_grace", "grace"), ("cache_keep", "keep")):
+                if key in table:
+                    value = typed(table, key, float, where)
+                    if value < 0:
+                        err(f"{where}.{key}", "must be 0 or more seconds")
+                    ckw[name] = value
+            for key, name in (("cache_ignore_cookies", "ignore_cookies"), ("cache_pass", "pass_rules"),
+                              ("purge_from", "purge_from")):
+                if key in table:
+                    value = table[key]
+                    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                        err(f"{where}.{key}", "must be a list of strings")
+                    ckw[name] = tuple(value)
+            for rx in ckw.get("pass_rules", ()):
+                try:
+                    re.compile(rx)
+                except re.error as exc:
+                    err(f"{where}.cache_pass", f"bad regular expression {rx!r}: {exc}")
+            if "cache_max_object" in table:
+                try:
+                    ckw["max_object_size"] = parse_size(table["cache_max_object"])
+                except ValueError as exc:
+                    err(f"{where}.cache_max_object", str(exc))
             cache_cfg = CacheConfig(**ckw)
         sites.append(
             SiteConfig(

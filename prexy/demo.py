@@ -18,7 +18,8 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 from zope.interface import implementer
 
-from prexy.config import Config, MapConfig, SiteConfig, UpstreamURL
+from prexy.config import CacheConfig, Config, MapConfig, SiteConfig, UpstreamURL
+from prexy.proxy.caching import default_cache_path
 
 log = Logger()
 
@@ -144,6 +145,7 @@ class DemoService(service.MultiService):
             f"    through Prexy:       http://127.0.0.1:{p}/            (domain and analytics id rewritten)\n"
             f"    old URL redirected:  http://127.0.0.1:{p}/blog/2024/summer-sale\n"
             f"    large streamed body: http://127.0.0.1:{p}/large?mb=64\n"
+            f"    cache: request a page twice, the second answer has Age and Cache-Status: hit\n"
             f"    admin:               http://127.0.0.1:{a}/metrics\n"
             f"  Try: curl -si http://127.0.0.1:{p}/ | head -20\n"
         )
@@ -157,11 +159,14 @@ def demo_config(workers: int | None = None) -> Config:
         upstream=UpstreamURL.parse(ORIGIN_URL),
         rules=(rules,),
         map=MapConfig(os.path.join(FILES, "demo.map")),
+        cache=CacheConfig(),
     )
     return Config(
         listen=(PROXY,),
         sites=(site,),
         default_site="demo",
         admin=ADMIN,
+        cache_size=64 * 1024 * 1024,
+        cache_path=os.path.join(default_cache_path(), f"demo-{BASE}"),
         workers=0 if workers is None else workers,
     )

@@ -28,10 +28,36 @@ class SiteRuntime:
     origin_key: Any = attrs.field(
         default=attrs.Factory(lambda self: _origin_key(self.config), takes_self=True), eq=False
     )
+    #: prexy.cache CachePolicy when the site is cached, else None.
+    cache_policy: Any = attrs.field(
+        default=attrs.Factory(lambda self: _cache_policy(self.config), takes_self=True), eq=False
+    )
+
+    @property
+    def rules_version(self) -> str:
+        """Part of every cache key: a changed rule set never serves old rewrites."""
+        return self.rules.digest if self.rules is not None else ""
 
     @property
     def name(self) -> str:
         return self.config.name
+
+
+def _cache_policy(config: SiteConfig) -> Any:
+    if config.cache is None:
+        return None
+    from prexy.cache.policy import CachePolicy
+
+    c = config.cache
+    return CachePolicy(
+        default_ttl=c.default_ttl,
+        grace=c.grace,
+        keep=c.keep,
+        hit_for_miss_ttl=c.hit_for_miss_ttl,
+        ignore_cookies=c.ignore_cookies,
+        pass_rules=c.pass_rules,
+        max_object_size=c.max_object_size,
+    )
 
 
 def _origin_key(config: SiteConfig) -> OriginKey:

@@ -141,6 +141,17 @@ class Options(usage.Options):
         )
 
 
+def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
+    """The worker's view of the machine-wide cache store."""
+    from prexy.cache import Store
+    from prexy.proxy.caching import CacheLayer, default_cache_path
+
+    path = config.cache_path or default_cache_path()
+    store = Store.open(path, config.cache_size, clock=reactor.seconds)
+    log.info("cache: {size} bytes in {path}", size=config.cache_size, path=path)
+    return CacheLayer(reactor, store, metrics)
+
+
 def request_reload(config: Config) -> int:
     """POST /reload to the admin endpoint the config names; exit status."""
     import urllib.error
@@ -220,6 +231,10 @@ class ProxyService(service.MultiService):
             admin_site.log = lambda request: None  # type: ignore[method-assign]
             strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
 
+    def cache_store(self) -> Any:
+        """The shared cache store, if any (for the admin endpoint's ban)."""
+        return self.resource.cache.store if self.resource.cache is not None else None
+
     def listening_ports(self) -> Any:
         """Deferred list of the listening ports of the proxy endpoints (once
         they listen); the endpoint services keep their own results."""
@@ -262,6 +277,8 @@ class ProxyService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.config.cache_size and self.resource.cache is None:
+            self.resource.cache = open_cache(self.reactor, self.config, self.metrics)
         for spec, fd in self._inherited:
             self._adopted.append(adopt(self.reactor, spec, fd, self.site))
         self._inherited = []

@@ -128,6 +128,7 @@ class MasterService(service.MultiService):
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
         self.last_reload_error = ""
+        self._store: Any = None
         if config.admin:
             from twisted.web.server import Site
 
@@ -291,6 +292,18 @@ class MasterService(service.MultiService):
         for slot in range(self.count):
             self._spawn(self.generation, slot)
         return self._reloading
+
+    def cache_store(self) -> Any:
+        """The shared store, opened by the master only for admin bans."""
+        if not self.config.cache_size:
+            return None
+        if self._store is None:
+            from prexy.cache import Store
+            from prexy.proxy.caching import default_cache_path
+
+            path = self.config.cache_path or default_cache_path()
+            self._store = Store.open(path, self.config.cache_size, clock=self.reactor.seconds)
+        return self._store
 
     def collect_metrics(self) -> bytes:
         """Prometheus text summed over the master, live and ended workers."""

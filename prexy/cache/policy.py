@@ -381,7 +381,8 @@ def response_decision(
         ttl,
         stored_at,
         grace=policy.grace if swr is None else swr,
-        keep=policy.keep,
+        # Keeping a dead object only helps when it can be revalidated.
+        keep=policy.keep if (_values(headers, b"etag") or _values(headers, b"last-modified")) else 0.0,
         stale_if_error=sie or 0.0,
         vary=vary,
         reason=source,

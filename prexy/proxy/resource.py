@@ -61,15 +61,18 @@ class ProxyResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, reactor: Any, pool: UpstreamPool, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(
+        self, reactor: Any, pool: UpstreamPool, runtime: Runtime, metrics: Metrics, cache: Any = None
+    ) -> None:
         super().__init__()
         self.reactor = reactor
         self.pool = pool
         self.runtime = runtime
         self.metrics = metrics
+        #: prexy.proxy.caching.CacheLayer when a cache store is configured.
+        self.cache = cache
 
     def render(self, request: ProxyRequest) -> Any:
-        started = self.reactor.seconds()
         runtime = self.runtime
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
@@ -78,6 +81,7 @@ class ProxyResource(Resource):
         target = _origin_form(request.uri)
         if target is None:
             return _plain(request, 400, b"Bad Request: unsupported request target\n")
+        client_target = target
 
         if site.urlmap is not None:
             action, result = self._apply_map(request, site, target)
@@ -86,6 +90,27 @@ class ProxyResource(Resource):
             if action == "rewrite":
                 target = result
 
+        ctx = None
+        if site.cache_policy is not None and self.cache is not None:
+            request.prexy_forward = (target, host)
+            pairs = [(n, v) for n, vs in raw.items() for v in vs]
+            answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)
+            if answer is not None:
+                return answer
+        elif request.method == b"PURGE":
+            request.setResponseCode(405)
+            return _plain(request, 405, b"405 Method Not Allowed: this site has no cache to purge\n")
+        return self.forward(request, site, target, host, ctx, raw)
+
+    def forward(
+        self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None,
+        ctx: Any = None, raw: Any = None, detached_from: Any = None,
+    ) -> Any:
+        """Send the request upstream and stream the answer back (or, for a
+        background refresh, into the cache only)."""
+        started = self.reactor.seconds()
+        if raw is None:
+            raw = raw_header_dict(request.requestHeaders)
         upstream = site.config.upstream
         if upstream.path:
             target = upstream.path.encode("latin-1") + target
@@ -99,22 +124,49 @@ class ProxyResource(Resource):
                 out += [(b"if-none-match", _upstream_if_none_match(v, digest)) for v in inm]
             # Never let compressed bytes reach the transducer: ask for identity.
             out.append((b"Accept-Encoding", b"identity"))
-        client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
+        if ctx is not None and (ctx.flight is not None or ctx.claim_key is not None):
+            # Fetching for the cache: get a full answer, not the client's 304.
+            out = [(n, v) for n, v in out if n.lower() not in (b"if-none-match", b"if-modified-since")]
+        if ctx is not None and ctx.stale is not None and (ctx.flight is not None or ctx.claim_key is not None):
+            # Revalidate the stale copy: a 304 refreshes it without a body.
+            etag = ctx.stale.header(b"etag")
+            if etag is not None and rules is not None:
+                etag = _upstream_if_none_match(etag, rules.digest)
+            if etag is not None:
+                out.append((b"If-None-Match", etag))
+            last_modified = ctx.stale.header(b"last-modified")
+            if last_modified is not None:
+                out.append((b"If-Modified-Since", last_modified))
+            ctx.revalidating = etag is not None or last_modified is not None
+        source = detached_from or request
+        client_ip = getattr(source.getClientAddress(), "host", None) or "unix"
         out.append((b"X-Forwarded-For", append_forwarded_for(raw.get(b"x-forwarded-for"), client_ip.encode("ascii"))))
-        out.append((b"X-Forwarded-Proto", b"https" if request.isSecure() else b"http"))
+        out.append((b"X-Forwarded-Proto", b"https" if source.isSecure() else b"http"))
         if host:
             out.append((b"X-Forwarded-Host", host))
         out.append((b"Via", append_via(raw.get(b"via"))))
 
         body, body_length = _request_body(request)
-        key = site.origin_key
         exchange = _Exchange(self, request, site, started)
-        d = self.pool.request(key, request.method, target, out, body, body_length)
+        exchange.ctx = ctx
+        d = self.pool.request(site.origin_key, request.method, target, out, body, body_length)
         exchange.pending = d
         d.addCallbacks(exchange.response_head, exchange.upstream_failed)
         d.addErrback(exchange.internal_error)
         request.exchange = exchange
         return server.NOT_DONE_YET
+
+    def refresh_in_background(
+        self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None, ctx: Any, key: bytes
+    ) -> None:
+        """Fetch a stale-in-grace object again, for the cache only."""
+        cache = self.cache
+        if not cache.store.claim(key, cache.holder, 30.0):
+            cache.refreshing.discard(key)
+            return  # another worker is at it
+        ctx.claim_key = key
+        detached = _DetachedRequest(request)
+        self.forward(detached, site, target, host, ctx, detached_from=request)  # type: ignore[arg-type]
 
     def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, bytes]:
         """Per the site's map: ("redirect", body) with the response head set,
@@ -216,6 +268,9 @@ class _Exchange:
         self.client_gone_flag = False
         self.done = False
         self.producer_registered = False
+        self.ctx: Any = None  # prexy.proxy.caching.CacheContext
+        self.writer: Any = None  # cache writer while the body is stored
+        self.keep_chunks = True
 
     # -- upstream head -----------------------------------------------------------
 
@@ -227,6 +282,10 @@ class _Exchange:
             return
         self.response = response
         resource = self.resource
+        ctx = self.ctx
+        if ctx is not None and ctx.revalidating and response.code == 304:
+            self._serve_revalidated(response)
+            return
         request.setResponseCode(response.code, response.phrase or None)
         headers = response.end_to_end(_RESPONSE_DROP)
         rules = self.site.rules
@@ -266,6 +325,8 @@ class _Exchange:
         elif response.length is not None and response.code not in (204, 304):
             headers.append((b"Content-Length", b"%d" % response.length))
             has_length = True
+        if ctx is not None:
+            headers.append((b"Cache-Status", self._cache_head(response, headers, rewrite)))
         via = response.values(b"via")
         headers.append((b"Via", append_via(via) if via else VIA))
         now = resource.reactor.seconds()
@@ -287,6 +348,77 @@ class _Exchange:
         self.producer_registered = True
         response.deliverBody(self)
 
+    def _cache_head(self, response: UpstreamResponse, headers: list[tuple[bytes, bytes]], rewrite: bool) -> bytes:
+        """Start storing (leader of a miss, or background refresh) and return
+        this response's Cache-Status."""
+        ctx = self.ctx
+        cache = self.resource.cache
+        if (ctx.flight is not None or ctx.claim_key is not None) and self.request.method == b"GET":
+            length = None if rewrite else response.length
+            writer, status = cache.begin_store(
+                self.site, ctx, response.code, response.phrase, response.headers, headers, length
+            )
+            self.writer = writer
+            if writer is None and ctx.flight is not None:
+                site = self.site
+                resource = self.resource
+
+                def forward(waiter: Any) -> None:
+                    from prexy.proxy.caching import CacheContext
+
+                    target, host = waiter.prexy_forward
+                    resource.forward(waiter, site, target, host, CacheContext("miss", "not-storable"))
+
+                ctx.flight.not_storable(forward)
+            return status
+        return ctx.status(response.code)
+
+    def _serve_revalidated(self, response: UpstreamResponse) -> None:
+        """Upstream said our stale copy is still good (304): refresh it and
+        answer the client and any waiters from it."""
+        cache = self.resource.cache
+        ctx = self.ctx
+        obj = cache.refreshed(self.site, ctx, response.headers)
+        response.deliverBody(_Discard())
+        now = self.resource.reactor.seconds()
+        self.done = True
+        if not isinstance(self.request, _DetachedRequest) and not self.request._disconnected:
+            cache.serve(self.request, obj, now)
+        if ctx.flight is not None:
+            for waiter in list(ctx.flight.waiters):
+                if not waiter._disconnected and not waiter.finished:
+                    cache.serve(waiter, obj, now, collapsed=True)
+            ctx.flight._end()
+        cache.finished(ctx)
+
+    def _cache_data(self, out: bytes) -> None:
+        writer = self.writer
+        if writer is not None and not writer.write(out):
+            self.writer = None
+            self.keep_chunks = False
+            self.resource.cache.too_large(self.site, self.ctx, self.response.code if self.response else 200)
+        flight = self.ctx.flight
+        if flight is not None:
+            flight.data(out, self.keep_chunks)
+
+    def _cache_done(self, ok: bool) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        self.ctx = None
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            if ok:
+                writer.commit()
+            else:
+                writer.abort()
+        if ctx.flight is not None:
+            if ok:
+                ctx.flight.done()
+            else:
+                ctx.flight.failed(ctx.stale)
+        self.resource.cache.finished(ctx)
+
     # -- body ------------------------------------------------------------------
 
     def bodyData(self, data: bytes) -> None:
@@ -297,6 +429,8 @@ class _Exchange:
         transducer = self.transducer
         if transducer is None:
             metrics.bytes_out += len(data)
+            if self.ctx is not None:
+                self._cache_data(data)
             self.request.write(data)
             return
         try:
@@ -320,6 +454,8 @@ class _Exchange:
             return
         if out:
             self.resource.metrics.bytes_out += len(out)
+            if self.ctx is not None:
+                self._cache_data(out)
             self.request.write(out)
 
     def bodyDone(self) -> None:
@@ -345,6 +481,8 @@ class _Exchange:
                 return
             if tail:
                 self.resource.metrics.bytes_out += len(tail)
+                if self.ctx is not None:
+                    self._cache_data(tail)
                 request.write(tail)
             self._count_transducer(transducer)
             timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
@@ -355,6 +493,7 @@ class _Exchange:
             request.set_trailer(b"Server-Timing", timing)
         self._unregister()
         self.done = True
+        self._cache_done(True)
         request.finish()
 
     def bodyFailed(self, reason: Failure) -> None:
@@ -385,6 +524,7 @@ class _Exchange:
     def abort_client(self) -> None:
         self._unregister()
         self.done = True
+        self._cache_done(False)
         if self.response is not None:
             self.response.abort()
         channel = self.request.channel
@@ -411,6 +551,15 @@ class _Exchange:
             upstream=str(upstream),
             why=reason.getErrorMessage(),
         )
+        ctx = self.ctx
+        if ctx is not None:
+            stale = ctx.stale
+            self._cache_done(False)  # waiters get the stale copy or an error too
+            now = self.resource.reactor.seconds()
+            if stale is not None and stale.stale_usable_on_error(now):
+                self.done = True
+                self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error")
+                return
         phrase = b"Gateway Timeout" if status == 504 else b"Bad Gateway"
         body = b"%d %s: %s\n" % (status, phrase, reason.getErrorMessage().encode("utf-8", "replace"))
         request.setResponseCode(status)
@@ -431,11 +580,68 @@ class _Exchange:
             return
         self.client_gone_flag = True
         self.producer_registered = False
+        self._cache_done(False)
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.cancel()
         elif self.response is not None:
             self.response.abort()
+
+
+class _Discard:
+    """A body consumer that drops what it gets (a 304 after revalidation)."""
+
+    def bodyData(self, data: bytes) -> None:
+        pass
+
+    def bodyDone(self) -> None:
+        pass
+
+    def bodyFailed(self, reason: Failure) -> None:
+        pass
+
+
+class _DetachedRequest:
+    """Stands in for a client in a background refresh: the fetched body only
+    goes into the cache."""
+
+    channel = None
+    _disconnected = False
+    startedWriting = False
+    finished = False
+    content = None
+    code = 200
+    exchange: Any = None
+
+    def __init__(self, original: Any) -> None:
+        self.method = b"GET"
+        self.uri = original.uri
+        self.requestHeaders = original.requestHeaders
+        self.clientproto = b"HTTP/1.1"
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+
+    def set_raw_head(self, headers: Any, has_length: bool) -> None:
+        self.startedWriting = True
+
+    def set_trailer(self, name: bytes, value: bytes) -> None:
+        pass
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        pass
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.finished = True
 
 
 def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
@@ -483,6 +689,8 @@ class ProxyRequest(server.Request):
     _body_seen = 0
     _raw_head: list[tuple[bytes, bytes]] | None = None
     _has_length = False
+    #: (target, host) for forwarding later (a coalesced waiter).
+    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     _trailer: bytes = b""
     exchange: _Exchange | None = None
 

@@ -197,14 +197,14 @@ def test_age_counts_against_max_age() -> None:
 
 
 def test_stale_directives() -> None:
-    """stale-while-revalidate sets the grace, stale-if-error is kept; keep comes from the policy."""
+    """stale-while-revalidate sets the grace, stale-if-error is kept; keep
+    comes from the policy, for responses with a validator only."""
     policy = CachePolicy(grace=5, keep=60)
-    decision = response_decision(
-        policy, 200, [(b"Cache-Control", b"max-age=10, stale-while-revalidate=30, stale-if-error=600")], NOW
-    )
+    cc = (b"Cache-Control", b"max-age=10, stale-while-revalidate=30, stale-if-error=600")
+    decision = response_decision(policy, 200, [cc, (b"ETag", b'"x"')], NOW)
     assert (decision.grace, decision.stale_if_error, decision.keep) == (30, 600, 60)
     decision = response_decision(policy, 200, [(b"Cache-Control", b"max-age=10")], NOW)
-    assert (decision.grace, decision.stale_if_error) == (5, 0)
+    assert (decision.grace, decision.stale_if_error, decision.keep) == (5, 0, 0)
 
 
 def test_too_large_and_vary() -> None:

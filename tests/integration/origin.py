@@ -4,7 +4,7 @@ Paths: ``/hello`` (12 bytes), ``/cookies`` (two Set-Cookie), ``/echo`` (the
 request head and body as JSON), ``/big?mb=N`` (N MiB streamed by a pull
 producer, counting what it produced), ``/chunked`` (chunked text),
 ``/stall`` (never answers), ``/slow?s=N`` (answers after N s), ``/reset`` (half a body, then a reset),
-``/html`` (an HTML page for rewriting).
+``/html`` (an HTML page for rewriting), ``/c/NAME?cc=..`` (cacheable pages that count their hits).
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class Origin(resource.Resource):
         self.requests: list[server.Request] = []
         self.lost: list[bytes] = []
         self.peer_ports: list[int] = []
+        self.hits: dict[bytes, int] = {}
+        self.not_modified: dict[bytes, int] = {}
 
     def render(self, request: server.Request) -> Any:
         self.requests.append(request)
@@ -96,6 +98,36 @@ class Origin(resource.Resource):
             request.write(b"first ")
             request.write(b"second")
             request.finish()
+            return server.NOT_DONE_YET
+        if path.startswith(b"/c/"):
+            # Cacheable pages: /c/<name>?cc=<Cache-Control>&vary=<header>&cookie=1&delay=<s>
+            args = request.args
+            etag = b'"%s-v1"' % path.rsplit(b"/", 1)[1]
+            request.setHeader(b"cache-control", args.get(b"cc", [b"max-age=60"])[0])
+            request.setHeader(b"etag", etag)
+            if request.getHeader(b"if-none-match") == etag:
+                self.not_modified[path] = self.not_modified.get(path, 0) + 1
+                request.setResponseCode(304)
+                return b""
+            self.hits[path] = self.hits.get(path, 0) + 1
+            request.setHeader(b"content-type", b"text/plain")
+            if b"vary" in args:
+                request.setHeader(b"vary", args[b"vary"][0])
+            if b"cookie" in args:
+                request.addCookie(b"session", b"secret-%d" % self.hits[path])
+            language = request.getHeader(b"accept-language") or b"-"
+            body = b"page %s #%d lang=%s" % (path, self.hits[path], language)
+            delay = float(args.get(b"delay", [b"0"])[0])
+            if not delay:
+                return body
+            from twisted.internet import reactor
+
+            def later() -> None:
+                if not request.finished and request.channel is not None:
+                    request.write(body)
+                    request.finish()
+
+            reactor.callLater(delay, later)
             return server.NOT_DONE_YET
         if path == b"/stall":
             return server.NOT_DONE_YET

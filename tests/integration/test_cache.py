@@ -1,0 +1,223 @@
+"""The cache through the proxy service on loopback, against a real origin:
+what is stored and served, what passes, coalescing, grace, stale-if-error,
+revalidation, PURGE, and that rewritten bytes are what is cached."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from twisted.internet import defer, reactor, task
+from twisted.trial.unittest import TestCase
+
+from prexy.config import CacheConfig, Config, SiteConfig, UpstreamURL
+from prexy.runtime import build_runtime
+from prexy.service import ProxyService
+
+from .origin import Origin, origin_site
+from .test_service import RawClient, connect
+from .twistd_support import body_of
+
+
+def wait(seconds: float) -> defer.Deferred[None]:
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+def header(raw: bytes, name: bytes) -> bytes | None:
+    head = raw.split(b"\r\n\r\n", 1)[0]
+    for line in head.split(b"\r\n")[1:]:
+        n, _, v = line.partition(b": ")
+        if n.lower() == name.lower():
+            return v
+    return None
+
+
+class CacheTests(TestCase):
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def setUp(self) -> Any:
+        # Runs last: lets the origin see the proxy's pooled connections close.
+        self.addCleanup(wait, 0.1)
+        self.origin = Origin()
+        self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
+        self.addCleanup(self.origin_port.stopListening)
+        yield self.start()
+
+    @defer.inlineCallbacks
+    def start(self, rules: tuple[str, ...] = (), **cache: Any) -> Any:
+        self.dir = tempfile.mkdtemp(prefix="prexy-cache-test-")
+        config = Config(
+            listen=("tcp:0:interface=127.0.0.1",),
+            sites=(
+                SiteConfig(
+                    "t", UpstreamURL.parse(f"http://127.0.0.1:{self.origin_port.getHost().port}"),
+                    rules=rules, cache=CacheConfig(**cache),
+                ),
+            ),
+            default_site="t",
+            access_log=None,
+            cache_size=16 * 1024 * 1024,
+            cache_path=os.path.join(self.dir, "store"),
+        )
+        self.service = ProxyService(reactor, config, build_runtime(config))
+        self.service.startService()
+        self.addCleanup(self.service.stopService)
+        (port,) = yield self.service.listening_ports()
+        self.port = port.getHost().port
+
+    @defer.inlineCallbacks
+    def get(self, path: str, headers: bytes = b"", method: bytes = b"GET") -> Any:
+        client = RawClient(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n")
+        yield connect(self.port, client)
+        return bytes(client.data)
+
+    @defer.inlineCallbacks
+    def test_second_get_is_a_hit(self) -> Any:
+        """The first GET is stored, the second served from the cache with Age
+        and Cache-Status, without touching the origin; HEAD hits too."""
+        first = yield self.get("/c/a")
+        second = yield self.get("/c/a")
+        head = yield self.get("/c/a", method=b"HEAD")
+        self.assertIn(b"fwd=uri-miss", header(first, b"cache-status"))
+        self.assertIn(b"stored", header(first, b"cache-status"))
+        self.assertTrue(header(second, b"cache-status").startswith(b"prexy; hit; ttl="))
+        self.assertIsNotNone(header(second, b"age"))
+        self.assertEqual(body_of(second), b"page /c/a #1 lang=-")
+        self.assertEqual(header(head, b"content-length"), b"%d" % len(body_of(second)))
+        self.assertTrue(head.endswith(b"\r\n\r\n"))
+        self.assertEqual(self.origin.hits[b"/c/a"], 1)
+
+    @defer.inlineCallbacks
+    def test_private_requests_pass(self) -> Any:
+        """Cookie, Authorization and X-Requested-With pass; ignored analytics
+        cookies do not."""
+        yield self.get("/c/p")
+        for extra in (b"Cookie: session=abc\r\n", b"Authorization: Basic eDp5\r\n", b"X-Requested-With: XMLHttpRequest\r\n"):
+            raw = yield self.get("/c/p", extra)
+            self.assertIn(b"fwd=bypass", header(raw, b"cache-status"))
+        raw = yield self.get("/c/p", b"Cookie: _ga=GA1.2.3; _gid=x\r\n")
+        self.assertIn(b"hit", header(raw, b"cache-status"))
+        self.assertEqual(self.origin.hits[b"/c/p"], 4)
+
+    @defer.inlineCallbacks
+    def test_private_responses_never_shared(self) -> Any:
+        """Set-Cookie and Cache-Control: private answers are not stored: each
+        visitor gets their own."""
+        a = yield self.get("/c/s?cookie=1")
+        b = yield self.get("/c/s?cookie=1")
+        self.assertNotEqual(header(a, b"set-cookie"), header(b, b"set-cookie"))
+        c = yield self.get("/c/v?cc=private")
+        d = yield self.get("/c/v?cc=private")
+        self.assertNotEqual(body_of(c), body_of(d))
+        self.assertEqual((self.origin.hits[b"/c/s"], self.origin.hits[b"/c/v"]), (2, 2))
+
+    @defer.inlineCallbacks
+    def test_vary(self) -> Any:
+        """Vary: each Accept-Language gets its own object."""
+        en = yield self.get("/c/l?vary=Accept-Language", b"Accept-Language: en\r\n")
+        nl = yield self.get("/c/l?vary=Accept-Language", b"Accept-Language: nl\r\n")
+        en2 = yield self.get("/c/l?vary=Accept-Language", b"Accept-Language: en\r\n")
+        self.assertIn(b"lang=en", body_of(en))
+        self.assertIn(b"lang=nl", body_of(nl))
+        self.assertEqual(body_of(en2), body_of(en))
+        self.assertEqual(self.origin.hits[b"/c/l"], 2)
+
+    @defer.inlineCallbacks
+    def test_coalescing(self) -> Any:
+        """100 concurrent misses for one URL make one upstream request."""
+        answers = yield defer.gatherResults([self.get("/c/co?delay=0.3") for _ in range(100)])
+        self.assertEqual(self.origin.hits[b"/c/co"], 1)
+        self.assertTrue(all(body_of(a) == b"page /c/co #1 lang=-" for a in answers))
+
+    @defer.inlineCallbacks
+    def test_ttl_then_grace_then_refresh(self) -> Any:
+        """After max-age the object is served stale within grace while one
+        background fetch revalidates it (the origin's 304 keeps the body);
+        the next request is a fresh hit again."""
+        yield self.service.stopService()
+        yield self.start(grace=10.0)
+        yield self.get("/c/g?cc=max-age%3D1")
+        yield wait(1.2)
+        stale = yield self.get("/c/g?cc=max-age%3D1")
+        self.assertRegex(header(stale, b"cache-status"), rb"hit; ttl=-\d")
+        self.assertEqual(body_of(stale), b"page /c/g #1 lang=-")
+        for _ in range(40):
+            if self.origin.not_modified.get(b"/c/g"):
+                break
+            yield wait(0.05)
+        yield wait(0.1)
+        fresh = yield self.get("/c/g?cc=max-age%3D1")
+        self.assertRegex(header(fresh, b"cache-status"), rb"hit; ttl=0")
+        self.assertEqual(body_of(fresh), b"page /c/g #1 lang=-")
+        self.assertEqual((self.origin.hits[b"/c/g"], self.origin.not_modified[b"/c/g"]), (1, 1))
+
+    @defer.inlineCallbacks
+    def test_stale_if_error(self) -> Any:
+        """Upstream down after expiry: the stale copy instead of a 502."""
+        yield self.service.stopService()
+        yield self.start(grace=0.0)
+        yield self.get("/c/e?cc=max-age%3D1%2C%20stale-if-error%3D60")
+        yield wait(1.2)
+        yield self.origin_port.stopListening()
+        yield self.service.pool.close_idle()  # the pooled connection too
+        raw = yield self.get("/c/e?cc=max-age%3D1%2C%20stale-if-error%3D60")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 200"), raw[:200])
+        self.assertIn(b"stale-if-error", header(raw, b"cache-status"))
+
+    @defer.inlineCallbacks
+    def test_revalidation(self) -> Any:
+        """An expired object with an ETag is revalidated with a conditional
+        request; the origin's 304 refreshes it and the client gets the stored
+        body; a client's own If-None-Match is answered 304 from the cache."""
+        yield self.service.stopService()
+        yield self.start(grace=0.0)
+        yield self.get("/c/r?cc=max-age%3D1")
+        yield wait(1.2)
+        raw = yield self.get("/c/r?cc=max-age%3D1")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 200"))
+        self.assertEqual(body_of(raw), b"page /c/r #1 lang=-")
+        self.assertEqual((self.origin.hits[b"/c/r"], self.origin.not_modified[b"/c/r"]), (1, 1))
+        again = yield self.get("/c/r?cc=max-age%3D1")
+        self.assertIn(b"hit", header(again, b"cache-status"))
+        conditional = yield self.get("/c/r?cc=max-age%3D1", b'If-None-Match: "r-v1"\r\n')
+        self.assertTrue(conditional.startswith(b"HTTP/1.1 304"), conditional[:100])
+
+    @defer.inlineCallbacks
+    def test_purge(self) -> Any:
+        """PURGE from an allowed address removes the object; from another, 405."""
+        yield self.get("/c/x")
+        raw = yield self.get("/c/x", method=b"PURGE")
+        self.assertIn(b"purged 1", raw)
+        again = yield self.get("/c/x")
+        self.assertIn(b"miss", header(again, b"cache-status"))
+        yield self.service.stopService()
+        yield self.start(purge_from=())
+        raw = yield self.get("/c/x", method=b"PURGE")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 405"))
+
+    @defer.inlineCallbacks
+    def test_post_invalidates(self) -> Any:
+        """An unsafe method on a URL drops its cached object."""
+        yield self.get("/c/i")
+        yield self.get("/c/i", b"Content-Length: 0\r\n", method=b"POST")
+        raw = yield self.get("/c/i")
+        self.assertIn(b"miss", header(raw, b"cache-status"))
+
+    @defer.inlineCallbacks
+    def test_rewritten_bytes_are_cached(self) -> Any:
+        """A rewriting site stores the rewritten body: a hit is rewritten and
+        costs no substitution (no Server-Timing trailer)."""
+        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        with open(rules, "w") as f:
+            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
+        yield self.service.stopService()
+        yield self.start(rules=(rules,))
+        first = yield self.get("/c/w")
+        second = yield self.get("/c/w")
+        self.assertEqual(body_of(first), b"PAGE /c/w #1 lang=-")
+        self.assertEqual(body_of(second), b"PAGE /c/w #1 lang=-")
+        self.assertIn(b"Server-Timing: rewrite", first)
+        self.assertNotIn(b"rewrite;dur", second)
+        self.assertIn(b"hit", header(second, b"cache-status"))
