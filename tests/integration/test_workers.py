@@ -287,3 +287,66 @@ class SocketActivationTests(TestCase):
                 break
             yield wait(0.1)
         self.assertTrue(answer.endswith(b"hello world!"), open(os.path.join(log_dir, "out.log")).read()[-2000:])
+
+
+class SharedCacheTests(TestCase):
+    """The cache store is one per machine: with two workers an object
+    fetched by one is a hit in the other, and PURGE or a ban through the
+    master's admin endpoint reach both."""
+
+    timeout = 90
+
+    @defer.inlineCallbacks
+    def test_cache_shared_by_workers(self) -> Any:
+        origin = Origin()
+        origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+        self.addCleanup(origin_port.stopListening)
+        port, admin = free_port(), free_port()
+        store = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "store")
+        config = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "prexy.toml")
+        with open(config, "w") as f:
+            f.write(
+                f"[server]\nlisten = ['tcp:{port}:interface=127.0.0.1']\nadmin = 'tcp:{admin}:interface=127.0.0.1'\n"
+                f"workers = 2\naccess_log = 'off'\n[cache]\nsize = '32M'\npath = {store!r}\n"
+                f"[sites.t]\nupstream = 'http://127.0.0.1:{origin_port.getHost().port}'\n"
+            )
+        child = Twistd("--config", config)
+        self.addCleanup(child.stop)
+        yield wait_listening(port, child)
+        for _ in range(100):
+            if child.output().count("ready") >= 2:
+                break
+            yield wait(0.05)
+        workers = child.children()
+        self.assertEqual(len(workers), 2)
+
+        @defer.inlineCallbacks
+        def get(path: bytes, method: bytes = b"GET") -> Any:
+            client = RawClient(method + b" " + path + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            yield connect(port, client)
+            return bytes(client.data)
+
+        # Many new connections: both workers answer, the origin is asked once.
+        answers = []
+        for _ in range(10):
+            batch = yield defer.gatherResults([get(b"/c/shared") for _ in range(10)])
+            answers += batch
+        self.assertTrue(all(body_of(a) == b"page /c/shared #1 lang=-" for a in answers))
+        self.assertEqual(origin.hits[b"/c/shared"], 1)
+        hits = sum(1 for a in answers if b"Cache-Status: prexy; hit" in a)
+        self.assertGreaterEqual(hits, 90)
+
+        purged = yield get(b"/c/shared", b"PURGE")
+        self.assertIn(b"purged 1", purged)
+        for _ in range(4):
+            yield get(b"/c/shared")
+        self.assertEqual(origin.hits[b"/c/shared"], 2)
+
+        ban = RawClient(
+            b"POST /ban?regex=%5E.*/c/shared HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        yield connect(admin, ban)
+        self.assertIn(b"banned 1", bytes(ban.data))
+        for _ in range(4):
+            yield get(b"/c/shared")
+        self.assertEqual(origin.hits[b"/c/shared"], 3)
