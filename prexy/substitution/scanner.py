@@ -290,36 +290,44 @@ class _HoldCursor:
         self._reach = scanner.reaches
         self._active = active
         n = len(buf)
-        self._floors: dict[int, int] = {}
-        by_key: dict[object, int] = {}
+        # Walking back from the end over bytes that a rule's unbounded repeats
+        # may eat, count the others: at most ``bounded`` of them fit in one
+        # path.  The walk is shared by the rules whose repeats eat the same
+        # bytes; ``marks[eaten][k]`` is the (k+1)-th other byte from the end.
+        need: dict[frozenset[int], int] = {}
         for rule in active:
             r = self._reach[rule]
-            floor = by_key.get(r.key)
-            if floor is None:
-                floor = by_key[r.key] = self._floor(r, pos)
+            if r.width is None and r.other is not None:
+                need[r.eaten] = max(need.get(r.eaten, 0), r.bounded + 2)
+        marks: dict[frozenset[int], list[int]] = {}
+        for rule in active:
+            r = self._reach[rule]
+            if r.eaten in need and r.eaten not in marks and r.other is not None:
+                found: list[int] = []
+                end = n
+                for _ in range(need[r.eaten]):
+                    m = r.other.search(buf, pos, end, timeout=timeout)
+                    if m is None:
+                        break
+                    end = m.start()
+                    found.append(end)
+                marks[r.eaten] = found
+        self._floors: dict[int, int] = {}
+        for rule in active:
+            r = self._reach[rule]
+            if r.width is not None:
+                floor = max(pos, n - r.width - 1)
+            elif r.other is None:
+                floor = pos  # its repeats eat any byte
+            else:
+                found = marks[r.eaten]
+                k = r.bounded + 1
+                floor = max(pos, found[k]) if k < len(found) else pos
             self._floors[rule] = floor
         #: No path starting below ``floor`` can run off the end.
         self.floor = min(self._floors.values(), default=n + 1)
         self._heap: list[tuple[int, int]] = []
         self._started = False
-
-    def _floor(self, r: _Reach, pos: int) -> int:
-        buf = self._buf
-        n = len(buf)
-        if r.width is not None:
-            return max(pos, n - r.width - 1)
-        other = r.other
-        if other is None:
-            return pos
-        # Walk back over bytes the unbounded repeats may eat, counting the
-        # others: at most ``bounded`` of them fit in one path.
-        end = n
-        for _ in range(r.bounded + 2):
-            m = other.search(buf, pos, end, timeout=self._timeout)
-            if m is None:
-                return pos
-            end = m.start()
-        return max(pos, end)
 
     def _rule_reach(self, rule: int, start: int) -> int | None:
         """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
