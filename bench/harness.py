@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -84,11 +85,14 @@ def ensure_tools() -> None:
             ("wrk", _have("wrk")),
             ("libnginx-mod-http-subs-filter", subs_module_path() is not None),
             ("varnish", _have("varnishd")),
+            # Debian's own python3 needs python3-venv for `venv` with pip.
+            ("python3-venv", importlib.util.find_spec("ensurepip") is not None),
         )
         if not ok
     ]
     if not missing:
         return
+    packages = [*APT_PACKAGES, *(["python3-venv"] if "python3-venv" in missing else [])]
     if os.geteuid() != 0:
         raise SystemExit(f"missing {', '.join(missing)}: run as root or install them with apt")
     log(f"installing {' '.join(missing)} with apt-get")
@@ -105,7 +109,7 @@ def ensure_tools() -> None:
             created_policy = True
         subprocess.run(["apt-get", "update", "-q"], check=True, env=env, timeout=600)
         subprocess.run(
-            ["apt-get", "install", "-y", "-q", *APT_PACKAGES], check=True, env=env, timeout=1200
+            ["apt-get", "install", "-y", "-q", *packages], check=True, env=env, timeout=1200
         )
     finally:
         if created_policy:
