@@ -270,7 +270,6 @@ class _Parser:
 
     def _repeat(self) -> Node:
         atom = self._atom()
-        q_at = self.pos
         q = self._quantifier()
         if q is None:
             return atom
@@ -284,10 +283,10 @@ class _Parser:
             or (self._peek() == ord("{") and self._lookahead_counted())
         ):
             raise self._bad("syntax error: nested quantifier (possessive or repeated)")
-        del q_at
         return Repeat(atom, q[0], q[1], greedy)
 
     def _lookahead_counted(self) -> bool:
+        """Whether a counted quantifier starts at the cursor (cursor unmoved)."""
         save = self.pos
         try:
             return self._counted() is not None
@@ -332,6 +331,7 @@ class _Parser:
         return self._char(c)
 
     def _counted_at(self, start: int) -> bool:
+        """Whether a counted quantifier starts at ``start`` (cursor unmoved)."""
         save = self.pos
         self.pos = start
         try:
