@@ -193,13 +193,14 @@ class _Builder:
             if len(key) > 1 and key[0] == ".":
                 base = ascii_lower(key[1:])
                 # ".example.com" also claims the exact name "example.com"
-                if base in self.exact or base in self.head_dot:
+                if base in self.exact or base in self.head_dot or base in self.head_star:
                     raise MapError(filename, line, key, "conflicting parameter")
                 self.head_dot[base] = value
                 return
             if len(key) > 2 and key.startswith("*."):
                 base = ascii_lower(key[2:])
-                if base in self.head_star:
+                # "*.example.com" and ".example.com" share nginx's name "example.com"
+                if base in self.head_star or base in self.head_dot:
                     raise MapError(filename, line, key, "conflicting parameter")
                 self.head_star[base] = value
                 return

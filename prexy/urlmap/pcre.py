@@ -91,6 +91,14 @@ _POSIX: dict[str, list[tuple[int, int]]] = {
     "word": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
     "ascii": [(0x00, 0x7F)],
 }
+_NOOP_VERBS = frozenset({
+    "NO_AUTO_POSSESS", "NO_DOTSTAR_ANCHOR", "NO_JIT", "NO_START_OPT", "LIMIT_MATCH",
+    "LIMIT_DEPTH", "LIMIT_HEAP", "LIMIT_RECURSION", "LF", "BSR_UNICODE",
+})
+_UNSUPPORTED_VERBS = frozenset({
+    "UTF", "UTF8", "UCP", "CR", "CRLF", "ANYCRLF", "ANY", "NUL", "BSR_ANYCRLF", "NOTEMPTY",
+    "NOTEMPTY_ATSTART",
+})
 _HSPACE = [(0x09, 0x09), (0x20, 0x20), (0xA0, 0xA0)]
 _VSPACE = [(0x0A, 0x0D), (0x85, 0x85)]
 _MAXCHAR = 0x10FFFF
@@ -148,7 +156,9 @@ class _Parser:
         self.opaque = False  # literal analysis unsafe
         self.no_skeleton = False
         self.lookbehind = 0
-        self.extended = False
+        self.extended = False  # (?x): whitespace and # comments ignored
+        self.ungreedy = False  # (?U): quantifiers lazy unless followed by ?
+        self.no_capture = False  # (?n): plain ( does not capture
         self.quoted_start = -1
         # top level: (kind, char, out index before, out index after, direct)
         self.top: list[tuple[int, str, int, int, bool]] = []
@@ -186,9 +196,16 @@ class _Parser:
             raise self.error("unmatched closing parenthesis")
         return items or []
 
-    def alternation(self, top: bool = False) -> list[tuple[int, str, int, int, bool]] | None:
-        """Parse branches until ``)`` or the end; return the items if there is one branch."""
-        saved_extended = self.extended
+    def alternation(
+        self, top: bool = False, marks: list[int] | None = None
+    ) -> list[tuple[int, str, int, int, bool]] | None:
+        """Parse branches until ``)`` or the end; return the items if there is one branch.
+
+        Option settings made inside last until the end of this group (later
+        branches included, as in PCRE).  ``marks`` collects the output index
+        of each ``|`` of this level.
+        """
+        saved = self.options()
         branches = 0
         items: list[tuple[int, str, int, int, bool]] = []
         while True:
@@ -199,13 +216,23 @@ class _Parser:
                 items = branch
             if self.peek() == "|":
                 self.pos += 1
+                if marks is not None:
+                    marks.append(len(self.out))
                 self.emit("|")
                 if top:
                     self.top_alternation = True
                 continue
             break
-        self.extended = saved_extended
+        self.set_options(saved)
         return items if branches == 1 else None
+
+    def options(self) -> tuple[bool, bool, bool]:
+        """The option settings the parser itself applies: x, U, n."""
+        return (self.extended, self.ungreedy, self.no_capture)
+
+    def set_options(self, saved: tuple[bool, bool, bool]) -> None:
+        """Restore option settings at the end of a group."""
+        self.extended, self.ungreedy, self.no_capture = saved
 
     def sequence(self, items: list[tuple[int, str, int, int, bool]], top: bool) -> None:
         """Parse one branch up to ``|``, ``)`` or the end."""
@@ -278,6 +305,12 @@ class _Parser:
         # the quantified atom is no longer a fixed literal
         if self.skel and self.skel[-1] is _MARK:
             self.skel[-1] = "a"
+        if self.ungreedy:
+            # (?U) swaps greedy and lazy; possessive stays possessive
+            if len(quant) > 1 and quant[-1] == "?":
+                quant = quant[:-1]
+            elif not (len(quant) > 1 and quant[-1] == "+"):
+                quant += "?"
         self.emit(quant)
         del items[start_items:]
         items.append((_BREAK, "", before, len(self.out), False))
@@ -551,6 +584,13 @@ class _Parser:
             if end < 0:
                 raise self.error("missing closing parenthesis")
             verb = src[self.pos:end]
+            name = verb[1:].split("=", 1)[0]
+            if name.isupper() and name.replace("_", "").isalpha():
+                if name in _NOOP_VERBS and before == 0:
+                    self.pos = end + 1  # an optimisation or limit: no effect on the answer
+                    return
+                if name in _UNSUPPORTED_VERBS:
+                    raise self.error(f"({verb}) is not supported")
             self.opaque = True
             self.no_skeleton = True
             self.pos = end + 1
@@ -644,39 +684,51 @@ class _Parser:
                 items.append((_BREAK, "", before, len(self.out), False))
                 return
             else:
-                # inline options: (?imsx-imsx) or (?imsx-imsx: ...)
+                # inline options: (?imnsxJU-imnsxJU), (?^...), or with ":" a group
                 end = self.pos
                 while end < len(src) and src[end] not in ":)":
                     end += 1
                 if end >= len(src):
                     raise self.error("missing closing parenthesis")
-                flags = src[self.pos:end]
-                on, _, off = flags.partition("-")
-                if not flags or any(c not in "imsx" for c in on + off) or "-" in off:
+                spec = src[self.pos:end]
+                reset = spec.startswith("^")
+                if reset:
+                    spec = spec[1:]
+                on, dash, off = spec.partition("-")
+                if (
+                    (not spec and not reset)
+                    or any(c not in "imnsxJU" for c in on + off)
+                    or "-" in off
+                    or (reset and dash)
+                ):
                     raise self.error("unrecognized character after (? or (?-")
-                self.opaque = True
-                emitted_on = on.replace("x", "")
-                emitted_off = off.replace("x", "")
-                spec = emitted_on + ("-" + emitted_off if emitted_off else "")
+                if "J" in on:
+                    # PCRE numbers duplicate-named groups apart; regex merges them
+                    raise self.error("(?J) duplicate group names are not supported")
+                if reset or set(on + off) & set("im"):
+                    self.opaque = True  # literals' case or anchoring may change
+                saved = self.options()
+                if reset:
+                    self.extended = self.no_capture = False
+                for letter, value in [(c, True) for c in on] + [(c, False) for c in off]:
+                    if letter == "x":
+                        self.extended = value
+                    elif letter == "U":
+                        self.ungreedy = value
+                    elif letter == "n":
+                        self.no_capture = value
+                emit_on = "".join(sorted({c for c in on if c in "ims"}))
+                emit_off = "".join(sorted({c for c in off if c in "ims"} | (set("ims") - set(on) if reset else set())))
+                flags = emit_on + ("-" + emit_off if emit_off else "")
                 self.pos = end + 1
                 if src[end] == ")":
-                    if "x" in on:
-                        self.extended = True
-                    if "x" in off:
-                        self.extended = False
-                    if spec:
-                        self.emit(f"(?{spec})")
+                    if flags:
+                        self.emit(f"(?{flags})")
                     items.append((_BREAK, "", before, len(self.out), False))
                     return
-                saved = self.extended
-                if "x" in on:
-                    self.extended = True
-                if "x" in off:
-                    self.extended = False
-                kind, opener = "plain", f"(?{spec}:" if spec else "(?:"
-                self.emit(opener)
+                self.emit(f"(?{flags}:" if flags else "(?:")
                 self.alternation()
-                self.extended = saved
+                self.set_options(saved)
                 if self.peek() != ")":
                     raise self.error("missing closing parenthesis")
                 self.pos += 1
@@ -685,6 +737,8 @@ class _Parser:
                 return
         else:
             opener = "("
+            if self.no_capture:
+                kind, opener = "plain", "(?:"
         if kind == "capture":
             self.groups += 1
             if name:
@@ -692,9 +746,12 @@ class _Parser:
         if kind == "lookbehind":
             self.lookbehind += 1
         self.emit(opener)
-        inner = self.alternation()
+        body_start = len(self.out)
+        marks: list[int] = []
+        inner = self.alternation(marks=marks)
         if kind == "lookbehind":
             self.lookbehind -= 1
+            self.check_lookbehind(body_start, marks)
         if self.peek() != ")":
             raise self.error("missing closing parenthesis")
         self.pos += 1
@@ -707,6 +764,21 @@ class _Parser:
             # a group with one branch: its literals join the sequence,
             # but not as plain text of this level (no textual split through it)
             items.extend((k, c, b, a, False) for k, c, b, a, _ in inner)
+
+    def check_lookbehind(self, body_start: int, marks: list[int]) -> None:
+        """PCRE2 (10.42, as in nginx) wants each top-level branch of a lookbehind
+        to have a fixed length; ``regex`` would accept any.  Python's ``re``
+        computes widths the same way, so each branch is checked with it;
+        branches ``re`` cannot read are left to ``regex``."""
+        bounds = [body_start, *[m + 1 for m in marks]]
+        ends = [*marks, len(self.out)]
+        for start, end in zip(bounds, ends, strict=True):
+            branch = "".join(self.out[start:end])
+            try:
+                re.compile(f"(?<={branch})", re.ASCII)
+            except re.error as exc:
+                if "fixed-width" in str(exc):
+                    raise self.error("lookbehind assertion is not fixed length") from None
 
     def no_range_after_set(self) -> None:
         """PCRE2 refuses a hyphen after a class escape or POSIX class unless it ends the class."""

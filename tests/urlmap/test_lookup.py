@@ -176,10 +176,12 @@ class TestHostnames:
 
     @pytest.mark.parametrize(
         "pair", [("example.com", ".example.com"), (".example.com", "example.com"),
-                 ("*.a.com", "*.A.com"), ("www.a.*", "WWW.a.*")],
+                 ("*.a.com", "*.A.com"), ("www.a.*", "WWW.a.*"),
+                 ("*.a.com", ".a.com"), (".a.com", "*.a.com")],
     )
     def test_conflicts(self, pair: tuple[str, str]) -> None:
-        """A dot mask claims its bare name too; repeated masks conflict."""
+        """A dot mask claims its bare name too; repeated masks conflict, and
+        ``*.a.com`` and ``.a.com`` are the same name to nginx (verified with nginx 1.22)."""
         with pytest.raises(MapError, match="conflicting parameter"):
             parse_map(f"hostnames; {pair[0]} 1; {pair[1]} 2;", "h.map")
 
@@ -251,3 +253,22 @@ def test_match_reports_the_answering_entry() -> None:
     assert m.match("/z") == MapLookup("d", "default", "default")
     h = parse_map("hostnames; *.Example.com star;")
     assert h.match("a.example.com.") == MapLookup("star", "wildcard_head", "*.example.com")
+
+
+@pytest.mark.parametrize(
+    ("regex", "key", "value"),
+    [
+        (r"(?U)(a+)", "aaa", "[a]"),
+        (r"(?U)(a+?)", "aaa", "[aaa]"),
+        (r"(?n)(a)(?<x>b)", "ab", "[b]"),
+        (r"(?x) ( a ) b # comment", "ab", "[a]"),
+        (r"(*NO_JIT)(*LIMIT_MATCH=10)(a)", "a", "[a]"),
+        (r"(a|ab)(c|bcd)(d*)", "abcd", "[a]"),
+        (r"^(?:(a)|b)*$", "ab", "[a]"),
+        (r"(?|(a)|(b))", "b", "[b]"),
+    ],
+)
+def test_pcre_options_and_captures(regex: str, key: str, value: str) -> None:
+    """Captures under PCRE options (ungreedy, no auto-capture, extended, start-of-pattern
+    limits) and PCRE's capture rules, each checked against nginx 1.22."""
+    assert parse_map(f'"~{regex}" "[$1]";').lookup(key) == value
