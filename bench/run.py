@@ -7,7 +7,8 @@ Installs what it needs when missing (Debian ``nginx``, ``wrk``,
 install`` of this repository into ``bench/.work/venv``), starts a static
 nginx origin and the servers under test on 127.0.0.1, and prints one
 markdown table per scenario.  Results also go to
-``bench/.work/results-<scenario>.json``.  Every child process is stopped at
+``bench/.work/results-<scenario>.json`` and all tables of the run to
+``bench/.work/results.md``.  Every child process is stopped at
 exit.  Scenarios: proxy, subs, cache, workers, urlmap, transducer,
 urlmap-index (see bench/README.md).
 """
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prexy": bench.prexy_revision,
             })
             print(report.markdown(), flush=True)
+            (harness.WORK / "results.md").write_text("\n".join(r.markdown() for r in reports))
             harness.log(f"wrote {path}")
     finally:
         harness.cleanup()

@@ -613,6 +613,18 @@ def scenario_urlmap(bench: Bench) -> Report:
         )
         notes.append(f"{size:,} entries: {load_text}")
         data[f"{size} load"] = loads
+    # Issue 7: lookup cost at the largest map over the cost at the smallest.
+    for which in ("first", "last", "none"):
+        small, large = data.get(f"{sizes[0]} {which}"), data.get(f"{sizes[-1]} {which}")
+        costs = []
+        for cell in (small, large):
+            result = cell.get("prexy") if isinstance(cell, dict) else None
+            costs.append(1 / result.rps if isinstance(result, WrkResult) and result.rps else None)
+        if costs[0] and costs[1]:
+            notes.append(
+                f"Prexy time per request ({which}) at {sizes[-1]:,} entries / at {sizes[0]:,}: "
+                f"{costs[1] / costs[0]:.2f}× (target ≤ 1.5× for the lookup)"
+            )
     table = markdown_table(
         ["regex entries", "URL", "Prexy req/s", "nginx req/s", "Prexy/nginx req/s",
          "Prexy 1-conn latency", "nginx 1-conn latency"],
