@@ -293,6 +293,8 @@ class _Parser:
                         raise self.error("numbers out of order in {} quantifier")
                     quant = src[self.pos:end2 + 1]
                     self.pos = end2 + 1
+        if quant[:1] == "{" and any(int(n) > 65535 for n in quant[1:-1].split(",") if n):
+            raise self.error("number too big in {} quantifier")
         if quant and self.peek() in ("+", "?"):
             quant += self.peek()
             self.pos += 1
