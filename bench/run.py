@@ -16,6 +16,7 @@ urlmap-index (see bench/README.md).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import platform
 import sys
@@ -76,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         reinstall=not args.no_reinstall,
         working_tree=args.working_tree,
     )
+    lock = harness.WORK / "run.lock"
+    harness.WORK.mkdir(parents=True, exist_ok=True)
+    lock_file = lock.open("a+")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        print(f"another bench run holds {lock} ({lock_file.read().strip()}); runs share "
+              "bench/.work/ and the CPUs, so they must not overlap", file=sys.stderr)
+        return 3
+    lock_file.truncate(0)
+    lock_file.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
+    lock_file.flush()
     harness.install_cleanup()
     if not args.no_install:
         harness.ensure_tools()
