@@ -11,8 +11,10 @@ client connection when the upstream dies mid-body (never a clean end).
 
 from __future__ import annotations
 
+import collections
 import io
 import tempfile
+import time
 import weakref
 from typing import IO, Any
 
@@ -51,9 +53,10 @@ _REQUEST_DROP = HOP_BY_HOP | frozenset(
 _REQUEST_DROP_REWRITING = _REQUEST_DROP | {b"accept-encoding", b"if-none-match"}
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"via"}
 _SPOOL_IN_MEMORY = 1024 * 1024
-#: Largest piece of body fed to the transducer in one go, so one huge chunk
-#: never holds the reactor for long.
-_FEED_SLICE = 64 * 1024
+#: Largest piece of body fed to the transducer in one go, and the longest a
+#: response's rewriting may hold the reactor before yielding (seconds).
+_FEED_SLICE = 16 * 1024
+WORK_BUDGET = 0.004
 
 
 class ProxyResource(Resource):
@@ -269,6 +272,10 @@ class _Exchange:
         self.done = False
         self.producer_registered = False
         self.ctx: Any = None  # prexy.proxy.caching.CacheContext
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._working = False
+        self._work_paused = False
+        self._body_done = False
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
 
@@ -422,17 +429,63 @@ class _Exchange:
     # -- body ------------------------------------------------------------------
 
     def bodyData(self, data: bytes) -> None:
-        if self.client_gone_flag:
+        if self.client_gone_flag or self.done:
             return
         metrics = self.resource.metrics
         metrics.bytes_in += len(data)
-        transducer = self.transducer
-        if transducer is None:
+        if self.transducer is None:
             metrics.bytes_out += len(data)
             if self.ctx is not None:
                 self._cache_data(data)
             self.request.write(data)
             return
+        self._backlog.append(data)
+        if not self._working:
+            self._work()
+
+    def _work(self) -> None:
+        """Rewrite what has arrived, a slice at a time; after WORK_BUDGET
+        seconds, pause the upstream and continue on the next reactor turn so
+        one big body never holds the reactor (other requests keep flowing)."""
+        self._working = True
+        deadline = time.perf_counter() + WORK_BUDGET
+        backlog = self._backlog
+        while backlog:
+            if self.client_gone_flag or self.done:
+                backlog.clear()
+                self._working = False
+                return
+            data = backlog[0]
+            if len(data) > _FEED_SLICE:
+                backlog[0] = data[_FEED_SLICE:]
+                data = data[:_FEED_SLICE]
+            else:
+                backlog.popleft()
+            out = self._transform(data)
+            if out is None:
+                self._working = False
+                return  # failed: the client was reset
+            if out:
+                self.resource.metrics.bytes_out += len(out)
+                if self.ctx is not None:
+                    self._cache_data(out)
+                self.request.write(out)
+            if backlog and time.perf_counter() > deadline:
+                if not self._work_paused and self.response is not None:
+                    self._work_paused = True
+                    self.response.pause_for_work()
+                self.resource.reactor.callLater(0, self._work)
+                return
+        self._working = False
+        if self._work_paused and self.response is not None:
+            self._work_paused = False
+            self.response.resume_after_work()
+        if self._body_done:
+            self._complete()
+
+    def _transform(self, data: bytes) -> bytes | None:
+        """decode -> substitute -> encode one piece; None after a failure."""
+        transducer = self.transducer
         try:
             if self.decoder is not None:
                 data = self.decoder.feed(data)
@@ -447,20 +500,21 @@ class _Exchange:
         except DecodeError as exc:
             log.warn("{uri}: {error}; resetting client connection", uri=self.request.uri.decode("latin-1"), error=str(exc))
             self.abort_client()
-            return
+            return None
         except Exception:
             log.failure("substitution failed; aborting the response")
             self.abort_client()
-            return
-        if out:
-            self.resource.metrics.bytes_out += len(out)
-            if self.ctx is not None:
-                self._cache_data(out)
-            self.request.write(out)
+            return None
+        return out
 
     def bodyDone(self) -> None:
-        if self.client_gone_flag:
+        if self.client_gone_flag or self.done:
             return
+        self._body_done = True
+        if not self._working:
+            self._complete()
+
+    def _complete(self) -> None:
         request = self.request
         transducer = self.transducer
         if transducer is not None:

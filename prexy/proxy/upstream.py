@@ -132,6 +132,13 @@ class UpstreamResponse:
         """Drop the upstream connection (the client went away)."""
         self._protocol.abort()
 
+    def pause_for_work(self) -> None:
+        """Stop reading while the consumer works through what it has."""
+        self._protocol.pauseBody("work")
+
+    def resume_after_work(self) -> None:
+        self._protocol.resumeBody("work")
+
 
 class _State(enum.Enum):
     CONNECTING = "connecting"
@@ -197,6 +204,7 @@ class UpstreamProtocol(Protocol):
         self._sent_at = 0.0
         self._connect_seconds = 0.0
         self._body_writer: Any = None
+        self._pause_reasons: set[str] = set()
         self._lost = False
         self._close_waiters: list[defer.Deferred[None]] = []
 
@@ -264,6 +272,7 @@ class UpstreamProtocol(Protocol):
         self._consumer = None
         self._pending_body = []
         self._body_complete = False
+        self._pause_reasons = set()
         self._connect_seconds = connect_seconds
         d: defer.Deferred[UpstreamResponse] = defer.Deferred(self._cancel_request)
         self._deferred = d
@@ -505,18 +514,29 @@ class UpstreamProtocol(Protocol):
             self._body_bytes(chunk)
             if self.state is not _State.BODY:
                 return
-        if self._paused:
+        if self._paused and not self._pause_reasons:
             self._paused = False
             self.transport.resumeProducing()
         self._start_timer(self._pool.timeouts.idle, "idle")
 
-    def pauseBody(self) -> None:
-        if self.state is _State.BODY and not self._paused:
+    def pauseBody(self, reason: str = "client") -> None:
+        """Stop reading the body: for a slow client ("client") or while the
+        consumer works through what it has ("work")."""
+        self._pause_reasons.add(reason)
+        self._apply_pause()
+
+    def resumeBody(self, reason: str = "client") -> None:
+        self._pause_reasons.discard(reason)
+        self._apply_pause()
+
+    def _apply_pause(self) -> None:
+        if self.state is not _State.BODY:
+            return
+        want = bool(self._pause_reasons)
+        if want and not self._paused:
             self._paused = True
             self.transport.pauseProducing()
-
-    def resumeBody(self) -> None:
-        if self.state is _State.BODY and self._paused:
+        elif not want and self._paused:
             self._paused = False
             self._last_activity = self._clock.seconds()
             self.transport.resumeProducing()

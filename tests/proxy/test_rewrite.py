@@ -208,3 +208,59 @@ class CompressedUpstreamTests(SynchronousTestCase):
             body,
         )
         self.assertTrue(client.aborted)
+
+
+class FairnessTests(SynchronousTestCase):
+    """A big body is rewritten a slice per reactor turn, with the upstream
+    paused meanwhile, so other requests are not held up behind it."""
+
+    def test_large_chunk_yields_between_slices(self) -> None:
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)  # yield after every slice
+        h = harness()
+        body = PAGE * 2000  # ~150 KB: several 16 KB slices
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[0]
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) + len(PAGE)))
+        conn.reply(body)
+        # One slice done; the rest waits for a later reactor turn (a
+        # callLater(0): I/O of other connections runs first), upstream paused.
+        self.assertTrue(conn.paused)
+        first = len(client.value())
+        self.assertLess(first, 20 * 1024)
+        turns = []
+        real_call_later = h.clock.callLater
+
+        def counting(delay: float, f, *a, **kw):  # type: ignore[no-untyped-def]
+            turns.append(delay)
+            return real_call_later(delay, f, *a, **kw)
+
+        h.clock.callLater = counting  # type: ignore[method-assign]
+        h.clock.advance(0)
+        self.assertGreaterEqual(len(turns), 5)  # one turn per 16 KB slice
+        self.assertFalse(conn.paused)
+        conn.reply(PAGE)
+        status, headers, out = parse_response(client.value())
+        self.assertEqual(out, REWRITTEN * 2001)
+        self.assertLess(first, len(client.value()))
+        self.assertEqual(h.pool.idle_connections(), 1)
+
+    def test_client_pause_survives_work_resume(self) -> None:
+        """Finishing the backlog does not resume an upstream that a slow
+        client paused."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)
+        h = harness()
+        body = PAGE * 2000
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[0]
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) + 10))
+        conn.reply(body)
+        client.producer.pauseProducing()
+        for _ in range(100):
+            h.clock.advance(0)
+        self.assertTrue(conn.paused)
+        client.producer.resumeProducing()
+        self.assertFalse(conn.paused)
