@@ -265,6 +265,13 @@ class _Reach:
         return self._probe
 
 
+_FloorPlan = tuple[
+    list[tuple[int, int]],
+    list[int],
+    list[tuple["regex.Pattern[bytes]", int, list[tuple[int, int]]]],
+]
+
+
 class _HoldCursor:
     """Answers "where could a match still need more data" for one buffer.
 
@@ -290,42 +297,29 @@ class _HoldCursor:
         self._reach = scanner.reaches
         self._active = active
         n = len(buf)
+        bounded, anything, walks = scanner.floor_plan(active)
+        floors: dict[int, int] = {}
+        for rule, width in bounded:
+            floors[rule] = max(pos, n - width - 1)
+        for rule in anything:
+            floors[rule] = pos  # its repeats eat any byte
         # Walking back from the end over bytes that a rule's unbounded repeats
         # may eat, count the others: at most ``bounded`` of them fit in one
-        # path.  The walk is shared by the rules whose repeats eat the same
-        # bytes; ``marks[eaten][k]`` is the (k+1)-th other byte from the end.
-        need: dict[frozenset[int], int] = {}
-        for rule in active:
-            r = self._reach[rule]
-            if r.width is None and r.other is not None:
-                need[r.eaten] = max(need.get(r.eaten, 0), r.bounded + 2)
-        marks: dict[frozenset[int], list[int]] = {}
-        for rule in active:
-            r = self._reach[rule]
-            if r.eaten in need and r.eaten not in marks and r.other is not None:
-                found: list[int] = []
-                end = n
-                for _ in range(need[r.eaten]):
-                    m = r.other.search(buf, pos, end, timeout=timeout)
-                    if m is None:
-                        break
-                    end = m.start()
-                    found.append(end)
-                marks[r.eaten] = found
-        self._floors: dict[int, int] = {}
-        for rule in active:
-            r = self._reach[rule]
-            if r.width is not None:
-                floor = max(pos, n - r.width - 1)
-            elif r.other is None:
-                floor = pos  # its repeats eat any byte
-            else:
-                found = marks[r.eaten]
-                k = r.bounded + 1
-                floor = max(pos, found[k]) if k < len(found) else pos
-            self._floors[rule] = floor
+        # path.  One walk serves all rules whose repeats eat the same bytes.
+        for other, need, users in walks:
+            marks: list[int] = []
+            end = n
+            for _ in range(need):
+                m = other.search(buf, pos, end, timeout=timeout)
+                if m is None:
+                    break
+                end = m.start()
+                marks.append(end)
+            for rule, k in users:
+                floors[rule] = max(pos, marks[k]) if k < len(marks) else pos
+        self._floors = floors
         #: No path starting below ``floor`` can run off the end.
-        self.floor = min(self._floors.values(), default=n + 1)
+        self.floor = min(floors.values(), default=n + 1)
         self._heap: list[tuple[int, int]] = []
         self._started = False
 
@@ -346,8 +340,14 @@ class _HoldCursor:
                 if m is not None and m.group(PROBE_GROUP) is not None:
                     return i
                 i = buf.find(prefix, i + 1, n)
-            # A prefix cut by the end of the buffer.
-            start = max(start, n - k + 1)
+            # A prefix cut by the end of the buffer: only where what is left
+            # begins the prefix.  From the very end every path must wait.
+            for i in range(max(start, n - k + 1), n):
+                if prefix.startswith(buf[i:n]):
+                    m = match(buf, i, timeout=timeout)
+                    if m is not None and m.group(PROBE_GROUP) is not None:
+                        return i
+            return n if start <= n else None
         search = r.probe.search
         while start <= n:
             m = search(buf, start, timeout=timeout)
@@ -405,6 +405,39 @@ class RegexScanner:
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
         self.reaches = [_Reach(p) for p in parsed]
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
+        self._plans: dict[tuple[int, ...], _FloorPlan] = {}
+
+    def floor_plan(self, active: Sequence[int]) -> _FloorPlan:
+        """How to compute the floors of ``active`` rules (cached per rule subset).
+
+        Returns (rules of bounded width with that width, rules whose repeats
+        eat any byte, and per set of repeat bytes: the backward pattern, how
+        many other bytes to find, and (rule, which of them is its floor)).
+        """
+        key = tuple(active)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        bounded: list[tuple[int, int]] = []
+        anything: list[int] = []
+        groups: dict[frozenset[int], list[tuple[int, int]]] = {}
+        others: dict[frozenset[int], regex.Pattern[bytes]] = {}
+        for rule in key:
+            r = self.reaches[rule]
+            if r.width is not None:
+                bounded.append((rule, r.width))
+            elif r.other is None:
+                anything.append(rule)
+            else:
+                groups.setdefault(r.eaten, []).append((rule, r.bounded + 1))
+                others[r.eaten] = r.other
+        walks = [
+            (others[eaten], max(k for _, k in users) + 1, users) for eaten, users in groups.items()
+        ]
+        if len(self._plans) >= 64:  # many rule subsets (issue 4): stay bounded
+            self._plans.clear()
+        plan = self._plans[key] = (bounded, anything, walks)
+        return plan
 
     def cursor(
         self, buf: bytes, timeout: float | None, active: Sequence[int] | None = None
