@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from prexy.substitution.rules import compile_rule
+from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 
 from .conftest import SKIP_REASON, load_cases
@@ -129,3 +129,34 @@ def test_sregex_quirk_documented(case: dict[str, Any]) -> None:
     expected = _b(case["expected_body"])
     assert out != expected
     assert out.replace(b"[\n     ]\n", b"\n[     \n]") == expected
+
+
+def nginx_quote(raw: bytes) -> bytes:
+    """Quote ``raw`` so that nginx's tokenizer gives ``raw`` back."""
+    return b"'" + raw.replace(b"\\", b"\\\\").replace(b"'", b"\\'") + b"'"
+
+
+@pytest.mark.parametrize("case", _cases("core", "passthrough", "eof_with_data"))
+def test_case_through_a_rules_file(case: dict[str, Any]) -> None:
+    """Written as an nginx rules file and loaded, each case gives the same body.
+
+    Cases run through ``twistd prexy --rules`` reach the transducer this way,
+    so this checks the token unescaping against the module's own inputs.
+    """
+    lines = [b"replace_filter_types " + b" ".join(_b(t) for t in case["types"]) + b";"]
+    for r in case["rules"]:
+        flags = (b" " + _b(r["flags"])) if r["flags"] else b""
+        lines.append(
+            b"replace_filter "
+            + nginx_quote(_b(r["pattern"]))
+            + b" "
+            + nginx_quote(_b(r["replacement"]))
+            + flags
+            + b";"
+        )
+    ruleset = parse_rules(b"\n".join(lines), "case.rules", safe=False)
+    assert [r.pattern for r in ruleset.rules] == [_b(r["pattern"]) for r in case["rules"]]
+    assert [r.replacement for r in ruleset.rules] == [_b(r["replacement"]) for r in case["rules"]]
+    pieces = [_b(x) for x in case["chunks"]]
+    out = body_or_passthrough(case, ruleset, pieces, case["last_chunk_has_eof"])
+    assert out == _b(case["expected_body"])
