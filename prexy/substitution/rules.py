@@ -172,14 +172,16 @@ def tokenize(text: bytes, filename: str) -> Iterator[list[Token]]:
                 )
             current.append(Token(_unescape(raw), tok_line, start - tok_start + 1, True, raw))
             continue
+        # A bare token ends at white space, ';' or '{' (unless the '{' follows
+        # a '$', as in ${1}); quotes and '}' inside it are ordinary bytes.
         while i < n:
             ch = text[i]
             if ch == 0x5C and i + 1 < n:
                 i += 2
                 continue
-            if ch in _SPACE or ch in b";{}":
+            if ch in _SPACE or ch == ord(";"):
                 break
-            if ch in (ord('"'), ord("'")) and False:  # nginx keeps quotes inside bare tokens
+            if ch == ord("{") and not (i > start and text[i - 1] == ord("$")):
                 break
             i += 1
         raw = text[start:i]

@@ -194,3 +194,14 @@ def test_literal_prefix_for_prefilters() -> None:
     assert literal_prefix(parse_sregex(b"ab+c").tree) == b"ab"
     assert literal_prefix(parse_sregex(b"a|b").tree) == b""
     assert literal_prefix(parse_sregex(b"x", caseless=True).tree) == b""
+
+
+def test_bare_tokens_keep_variables_and_quotes() -> None:
+    """As in nginx, ``${1}`` stays in a bare token; '}' and quotes are ordinary."""
+    assert values(b"replace_filter (UA-)\\d+ ${1}9} g;") == [
+        [b"replace_filter", b"(UA-)\\d+", b"${1}9}", b"g"]
+    ]
+    assert values(b"replace_filter a'b c\"d;") == [[b"replace_filter", b"a'b", b'c"d']]
+    rs = parse_rules(b"replace_filter (UA-)\\d+ ${1}X g;")
+    t = rs.new_transducer()
+    assert t.feed(b"UA-12") + t.finish() == b"UA-X"
