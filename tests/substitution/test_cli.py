@@ -90,3 +90,18 @@ def test_module_entry_point_bad_file(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert proc.stderr.decode().strip() == f"{bad}:1:20: unknown flag 'x' in \"gx\""
+
+
+def test_core_imports_no_twisted() -> None:
+    """The substitution core is pure: importing it loads no Twisted module."""
+    code = (
+        "import sys, prexy.substitution, prexy.substitution.cli; "
+        "sys.exit(any(m == 'twisted' or m.startswith('twisted.') for m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0
