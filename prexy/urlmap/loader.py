@@ -156,13 +156,7 @@ class _Builder:
             return
         value = self.values.get(text)
         if value is None:
-            try:
-                value = compile_value(text)
-            except ValueSyntaxError as exc:
-                raise MapError(filename, line, text, str(exc)) from None
-            if isinstance(value, Template):
-                self.variables.update(value.variables)
-            self.values[text] = value
+            value = self.new_value(text, filename, line)
         if key == "default":
             if self.default is not None:
                 raise MapError(filename, line, key, "duplicate default map parameter")
@@ -174,6 +168,17 @@ class _Builder:
         if key.startswith("\\"):
             key = key[1:]
         self.add_key(key, value, filename, line)
+
+    def new_value(self, text: str, filename: str, line: int) -> Value:
+        """Compile a value not seen before (values are shared by text)."""
+        try:
+            value = compile_value(text)
+        except ValueSyntaxError as exc:
+            raise MapError(filename, line, text, str(exc)) from None
+        if isinstance(value, Template):
+            self.variables.update(value.variables)
+        self.values[text] = value
+        return value
 
     def include(self, name: str, filename: str, line: int, base_dir: str) -> None:
         """Splice the named file(s), relative to the including file."""
