@@ -48,7 +48,8 @@ _CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A file the map was read from and its modification time when read."""
+    """A file the map was read from and its modification time when read
+    (for a wildcard ``include``, also the directory searched)."""
 
     path: str
     mtime: float

@@ -184,6 +184,12 @@ class _Builder:
         """Splice the named file(s), relative to the including file."""
         path = os.path.join(base_dir, name)
         if _GLOB_CHARS.intersection(name):
+            # the directory's mtime changes when matching files come or go
+            directory = os.path.dirname(path) or "."
+            try:
+                self.sources.append(SourceFile(directory, os.stat(directory).st_mtime))
+            except OSError:
+                pass
             for each in sorted(glob.glob(path)):
                 self.read_file(each, filename, line)
             return

@@ -139,11 +139,15 @@ def test_include_relative_to_including_file(tmp_path: Path) -> None:
 
 
 def test_include_glob_in_sorted_order(tmp_path: Path) -> None:
-    """Shell wildcards in ``include`` expand in sorted order; no match is not an error."""
+    """Shell wildcards in ``include`` expand in sorted order; no match is not an error;
+    the searched directory is watched too (a new file changes its mtime)."""
     main = _write(tmp_path / "main.map", "include parts/*.map;\ninclude none/*.map;\n")
     _write(tmp_path / "parts" / "b.map", "~^/k b;\n")
     _write(tmp_path / "parts" / "a.map", "~^/k a;\n")
-    assert load_map(main).lookup("/k") == "a"
+    m = load_map(main)
+    assert m.lookup("/k") == "a"
+    watched = [os.path.relpath(f.path, tmp_path) for f in m.source_files]
+    assert watched == ["main.map", "parts", "parts/a.map", "parts/b.map"]
 
 
 def test_include_cycle_is_an_error(tmp_path: Path) -> None:
