@@ -20,7 +20,7 @@ Everything time-related goes through the reactor passed in.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 from typing import Protocol as TypingProtocol
 
@@ -184,7 +184,7 @@ class UpstreamProtocol(Protocol):
         self._clock = pool.reactor
         self.state = _State.CONNECTING
         self._buffer = b""
-        self._deferred: defer.Deferred[UpstreamResponse] | None = None
+        self._pending: PendingRequest | None = None
         self._consumer: BodyConsumer | None = None
         self._pending_body: list[bytes] = []
         self._body_complete = False
@@ -255,14 +255,15 @@ class UpstreamProtocol(Protocol):
 
     def send(
         self,
+        pending: PendingRequest,
         method: bytes,
         target: bytes,
         headers: Sequence[tuple[bytes, bytes]],
         body: IO[bytes] | None,
         body_length: int,
         connect_seconds: float,
-    ) -> defer.Deferred[UpstreamResponse]:
-        """Send one request; the Deferred fires with the response head."""
+    ) -> None:
+        """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
         self._method = method
@@ -274,8 +275,8 @@ class UpstreamProtocol(Protocol):
         self._body_complete = False
         self._pause_reasons = set()
         self._connect_seconds = connect_seconds
-        d: defer.Deferred[UpstreamResponse] = defer.Deferred(self._cancel_request)
-        self._deferred = d
+        self._pending = pending
+        pending.protocol = self
         lines = [method, b" ", target, b" HTTP/1.1\r\n"]
         for name, value in headers:
             lines += [name, b": ", value, b"\r\n"]
@@ -296,12 +297,6 @@ class UpstreamProtocol(Protocol):
         else:
             self.transport.write(head)
         self._start_timer(self._pool.timeouts.first_byte, "first byte")
-        return d
-
-    def _cancel_request(self, d: defer.Deferred[UpstreamResponse]) -> None:
-        # Deferred.cancel errbacks d itself; just drop the connection.
-        self._deferred = None
-        self.abort()
 
     def _stream_request_body(self, body: IO[bytes]) -> None:
         from twisted.protocols.basic import FileSender
@@ -485,7 +480,7 @@ class UpstreamProtocol(Protocol):
         self._cancel_timer()
         self.state = _State.HEADERS_DONE
         rest, self._buffer = self._buffer, b""
-        d, self._deferred = self._deferred, None
+        pending, self._pending = self._pending, None
         if self._framing is _Framing.NONE:
             self._body_complete = True
         elif rest:
@@ -496,8 +491,8 @@ class UpstreamProtocol(Protocol):
             # Hold the socket while nobody consumes the body yet.
             self.transport.pauseProducing()
             self._paused = True
-        assert d is not None
-        d.callback(response)
+        assert pending is not None
+        pending.head(response)
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""
@@ -637,9 +632,9 @@ class UpstreamProtocol(Protocol):
             consumer.bodyDone()
 
     def _fail_response(self, failure: Failure) -> None:
-        d, self._deferred = self._deferred, None
-        if d is not None:
-            d.errback(failure)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.failed(self, failure)
 
     def _fail_body(self, failure: Failure) -> None:
         consumer, self._consumer = self._consumer, None
@@ -677,6 +672,92 @@ class _ProtocolFactory(Factory):
 
 
 EndpointFactory = Callable[[OriginKey, float], Any]
+
+
+class PendingRequest:
+    """One request on its way to an upstream, until its response head."""
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        key: OriginKey,
+        method: bytes,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: IO[bytes] | None,
+        body_length: int,
+        on_head: Callable[[UpstreamResponse], None],
+        on_error: Callable[[Failure], None],
+    ) -> None:
+        self.pool = pool
+        self.key = key
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.body_length = body_length
+        self.on_head = on_head
+        self.on_error = on_error
+        self.protocol: UpstreamProtocol | None = None
+        self.connecting: defer.Deferred[UpstreamProtocol] | None = None
+        self.reused = False
+        self.may_retry = False
+        self.cancelled = False
+
+    def attempt(self, allow_retry: bool) -> None:
+        pool = self.pool
+        protocol = pool._take_idle(self.key)
+        if protocol is not None:
+            self.reused = True
+            self.may_retry = allow_retry
+            protocol.send(self, self.method, self.target, self.headers, self.body, self.body_length, 0.0)
+            return
+        self.reused = False
+        started = pool.reactor.seconds()
+        d = self.connecting = pool._connect(self.key)
+
+        def connected(p: UpstreamProtocol) -> None:
+            self.connecting = None
+            if self.cancelled:
+                p.transport.loseConnection()
+                return
+            p.send(self, self.method, self.target, self.headers, self.body, self.body_length,
+                   pool.reactor.seconds() - started)
+
+        def failed(f: Failure) -> None:
+            self.connecting = None
+            if not self.cancelled:
+                self.on_error(f)
+
+        d.addCallbacks(connected, failed)
+
+    def head(self, response: UpstreamResponse) -> None:
+        if not self.cancelled:
+            self.on_head(response)
+
+    def failed(self, protocol: UpstreamProtocol, failure: Failure) -> None:
+        if self.cancelled:
+            return
+        if (
+            self.reused
+            and self.may_retry
+            and failure.check(UpstreamClosed)
+            and not protocol.received_any
+            and self.method in IDEMPOTENT_METHODS
+            and _rewind(self.body)
+        ):
+            self.attempt(False)
+            return
+        self.on_error(failure)
+
+    def cancel(self) -> None:
+        """The client went away: drop whatever is in progress, report nothing."""
+        self.cancelled = True
+        if self.connecting is not None:
+            self.connecting.cancel()
+        elif self.protocol is not None and self.protocol._pending is self:
+            self.protocol._pending = None
+            self.protocol.abort()
 
 
 class UpstreamPool:
@@ -755,50 +836,21 @@ class UpstreamPool:
         method: bytes,
         target: bytes,
         headers: Sequence[tuple[bytes, bytes]],
-        body: IO[bytes] | None = None,
-        body_length: int = 0,
-    ) -> defer.Deferred[UpstreamResponse]:
-        """Send a request to ``key``; fires with the response head.
+        body: IO[bytes] | None,
+        body_length: int,
+        on_head: Callable[[UpstreamResponse], None],
+        on_error: Callable[[Failure], None],
+    ) -> PendingRequest:
+        """Send a request to ``key``: ``on_head`` gets the response head, or
+        ``on_error`` the failure (exactly one of them, unless cancelled).
 
-        A reused connection that the upstream closed while it sat idle is
-        retried once on a fresh connection when the method is idempotent.
+        Plain callbacks rather than Deferreds: this is the per-request hot
+        path. A reused connection that the upstream closed while it sat idle
+        is retried once on a fresh connection when the method is idempotent.
         """
-        result: defer.Deferred[UpstreamResponse] = defer.Deferred(lambda d: _cancel(current))
-        current: list[defer.Deferred[Any]] = []
-
-        def attempt(allow_retry: bool) -> None:
-            protocol = self._take_idle(key)
-            if protocol is not None:
-                d = protocol.send(method, target, headers, body, body_length, 0.0)
-                current[:] = [d]
-
-                def reused_failed(f: Failure) -> None:
-                    if (
-                        allow_retry
-                        and f.check(UpstreamClosed)
-                        and not protocol.received_any
-                        and method in IDEMPOTENT_METHODS
-                        and _rewind(body)
-                    ):
-                        attempt(False)
-                    else:
-                        result.errback(f)
-
-                d.addCallbacks(result.callback, reused_failed)
-                return
-            started = self.reactor.seconds()
-            cd = self._connect(key)
-            current[:] = [cd]
-
-            def connected(p: UpstreamProtocol) -> None:
-                d = p.send(method, target, headers, body, body_length, self.reactor.seconds() - started)
-                current[:] = [d]
-                d.addCallbacks(result.callback, result.errback)
-
-            cd.addCallbacks(connected, result.errback)
-
-        attempt(True)
-        return result
+        pending = PendingRequest(self, key, method, target, headers, body, body_length, on_head, on_error)
+        pending.attempt(True)
+        return pending
 
     def _connect(self, key: OriginKey) -> defer.Deferred[UpstreamProtocol]:
         from twisted.internet.error import ConnectingCancelledError, DNSLookupError
@@ -864,11 +916,6 @@ class UpstreamPool:
                 protocol.transport.loseConnection()
         self._idle.clear()
         return defer.gatherResults(waits).addCallback(lambda _: None)
-
-
-def _cancel(current: Iterable[defer.Deferred[Any]]) -> None:
-    for d in list(current):
-        d.cancel()
 
 
 def _rewind(body: IO[bytes] | None) -> bool:
