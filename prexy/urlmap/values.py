@@ -6,7 +6,9 @@ nginx turns a map value into a "complex value" (``ngx_http_script_compile``):
   matched (one digit only: ``$10`` is capture 1 followed by ``0``);
 * ``$name`` / ``${name}`` (letters, digits, ``_``) is a variable: a named
   capture of the matching regex, another map, or a request variable that
-  the caller supplies; ``${1}`` is capture 1;
+  the caller supplies; ``${1}`` is capture 1 (an extension: nginx 1.22
+  reports an unknown variable "1"); other all-digit names (``$0``) are
+  errors, as nginx knows no such variables;
 * a ``$`` not followed by a name, or ``${`` without ``}``, is a load error.
 
 A value without ``$`` stays a plain ``str``; others become a :class:`Template`.
@@ -105,7 +107,9 @@ def compile_value(text: str) -> Value:
             raise ValueSyntaxError("invalid variable name")
         _flush(literal, parts)
         if bracket and len(name) == 1 and "1" <= name <= "9":
-            parts.append(int(name))
+            parts.append(int(name))  # ${1}: a capture (nginx 1.22 itself refuses it)
+        elif name.isdigit():
+            raise ValueSyntaxError(f'unknown "{name}" variable')  # $0, ${12}: no such variable
         else:
             parts.append(_Var(name))
     _flush(literal, parts)

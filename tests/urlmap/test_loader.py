@@ -116,7 +116,8 @@ def test_many_regexes_sharing_a_shape_still_catch_one_bad() -> None:
 @pytest.mark.parametrize(
     ("value", "reason"),
     [("/a$", "invalid variable name"), ("$/x", "invalid variable name"),
-     ("${x", 'the closing bracket in "x" variable is missing'), ("${}", "invalid variable name")],
+     ("${x", 'the closing bracket in "x" variable is missing'), ("${}", "invalid variable name"),
+     ("$0", 'unknown "0" variable'), ("${12}", 'unknown "12" variable')],
 )
 def test_bad_values_are_errors(value: str, reason: str) -> None:
     """Values nginx cannot compile (a ``$`` not followed by a name) are load errors."""
