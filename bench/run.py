@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(report)
             path = harness.write_results(name, {
                 "scenario": name, "title": report.title, "table": report.table,
-                "notes": report.notes, "data": report.data,
+                "targets": report.targets, "notes": report.notes, "data": report.data,
                 "settings": settings.__dict__ | {"repo": str(settings.repo)},
                 "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "machine": platform.platform(),

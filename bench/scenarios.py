@@ -54,9 +54,12 @@ class Report:
     table: str
     notes: list[str] = field(default_factory=list)
     data: dict[str, object] = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
         text = f"### {self.title}\n\n{self.table}\n"
+        if self.targets:
+            text += "\nTargets:\n" + "\n".join(f"- {t}" for t in self.targets) + "\n"
         if self.notes:
             text += "\n" + "\n".join(f"- {n}" for n in self.notes) + "\n"
         return text
@@ -137,6 +140,11 @@ class Bench:
         return server
 
 
+def target(text: str, ok: bool | None) -> str:
+    """One target line: met, MISSED, or not measured."""
+    return f"{text}: " + ("not measured" if ok is None else "met" if ok else "**missed**")
+
+
 def check_ok(server: Server, path: str, size: int, notes: list[str]) -> bool:
     """One GET must give 200 and the full body before any load is run."""
     try:
@@ -202,11 +210,12 @@ def scenario_proxy(bench: Bench) -> Report:
     prexy = bench.start_prexy("prexy-proxy", notes)
     rows: list[list[str]] = []
     data: dict[str, object] = {}
+    verdicts: list[str] = []
     try:
         for label in ("12 B", "20 KB"):
             path = PATHS[label]
             targets = [x for x in (prexy, nginx) if x and check_ok(x, path, SIZES[path], notes)]
-            for conns in s.connections:
+            for conns in sorted(s.connections, reverse=True):
                 res = interleaved_wrk(targets, path, bench, connections=conns)
                 p = res.get("prexy-proxy")
                 n = res.get("nginx-proxy")
@@ -220,6 +229,11 @@ def scenario_proxy(bench: Bench) -> Report:
                     fmt(p.cpu_us_per_req if p else None), fmt(n.cpu_us_per_req if n else None),
                 ])
                 data[f"{label} c={conns}"] = {"prexy": p, "nginx": n}
+                if conns == max(s.connections):
+                    cpu = p.cpu_us_per_req if p else None
+                    verdicts.append(target(
+                        f"Prexy CPU per proxied keep-alive request ≤ 150 µs ({label}, "
+                        f"c={conns}: {fmt(cpu)} µs)", None if cpu is None else cpu <= 150))
     finally:
         nginx.stop()
         if prexy:
@@ -236,7 +250,8 @@ def scenario_proxy(bench: Bench) -> Report:
         "(/proc/PID/stat) over the run / requests completed. Target (issue 2): Prexy "
         "CPU ≤ 150 µs per proxied keep-alive request."
     )
-    return Report("proxy: nginx proxy_pass vs Prexy (1 process each)", table, notes, data)
+    return Report("proxy: nginx proxy_pass vs Prexy (1 process each)", table, notes, data,
+                  verdicts)
 
 
 # --------------------------------------------------------------------------
@@ -296,6 +311,7 @@ def scenario_subs(bench: Bench) -> Report:
     budget = 20.0 if s.quick else 45.0  # seconds of samples per engine and cell
     rows: list[list[str]] = []
     data: dict[str, object] = {}
+    medians: dict[tuple[int, str], tuple[float | None, float | None, str]] = {}
     for count in counts:
         rules = content.rule_set(count)
         rules_file = content.write(WORK / "rules" / f"rules-{count}.conf",
@@ -354,6 +370,7 @@ def scenario_subs(bench: Bench) -> Report:
                             f"{name} {count} rules {label}: stopped sampling (a request took "
                             f"over {cap:g} s, failed or timed out); n={len(timing.seconds)}"
                         )
+                medians[(count, label)] = (cold.median(), subs.median(), same)
                 rows.append([
                     str(count), label, fmt_ms(cold.median()), fmt_ms(warm.median()),
                     fmt_ms(subs.median()), ratio(cold.median(), subs.median()), same,
@@ -385,7 +402,27 @@ def scenario_subs(bench: Bench) -> Report:
         "Targets: 20 KB with 10 rules faster than subs_filter (issue 3); 100 and 1000 "
         "rules ≤ 1/2 of subs_filter's time (issue 4)."
     )
-    return Report("subs: Prexy --rules vs nginx subs_filter, time per request", table, notes, data)
+    verdicts: list[str] = []
+
+    def _ratio(count: int, label: str) -> float | None:
+        prexy_s, subs_s, _ = medians.get((count, label), (None, None, ""))
+        return prexy_s / subs_s if prexy_s is not None and subs_s else None
+
+    r = _ratio(10, "20 KB")
+    verdicts.append(target(f"20 KB, 10 rules: Prexy faster than subs_filter (time ratio "
+                           f"{fmt(r, 2)})", None if r is None else r < 1))
+    for count in (100, 1000):
+        for label in pages:
+            r = _ratio(count, label)
+            verdicts.append(target(f"{label}, {count} rules: Prexy ≤ 1/2 of subs_filter's time "
+                                   f"(ratio {fmt(r, 2)})", None if r is None else r <= 0.5))
+    compared = [v[2] for v in medians.values() if v[2] != "-"]
+    verdicts.append(target(
+        f"outputs byte-identical to subs_filter ({sum(c.startswith('identical') for c in compared)}"
+        f" of {len(compared)} compared)",
+        None if not compared else all(c == "identical" for c in compared)))
+    return Report("subs: Prexy --rules vs nginx subs_filter, time per request", table, notes, data,
+                  verdicts)
 
 
 # --------------------------------------------------------------------------
@@ -420,14 +457,18 @@ def scenario_cache(bench: Bench) -> Report:
                               workers=2)
     rows: list[list[str]] = []
     data: dict[str, object] = {}
+    verdicts: list[str] = []
     try:
         for label in ("12 B", "20 KB"):
             path = PATHS[label]
             targets = [x for x in (prexy, varnish) if x and check_ok(x, path, SIZES[path], notes)]
+            hit = False
             for srv in targets:
                 state = _hit_state(srv, path)
                 notes.append(f"{srv.name} {label} second GET: {state}")
-                if srv is prexy and "hit" not in state.lower():
+                if srv is prexy:
+                    hit = "hit" in state.lower()
+                if srv is prexy and not hit:
                     notes.append(f"Prexy's second GET of {label} was not a hit: its figures "
                                  "are not cache hits")
             res = interleaved_wrk(targets, path, bench, connections=max(s.connections),
@@ -443,6 +484,15 @@ def scenario_cache(bench: Bench) -> Report:
                 fmt(v.origin_cpu_us_per_req if v else None, 1),
             ])
             data[label] = {"prexy": p, "varnish": v}
+            r = p.rps / v.rps if p and v and v.rps else None
+            verdicts.append(target(
+                f"{label}: Prexy hits ≥ 0.25× Varnish's req/s (ratio {fmt(r, 2)}"
+                + ("" if hit else ", and Prexy's responses were not hits") + ")",
+                None if r is None else (r >= 0.25 and hit)))
+            origin_us = p.origin_cpu_us_per_req if p else None
+            verdicts.append(target(
+                f"{label}: a Prexy hit costs the origin nothing ({fmt(origin_us, 1)} µs of origin "
+                "CPU per request)", None if origin_us is None else origin_us < 1))
     finally:
         varnish.stop()
         if prexy:
@@ -459,7 +509,7 @@ def scenario_cache(bench: Bench) -> Report:
         "the built-in VCL and malloc storage. Origin CPU per request should be ~0 on hits. "
         "Target (issue 6): Prexy ≥ 0.25× Varnish's req/s."
     )
-    return Report("cache: hits, Prexy vs Varnish", table, notes, data)
+    return Report("cache: hits, Prexy vs Varnish", table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
@@ -472,6 +522,7 @@ def scenario_workers(bench: Bench) -> Report:
     origin = bench.origin()
     notes: list[str] = []
     started: list[Server] = []
+    verdicts: list[str] = []
     try:
         for n in (1, 2):
             started.append(servers.start_nginx_proxy(f"nginx-w{n}", origin.port, workers=n))
@@ -502,6 +553,15 @@ def scenario_workers(bench: Bench) -> Report:
                 fmt(master_us.get("prexy-w2"), 1),
             ])
             data[label] = {"results": g, "prexy_master_us_per_req": master_us}
+            gain_n = rps["nginx-w2"] / rps["nginx-w1"] if rps["nginx-w1"] and rps["nginx-w2"] else None
+            gain_p = rps["prexy-w2"] / rps["prexy-w1"] if rps["prexy-w1"] and rps["prexy-w2"] else None
+            verdicts.append(target(
+                f"{label}: Prexy's gain from 1 to 2 workers ≥ nginx's ({fmt(gain_p, 2)} vs "
+                f"{fmt(gain_n, 2)})",
+                None if gain_p is None or gain_n is None else gain_p >= gain_n))
+            m = master_us.get("prexy-w2")
+            verdicts.append(target(f"{label}: Prexy's master uses no CPU per request "
+                                   f"({fmt(m, 1)} µs)", None if m is None else m < 1))
             for k, v in g.items():
                 _error_notes(k, label, v, notes)
     finally:
@@ -517,7 +577,7 @@ def scenario_workers(bench: Bench) -> Report:
         "bounded by the load generator's share), medians of interleaved runs. Target "
         "(issue 5): Prexy's gain ≥ nginx's gain; master CPU per request 0."
     )
-    return Report("workers: 1 vs 2 workers, nginx vs Prexy", table, notes, data)
+    return Report("workers: 1 vs 2 workers, nginx vs Prexy", table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
@@ -613,6 +673,21 @@ def scenario_urlmap(bench: Bench) -> Report:
         )
         notes.append(f"{size:,} entries: {load_text}")
         data[f"{size} load"] = loads
+    verdicts: list[str] = []
+    largest = data.get(f"{sizes[-1]} last")
+    if isinstance(largest, dict):
+        p, n = largest.get("prexy"), largest.get("nginx")
+        r = p.rps / n.rps if isinstance(p, WrkResult) and isinstance(n, WrkResult) and n.rps else None
+    else:
+        r = None
+    verdicts.append(target(f"{sizes[-1]:,} entries, last entry: Prexy ≥ 20× nginx's req/s "
+                           f"({fmt(r, 1)}×)", None if r is None else r >= 20))
+    load = data.get(f"{sizes[-1]} load")
+    prexy_load = load.get("prexy") if isinstance(load, dict) else None
+    verdicts.append(target(
+        f"{sizes[-1]:,} entries: Prexy starts (map loaded, port open) in < 3 s and stays "
+        f"< 300 MB" + (f" ({prexy_load[0]:.1f} s, {prexy_load[1]:.0f} MB)" if prexy_load else ""),
+        None if not prexy_load else prexy_load[0] < 3 and prexy_load[1] < 300))
     # Issue 7: lookup cost at the largest map over the cost at the smallest.
     for which in ("first", "last", "none"):
         small, large = data.get(f"{sizes[0]} {which}"), data.get(f"{sizes[-1]} {which}")
@@ -621,10 +696,9 @@ def scenario_urlmap(bench: Bench) -> Report:
             result = cell.get("prexy") if isinstance(cell, dict) else None
             costs.append(1 / result.rps if isinstance(result, WrkResult) and result.rps else None)
         if costs[0] and costs[1]:
-            notes.append(
-                f"Prexy time per request ({which}) at {sizes[-1]:,} entries / at {sizes[0]:,}: "
-                f"{costs[1] / costs[0]:.2f}× (target ≤ 1.5× for the lookup)"
-            )
+            verdicts.append(target(
+                f"Prexy time per request ({which}) at {sizes[-1]:,} entries ≤ 1.5× at "
+                f"{sizes[0]:,} ({costs[1] / costs[0]:.2f}×)", costs[1] / costs[0] <= 1.5))
     table = markdown_table(
         ["regex entries", "URL", "Prexy req/s", "nginx req/s", "Prexy/nginx req/s",
          "Prexy 1-conn latency", "nginx 1-conn latency"],
@@ -636,7 +710,7 @@ def scenario_urlmap(bench: Bench) -> Report:
         "1 run per cell; latency: median of single GETs on one connection. 'none' is "
         "proxied to the origin's 12-byte file by both."
     )
-    return Report("urlmap: nginx map vs Prexy --map", table, notes, data)
+    return Report("urlmap: nginx map vs Prexy --map", table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
@@ -725,6 +799,7 @@ def scenario_stream(bench: Bench) -> Report:
     small_seconds = 3.0 if s.quick else 5.0
     rows: list[list[str]] = []
     data: dict[str, object] = {}
+    verdicts: list[str] = []
     try:
         for srv, label in ((prexy, "Prexy"), (nginx, "nginx subs_filter")):
             if srv is None:
@@ -764,6 +839,15 @@ def scenario_stream(bench: Bench) -> Report:
                 "mib_per_s": mib_s, "bytes": got, "seconds": seconds, "complete": complete,
                 "rss_growth_mb": growth, "small_alone": alone, "small_with_heavy": loaded,
             }
+            if srv is prexy:
+                p99_ratio = loaded.p99_ms / alone.p99_ms if alone.p99_ms else None
+                verdicts += [
+                    target(f"100 MB with 100 rules ≥ 50 MiB/s through one worker ({mib_s:.1f})",
+                           mib_s >= 50),
+                    target(f"RSS growth < 20 MB ({growth:.1f} MB)", growth < 20),
+                    target(f"small-request p99 beside heavy rewrites ≤ 3× alone "
+                           f"({fmt(p99_ratio, 1)}×)", None if p99_ratio is None else p99_ratio <= 3),
+                ]
     finally:
         nginx.stop()
         if prexy:
@@ -781,7 +865,7 @@ def scenario_stream(bench: Bench) -> Report:
         "1 worker. Targets (issue 4): ≥ 50 MiB/s, RSS growth < 20 MB, p99 ratio ≤ 3."
     )
     return Report("stream: 100 MB through 100 rules, and small requests beside it",
-                  table, notes, data)
+                  table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
