@@ -8,8 +8,17 @@ or dotall; ``~*`` adds caseless.  The translation targets ``regex`` with
 ``\\cX``, ``\\h``/``\\v``/``\\R``/``\\N``, ``\\Z``, ``\\k<name>``, ``(?'n'..)``,
 ``{,n}`` (a literal in PCRE2 10.42), PCRE's backreference-or-octal rule, and
 character classes (emitted canonically so ``regex``'s set operators never
-trigger).  Syntax errors PCRE would report are raised as
-:class:`RegexSyntaxError`.
+trigger).  Options the ``regex`` package lacks are applied by the parser:
+``(?x)``, ``(?U)``, ``(?n)``, ``(?^)``; start-of-pattern limits such as
+``(*LIMIT_MATCH=n)`` are dropped.  Syntax errors PCRE2 10.42 (nginx 1.22 on
+Debian) reports are raised as :class:`RegexSyntaxError`, including a
+lookbehind branch without a fixed length; so are the few PCRE features
+whose meaning cannot be reproduced: ``(*UTF)``, ``(*UCP)``, newline
+conventions, ``(?J)``.
+
+An item list describes the pattern for the analysis: each literal character,
+zero-width assertion, or anything else ("break"), with the output pieces it
+became; groups without alternation or quantifier are transparent.
 
 Alongside the pattern it produces what the index needs:
 
@@ -25,8 +34,8 @@ Alongside the pattern it produces what the index needs:
   100,000 regexes of a few shapes are validated with a few compilations.
 
 Literals are lower-cased (ASCII) for caseless regexes.  Anything unusual
-(inline flags, recursion, conditionals, verbs, branch reset) turns the
-analysis off: such a regex is simply always a candidate.
+(``i``/``m`` inline options, recursion, conditionals, verbs, branch reset,
+``\\G``) turns the analysis off: such a regex is simply always a candidate.
 """
 
 from __future__ import annotations
@@ -160,8 +169,6 @@ class _Parser:
         self.ungreedy = False  # (?U): quantifiers lazy unless followed by ?
         self.no_capture = False  # (?n): plain ( does not capture
         self.quoted_start = -1
-        # top level: (kind, char, out index before, out index after, direct)
-        self.top: list[tuple[int, str, int, int, bool]] = []
         self.top_alternation = False
 
     # -- helpers ------------------------------------------------------------
