@@ -267,6 +267,26 @@ def wait_port(child: Child, port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{child.name} did not listen on {port} in {timeout}s:\n{child.log_tail()}")
 
 
+def wait_http(child: Child, port: int, timeout: float = 60.0) -> None:
+    """Wait until an HTTP request on ``port`` gets any response.
+
+    A master process may open the port before its workers have loaded the
+    rules and maps; the first answer shows that someone is serving.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise RuntimeError(
+                f"{child.name} exited with {child.popen.returncode}:\n{child.log_tail()}"
+            )
+        try:
+            get_once(port, "/__bench_ready", timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except (OSError, http.client.HTTPException):
+            time.sleep(0.05)
+    raise RuntimeError(f"{child.name} gave no HTTP answer in {timeout}s:\n{child.log_tail()}")
+
+
 # --------------------------------------------------------------------------
 # CPU accounting
 

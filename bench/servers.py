@@ -303,6 +303,7 @@ def start_prexy(install: PrexyInstall, name: str, origin_port: int, *,
     env.pop("PYTHONPATH", None)
     child = harness.spawn(name, argv, cwd=rundir, env=env)
     harness.wait_port(child, port, timeout=ready_timeout)
+    harness.wait_http(child, port, timeout=ready_timeout)
     server = Server(name, port, child, notes)
     return server
 
