@@ -216,7 +216,7 @@ class CacheLayer:
             return None, ctx
         if obj is not None and obj.fresh(now):
             self.metrics.count("prexy_cache_total", result="hit")
-            return self.serve(request, obj, now), None
+            return self.serve(request, obj, now, pairs=pairs), None
         ctx = CacheContext("uri-miss" if not found.url_known else "vary-miss" if obj is None else "stale")
         ctx.pairs = pairs
         ctx.url = url
@@ -224,7 +224,7 @@ class CacheLayer:
         if obj is not None and obj.in_grace(now):
             # Serve the stale object now; one background fetch refreshes it.
             self.metrics.count("prexy_cache_total", result="grace")
-            answer = self.serve(request, obj, now)
+            answer = self.serve(request, obj, now, pairs=pairs)
             if found.key not in self.refreshing and found.key not in self.inflight:
                 self.refreshing.add(found.key)
                 ctx.stale = obj
@@ -271,7 +271,8 @@ class CacheLayer:
     # -- hits ----------------------------------------------------------------------
 
     def serve(
-        self, request: Any, obj: CachedObject, now: float, collapsed: bool = False, stale_reason: str | None = None
+        self, request: Any, obj: CachedObject, now: float, collapsed: bool = False,
+        stale_reason: str | None = None, pairs: list[tuple[bytes, bytes]] | None = None,
     ) -> Any:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns."""
@@ -281,8 +282,10 @@ class CacheLayer:
         else:
             status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
         headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
-        pairs = request_pairs(request)
-        if obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
+        if pairs is None:
+            pairs = request_pairs(request)
+        conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
+        if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
             request.setResponseCode(304)
             keep = [(n, v) for n, v in headers if not n.lower().startswith(b"content-")]
             request.set_raw_head(keep, True)
