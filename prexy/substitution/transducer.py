@@ -37,13 +37,20 @@ if TYPE_CHECKING:
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.scanner import Found
 
-__all__ = ["HOLD_SLACK", "State", "Transducer"]
+__all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer"]
 
 #: The module counts against ``max_buffered_size`` only the held bytes before
 #: the best match found so far (the match itself and what follows are kept to
 #: be rescanned).  Prexy does the same, and also bails out when everything it
 #: holds exceeds the limit by this much, so memory stays bounded per response.
 HOLD_SLACK = 16 * 1024
+
+#: Once this many bytes are held, small feeds are gathered (until they reach a
+#: quarter of what is held) before the held bytes are scanned again, so that a
+#: trickle of tiny chunks costs O(n log n) rather than O(n^2).  Deferring never
+#: changes the bytes that come out, nor where the buffer limit stops
+#: substitution (see Transducer.feed).
+DEFER_MIN = 1024
 
 
 class State(enum.Enum):
@@ -97,6 +104,11 @@ class Transducer:
         self._pos = 0  # bytes of _buf before _pos were already emitted
         # Held bytes that count against max_buffered_size (see _scan).
         self._pending = 0
+        # Fed bytes not scanned yet, and how many held bytes may be reached
+        # by deferring (0: scan every feed); see feed().
+        self._deferred: list[bytes] = []
+        self._deferred_len = 0
+        self._defer_cap = 0
 
     # -- public API ---------------------------------------------------------
 
@@ -113,7 +125,7 @@ class Transducer:
     @property
     def held(self) -> int:
         """How many bytes are held back waiting for more data."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._deferred_len
 
     def feed(self, data: bytes) -> bytes:
         """Take the next bytes of the body; return the output ready now.
@@ -125,7 +137,29 @@ class Transducer:
             raise RuntimeError("feed() after finish()")
         if self.state is State.PASSING_THROUGH and not self.held:
             return bytes(data)
-        return self._run(bytes(data), final=False)
+        data = bytes(data)
+        held = self.held
+        if (
+            self._defer_cap
+            and held >= DEFER_MIN
+            and self._deferred_len + len(data) < held // 4
+            and held + len(data) <= self._defer_cap
+        ):
+            # Everything from the hold point on stays held whatever these
+            # bytes are, and no limit can be crossed before the cap.
+            self._deferred.append(data)
+            self._deferred_len += len(data)
+            return b""
+        return self._run(self._take_deferred(data), final=False)
+
+    def _take_deferred(self, data: bytes) -> bytes:
+        if not self._deferred:
+            return data
+        self._deferred.append(data)
+        joined = b"".join(self._deferred)
+        self._deferred.clear()
+        self._deferred_len = 0
+        return joined
 
     def feed_slices(self, data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
         """Feed ``data`` ``size`` bytes at a time, yielding each output.
@@ -141,7 +175,7 @@ class Transducer:
         """End of body (optionally with its last bytes); return the rest."""
         if self.state is State.FINISHED:
             raise RuntimeError("finish() called twice")
-        out = self._run(bytes(data), final=True)
+        out = self._run(self._take_deferred(bytes(data)), final=True)
         self.state = State.FINISHED
         self._buf = b""
         self._pos = 0
@@ -157,6 +191,7 @@ class Transducer:
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         self._pending = 0
+        self._defer_cap = 0
         pos = self._scan(buf, self._pos, final, out)
         limit = self.ruleset.max_buffered_size
         if not final and (self._pending > limit or len(buf) - pos > limit + HOLD_SLACK):
@@ -206,6 +241,8 @@ class Transducer:
                         if hold is not None:
                             emit(buf[pos:hold])
                             self._pending = n - hold
+                            # All held bytes count: defer only below the limit.
+                            self._defer_cap = self.ruleset.max_buffered_size
                             return hold
                     emit(buf[pos:])
                     return n
@@ -219,6 +256,12 @@ class Transducer:
                         # found so far count against the limit; the match
                         # and what follows it are kept apart to be rescanned.
                         self._pending = start - hold
+                        if found.end < n - 1:
+                            # This match stands whatever comes next, so the
+                            # count can only shrink: defer up to the hard cap.
+                            self._defer_cap = self.ruleset.max_buffered_size + HOLD_SLACK
+                        else:
+                            self._defer_cap = self.ruleset.max_buffered_size
                         return hold
                     if start == n and not final:
                         # An empty match at the end: decide it with the next bytes.

@@ -149,3 +149,60 @@ def test_pathological_patterns_refused(pattern: str) -> None:
 def test_common_safe_shapes_accepted(pattern: str) -> None:
     """Safe shapes load: a single nested repeat, disjoint alternatives."""
     compile_rule(pattern.encode(), b"X", "g")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"<", b">", b"a", b"b", b"ab", b"a" * 300, b"x" * 700]), max_size=40),
+    st.lists(st.integers(1, 97), min_size=1, max_size=20),
+    st.sampled_from([10**9, 2000, 300]),
+)
+def test_long_holds_fed_in_small_pieces(parts: list[bytes], sizes: list[int], limit: int) -> None:
+    """Long holds fed in tiny pieces (where rescans are deferred) change nothing.
+
+    With any limit, feeding in small pieces gives exactly the output of
+    scanning after every piece (the deferral keeps bail-out points too).
+    """
+    body = b"".join(parts)
+    specs = [("<[^>]*>", "T", "g"), ("a", "X", "g")]
+    ruleset = RuleSet.build(
+        [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs], max_buffered_size=limit
+    )
+    pieces = []
+    i = k = 0
+    while i < len(body):
+        size = sizes[k % len(sizes)]
+        pieces.append(body[i : i + size])
+        i += size
+        k += 1
+    t = ruleset.new_transducer(timeout=None)
+    out = b"".join(t.feed(p) for p in pieces) + t.finish()
+    # The same pieces with deferral switched off.
+    import prexy.substitution.transducer as transducer_module
+
+    saved = transducer_module.DEFER_MIN
+    transducer_module.DEFER_MIN = 10**12
+    try:
+        u = ruleset.new_transducer(timeout=None)
+        plain = b"".join(u.feed(p) for p in pieces) + u.finish()
+    finally:
+        transducer_module.DEFER_MIN = saved
+    assert out == plain
+    assert t.bailed_out == u.bailed_out
+    if limit == 10**9:
+        assert out == reference(ruleset, body)
+
+
+def test_tiny_pieces_do_not_rescan_quadratically() -> None:
+    """A long hold fed one byte at a time stays cheap (deferred rescans)."""
+    import time
+
+    rs = RuleSet.build([compile_rule(b"a", b"X", "g"), compile_rule(b"<[^>]*>", b"T", "g")])
+    t = rs.new_transducer()
+    started = time.process_time()
+    out = [t.feed(b"<")]
+    for _ in range(20000):
+        out.append(t.feed(b"a"))
+    out.append(t.feed(b">") + t.finish())
+    assert time.process_time() - started < 10
+    assert b"".join(out) == b"T"
