@@ -74,6 +74,18 @@ class Runtime:
     by_host: dict[str, SiteRuntime] = attrs.field(hash=False)
     default: SiteRuntime
 
+    def with_maps(self, maps: dict[str, Any]) -> Runtime:
+        """A copy whose sites use the given freshly loaded maps (by path)."""
+        sites = tuple(
+            attrs.evolve(s, urlmap=maps[s.config.map.path])
+            if s.config.map is not None and s.config.map.path in maps
+            else s
+            for s in self.sites
+        )
+        by_host = {h: s for s in sites for h in s.config.hosts}
+        default = next(s for s in sites if s.name == self.config.default_site)
+        return Runtime(self.config, sites, by_host, default)
+
     def select(self, host: bytes | None) -> SiteRuntime:
         """The site for a Host header (port and one trailing dot ignored)."""
         if host:
@@ -120,6 +132,16 @@ def _load_map(path: str) -> Any:
         raise ConfigError(exc.filename, exc.line, None, reason) from None
     except OSError as exc:
         raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
+
+
+def load_map_checked(path: str) -> Any:
+    """Load a map file; ConfigError (file:line) when it does not load."""
+    return _load_map(path)
+
+
+def map_changed(urlmap: Any) -> bool:
+    """Whether any file a loaded map came from changed since (or vanished)."""
+    return not _unchanged(urlmap) and bool(getattr(urlmap, "source_files", None))
 
 
 def build_runtime(

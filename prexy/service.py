@@ -26,6 +26,9 @@ from prexy.runtime import Runtime, build_runtime
 
 log = Logger()
 
+#: Seconds between checks of map files' modification times.
+MAP_CHECK_INTERVAL = 2.0
+
 
 class Options(usage.Options):
     """Options of ``twistd prexy``."""
@@ -198,6 +201,9 @@ class ProxyService(service.MultiService):
         super().__init__()
         self._inherited = list(inherited)
         self.last_reload_error = ""
+        self._map_watch: Any = None
+        self._map_loading = False
+        self._map_failed: dict[int, tuple[float, ...]] = {}
         self._adopted: list[Any] = []
         self._draining = False
         from prexy.metrics import Metrics
@@ -284,6 +290,12 @@ class ProxyService(service.MultiService):
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
+        if any(site.urlmap is not None for site in self.resource.runtime.sites):
+            from twisted.internet.task import LoopingCall
+
+            self._map_watch = LoopingCall(self.check_maps)
+            self._map_watch.clock = self.reactor
+            self._map_watch.start(MAP_CHECK_INTERVAL, now=False)
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
             self.reactor.callWhenRunning(self._install_signals)
 
@@ -292,6 +304,54 @@ class ProxyService(service.MultiService):
         if self.access_log is not None:
             log_file = self.access_log
             signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(log_file.reopen))
+
+    def check_maps(self) -> Any:
+        """Reload any map file whose modification time changed: the new map
+        is loaded (in a thread: a large map takes a second or two) and
+        validated first, then swapped in; a broken file keeps the old map."""
+        from twisted.internet import defer
+        from twisted.internet.threads import deferToThread
+
+        from prexy.runtime import load_map_checked, map_changed
+
+        if self._map_loading:
+            return defer.succeed(None)
+        runtime = self.resource.runtime
+        changed = [
+            s for s in runtime.sites
+            if s.urlmap is not None and map_changed(s.urlmap)
+            and self._map_failed.get(id(s.urlmap)) != _signature(s.urlmap)
+        ]
+        if not changed:
+            return defer.succeed(None)
+        self._map_loading = True
+        paths = sorted({s.config.map.path for s in changed if s.config.map is not None})
+
+        def load_all() -> dict[str, Any]:
+            return {path: load_map_checked(path) for path in paths}
+
+        def swap(loaded: dict[str, Any]) -> None:
+            current = self.resource.runtime
+            if current is not runtime:
+                return  # a reload replaced everything meanwhile
+            self.resource.runtime = current.with_maps(loaded)
+            for path in paths:
+                log.info("map {path} changed: reloaded", path=path)
+
+        def failed(f: Any) -> None:
+            log.error("map file changed but does not load; keeping the old map: {error}", error=f.getErrorMessage())
+            # Do not retry the same broken files every tick: remember their
+            # modification times and try again when they change.
+            for site in changed:
+                self._map_failed[id(site.urlmap)] = _signature(site.urlmap)
+
+        def done(_: Any) -> None:
+            self._map_loading = False
+
+        d = deferToThread(load_all)
+        d.addCallbacks(swap, failed)
+        d.addBoth(done)
+        return d
 
     def drain_and_stop(self, deadline: float) -> None:
         """Graceful exit of a worker: stop accepting, close idle keep-alive
@@ -326,11 +386,24 @@ class ProxyService(service.MultiService):
     def stopService(self) -> Any:
         from twisted.internet import defer
 
+        if self._map_watch is not None and self._map_watch.running:
+            self._map_watch.stop()
         d = super().stopService()
         closed = self.pool.stop()
         if self.access_log is not None:
             self.access_log.stop()
         return defer.gatherResults([d, closed])
+
+
+def _signature(loaded: Any) -> tuple[float, ...]:
+    """Current modification times of the files a loaded map came from."""
+    out = []
+    for source in getattr(loaded, "source_files", ()):
+        try:
+            out.append(os.stat(source.path).st_mtime)
+        except OSError:
+            out.append(-1.0)
+    return tuple(out)
 
 
 def _global_reactor() -> Any:

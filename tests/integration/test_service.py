@@ -184,3 +184,57 @@ class ServiceTests(TestCase):
         yield connect(self.port, client)
         self.assertEqual(bytes(client.data).count(b"hello world!"), 2)
         self.assertEqual(len(set(self.origin.peer_ports)), 1)
+
+
+class MapWatchTests(TestCase):
+    """A map file whose modification time changes is reloaded (validated
+    first); a broken one keeps the old map."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def test_changed_map_is_picked_up(self) -> Any:
+        import os
+        import tempfile
+
+        origin = Origin()
+        origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+        self.addCleanup(origin_port.stopListening)
+        map_path = os.path.join(tempfile.mkdtemp(prefix="prexy-map-"), "old.map")
+        with open(map_path, "w") as f:
+            f.write("/old /new-one;\n")
+        from prexy.config import MapConfig
+
+        config = Config(
+            listen=("tcp:0:interface=127.0.0.1",),
+            sites=(SiteConfig("t", UpstreamURL.parse(f"http://127.0.0.1:{origin_port.getHost().port}"),
+                              map=MapConfig(map_path)),),
+            default_site="t",
+            access_log=None,
+        )
+        service = ProxyService(reactor, config, build_runtime(config))
+        service.startService()
+        self.addCleanup(service.stopService)
+        (port,) = yield service.listening_ports()
+
+        @defer.inlineCallbacks
+        def location() -> Any:
+            client = RawClient(b"GET /old HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            yield connect(port.getHost().port, client)
+            for line in bytes(client.data).split(b"\r\n"):
+                if line.startswith(b"Location: "):
+                    return line[10:]
+            return None
+
+        self.assertEqual((yield location()), b"http://t/new-one")
+        with open(map_path, "w") as f:
+            f.write("/old /new-two;\n")
+        os.utime(map_path, (1, 1))  # a different mtime, whatever the clock
+        yield service.check_maps()
+        self.assertEqual((yield location()), b"http://t/new-two")
+        with open(map_path, "w") as f:
+            f.write("~^/(broken /x;\n")
+        os.utime(map_path, (2, 2))
+        yield service.check_maps()
+        self.assertEqual((yield location()), b"http://t/new-two")
+        self.assertEqual(len(self.flushLoggedErrors()), 0)
