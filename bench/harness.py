@@ -372,6 +372,9 @@ def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + timeout_s + 30)
     after = cpu_of() if cpu_of else 0.0
     origin_after = origin_cpu_of() if origin_cpu_of else 0.0
+    (WORK / "logs").mkdir(parents=True, exist_ok=True)
+    with (WORK / "logs" / "wrk.log").open("a") as wrk_log:  # the --latency text, for reference
+        wrk_log.write(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}\n")
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRKJSON ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")

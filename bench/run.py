@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     lock_file.truncate(0)
     lock_file.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
     lock_file.flush()
+    (harness.WORK / "logs" / "wrk.log").unlink(missing_ok=True)
     harness.install_cleanup()
     if not args.no_install:
         harness.ensure_tools()

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import venv
 from dataclasses import dataclass, field
@@ -307,6 +306,3 @@ def start_prexy(install: PrexyInstall, name: str, origin_port: int, *,
     server = Server(name, port, child, notes)
     return server
 
-
-def python_version() -> str:
-    return sys.version.split()[0]
