@@ -71,6 +71,11 @@ class Token:
     quoted: bool
     raw: bytes
 
+    def column_of(self, offset: int) -> int:
+        """The column of byte ``offset`` of the unescaped value (same line)."""
+        raw_offset = _raw_offset(self.raw, offset)
+        return self.column + (1 if self.quoted else 0) + raw_offset
+
 
 _UNESCAPE = {
     ord('"'): b'"',
@@ -81,6 +86,17 @@ _UNESCAPE = {
     ord("n"): b"\n",
 }
 _SPACE = b" \t\r\n"
+
+
+def _raw_offset(raw: bytes, offset: int) -> int:
+    """Where byte ``offset`` of ``_unescape(raw)`` came from in ``raw``."""
+    i = 0
+    k = 0
+    n = len(raw)
+    while i < n and k < offset:
+        i += 2 if raw[i] == 0x5C and i + 1 < n and raw[i + 1] in _UNESCAPE else 1
+        k += 1
+    return i
 
 
 def _unescape(raw: bytes) -> bytes:
@@ -304,7 +320,7 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
             except FlagError as exc:
                 raise fail(args[2], str(exc)) from None
             except DialectError as exc:
-                col = pat_tok.column + (1 if pat_tok.quoted else 0) + exc.pos
+                col = pat_tok.column_of(exc.pos)
                 raise RulesError(
                     filename,
                     pat_tok.line,
@@ -319,7 +335,7 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                     f'regex "{pat_tok.value.decode("latin-1")}" is refused as unsafe to run: {exc}',
                 ) from None
             except TemplateError as exc:
-                col = rep_tok.column + (1 if rep_tok.quoted else 0) + exc.pos
+                col = rep_tok.column_of(exc.pos)
                 raise RulesError(
                     filename,
                     rep_tok.line,

@@ -205,3 +205,11 @@ def test_bare_tokens_keep_variables_and_quotes() -> None:
     rs = parse_rules(b"replace_filter (UA-)\\d+ ${1}X g;")
     t = rs.new_transducer()
     assert t.feed(b"UA-12") + t.finish() == b"UA-X"
+
+
+def test_error_column_counts_raw_bytes() -> None:
+    """The column points into the file as written, escapes included."""
+    with pytest.raises(RulesError) as info:
+        parse_rules(b"replace_filter 'a\\\\\\'b(' X;", "t.conf")
+    # replace_filter 'a\\\'b(' : the '(' is the 23rd column.
+    assert info.value.column == 23, str(info.value)
