@@ -5,10 +5,32 @@ dialect (:mod:`.dialect`), replacement templates (:mod:`.template`), compiled
 rule sets (:mod:`.ruleset`), the scanner interface (:mod:`.scanner`) and the
 streaming transducer (:mod:`.transducer`).  Typical use::
 
-    ruleset = load_rules(["site.rules"])          # once, at configuration time
-    if ruleset.applies_to(content_type):
-        t = ruleset.new_transducer()              # once per response
-        write(t.feed(chunk)) ...; write(t.finish())
+    ruleset = load_rules(["site.rules", "more.rules"])   # once, at load time
+    if ruleset.applies_to(content_type):                 # per response
+        t = ruleset.new_transducer()
+        for chunk in body:                               # slices of <= 64 KB
+            write(t.feed(chunk))
+        write(t.finish())
+        # t.bailed_out, t.timed_out, t.match_count, t.rules_matched,
+        # t.scan_seconds: for logs, metrics and Server-Timing
+
+``ruleset.digest`` identifies everything that decides the output (derived
+ETags, cache keys); ``ruleset.keep_last_modified`` and
+``ruleset.max_buffered_size`` are the file's settings.  Load errors are
+:class:`RulesError` (``file:line:column: reason``).
+
+Where Prexy knowingly differs from the module (each pinned by a test):
+
+* inside one rule, sregex is not leftmost on ``^\\s+|\\s+$`` (the
+  ``sregex_quirk`` cases); Prexy keeps leftmost-first semantics;
+* the captures of a repeated group whose body can match empty keep the last,
+  empty iteration (``(a*)*`` on ``a``: group 1 is (1, 1), Perl and sregex say
+  (0, 1)); such patterns are refused anyway unless loaded with ``safe=False``;
+* patterns that a backtracking engine may not finish (nested unbounded
+  repeats over overlapping alternatives) are refused at load time, and every
+  scan has a time limit;
+* besides the module's buffer limit, at most ``max_buffered_size`` + 16 KiB
+  is ever held per response.
 """
 
 from prexy.substitution.dialect import DialectError
