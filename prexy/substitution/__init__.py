@@ -23,9 +23,6 @@ Where Prexy knowingly differs from the module (each pinned by a test):
 
 * inside one rule, sregex is not leftmost on ``^\\s+|\\s+$`` (the
   ``sregex_quirk`` cases); Prexy keeps leftmost-first semantics;
-* the captures of a repeated group whose body can match empty keep the last,
-  empty iteration (``(a*)*`` on ``a``: group 1 is (1, 1), Perl and sregex say
-  (0, 1)); such patterns are refused anyway unless loaded with ``safe=False``;
 * patterns that a backtracking engine may not finish (nested unbounded
   repeats over overlapping alternatives) are refused at load time, and every
   scan has a time limit;

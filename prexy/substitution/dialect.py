@@ -969,3 +969,38 @@ def _prefix(node: Node, out: bytearray) -> bool:
 def can_match_empty(node: Node) -> bool:
     """Whether ``node`` has a match of length zero (assertions count as empty)."""
     return _nullable(node)
+
+
+def empty_loop_groups(node: Node) -> frozenset[int]:
+    """Capture groups inside a repeat whose body can match empty.
+
+    ``regex`` keeps the captures of a last iteration that matched empty;
+    Perl and sregex drop that iteration.  The scanner corrects the captures
+    of these groups (see ``scanner.Found.span``).
+    """
+    found: set[int] = set()
+
+    def groups_in(n: Node) -> None:
+        if isinstance(n, Group):
+            if n.index is not None:
+                found.add(n.index)
+            groups_in(n.child)
+        elif isinstance(n, Repeat):
+            groups_in(n.child)
+        elif isinstance(n, (Cat, Alt)):
+            for i in n.items:
+                groups_in(i)
+
+    def walk(n: Node) -> None:
+        if isinstance(n, Repeat):
+            if _nullable(n.child):
+                groups_in(n.child)
+            walk(n.child)
+        elif isinstance(n, Group):
+            walk(n.child)
+        elif isinstance(n, (Cat, Alt)):
+            for i in n.items:
+                walk(i)
+
+    walk(node)
+    return frozenset(found)

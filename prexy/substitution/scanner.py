@@ -44,6 +44,7 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     bounded_width,
     can_match_empty,
+    empty_loop_groups,
     literal_prefix,
     max_width,
     repeat_bytes,
@@ -59,10 +60,17 @@ FLAGS = regex.DOTALL | regex.MULTILINE
 class Found:
     """A match: span, the rule that made it, and a way to read its groups."""
 
-    __slots__ = ("start", "end", "rule", "_match", "_offset", "_ngroups")
+    __slots__ = ("start", "end", "rule", "_match", "_offset", "_ngroups", "_loop_groups")
 
     def __init__(
-        self, start: int, end: int, rule: int, match: regex.Match[bytes], offset: int, ngroups: int
+        self,
+        start: int,
+        end: int,
+        rule: int,
+        match: regex.Match[bytes],
+        offset: int,
+        ngroups: int,
+        loop_groups: frozenset[int] = frozenset(),
     ) -> None:
         self.start = start
         self.end = end
@@ -70,20 +78,37 @@ class Found:
         self._match = match
         self._offset = offset
         self._ngroups = ngroups
-
-    def group(self, n: int) -> bytes:
-        """Group ``n`` of the rule that matched (0: whole match); b"" if unset."""
-        if n > self._ngroups:
-            return b""
-        value = self._match.group(self._offset + n)
-        return value if value is not None else b""
+        self._loop_groups = loop_groups
 
     def span(self, n: int) -> tuple[int, int]:
         """Offsets of group ``n`` of the rule that matched; (-1, -1) if unset."""
         if n > self._ngroups:
             return (-1, -1)
+        if n == 0:
+            return (self.start, self.end)
+        if n in self._loop_groups:
+            # Perl and sregex drop a last loop iteration that matched empty
+            # right after a non-empty one; ``regex`` keeps its captures.
+            spans = self._match.spans(self._offset + n)
+            if not spans:
+                return (-1, -1)
+            if len(spans) >= 2 and spans[-1][0] == spans[-1][1] == spans[-2][1]:
+                return spans[-2]
+            return spans[-1]
         start, end = self._match.span(self._offset + n)
         return (start, end)
+
+    def group(self, n: int) -> bytes:
+        """Group ``n`` of the rule that matched (0: whole match); b"" if unset."""
+        if n > self._ngroups:
+            return b""
+        if n in self._loop_groups:
+            start, end = self.span(n)
+            if start < 0:
+                return b""
+            return bytes(self._match.string[start:end])
+        value = self._match.group(self._offset + n)
+        return value if value is not None else b""
 
     @property
     def ngroups(self) -> int:
@@ -173,19 +198,20 @@ class _RuleStream:
 class _SingleCursor:
     """One rule: its own pattern's next match."""
 
-    __slots__ = ("_stream", "_rule", "_ngroups")
+    __slots__ = ("_stream", "_rule", "_ngroups", "_loops")
 
-    def __init__(self, stream: _RuleStream, rule: int, ngroups: int) -> None:
+    def __init__(self, stream: _RuleStream, rule: int, ngroups: int, loops: frozenset[int]) -> None:
         self._stream = stream
         self._rule = rule
         self._ngroups = ngroups
+        self._loops = loops
 
     def find(self, pos: int) -> Found | None:
         """The rule's first match at or after ``pos``."""
         m = self._stream.next_from(pos)
         if m is None:
             return None
-        return Found(m.start(), m.end(), self._rule, m, 0, self._ngroups)
+        return Found(m.start(), m.end(), self._rule, m, 0, self._ngroups, self._loops)
 
 
 class _HeapCursor:
@@ -197,11 +223,17 @@ class _HeapCursor:
     searched again only when the scan moves past its cached match.
     """
 
-    __slots__ = ("_streams", "_ngroups", "_heap", "_started")
+    __slots__ = ("_streams", "_ngroups", "_loops", "_heap", "_started")
 
-    def __init__(self, streams: dict[int, _RuleStream], ngroups: Sequence[int]) -> None:
+    def __init__(
+        self,
+        streams: dict[int, _RuleStream],
+        ngroups: Sequence[int],
+        loops: Sequence[frozenset[int]],
+    ) -> None:
         self._streams = streams
         self._ngroups = ngroups
+        self._loops = loops
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._started = False
 
@@ -226,7 +258,7 @@ class _HeapCursor:
         if not heap:
             return None
         start, rule, m = heap[0]
-        return Found(start, m.end(), rule, m, 0, self._ngroups[rule])
+        return Found(start, m.end(), rule, m, 0, self._ngroups[rule], self._loops[rule])
 
 
 class _Reach:
@@ -405,6 +437,7 @@ class RegexScanner:
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
         self.reaches = [_Reach(p) for p in parsed]
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
+        self._loops = [empty_loop_groups(p.tree) for p in parsed]
         self._plans: dict[tuple[int, ...], _FloorPlan] = {}
 
     def floor_plan(self, active: Sequence[int]) -> _FloorPlan:
@@ -450,8 +483,8 @@ class RegexScanner:
         }
         if len(streams) == 1:
             ((rule, stream),) = streams.items()
-            return _SingleCursor(stream, rule, self._ngroups[rule])
-        return _HeapCursor(streams, self._ngroups)
+            return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule])
+        return _HeapCursor(streams, self._ngroups, self._loops)
 
     def hold_cursor(
         self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None

@@ -20,24 +20,6 @@ from .conftest import SKIP_REASON, load_cases
 CASES = load_cases("sregex_cases.json")
 pytestmark = pytest.mark.skipif(CASES is None, reason=SKIP_REASON)
 
-# ``regex`` keeps the captures of a last, empty iteration of a repeated group
-# whose body can match empty (``(a*)*`` on ``a`` gives group 1 = (1, 1));
-# Perl and sregex drop that iteration (group 1 = (0, 1)).  Only the captures
-# differ, never the overall match; these rules are also refused by the
-# load-time safety check unless loaded with ``safe=False``.
-EMPTY_ITERATION_CAPTURES = {
-    "(a*)*",
-    "(a?)*",
-    "(abc|)+",
-    "([a]*)*",
-    "([ab]*)*",
-    "([^a]*)*",
-    "([^ab]*)*",
-    "(a|)*\\d",
-    "(.*(.)?)*",
-    "((?:a?)*)*c",
-}
-
 
 def _ids() -> list[Any]:
     if CASES is None:
@@ -80,9 +62,6 @@ def test_sregex_case(case: dict[str, Any]) -> None:
     if "match_id" in expected:
         assert found.rule == expected["match_id"]
     if "captures" in expected:
-        if str(case["regex"]) in EMPTY_ITERATION_CAPTURES and spans != expected["captures"]:
-            assert spans[0] == expected["captures"][0]
-            pytest.xfail("captures of a final empty iteration (see EMPTY_ITERATION_CAPTURES)")
         assert spans == expected["captures"]
     elif "captures_like" in expected:
         assert spans[0] == [0, 2]

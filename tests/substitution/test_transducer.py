@@ -270,3 +270,10 @@ def test_only_some_rules() -> None:
     assert none.feed(body) + none.finish() == body
     with pytest.raises(ValueError):
         rs.new_transducer(only=[3])
+
+
+def test_captures_of_an_empty_last_iteration() -> None:
+    """As in Perl and sregex, a last loop iteration that matched empty is dropped."""
+    assert rewrite(rules(("(a*)*", "<$1>", "")), b"aab") == b"<aa>b"
+    assert rewrite(rules(("(a|)*\\d", "<$1>", "g")), b"aa1") == b"<a>"
+    assert rewrite(rules(("(a*)+b", "<$1>", "g")), b"b") == b"<>"
