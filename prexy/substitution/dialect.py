@@ -901,9 +901,11 @@ def check_pathological(tree: Node) -> str | None:
     Refused: an unbounded repeat whose body (a) holds an alternation with two
     branches that can start with the same byte, or with an empty branch, or
     (b) holds two unbounded repeats that can consume a common byte (so one
-    input splits between them in many ways).  ``(a|a)+$``, ``(a|ab)*c`` and
-    ``(\\w+\\d+)+`` are refused; ``(a+)+$``, ``(foo|bar)+`` and ``(a+b+)+``
-    are accepted.
+    input splits between them in many ways); and any repeat of two or more
+    iterations whose body holds an unbounded repeat that can also eat what
+    follows it in the body (``(.*a){12}``: polynomial blow-up).
+    ``(a|a)+$``, ``(a|ab)*c``, ``(\\w+\\d+)+`` and ``(.*a){12}`` are refused;
+    ``(a+)+$``, ``(foo|bar)+``, ``(a+b+)+`` and ``.*a`` are accepted.
     """
     for rep in _unbounded_repeats(tree):
         body = rep.child
@@ -923,7 +925,78 @@ def check_pathological(tree: Node) -> str | None:
                     continue
                 if _consumable(a.child) & _consumable(b.child):
                     return "nested unbounded repeats that can consume the same bytes"
+    for rep in _repeats(tree):
+        if rep.high is not None and rep.high < 2:
+            continue
+        if _ambiguous_tail(rep.child):
+            return (
+                "a repeated group holding an unbounded repeat that can also eat "
+                "what follows it (each iteration can end in many places)"
+            )
     return None
+
+
+def _repeats(node: Node) -> list[Repeat]:
+    found: list[Repeat] = []
+
+    def walk(n: Node) -> None:
+        if isinstance(n, Repeat):
+            found.append(n)
+            walk(n.child)
+        elif isinstance(n, Group):
+            walk(n.child)
+        elif isinstance(n, (Cat, Alt)):
+            for i in n.items:
+                walk(i)
+
+    walk(node)
+    return found
+
+
+def _ambiguous_tail(body: Node) -> bool:
+    """Whether some unbounded repeat in ``body`` can eat what follows it there.
+
+    ``.*a`` is (``.`` eats ``a``): repeated, such a body can split its input
+    in a number of ways that grows with a power of its length.  A repeat at
+    the end of the body (``(a+)+``) is not: ``regex`` handles that shape.
+    """
+    if isinstance(body, Group):
+        return _ambiguous_tail(body.child)
+    if isinstance(body, Alt):
+        return any(_ambiguous_tail(i) for i in body.items)
+    if isinstance(body, Repeat):
+        return _ambiguous_tail(body.child)
+    if isinstance(body, Cat):
+        items = body.items
+        for k, item in enumerate(items):
+            rest = items[k + 1 :]
+            if rest:
+                follow = first_bytes(Cat(rest))
+                for r in _unbounded_repeats(item):
+                    if _ends_item(r, item) and _consumable(r.child) & follow:
+                        return True
+            if _ambiguous_tail(item):
+                return True
+    return False
+
+
+def _ends_item(rep: Repeat, item: Node) -> bool:
+    """Whether ``rep`` can be the last thing ``item`` consumes."""
+    if item is rep:
+        return True
+    if isinstance(item, Group):
+        return _ends_item(rep, item.child)
+    if isinstance(item, Alt):
+        return any(_ends_item(rep, i) for i in item.items)
+    if isinstance(item, Repeat):
+        return _ends_item(rep, item.child)
+    if isinstance(item, Cat):
+        for k in range(len(item.items) - 1, -1, -1):
+            if _ends_item(rep, item.items[k]):
+                return True
+            if not _nullable(item.items[k]):
+                return False
+    return False
 
 
 def _is_within(inner: Node, outer: Repeat) -> bool:

@@ -144,7 +144,17 @@ def test_pathological_patterns_refused(pattern: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "pattern", ["(a+)+$", "(foo|bar)+", "(a+b+)+", "word[0-9]+token", "(\\s*\\w+)+;"]
+    "pattern",
+    [
+        "(a+)+$",
+        "(foo|bar)+",
+        "(a+b+)+",
+        "word[0-9]+token",
+        "(\\s*\\w+)+;",
+        "(x\\w*)+y",
+        ".*a",
+        "(<b>[^<]*</b>)+",
+    ],
 )
 def test_common_safe_shapes_accepted(pattern: str) -> None:
     """Safe shapes load: a single nested repeat, disjoint alternatives."""
@@ -206,3 +216,10 @@ def test_tiny_pieces_do_not_rescan_quadratically() -> None:
     out.append(t.feed(b">") + t.finish())
     assert time.process_time() - started < 10
     assert b"".join(out) == b"T"
+
+
+@pytest.mark.parametrize("pattern", ["(.*a){12}", "(.*?,){11}P", "(<a.*?</a>\\s*)+"])
+def test_repeated_ambiguous_bodies_refused(pattern: str) -> None:
+    """A repeated body whose unbounded repeat can eat what follows it is refused."""
+    with pytest.raises(UnsafePatternError):
+        compile_rule(pattern.encode(), b"X", "g")
