@@ -14,7 +14,7 @@ The regexes are indexed by what every match must contain:
   another literal to the next kind;
 * otherwise a literal somewhere in the match: up to 48 such regexes are
   checked with ``literal in key``; beyond that they are keyed by a whole
-  word of the literal (between URL punctuation) or a 4-character piece,
+  word of the literal (between URL punctuation) or an 8-character piece,
   and a key probes its own words and pieces;
 * regexes with nothing to index are candidates for every key.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
@@ -78,12 +79,13 @@ class RegexEntry:
     ``rest`` (shared) and ``literal`` (lower-cased for ``~*``) are set when
     the regex is ``^`` + a plain literal + a rest shared with other entries:
     it matches when the key starts with the literal and the rest matches
-    from there; otherwise ``pattern`` is compiled on first use.
+    from there.  Without ``^`` (``floating``) the literal is looked for
+    anywhere, leftmost first.  Otherwise ``pattern`` is compiled on first use.
     """
 
     __slots__ = (
         "source", "filename", "line", "caseless", "value",
-        "pattern", "compiled", "rest", "split", "literal",
+        "pattern", "compiled", "rest", "split", "literal", "floating",
     )
 
     def __init__(
@@ -96,6 +98,7 @@ class RegexEntry:
         pattern: str | None,
         rest: Any,
         literal: str,
+        floating: bool = False,
     ) -> None:
         self.source = source
         self.filename = filename
@@ -107,11 +110,27 @@ class RegexEntry:
         self.rest = rest
         self.literal = literal
         self.split = len(literal)
+        self.floating = floating
 
     def search(self, key: str, low: str | None = None) -> Any:
         """The regex match on ``key`` (``low``: the key ASCII-lower-cased), or ``None``."""
         rest = self.rest
         if rest is not None:
+            if self.floating:
+                # the match starts at some occurrence of the literal: the
+                # first occurrence the rest accepts is the leftmost match
+                if self.caseless:
+                    hay = low if low is not None else ascii_lower(key)
+                else:
+                    hay = key
+                literal = self.literal
+                start = hay.find(literal)
+                while start >= 0:
+                    m = rest.match(key, start + self.split)
+                    if m is not None:
+                        return m
+                    start = hay.find(literal, start + 1)
+                return None
             if self.caseless:
                 if low is None:
                     low = ascii_lower(key)
@@ -127,7 +146,7 @@ class RegexEntry:
         return compiled.search(key)
 
 
-_GRAM = 4
+_GRAM = 8
 _EXACT = object()  # _find's marker: an exact key answered
 _DEFAULT = object()  # _find's marker: nothing matched
 _CROWDED = 8  # prefix bucket size above which entries move to the piece index
@@ -161,33 +180,51 @@ class _GramIndex:
     """Regexes keyed by a literal every match contains.
 
     Up to ``_SCAN_MAX`` of them are simply checked with ``literal in key``
-    (a C substring search each).  More are keyed, when the literal has one,
-    by a whole "word" inside it (a run between URL punctuation, such as
-    ``legacy`` in ``/legacy-page``): wherever the literal occurs in a key,
-    that word is one of the key's words, so a key probes only its own ~10
-    words.  Literals without such a word are keyed by one piece (up to 4
-    characters), found by probing the key's pieces.  Either way the cost
-    depends on the key's length, not on the number of regexes.
+    (a C substring search each).  More are keyed through the "words" of the
+    literal, the runs between URL punctuation: a word that is preceded and
+    followed by punctuation inside the literal (``legacy`` in
+    ``/legacy-page``) is a whole word of any key containing the literal,
+    and a last word of 8 or more characters starts a word of such a key.
+    So each regex is keyed by its least shared whole word or, failing
+    that, by the first 8 characters of a word; a key looks up its own ~10
+    words both ways.  Literals with neither (no punctuation) are keyed by
+    any 8-character piece, found by probing every position of the key.
+    The cost depends on the key's length, not on the number of regexes.
     """
 
-    __slots__ = ("words", "table", "lengths", "scan")
+    __slots__ = ("words", "starts", "table", "lengths", "scan")
 
     def __init__(self, entries: list[tuple[int, str]]) -> None:
         """``entries`` are ``(entry number, literal)`` in file order."""
         self.words: dict[str, list[int]] = {}
+        self.starts: dict[str, list[int]] = {}
         self.table: dict[str, list[int]] = {}
         self.scan: tuple[tuple[str, int], ...] | None = None
         if len(entries) <= _SCAN_MAX:
             self.scan = tuple((literal, order) for order, literal in entries)
         else:
-            for order, literal in entries:
-                inner = [w for w in _split_words(literal)[1:-1] if w]
-                if inner:
-                    word = min(inner, key=lambda w: len(self.words.get(w, ())))
-                    if len(self.words.get(word, ())) < _CROWDED:
-                        _add(self.words, word, order)
-                        continue
-                # no word of its own, or only crowded ones: a piece
+            inners: list[list[str]] = []
+            heads: list[list[str]] = []
+            for _order, literal in entries:
+                words = _split_words(literal)
+                inner = [w for w in words[1:-1] if w]
+                head = [w[:_GRAM] for w in inner]
+                if len(words) > 1 and len(words[-1]) >= _GRAM:
+                    head.append(words[-1][:_GRAM])
+                inners.append(inner)
+                heads.append(head)
+            word_counts = Counter(w for inner in inners for w in set(inner))
+            head_counts = Counter(h for head in heads for h in set(head))
+            for (order, literal), inner, head in zip(entries, inners, heads, strict=True):
+                best = min(inner, key=word_counts.__getitem__, default="")
+                if best and word_counts[best] <= _CROWDED:
+                    _add(self.words, best, order)
+                    continue
+                best = min(head, key=head_counts.__getitem__, default="")
+                if best and head_counts[best] <= _CROWDED:
+                    _add(self.starts, best, order)
+                    continue
+                # no word start few literals share: a piece anywhere
                 _add(self.table, _choose_piece(literal, self.table), order)
         self.lengths = tuple(sorted({len(k) for k in self.table}))
 
@@ -199,22 +236,33 @@ class _GramIndex:
                 out.append(hits)
             return
         words = self.words
-        if words:
-            for word in set(_split_words(key)):
-                hit = words.get(word)
-                if hit is not None:
-                    out.append(hit)
+        starts = self.starts
+        if words or starts:
+            seen_words: set[str] = set()
+            seen_starts: set[str] = set()
+            for word in _split_words(key):
+                if word not in seen_words:
+                    seen_words.add(word)
+                    hit = words.get(word)
+                    if hit is not None:
+                        out.append(hit)
+                start = word[:_GRAM]
+                if start not in seen_starts:
+                    seen_starts.add(start)
+                    hit = starts.get(start)
+                    if hit is not None:
+                        out.append(hit)
         table = self.table
         if not table:
             return
-        seen: set[str] = set()
+        seen_pieces: set[str] = set()
         size = len(key)
         for n in self.lengths:
             for i in range(size - n + 1):
                 piece = key[i:i + n]
                 hit = table.get(piece)
-                if hit is not None and piece not in seen:
-                    seen.add(piece)
+                if hit is not None and piece not in seen_pieces:
+                    seen_pieces.add(piece)
                     out.append(hit)
 
 
@@ -488,7 +536,7 @@ class UrlMap:
 
 def _choose_piece(literal: str, table: dict[str, list[int]]) -> str:
     """Pick the piece of ``literal`` to index by: of a few evenly spaced
-    4-character pieces, the one with the fewest entries so far."""
+    pieces of ``_GRAM`` characters, the one with the fewest entries so far."""
     if len(literal) <= _GRAM:
         return literal
     last = len(literal) - _GRAM

@@ -108,7 +108,7 @@ class _Builder:
         self.tail_cache: TailCache = {}
         # per (tail, caseless): what every "^literal" + tail regex shares, or
         # None when such regexes take the general path
-        self.shapes: dict[tuple[str, bool], tuple[Any, str, str, str] | None] = {}
+        self.shapes: dict[tuple[str, bool, bool], tuple[Any, str, str, str] | None] = {}
         self.captures: set[str] = set()
         self.variables: set[str] = set()
         self.stack: list[str] = []
@@ -237,21 +237,26 @@ class _Builder:
             caseless = True
             pattern = pattern[4:]
         split = split_prefix(pattern)
-        shape: tuple[str, bool] | None = None
+        shape: tuple[str, bool, bool] | None = None
         if split is not None:
-            shape = (split[1], caseless)
+            anchored, lit_src, tail = split
+            shape = (tail, caseless, anchored)
             known = self.shapes.get(shape, _UNSEEN)
             if known is not None and known is not _UNSEEN:
                 # seen this tail before: validated, translated, rest compiled
-                rest, lead, lead_text, secondary = known
-                literal = literal_text(split[0])
+                rest, lead, lead_text, best_rest = known
+                literal = literal_text(lit_src)
                 if caseless:
                     literal = ascii_lower(literal)
                 self.regexes.append(RegexEntry(
                     source, filename, line, caseless, value, None, rest,
-                    literal + lead_text if lead_text else literal,
+                    literal + lead_text if lead_text else literal, not anchored,
                 ))
-                self.index_keys.append((literal + lead if lead else literal, secondary))
+                leading = literal + lead if lead else literal
+                if anchored:
+                    self.index_keys.append((leading, best_rest))
+                else:
+                    self.index_keys.append(("", leading if len(leading) >= len(best_rest) else best_rest))
                 return
         try:
             tr = translate(pattern, caseless, self.tail_cache)
@@ -278,7 +283,7 @@ class _Builder:
                 # share the string object with the prefix index key when equal
                 literal = tr.anchored if tr.anchored == tr.split_literal else tr.split_literal
         if shape is not None and shape not in self.shapes:
-            facts = self.tail_cache.get(shape)
+            facts = self.tail_cache.get((shape[0], shape[1]))
             usable = rest is not None and facts is not None and facts.analysed
             self.shapes[shape] = (
                 (rest, facts.lead, facts.lead_text, facts.best_rest)
@@ -286,7 +291,7 @@ class _Builder:
             )
         self.regexes.append(RegexEntry(
             source, filename, line, caseless, value,
-            None if rest is not None else tr.pattern, rest, literal,
+            None if rest is not None else tr.pattern, rest, literal, tr.floating,
         ))
         self.index_keys.append((tr.anchored, tr.secondary if tr.anchored else tr.required))
 

@@ -79,6 +79,7 @@ class Translated(NamedTuple):
     split_literal: str
     required: str
     secondary: str = ""
+    floating: bool = False  # split without ^: the literal may be anywhere in the key
 
 
 _LIT, _ZERO, _BREAK = 0, 1, 2
@@ -942,7 +943,7 @@ def _parse(pattern: str, caseless: bool) -> _Parsed:
 
 
 # "^" and a run of plain literal characters: the common start of map regexes
-_FAST_PREFIX = re.compile(r"\^((?:[^\\\[\](){}|^$.*+?#\s]|\\[^A-Za-z0-9\s])+)")
+_FAST_PREFIX = re.compile(r"(\^?)((?:[^\\\[\](){}|^$.*+?#\s]|\\[^A-Za-z0-9\s])+)")
 _ATOM = re.compile(r"\\.|.", re.DOTALL)
 _UNESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _ESCAPE_TABLE = {c: _char(c) for c in range(256) if chr(c) not in _PLAIN}
@@ -958,7 +959,7 @@ def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> T
     split = split_prefix(pattern)
     if split is None:
         return _finish(_parse(pattern, caseless), caseless)
-    lit_src, tail = split
+    anchored, lit_src, tail = split
     offset = len(pattern) - len(tail)
     key = (tail, caseless)
     facts = cache.get(key) if cache is not None else None
@@ -969,11 +970,12 @@ def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> T
             raise RegexSyntaxError(exc.reason, exc.offset + offset) from None
         if cache is not None:
             cache[key] = facts
-    return facts.complete(literal_text(lit_src), caseless)
+    return facts.complete(literal_text(lit_src), caseless, anchored)
 
 
-def split_prefix(pattern: str) -> tuple[str, str] | None:
-    """``(literal source, tail)`` when ``pattern`` is ``^`` + plain literal text + tail.
+def split_prefix(pattern: str) -> tuple[bool, str, str] | None:
+    """``(anchored, literal source, tail)`` when ``pattern`` is an optional ``^``,
+    plain literal text, then the tail.
 
     A quantifier at the start of the tail takes the last literal character
     with it.  ``None`` when the pattern does not start that way.
@@ -981,7 +983,8 @@ def split_prefix(pattern: str) -> tuple[str, str] | None:
     m = _FAST_PREFIX.match(pattern)
     if m is None:
         return None
-    lit_src = m.group(1)
+    anchored = m.group(1) == "^"
+    lit_src = m.group(2)
     tail = pattern[m.end():]
     if tail[:1] in ("*", "+", "?", "{"):
         atoms = _ATOM.findall(lit_src)
@@ -989,7 +992,7 @@ def split_prefix(pattern: str) -> tuple[str, str] | None:
             return None
         lit_src = "".join(atoms[:-1])
         tail = atoms[-1] + tail
-    return lit_src, tail
+    return anchored, lit_src, tail
 
 
 def literal_text(lit_src: str) -> str:
@@ -1001,17 +1004,20 @@ class _TailFacts:
     """What ``^`` + literal + this tail translates to, for any literal."""
 
     __slots__ = (
-        "out", "skeleton", "names", "analysed", "lead", "lead_text", "lead_out", "best_rest",
+        "out", "skeleton", "floating_skeleton", "names", "analysed", "lead", "lead_text",
+        "lead_out", "best_rest",
     )
 
     def __init__(self, parsed: _Parsed) -> None:
         self.out = "".join(parsed.out)
         self.names = parsed.names
         self.skeleton: str | None = None
+        self.floating_skeleton: str | None = None
         if not parsed.no_skeleton:
             # the prefix literal's mark merges with a leading mark of the tail
             pieces = parsed.skel[1:] if parsed.skel[:1] == [_MARK] else parsed.skel
-            self.skeleton = _collapse(["^", _MARK, *pieces])
+            self.floating_skeleton = _collapse([_MARK, *pieces])
+            self.skeleton = "^" + self.floating_skeleton
         self.analysed = not parsed.opaque and not parsed.top_alternation
         lead: list[str] = []
         lead_text: list[str] = []
@@ -1038,24 +1044,30 @@ class _TailFacts:
         self.lead_out = sum(len(piece) for piece in parsed.out[:lead_out])
         self.best_rest = _longest_run(items[i:])
 
-    def complete(self, literal: str, caseless: bool) -> Translated:
-        """The translation of ``^`` + ``literal`` + this tail."""
+    def complete(self, literal: str, caseless: bool, anchored: bool = True) -> Translated:
+        """The translation of [``^``] + ``literal`` + this tail."""
         escaped = literal if _ALL_PLAIN(literal) else literal.translate(_ESCAPE_TABLE)
-        pattern = "^" + escaped + self.out
+        if anchored:
+            pattern = "^" + escaped + self.out
+            skeleton = self.skeleton
+        else:
+            pattern = escaped + self.out
+            skeleton = self.floating_skeleton
         if not self.analysed:
-            return Translated(pattern, self.skeleton, self.names, "", None, "", "")
+            return Translated(pattern, skeleton, self.names, "", None, "", "")
         folded = ascii_lower(literal) if caseless else literal
-        anchored = folded + self.lead
-        required = anchored if len(anchored) >= len(self.best_rest) else self.best_rest
+        lead = folded + self.lead
+        required = lead if len(lead) >= len(self.best_rest) else self.best_rest
         return Translated(
             pattern=pattern,
-            skeleton=self.skeleton,
+            skeleton=skeleton,
             group_names=self.names,
-            anchored=anchored,
-            split=1 + len(escaped) + self.lead_out,
+            anchored=lead if anchored else "",
+            split=(1 if anchored else 0) + len(escaped) + self.lead_out,
             split_literal=folded + self.lead_text,
             required=required,
-            secondary=self.best_rest,
+            secondary=self.best_rest if anchored else "",
+            floating=not anchored,
         )
 
 

@@ -187,3 +187,28 @@ def test_prefix_only_map_agrees_with_linear_walk(
     derived = [lit + key for lit, _t in prefixes[:4] for key in keys[:2]]
     for key in keys + derived:
         assert urlmap.lookup(key) == _naive(spec, "none", key), key
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tails=st.lists(st.text(alphabet="ab", min_size=6, max_size=11), min_size=10, max_size=60),
+    shared=st.sampled_from(["/p/", "x.", "/p?q="]),
+    caseless=st.booleans(),
+    keys=st.lists(st.text(alphabet="abAB/.?=1", max_size=6), min_size=1, max_size=5),
+)
+def test_unanchored_literals_agree_with_linear_walk(
+    tails: list[str], shared: str, caseless: bool, keys: list[str]
+) -> None:
+    """Many unanchored literal-first regexes (keyed by shared words, word starts or
+    pieces; matched from each occurrence of their literal) answer like the naive walk."""
+    tilde = "~*" if caseless else "~"
+    spec = [
+        ("regex", f"{tilde}{_lit(shared + tail)}(\\w*)", f"v{i}:$1") for i, tail in enumerate(tails)
+    ]
+    text = "default none;\n" + "\n".join(f'"{s}" "{v}";' for _k, s, v in spec)
+    for scan_max in (48, 0):
+        with mock.patch("prexy.urlmap.index._SCAN_MAX", scan_max):
+            urlmap = parse_map(text)
+        for key in keys:
+            for candidate in (key, shared + tails[0] + key, "z" + shared + tails[-1].upper() + key):
+                assert urlmap.lookup(candidate) == _naive(spec, "none", candidate), candidate
