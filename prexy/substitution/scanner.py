@@ -34,7 +34,7 @@ in front of :class:`_HeapCursor`.  Every regex call passes ``timeout=``; a
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import regex
@@ -122,6 +122,16 @@ class Cursor(Protocol):
     def find(self, pos: int) -> Found | None:
         """The first match at or after ``pos`` (treating the buffer end as final)."""
 
+    def literal_run(
+        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
+    ) -> tuple[int, int] | None:
+        """Replace, from ``pos``, every match that starts before ``stop``.
+
+        For a single rule with a fixed replacement that cannot match empty:
+        emits the text and ``literal`` for each match and returns the new
+        position and the number of matches; None when the cursor cannot.
+        """
+
 
 class HoldCursor(Protocol):
     """The hold-back question for one buffer, positions not decreasing."""
@@ -164,34 +174,34 @@ class _RuleStream:
     just found, which the module never does.
     """
 
-    __slots__ = ("_buf", "_timeout", "_pattern", "_iter", "_last_end", "_empty_ok")
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok")
 
     def __init__(
         self, buf: bytes, timeout: float | None, pattern: regex.Pattern[bytes], empty_ok: bool
     ) -> None:
-        self._buf = buf
-        self._timeout = timeout
-        self._pattern = pattern
-        self._empty_ok = empty_ok
+        self.buf = buf
+        self.timeout = timeout
+        self.pattern = pattern
+        self.empty_ok = empty_ok
         self._iter: Iterator[regex.Match[bytes]] | None = None
         self._last_end = -1
 
     def next_from(self, pos: int) -> regex.Match[bytes] | None:
         """The leftmost match starting at or after ``pos``."""
-        if self._empty_ok:
-            return self._pattern.search(self._buf, pos, timeout=self._timeout)
+        if self.empty_ok:
+            return self.pattern.search(self.buf, pos, timeout=self.timeout)
         it = self._iter
         if it is not None and self._last_end <= pos:
             m = next(it, None)
             if m is None:
-                self._last_end = len(self._buf) + 1
+                self._last_end = len(self.buf) + 1
                 return None
             if m.start() >= pos:
                 self._last_end = m.end()
                 return m
-        it = self._iter = self._pattern.finditer(self._buf, pos, timeout=self._timeout)
+        it = self._iter = self.pattern.finditer(self.buf, pos, timeout=self.timeout)
         m = next(it, None)
-        self._last_end = m.end() if m is not None else len(self._buf) + 1
+        self._last_end = m.end() if m is not None else len(self.buf) + 1
         return m
 
 
@@ -205,6 +215,26 @@ class _SingleCursor:
         self._rule = rule
         self._ngroups = ngroups
         self._loops = loops
+
+    def literal_run(
+        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
+    ) -> tuple[int, int] | None:
+        """See :meth:`Cursor.literal_run`: one ``finditer`` loop, no merging."""
+        stream = self._stream
+        if stream.empty_ok:
+            return None
+        buf = stream.buf
+        count = 0
+        for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
+            start = m.start()
+            if start >= stop:
+                break
+            if start > pos:
+                emit(buf[pos:start])
+            emit(literal)
+            pos = m.end()
+            count += 1
+        return pos, count
 
     def find(self, pos: int) -> Found | None:
         """The rule's first match at or after ``pos``."""
@@ -236,6 +266,12 @@ class _HeapCursor:
         self._loops = loops
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._started = False
+
+    def literal_run(
+        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
+    ) -> tuple[int, int] | None:
+        """Not for several rules (see :meth:`Cursor.literal_run`)."""
+        return None
 
     def find(self, pos: int) -> Found | None:
         """The first match at or after ``pos``: leftmost, then lowest rule index."""

@@ -98,6 +98,12 @@ class Transducer:
         self._active = tuple(range(len(rules))) if only is None else tuple(sorted(set(only)))
         if any(not 0 <= i < len(rules) for i in self._active):
             raise ValueError("rule index out of range")
+        # The only active rule, when it is global with a fixed replacement.
+        self._simple_rule: int | None = None
+        if len(self._active) == 1:
+            rule = self._active[0]
+            if not self._once[rule] and self._literal[rule] is not None:
+                self._simple_rule = rule
         scanning = self._scanner is not None and bool(self._active)
         self.state = State.SCANNING if scanning else State.PASSING_THROUGH
         self._buf = b""
@@ -222,7 +228,8 @@ class Transducer:
         once = self._once
         rules_matched = self.rules_matched
         try:
-            find = scanner.cursor(buf, timeout, self._active).find
+            cursor = scanner.cursor(buf, timeout, self._active)
+            find = cursor.find
             # Below ``floor`` no match can run off the end of the buffer, so
             # the hold-back probe only runs for matches starting at or above it.
             if final:
@@ -232,6 +239,18 @@ class Transducer:
                 holds = scanner.hold_cursor(buf, pos, timeout, self._active)
                 floor = holds.floor
                 hold_point = holds.hold_point
+            simple = self._simple_rule
+            if simple is not None:
+                # One global rule with a fixed replacement: a tight loop for
+                # every match that cannot need more data.
+                literal = literals[simple]
+                assert literal is not None
+                run = cursor.literal_run(pos, min(floor, n), literal, emit)
+                if run is not None:
+                    pos, count = run
+                    if count:
+                        self.match_count += count
+                        rules_matched.add(simple)
             while pos < n or (final and pos == n):
                 found = find(pos)
                 if found is None:
