@@ -13,16 +13,19 @@ The regexes are indexed by what every match must contain:
   by more than 8 regexes (``^/item/(\\d+)-slug-N``) sends those that have
   another literal to the next kind;
 * otherwise a literal somewhere in the match: up to 48 such regexes are
-  checked with ``literal in key``; beyond that they are keyed by a whole
-  word of the literal (between URL punctuation) or an 8-character piece,
-  and a key probes its own words and pieces;
+  checked with ``literal in key``; beyond that they are keyed by a rarely
+  shared whole word of the literal (between URL punctuation), else the
+  first 8 characters of a word, else an 8-character piece, and a key
+  probes its own words (and, for the last kind, its pieces);
 * regexes with nothing to index are candidates for every key.
 
 Candidate lists are sorted by file position and merged, so they are tried in
 file order and the first confirmed match is nginx's answer.  Regexes that
-differ only in their literal prefix share one compiled "rest", matched from
-the end of the prefix; others are compiled on first use (their syntax was
-checked at load).  Lookup cost depends on the key, not on the map's size.
+start with a plain literal (after ``^`` or not) and differ only in it share
+one compiled "rest", matched from the end of the literal (for unanchored
+ones, after each occurrence of the literal, leftmost first); others are
+compiled on first use (their syntax was checked at load).  Lookup cost
+depends on the key, not on the map's size.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ Alongside the pattern it produces what the index needs:
 
 * ``anchored``: the literal text every match starts with when the pattern
   begins with ``^`` (or ``\\A``) and has no top-level ``|``;
-* ``split``: when that literal is written plainly right after ``^``, the
-  offset in the translated pattern where the rest begins, so maps whose
-  regexes differ only in that literal share one compiled "rest";
+* ``split``: when the pattern starts with a plainly written literal (right
+  after ``^``, or with ``floating`` set, at the very start), the offset in
+  the translated pattern where the rest begins, so maps whose regexes
+  differ only in that literal share one compiled "rest";
 * ``required``: the longest literal any match must contain, and
   ``secondary`` the longest one outside the anchored literal;
 * ``skeleton``: the translated pattern with each run of literal characters
@@ -952,9 +953,10 @@ _ALL_PLAIN = re.compile(r"[A-Za-z0-9/_\-]*").fullmatch
 def translate(pattern: str, caseless: bool, cache: TailCache | None = None) -> Translated:
     """Translate one map regex (without its ``~``/``~*``) and analyse it.
 
-    Patterns that start with ``^`` and plain literal text are parsed from
-    where the literal ends; ``cache`` (shared over one load) keeps those
-    parses, so regexes differing only in that literal cost one parse.
+    Patterns that start with plain literal text (after an optional ``^``)
+    are parsed from where the literal ends; ``cache`` (shared over one load)
+    keeps those parses, so regexes differing only in that literal cost one
+    parse.
     """
     split = split_prefix(pattern)
     if split is None:
