@@ -110,6 +110,8 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
     try:
         return load_rules(paths)
     except RulesError as exc:
+        if not exc.line:  # the file itself (unreadable, not UTF-8, ...)
+            raise ConfigError(exc.filename, None, None, exc.reason) from None
         reason = f"column {exc.column}: {exc.reason}"
         if exc.text and exc.text not in exc.reason:
             reason += f" (at {exc.text!r})"
