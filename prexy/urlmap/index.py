@@ -273,6 +273,7 @@ _split_words = re.compile(r"""[\s/?&=.\-_~%+;,:@!$'()*\[\]#"<>^`{|}\\]+""").spli
 
 
 def _add(table: dict[str, list[int]], key: str, order: int) -> None:
+    """Append entry ``order`` to the bucket of ``key`` (entries come in file order)."""
     bucket = table.get(key)
     if bucket is None:
         table[key] = [order]
