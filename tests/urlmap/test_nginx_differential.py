@@ -165,8 +165,13 @@ def _nginx_test(workdir: str, maps: list[str]) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[str]:
-    """A short temporary directory for nginx's files and socket."""
+    """A short temporary directory for nginx's files and socket; skips the module
+    when this nginx cannot even check a trivial configuration here."""
     path = tempfile.mkdtemp(prefix="prexy-ng-")  # short: unix socket paths are limited
+    probe = _nginx_test(path, ["k v;\n"])
+    if probe.returncode != 0:
+        shutil.rmtree(path, ignore_errors=True)
+        pytest.skip(f"nginx cannot run here: {probe.stderr.strip()[:200]}")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -246,13 +251,14 @@ def test_random_maps_match_nginx(
 
 
 @pytest.mark.parametrize("regex", ACCEPTANCE)
-def test_same_regexes_accepted(regex: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_same_regexes_accepted(regex: str, workdir: str) -> None:
     """A map entry nginx refuses, Prexy refuses at load; one nginx takes, Prexy takes."""
-    workdir = str(tmp_path_factory.mktemp("accept"))
     text = f"{regex} v;\n"
-    nginx_ok = _nginx_test(workdir, [text]).returncode == 0
+    here = os.path.join(workdir, "accept")  # apart from the files nginx is serving
+    os.makedirs(here, exist_ok=True)
+    nginx_ok = _nginx_test(here, [text]).returncode == 0
     try:
-        load_map(f"{workdir}/m0.map")
+        load_map(f"{here}/m0.map")
         prexy_ok = True
     except MapError:
         prexy_ok = False
