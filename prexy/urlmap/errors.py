@@ -14,6 +14,7 @@ class MapError(Exception):
     ``filename`` and ``line`` locate the problem, ``text`` is the offending
     token or statement, ``reason`` says what is wrong with it and ``detail``
     (possibly empty) adds what the regex engine or the file system said.
+    ``line`` is 0 for a problem with the file as a whole (it cannot be read).
     """
 
     def __init__(self, filename: str, line: int, text: str, reason: str, detail: str = "") -> None:
@@ -25,7 +26,8 @@ class MapError(Exception):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        where = f"{self.filename}:{self.line}: {self.reason}"
+        place = f"{self.filename}:{self.line}" if self.line else self.filename
+        where = f"{place}: {self.reason}"
         if self.text:
             where += f' "{self.text}"'
         if self.detail:

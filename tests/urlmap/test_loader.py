@@ -172,8 +172,9 @@ def test_missing_include_names_the_including_line(tmp_path: Path) -> None:
 
 def test_missing_map_file(tmp_path: Path) -> None:
     """Loading a file that does not exist is a MapError too."""
-    with pytest.raises(MapError, match="cannot open"):
+    with pytest.raises(MapError) as info:
         load_map(tmp_path / "absent.map")
+    assert str(info.value).startswith(f'{tmp_path / "absent.map"}: cannot open "')
 
 
 def test_error_in_included_file_names_that_file(tmp_path: Path) -> None:
