@@ -27,6 +27,7 @@ from servers import MissingFlag, PrexyInstall, Server
 
 KB = 1024
 MB = 1024 * 1024
+LOAD_RULE_COUNTS = (10, 100, 1000)  # subs: also measured under wrk load (20 KB page)
 PATHS = {"12 B": "/small.txt", "20 KB": "/page20k.html", "1 MB": "/page1m.html"}
 SIZES = {"/small.txt": len(content.SMALL_BODY), "/page20k.html": 20 * KB, "/page1m.html": MB}
 
@@ -333,6 +334,7 @@ def scenario_subs(bench: Bench) -> Report:
     rows: list[list[str]] = []
     data: dict[str, object] = {}
     medians: dict[tuple[int, str], tuple[float | None, float | None, str]] = {}
+    load_rows: list[list[str]] = []
     for count in counts:
         rules = content.rule_set(count)
         rules_file = content.write(WORK / "rules" / f"rules-{count}.conf",
@@ -400,6 +402,23 @@ def scenario_subs(bench: Bench) -> Report:
                     "prexy_s": cold.seconds, "prexy_repeat_s": warm.seconds,
                     "subs_filter_s": subs.seconds, "output": same, "rewritten": rewritten,
                 }
+            if count in LOAD_RULE_COUNTS:
+                # The same page under load: throughput and CPU per request.
+                path = PATHS["20 KB"]
+                targets = [x for x in (prexy, nginx) if x and check_ok(x, path, SIZES[path], [])]
+                res = interleaved_wrk(targets, path, bench, connections=max(s.connections),
+                                      notes=notes)
+                p = res.get(prexy.name) if prexy else None
+                n = res.get(nginx.name)
+                for who, result in (("Prexy", p), ("subs_filter", n)):
+                    _error_notes(who, f"{count} rules under load", result, notes)
+                load_rows.append([
+                    str(count), fmt(p.rps if p else None), fmt(n.rps if n else None),
+                    ratio(p.rps if p else None, n.rps if n else None),
+                    fmt(p.p99_ms if p else None, 1), fmt(n.p99_ms if n else None, 1),
+                    fmt(p.cpu_us_per_req if p else None), fmt(n.cpu_us_per_req if n else None),
+                ])
+                data[f"{count} rules 20 KB under load"] = {"prexy": p, "subs_filter": n}
         finally:
             nginx.stop()
             if prexy:
@@ -409,6 +428,17 @@ def scenario_subs(bench: Bench) -> Report:
          "Prexy/subs_filter time", "outputs"],
         rows,
     )
+    if load_rows:
+        table += (
+            f"\n\nThe 20 KB page under load (wrk -c{max(s.connections)}, one URL, medians of "
+            f"{s.rounds}):\n\n"
+            + markdown_table(
+                ["rules", "Prexy req/s", "subs_filter req/s", "Prexy/subs_filter req/s",
+                 "Prexy p99 ms", "subs_filter p99 ms", "Prexy CPU µs/req",
+                 "subs_filter CPU µs/req"],
+                load_rows,
+            )
+        )
     notes.append(
         f"Median of up to {s.samples} single GETs on one keep-alive loopback connection "
         "(time to the last body byte), engines interleaved. 'Prexy' uses a new URL per "
@@ -418,6 +448,11 @@ def scenario_subs(bench: Bench) -> Report:
         "replace_filter syntax for Prexy, `subs_filter ... gr` for nginx. subs_filter "
         "applies rules one after another per line, replace_filter in one leftmost pass; "
         "on these rules both should give the same bytes ('outputs')."
+    )
+    notes.append(
+        "Under load, wrk repeats one URL (so Prexy's rule-applicability memory, where "
+        "present, applies, as it would for a popular page); CPU per request counts the "
+        "server's own processes (Prexy; nginx master and worker), not the origin."
     )
     notes.append(
         "Targets: 20 KB with 10 rules faster than subs_filter (issue 3); 100 and 1000 "
