@@ -343,6 +343,7 @@ class WrkResult:
     cpu_us_per_req: float | None = None
     origin_cpu_us_per_req: float | None = None
     raw: dict[str, int] = field(default_factory=dict)
+    runs: list[dict[str, float | None]] = field(default_factory=list)  # a median's inputs
 
 
 def _wrk_script() -> Path:
@@ -413,6 +414,10 @@ def median_wrk(results: Sequence[WrkResult]) -> WrkResult:
         non2xx=sum(r.non2xx for r in results),
         cpu_us_per_req=statistics.median(cpus) if cpus else None,
         origin_cpu_us_per_req=statistics.median(origin) if origin else None,
+        runs=[
+            {"rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "cpu_us_per_req": r.cpu_us_per_req}
+            for r in results
+        ],
     )
 
 
