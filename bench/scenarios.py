@@ -991,4 +991,5 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "urlmap": scenario_urlmap,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
+    "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
 }
