@@ -11,6 +11,7 @@ cells are left '-', while the peer side is still measured.
 from __future__ import annotations
 
 import http.client
+import socket
 import statistics
 import subprocess
 import threading
@@ -954,6 +955,85 @@ def scenario_stream(bench: Bench) -> Report:
 
 
 # --------------------------------------------------------------------------
+# slowclient (issues 2, 3): memory with a client slower than the origin
+
+
+def _slow_read(port: int, path: str, rate: int, seconds: float) -> int:
+    """Read ``path`` at about ``rate`` bytes/s for ``seconds``; return bytes read."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * KB)
+    sock.settimeout(10)
+    total = 0
+    try:
+        sock.connect((harness.LOCAL, port))
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        start = time.monotonic()
+        while (elapsed := time.monotonic() - start) < seconds:
+            if total > rate * elapsed:
+                time.sleep(0.02)
+                continue
+            data = sock.recv(16 * KB)
+            if not data:
+                break
+            total += len(data)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return total
+
+
+def scenario_slowclient(bench: Bench) -> Report:
+    """RSS of the proxy while one client reads a 100 MB body at 256 KB/s."""
+    s = bench.settings
+    origin = bench.origin()
+    big = _big_page(bench)
+    notes: list[str] = []
+    rules_file = content.write(WORK / "rules" / "rules-100.conf",
+                               content.replace_filter_rules(content.rule_set(100)))
+    seconds = 6.0 if s.quick else 15.0
+    rate = 256 * KB
+    rows: list[list[str]] = []
+    data: dict[str, object] = {}
+    verdicts: list[str] = []
+    cases: list[tuple[str, Callable[[], Server | None]]] = [
+        ("Prexy, pass-through", lambda: bench.start_prexy("prexy-slow", notes)),
+        ("Prexy, 100 rules", lambda: bench.start_prexy(
+            "prexy-slow-rules", notes, args=("--rules", str(rules_file)))),
+        ("nginx proxy_pass (buffers to temp files)",
+         lambda: servers.start_nginx_proxy("nginx-slow", origin.port)),
+    ]
+    for label, start in cases:
+        srv = start()
+        if srv is None:
+            rows.append([label, "-", "-"])
+            continue
+        try:
+            sampler = _RssSampler(srv)
+            sampler.start()
+            got = _slow_read(srv.port, big, rate, seconds)
+            sampler.halt.set()
+            sampler.join()
+            growth = sampler.peak_mb - sampler.start_mb
+            harness.log(f"  {label}: read {got / MB:.1f} MiB, RSS +{growth:.1f} MB")
+            rows.append([label, f"{got / MB:.1f}", f"{growth:.1f}"])
+            data[label] = {"bytes": got, "rss_growth_mb": growth}
+            if label.startswith("Prexy"):
+                verdicts.append(target(f"{label}: RSS growth < 20 MB with a slow client "
+                                       f"({growth:.1f} MB)", growth < 20))
+        finally:
+            srv.stop()
+    table = markdown_table(["server", "MiB read by the client", "RSS growth MB"], rows)
+    notes.append(
+        f"One client with a 64 KB receive buffer reads /page100m.html at "
+        f"{rate // KB} KB/s for {seconds:g} s while the origin could send it all at once; "
+        "RSS of the server's processes sampled every 50 ms. A proxy without backpressure "
+        "buffers the body in memory (twisted.web.proxy grew by ~170 MB on 100 MB)."
+    )
+    return Report("slowclient: memory with a slow client", table, notes, data, verdicts)
+
+
+# --------------------------------------------------------------------------
 # Scripts written by others (run as-is in the bench venv)
 
 
@@ -986,6 +1066,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "proxy": scenario_proxy,
     "subs": scenario_subs,
     "stream": scenario_stream,
+    "slowclient": scenario_slowclient,
     "cache": scenario_cache,
     "workers": scenario_workers,
     "urlmap": scenario_urlmap,
