@@ -34,17 +34,19 @@ in front of :class:`_HeapCursor`.  Every regex call passes ``timeout=``; a
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import regex
 
+from prexy.substitution import prefilter
 from prexy.substitution.dialect import (
     PROBE_GROUP,
     ParsedRegex,
     bounded_width,
     can_match_empty,
     empty_loop_groups,
+    first_bytes,
     literal_prefix,
     max_width,
     repeat_bytes,
@@ -55,6 +57,14 @@ from prexy.substitution.dialect import (
 __all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
 FLAGS = regex.DOTALL | regex.MULTILINE
+
+#: From this many active rules on, a multi-pattern prefilter picks the rules
+#: to run on each buffer (see :mod:`.prefilter`).
+FILTER_MIN_RULES = 2
+
+#: Near the end of a buffer, up to this many positions are matched against
+#: all literal prefixes at once (see ``_Trie``) to skip rules' probes.
+TRIE_SPAN = 512
 
 
 class Found:
@@ -253,15 +263,17 @@ class _HeapCursor:
     searched again only when the scan moves past its cached match.
     """
 
-    __slots__ = ("_streams", "_ngroups", "_loops", "_heap", "_started")
+    __slots__ = ("_streams", "_ngroups", "_loops", "_heap", "_started", "_make")
 
     def __init__(
         self,
-        streams: dict[int, _RuleStream],
+        make: Callable[[int], dict[int, _RuleStream]],
         ngroups: Sequence[int],
         loops: Sequence[frozenset[int]],
     ) -> None:
-        self._streams = streams
+        # ``make(pos)`` gives the streams of the rules that may match from pos.
+        self._make = make
+        self._streams: dict[int, _RuleStream] = {}
         self._ngroups = ngroups
         self._loops = loops
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
@@ -276,14 +288,15 @@ class _HeapCursor:
     def find(self, pos: int) -> Found | None:
         """The first match at or after ``pos``: leftmost, then lowest rule index."""
         heap = self._heap
-        streams = self._streams
         if not self._started:
             self._started = True
+            streams = self._streams = self._make(pos)
             for rule, stream in streams.items():
                 m = stream.next_from(pos)
                 if m is not None:
                     heap.append((m.start(), rule, m))
             heapq.heapify(heap)
+        streams = self._streams
         while heap and heap[0][0] < pos:
             rule = heap[0][1]
             m = streams[rule].next_from(pos)
@@ -333,11 +346,115 @@ class _Reach:
         return self._probe
 
 
-_FloorPlan = tuple[
-    list[tuple[int, int]],
-    list[int],
-    list[tuple["regex.Pattern[bytes]", int, list[tuple[int, int]]]],
-]
+_Where = tuple[int, int, int]
+
+
+class _FloorPlan:
+    """How to find the floors of a set of active rules, grouped, per buffer.
+
+    Rules that share their floor computation (``where``: ``(0, width, 0)``
+    for bounded width; ``(1, 0, 0)`` when their repeats eat any byte;
+    ``(2, j, k)`` for the ``k``-th mark of backward walk ``j``) and their
+    tail test form a group.  The tail test (``key``) says whether a rule can
+    reach past the end from before the end: None, always probe; bytes, a
+    literal prefix every match starts with; a set, the bytes a match can
+    start with.  ``walks``: per set of bytes that unbounded repeats eat,
+    the backward pattern for the other bytes and how many of them to find.
+    """
+
+    __slots__ = ("walks", "literal", "literal_order", "others", "trie", "lowest", "lowest_literal")
+
+    def __init__(
+        self,
+        walks: list[tuple[regex.Pattern[bytes], int]],
+        groups: dict[tuple[_Where, bytes | frozenset[int] | None], list[int]],
+    ) -> None:
+        self.walks = walks
+        #: Literal key -> its groups (where, rules); and all of them by first rule.
+        self.literal: dict[bytes, list[tuple[_Where, list[int]]]] = {}
+        self.literal_order: list[tuple[int, bytes, _Where]] = []
+        #: Groups without a literal key.
+        self.others: list[tuple[_Where, frozenset[int] | None, list[int]]] = []
+        for (where, key), rules in groups.items():
+            if isinstance(key, bytes):
+                self.literal.setdefault(key, []).append((where, rules))
+                self.literal_order.append((rules[0], key, where))
+            else:
+                self.others.append((where, key, rules))
+        self.literal_order.sort()
+        self.trie = _Trie(self.literal)
+        # The lowest floors (of all groups; of literal ones): a bounded width,
+        # whether some floor is the scan start, and per walk the deepest mark.
+        self.lowest = self._lowest(where for where, _ in groups)
+        self.lowest_literal = self._lowest(
+            where for where, key in groups if isinstance(key, bytes)
+        )
+
+    def _lowest(self, wheres: Iterable[_Where]) -> tuple[int, bool, dict[int, int]]:
+        width = -1
+        anything = False
+        deepest: dict[int, int] = {}
+        for kind, a, b in wheres:
+            if kind == 0:
+                width = max(width, a)
+            elif kind == 1:
+                anything = True
+            else:
+                deepest[a] = max(deepest.get(a, 0), b)
+        return width, anything, deepest
+
+
+class _Trie:
+    """Literal prefixes, to find at once which of them occur near the end.
+
+    ``places(buf, low)``: for each prefix that starts at a position
+    ``>= low`` (whole, or cut by the end of the buffer), those positions in
+    ascending order.
+    """
+
+    __slots__ = ("_children", "_ends", "_below")
+
+    def __init__(self, keys: Iterable[bytes]) -> None:
+        self._children: list[dict[int, int]] = [{}]
+        self._ends: list[list[bytes]] = [[]]
+        self._below: list[list[bytes]] = [[]]
+        for key in sorted(keys):
+            node = 0
+            self._below[0].append(key)
+            for byte in key:
+                nxt = self._children[node].get(byte)
+                if nxt is None:
+                    nxt = self._children[node][byte] = len(self._children)
+                    self._children.append({})
+                    self._ends.append([])
+                    self._below.append([])
+                node = nxt
+                self._below[node].append(key)
+            self._ends[node].append(key)
+
+    def places(self, buf: bytes, low: int) -> dict[bytes, list[int]]:
+        """See the class docstring."""
+        n = len(buf)
+        children = self._children
+        ends = self._ends
+        below = self._below
+        found: dict[bytes, list[int]] = {}
+        for i in range(low, n):
+            node = 0
+            x = i
+            while True:
+                if x == n:
+                    for key in below[node]:
+                        found.setdefault(key, []).append(i)
+                    break
+                node_next = children[node].get(buf[x])
+                if node_next is None:
+                    break
+                node = node_next
+                x += 1
+                for key in ends[node]:
+                    found.setdefault(key, []).append(i)
+        return found
 
 
 class _HoldCursor:
@@ -348,8 +465,16 @@ class _HoldCursor:
     of the buffer.  A rule's path can only get there from a position above
     its *floor*: the end of the buffer minus what the rule can consume
     (bytes its unbounded repeats can eat are not counted); and, when the
-    rule starts with fixed bytes, only from where those bytes are.  Results
-    are cached per rule in a heap, as positions only grow during a scan.
+    rule starts with fixed bytes, only from where those bytes are.
+
+    A rule that cannot match empty gets there from a position before the
+    end only by consuming its first bytes there (just the first one at the
+    last position); at the end itself every path of it waits.  So a rule
+    with no such place above its floor reaches exactly the end (and is not
+    probed; ``_end_rule`` is the first of them), and for the others the
+    first such place is a lower bound of where they reach.  The heap holds
+    (position, rule, exact): lower bounds are made exact only when they
+    come first, so with many rules few are ever probed.
     """
 
     def __init__(
@@ -363,18 +488,13 @@ class _HoldCursor:
         self._buf = buf
         self._timeout = timeout
         self._reach = scanner.reaches
-        self._active = active
         n = len(buf)
-        bounded, anything, walks = scanner.floor_plan(active)
-        floors: dict[int, int] = {}
-        for rule, width in bounded:
-            floors[rule] = max(pos, n - width - 1)
-        for rule in anything:
-            floors[rule] = pos  # its repeats eat any byte
+        plan = scanner.floor_plan(active)
         # Walking back from the end over bytes that a rule's unbounded repeats
         # may eat, count the others: at most ``bounded`` of them fit in one
         # path.  One walk serves all rules whose repeats eat the same bytes.
-        for other, need, users in walks:
+        all_marks: list[list[int]] = []
+        for other, need in plan.walks:
             marks: list[int] = []
             end = n
             for _ in range(need):
@@ -383,13 +503,74 @@ class _HoldCursor:
                     break
                 end = m.start()
                 marks.append(end)
-            for rule, k in users:
-                floors[rule] = max(pos, marks[k]) if k < len(marks) else pos
-        self._floors = floors
+            all_marks.append(marks)
+
+        def floor_of(where: _Where) -> int:
+            kind, a, b = where
+            if kind == 0:
+                return max(pos, n - a - 1)
+            if kind == 1:
+                return pos  # its repeats eat any byte
+            marks = all_marks[a]
+            return max(pos, marks[b]) if b < len(marks) else pos
+
+        def lowest(summary: tuple[int, bool, dict[int, int]]) -> int:
+            width, anything, deepest = summary
+            low = n + 1
+            if width >= 0:
+                low = max(pos, n - width - 1)
+            if anything:
+                low = pos
+            for j, b in deepest.items():
+                low = min(low, floor_of((2, j, b)))
+            return low
+
         #: No path starting below ``floor`` can run off the end.
-        self.floor = min(floors.values(), default=n + 1)
-        self._heap: list[tuple[int, int]] = []
-        self._started = False
+        self.floor = lowest(plan.lowest)
+        floors: dict[int, int] = {}
+        heap: list[tuple[int, int, bool]] = []
+        relevant: set[tuple[bytes, _Where]] = set()
+        end_rule: int | None = None
+        low_literal = lowest(plan.lowest_literal)
+        if n - low_literal <= TRIE_SPAN:
+            places = plan.trie.places(buf, low_literal)
+        else:  # a long stretch: every literal group may reach from its floor
+            places = {key: [low_literal] for key in plan.literal}
+        for key, where_list in places.items():
+            for where, rules in plan.literal[key]:
+                floor = floor_of(where)
+                first = next((p for p in where_list if p >= floor), None)
+                if first is None:
+                    continue
+                relevant.add((key, where))
+                for rule in rules:
+                    floors[rule] = floor
+                    heap.append((first, rule, False))
+        for first_rule, key, where in plan.literal_order:
+            if (key, where) not in relevant:
+                end_rule = first_rule
+                break
+        last_seen: dict[frozenset[int], int] = {}
+        for where, members, rules in plan.others:
+            floor = floor_of(where)
+            if members is not None:
+                last = last_seen.get(members)
+                if last is None:
+                    m = scanner.tail_pattern(members).search(buf, floor, n, timeout=timeout)
+                    last = m.start() if m is not None else -1
+                    if m is not None:
+                        last_seen[members] = last
+                if last < floor:
+                    if end_rule is None or rules[0] < end_rule:
+                        end_rule = rules[0]
+                    continue
+            for rule in rules:
+                floors[rule] = floor
+                heap.append((floor, rule, False))
+        heapq.heapify(heap)
+        self._floors = floors
+        self._heap = heap
+        self._end_rule = end_rule
 
     def _rule_reach(self, rule: int, start: int) -> int | None:
         """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
@@ -426,6 +607,19 @@ class _HoldCursor:
             start = m.start() + 1
         return None
 
+    def _settle(self, lo: int) -> None:
+        """Make the first heap entry exact and at or after ``lo``."""
+        heap = self._heap
+        while heap:
+            s, rule, exact = heap[0]
+            if exact and s >= lo:
+                return
+            reach = self._rule_reach(rule, max(lo, s))
+            if reach is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (reach, rule, True))
+
     def hold_point(self, lo: int, found: Found | None) -> int | None:
         """Leftmost position from ``lo`` whose match may need more bytes.
 
@@ -435,23 +629,16 @@ class _HoldCursor:
         """
         n = len(self._buf)
         heap = self._heap
-        if not self._started:
-            self._started = True
-            for rule in self._active:
-                s = self._rule_reach(rule, lo)
-                if s is not None:
-                    heap.append((s, rule))
-            heapq.heapify(heap)
-        while heap and heap[0][0] < lo:
-            rule = heap[0][1]
-            s = self._rule_reach(rule, lo)
-            if s is None:
-                heapq.heappop(heap)
-            else:
-                heapq.heapreplace(heap, (s, rule))
-        if not heap:
+        self._settle(lo)
+        end_rule = self._end_rule
+        if heap:
+            s = heap[0][0]
+            if end_rule is not None and n < s:
+                s = n
+        elif end_rule is not None:
+            s = n
+        else:
             return None
-        s = heap[0][0]
         if found is None:
             return s if s <= n else None
         if s < found.start:
@@ -459,7 +646,11 @@ class _HoldCursor:
         if s > found.start:
             return None
         # Ties at the match's start: is one of them a rule of priority?
-        if any(r <= found.rule for t, r in heap if t == s):
+        for t, rule, exact in heap:
+            if t == s and rule <= found.rule:
+                if exact or self._rule_reach(rule, s) == s:
+                    return s
+        if s == n and end_rule is not None and end_rule <= found.rule:
             return s
         return None
 
@@ -467,7 +658,7 @@ class _HoldCursor:
 class RegexScanner:
     """The ``regex``-package scanner: one pattern and one probe per rule."""
 
-    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+    def __init__(self, parsed: Sequence[ParsedRegex], engine: str | None = None) -> None:
         self._ngroups = [p.ngroups for p in parsed]
         self.sources = [to_regex_source(p.tree, caseless=p.caseless) for p in parsed]
         self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
@@ -475,37 +666,60 @@ class RegexScanner:
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         self._plans: dict[tuple[int, ...], _FloorPlan] = {}
+        #: The multi-pattern prefilter (None: every rule scans every buffer).
+        self.engine = prefilter.ENGINE if engine is None else engine
+        self.filter: prefilter.RuleFilter | None = None
+        if len(parsed) >= FILTER_MIN_RULES and self.engine != "none":
+            self.filter = prefilter.make_filter(parsed, self.engine)
+        # For the hold-back question: rules that cannot match empty get past
+        # the end only through one of their first bytes (see _HoldCursor).
+        self.tail_keys: list[bytes | frozenset[int] | None] = []
+        for p, r in zip(parsed, self.reaches, strict=True):
+            if can_match_empty(p.tree):
+                self.tail_keys.append(None)
+            elif len(r.prefix) >= 2:
+                self.tail_keys.append(r.prefix[:8])
+            else:
+                self.tail_keys.append(first_bytes(p.tree))
+        self._tail_patterns: dict[frozenset[int], regex.Pattern[bytes]] = {}
+
+    def tail_pattern(self, members: frozenset[int]) -> regex.Pattern[bytes]:
+        """A backward search for one byte of ``members`` (compiled once per set)."""
+        pat = self._tail_patterns.get(members)
+        if pat is None:
+            src = "(?r)" + set_source(members)
+            pat = self._tail_patterns[members] = regex.compile(src.encode("latin-1"), FLAGS)
+        return pat
 
     def floor_plan(self, active: Sequence[int]) -> _FloorPlan:
-        """How to compute the floors of ``active`` rules (cached per rule subset).
-
-        Returns (rules of bounded width with that width, rules whose repeats
-        eat any byte, and per set of repeat bytes: the backward pattern, how
-        many other bytes to find, and (rule, which of them is its floor)).
-        """
+        """How to find the floors of ``active`` rules (cached per rule subset)."""
         key = tuple(active)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        bounded: list[tuple[int, int]] = []
-        anything: list[int] = []
-        groups: dict[frozenset[int], list[tuple[int, int]]] = {}
-        others: dict[frozenset[int], regex.Pattern[bytes]] = {}
+        walk_index: dict[frozenset[int], int] = {}
+        walks: list[tuple[regex.Pattern[bytes], int]] = []
+        groups: dict[tuple[_Where, bytes | frozenset[int] | None], list[int]] = {}
         for rule in key:
             r = self.reaches[rule]
+            where: _Where
             if r.width is not None:
-                bounded.append((rule, r.width))
+                where = (0, r.width, 0)
             elif r.other is None:
-                anything.append(rule)
+                where = (1, 0, 0)
             else:
-                groups.setdefault(r.eaten, []).append((rule, r.bounded + 1))
-                others[r.eaten] = r.other
-        walks = [
-            (others[eaten], max(k for _, k in users) + 1, users) for eaten, users in groups.items()
-        ]
+                j = walk_index.get(r.eaten)
+                if j is None:
+                    j = walk_index[r.eaten] = len(walks)
+                    walks.append((r.other, 0))
+                k = r.bounded + 1
+                other, need = walks[j]
+                walks[j] = (other, max(need, k + 1))
+                where = (2, j, k)
+            groups.setdefault((where, self.tail_keys[rule]), []).append(rule)
         if len(self._plans) >= 64:  # many rule subsets (issue 4): stay bounded
             self._plans.clear()
-        plan = self._plans[key] = (bounded, anything, walks)
+        plan = self._plans[key] = _FloorPlan(walks, groups)
         return plan
 
     def cursor(
@@ -513,14 +727,28 @@ class RegexScanner:
     ) -> Cursor:
         """A match cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
-        streams = {
-            rule: _RuleStream(buf, timeout, self.patterns[rule], self._empty_ok[rule])
-            for rule in rules
-        }
-        if len(streams) == 1:
-            ((rule, stream),) = streams.items()
+        patterns = self.patterns
+        empty_ok = self._empty_ok
+        if len(rules) == 1:
+            rule = rules[0]
+            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule])
             return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule])
-        return _HeapCursor(streams, self._ngroups, self._loops)
+        filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
+
+        def make(pos: int) -> dict[int, _RuleStream]:
+            if filt is None:
+                chosen: Iterable[int] = rules
+            else:
+                may = filt.candidates(buf, pos, timeout)
+                if len(may) < len(rules):
+                    chosen = sorted(may.intersection(rules))
+                else:
+                    chosen = [rule for rule in rules if rule in may]
+            return {
+                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule]) for rule in chosen
+            }
+
+        return _HeapCursor(make, self._ngroups, self._loops)
 
     def hold_cursor(
         self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None

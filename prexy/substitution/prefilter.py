@@ -1,0 +1,339 @@
+"""Multi-pattern prefilters: which rules can match anywhere in a buffer.
+
+With many rules, running every rule's own ``regex`` scan over every buffer
+costs time linear in the rule count, though most rules match nowhere.  A
+prefilter answers one question for all rules at once: *which rules may have
+a match starting at or after ``pos`` in ``buf``*.  The answer may include
+rules that do not match (the scanner then finds nothing for them) but never
+leaves out one that does; the scanner then runs ``regex`` only for these
+rules, so precedence, captures, anchors and ``\\b`` are decided exactly as
+before and the output cannot change.
+
+Two engines, chosen with numbers (``bench/bench_transducer.py``):
+
+* :class:`HyperscanFilter` (optional dependency ``hyperscan``): every rule
+  that cannot match empty is compiled, with its assertions dropped (a
+  superset of its matches), into one Hyperscan block-mode database with
+  ``HS_FLAG_SINGLEMATCH`` and ``HS_FLAG_PREFILTER``; one scan reports each
+  rule that has some match.  Rules Hyperscan refuses are always run.
+* :class:`AnchorFilter` (pure ``regex``): each rule gets an *anchor*, the
+  rarest of the byte sets at fixed offsets at the start of its matches
+  (e.g. the digit in ``about[0-9]+tok``, the ``x`` in
+  ``www\\.example\\.com``), and the bytes before it when they are fixed.
+  One character-class scan per distinct anchor set finds the anchor bytes;
+  a dictionary lookup of the preceding bytes (or a short head pattern)
+  names the rules that may start there.
+
+Rules that can match empty, and rules whose best anchor is too common to
+help, are in ``always`` and are run on every buffer.  :data:`ENGINE` is the
+default engine (``"hyperscan"`` when the package imports, else
+``"anchor"``); :func:`make_filter` builds one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import regex
+
+from prexy.substitution.dialect import (
+    ALL_BYTES,
+    Alt,
+    Assert,
+    Cat,
+    Char,
+    Group,
+    Node,
+    ParsedRegex,
+    Repeat,
+    Set,
+    can_match_empty,
+    first_bytes,
+    set_source,
+)
+
+_hs: Any
+try:  # optional: pip install hyperscan (the "fast" extra)
+    _hs = importlib.import_module("hyperscan")
+except ImportError:  # pragma: no cover - depends on the environment
+    _hs = None
+
+__all__ = [
+    "ENGINE",
+    "ENGINES",
+    "HAVE_HYPERSCAN",
+    "AnchorFilter",
+    "HyperscanFilter",
+    "RuleFilter",
+    "head_sets",
+    "make_filter",
+]
+
+#: Whether the ``hyperscan`` package is importable here.
+HAVE_HYPERSCAN = _hs is not None
+
+#: Engines :func:`make_filter` knows, fastest first.
+ENGINES = ("hyperscan", "anchor") if HAVE_HYPERSCAN else ("anchor",)
+
+#: The default engine (a module-level switch: tests and benchmarks set it).
+ENGINE = ENGINES[0]
+
+FLAGS = regex.DOTALL | regex.MULTILINE
+
+#: Longest run of leading byte sets kept per rule.
+MAX_HEAD = 16
+
+#: An anchor whose bytes make up more than this share of typical HTML is
+#: not worth scanning for: the rule is run on every buffer instead.
+MAX_ANCHOR_COST = 0.08
+
+
+class RuleFilter(Protocol):
+    """Which rules may match in a buffer (a superset, never fewer)."""
+
+    #: Rules that are never filtered out.
+    always: frozenset[int]
+
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
+        """Rules (indexes) that may have a match starting at or after ``pos``."""
+
+
+def _byte_costs() -> list[float]:
+    """Rough share of each byte value in HTML pages, to pick rare anchors."""
+    cost = [0.0002] * 256
+    for b in range(0x80, 0x100):
+        cost[b] = 0.0005
+    letters = "etaoinsrhldcumfpgwybvkxjqz"
+    for rank, ch in enumerate(letters):
+        c = 0.06 * (0.85**rank) + 0.001
+        cost[ord(ch)] = c
+        cost[ord(ch.upper())] = c / 10
+    for ch in "0123456789":
+        cost[ord(ch)] = 0.003
+    cost[ord(" ")] = 0.15
+    cost[ord("\n")] = 0.02
+    cost[ord("\t")] = 0.01
+    for ch in '<>/"=':
+        cost[ord(ch)] = 0.012
+    for ch in ".,-:;'_#&!?()":
+        cost[ord(ch)] = 0.005
+    return cost
+
+
+_COST = _byte_costs()
+
+
+def _set_cost(members: frozenset[int]) -> float:
+    return sum(_COST[b] for b in members)
+
+
+def _head(node: Node, out: list[frozenset[int]]) -> bool:
+    """Append the byte sets at fixed offsets that start every match of ``node``.
+
+    Returns True when all of ``node`` was described (so what follows it is
+    at a fixed offset too).  Assertions take no room and are skipped.
+    """
+    if len(out) >= MAX_HEAD:
+        return False
+    if isinstance(node, Char):
+        out.append(frozenset((node.byte,)))
+        return True
+    if isinstance(node, Set):
+        out.append(node.members)
+        return True
+    if isinstance(node, Assert):
+        return True
+    if isinstance(node, Group):
+        return _head(node.child, out)
+    if isinstance(node, Cat):
+        for item in node.items:
+            if not _head(item, out):
+                return False
+        return True
+    if isinstance(node, Repeat):
+        if node.low == 0:
+            return False
+        child: list[frozenset[int]] = []
+        whole = _head(node.child, child)
+        if whole and node.high == node.low and len(child) * node.low <= MAX_HEAD:
+            out.extend(child * node.low)
+            return len(out) <= MAX_HEAD
+        out.extend(child[: MAX_HEAD - len(out)])
+        return False
+    return False  # Alt: not at fixed offsets
+
+
+def head_sets(parsed: ParsedRegex) -> list[frozenset[int]]:
+    """Byte sets at offsets 0, 1, ... of every non-empty match of the rule.
+
+    Empty when nothing is known (then only ``first_bytes`` holds).
+    """
+    out: list[frozenset[int]] = []
+    _head(parsed.tree, out)
+    if not out:
+        first = first_bytes(parsed.tree)
+        if first:
+            out.append(first)
+    return out[:MAX_HEAD]
+
+
+class AnchorFilter:
+    """The pure-``regex`` prefilter: rare anchor bytes, then a lookup."""
+
+    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+        always: set[int] = set()
+        # anchor set -> offset -> (exact prefix -> rules, [(head, rule)])
+        plan: dict[frozenset[int], dict[int, tuple[dict[bytes, list[int]], list[Any]]]] = {}
+        for rule, p in enumerate(parsed):
+            heads = head_sets(p) if not can_match_empty(p.tree) else []
+            if not heads:
+                always.add(rule)
+                continue
+            best = min(range(len(heads)), key=lambda i: (_set_cost(heads[i]), -i))
+            if _set_cost(heads[best]) > MAX_ANCHOR_COST or not heads[best]:
+                always.add(rule)
+                continue
+            exact, checked = plan.setdefault(heads[best], {}).setdefault(best, ({}, []))
+            before = heads[:best]
+            if all(len(s) == 1 for s in before):
+                key = bytes(next(iter(s)) for s in before)
+                exact.setdefault(key, []).append(rule)
+            else:
+                src = "".join(set_source(s) for s in heads)
+                checked.append((regex.compile(src.encode("latin-1"), FLAGS), rule))
+        self.always = frozenset(always)
+        self._groups: list[tuple[regex.Pattern[bytes], list[Any], frozenset[int]]] = []
+        for anchor, offsets in plan.items():
+            members: set[int] = set()
+            table = []
+            for offset, (exact, checked) in sorted(offsets.items()):
+                for rules in exact.values():
+                    members.update(rules)
+                members.update(rule for _, rule in checked)
+                table.append((offset, exact, checked))
+            pattern = regex.compile(set_source(anchor).encode("latin-1"), FLAGS)
+            self._groups.append((pattern, table, frozenset(members)))
+
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
+        """See :meth:`RuleFilter.candidates`."""
+        found = set(self.always)
+        for pattern, table, members in self._groups:
+            left = set(members)
+            for m in pattern.finditer(buf, pos, timeout=timeout):
+                q = m.start()
+                for offset, exact, checked in table:
+                    p = q - offset
+                    if p < pos:
+                        continue
+                    rules = exact.get(buf[p:q])
+                    if rules:
+                        left.difference_update(rules)
+                    for head, rule in checked:
+                        if rule in left and head.match(buf, p, timeout=timeout):
+                            left.discard(rule)
+                if not left:
+                    break
+            found |= members - left
+        return found
+
+
+def _hs_source(node: Node, out: list[str]) -> None:
+    """Hyperscan syntax for ``node`` without its assertions (more matches)."""
+    if isinstance(node, Char):
+        out.append(f"\\x{node.byte:02x}")
+    elif isinstance(node, Set):
+        out.append(set_source(node.members) if node.members != ALL_BYTES else "[\\x00-\\xff]")
+    elif isinstance(node, Assert):
+        pass
+    elif isinstance(node, Group):
+        out.append("(?:")
+        _hs_source(node.child, out)
+        out.append(")")
+    elif isinstance(node, Cat):
+        out.append("(?:")
+        for item in node.items:
+            _hs_source(item, out)
+        out.append(")")
+    elif isinstance(node, Alt):
+        out.append("(?:")
+        for k, item in enumerate(node.items):
+            if k:
+                out.append("|")
+            _hs_source(item, out)
+        out.append(")")
+    elif isinstance(node, Repeat):
+        out.append("(?:")
+        _hs_source(node.child, out)
+        out.append(")")
+        low, high = node.low, node.high
+        out.append(f"{{{low},}}" if high is None else f"{{{low},{high}}}")
+    else:  # pragma: no cover - exhaustive
+        raise TypeError(node)
+
+
+def hyperscan_source(parsed: ParsedRegex) -> bytes:
+    """The rule as a Hyperscan pattern matching at least what it matches."""
+    out: list[str] = []
+    _hs_source(parsed.tree, out)
+    return "".join(out).encode("latin-1")
+
+
+class HyperscanFilter:
+    """The Hyperscan prefilter: one block-mode scan reports the rules present."""
+
+    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+        if _hs is None:
+            raise RuntimeError("the hyperscan package is not installed")
+        always = {rule for rule, p in enumerate(parsed) if can_match_empty(p.tree)}
+        ids = [rule for rule in range(len(parsed)) if rule not in always]
+        sources = {rule: hyperscan_source(parsed[rule]) for rule in ids}
+        flags = _hs.HS_FLAG_DOTALL | _hs.HS_FLAG_SINGLEMATCH | _hs.HS_FLAG_PREFILTER
+        self._db: Any = None
+        if ids:
+            try:
+                self._db = self._compile([sources[r] for r in ids], ids, flags)
+            except _hs.error:
+                # Find the patterns Hyperscan refuses; those rules always run.
+                good = []
+                for rule in ids:
+                    try:
+                        self._compile([sources[rule]], [rule], flags)
+                    except _hs.error:
+                        always.add(rule)
+                    else:
+                        good.append(rule)
+                if good:
+                    self._db = self._compile([sources[r] for r in good], good, flags)
+        self.always = frozenset(always)
+
+    @staticmethod
+    def _compile(exprs: list[bytes], ids: list[int], flags: int) -> Any:
+        assert _hs is not None
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[flags] * len(exprs))
+        return db
+
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
+        """See :meth:`RuleFilter.candidates` (Hyperscan scans in linear time)."""
+        found = set(self.always)
+        if self._db is None or pos >= len(buf):
+            return found
+        add = found.add
+
+        def on_match(rule: int, start: int, end: int, flags: int, context: object) -> None:
+            add(rule)
+
+        self._db.scan(buf[pos:] if pos else buf, match_event_handler=on_match)
+        return found
+
+
+def make_filter(parsed: Sequence[ParsedRegex], engine: str | None = None) -> RuleFilter:
+    """A prefilter over ``parsed`` with ``engine`` (default :data:`ENGINE`)."""
+    name = ENGINE if engine is None else engine
+    if name == "hyperscan":
+        return HyperscanFilter(parsed)
+    if name == "anchor":
+        return AnchorFilter(parsed)
+    raise ValueError(f"unknown prefilter engine {name!r}")
