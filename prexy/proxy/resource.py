@@ -58,10 +58,13 @@ _SPOOL_IN_MEMORY = 1024 * 1024
 #: Largest piece of body fed to the transducer in one go, and the longest a
 #: response's rewriting may hold the reactor before yielding (seconds).
 _FEED_SLICE = 16 * 1024
+#: Slices adapt to the rule set's speed so one takes about SLICE_SECONDS.
+SLICE_SECONDS = 0.0005
+MIN_SLICE, MAX_SLICE = 1024, 256 * 1024
 #: Bound once: attribute access through twisted.web.http's deprecation
 #: module proxy costs microseconds per request.
 _http_write = _HTTPRequest.write
-WORK_BUDGET = 0.004
+WORK_BUDGET = 0.002
 
 
 class ProxyResource(Resource):
@@ -281,6 +284,7 @@ class _Exchange:
         self._working = False
         self._work_paused = False
         self._body_done = False
+        self._slice = _FEED_SLICE
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
 
@@ -467,12 +471,18 @@ class _Exchange:
                 self._working = False
                 return
             data = backlog[0]
-            if len(data) > _FEED_SLICE:
-                backlog[0] = data[_FEED_SLICE:]
-                data = data[:_FEED_SLICE]
+            size = self._slice
+            if len(data) > size:
+                backlog[0] = data[size:]
+                data = data[:size]
             else:
                 backlog.popleft()
+            began = time.perf_counter()
             out = self._transform(data)
+            spent = time.perf_counter() - began
+            if spent > 0 and len(data) >= MIN_SLICE:
+                # Next slice: what this rule set rewrites in ~SLICE_SECONDS.
+                self._slice = int(min(MAX_SLICE, max(MIN_SLICE, len(data) * SLICE_SECONDS / spent)))
             if out is None:
                 self._working = False
                 return  # failed: the client was reset

@@ -218,6 +218,7 @@ class FairnessTests(SynchronousTestCase):
         from prexy.proxy import resource
 
         self.patch(resource, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(resource, "MAX_SLICE", 16 * 1024)  # slices of at most 16 KB
         h = harness()
         body = PAGE * 2000  # ~150 KB: several 16 KB slices
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
