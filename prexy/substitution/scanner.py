@@ -386,9 +386,7 @@ class _FloorPlan:
         # The lowest floors (of all groups; of literal ones): a bounded width,
         # whether some floor is the scan start, and per walk the deepest mark.
         self.lowest = self._lowest(where for where, _ in groups)
-        self.lowest_literal = self._lowest(
-            where for where, key in groups if isinstance(key, bytes)
-        )
+        self.lowest_literal = self._lowest(where for where, key in groups if isinstance(key, bytes))
 
     def _lowest(self, wheres: Iterable[_Where]) -> tuple[int, bool, dict[int, int]]:
         width = -1

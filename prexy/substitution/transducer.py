@@ -88,16 +88,19 @@ class Transducer:
         self._scanner = ruleset.scanner
         rules = ruleset.rules
         self._single = len(rules) == 1
-        self._once = [r.once for r in rules]
-        self._literal = [r.template.literal if r.template.is_literal else None for r in rules]
-        self._templates = [r.template for r in rules]
-        self._seen_global = any(not r.once for r in rules)
+        # Per-rule facts, computed once per rule set (see RuleSet.rule_facts).
+        self._once, self._literal, self._templates, self._seen_global, all_rules = (
+            ruleset.rule_facts
+        )
         self._disabled = [False] * len(rules)
         self._disabled_count = 0
         # Rules to run (indexes into ruleset.rules); see RuleSet.new_transducer.
-        self._active = tuple(range(len(rules))) if only is None else tuple(sorted(set(only)))
-        if any(not 0 <= i < len(rules) for i in self._active):
-            raise ValueError("rule index out of range")
+        if only is None:
+            self._active = all_rules
+        else:
+            self._active = tuple(sorted(set(only)))
+            if any(not 0 <= i < len(rules) for i in self._active):
+                raise ValueError("rule index out of range")
         # The only active rule, when it is global with a fixed replacement.
         self._simple_rule: int | None = None
         if len(self._active) == 1:

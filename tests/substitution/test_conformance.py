@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 
+from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 
 from .conftest import SKIP_REASON, load_cases
+
+#: Every prefilter engine available here, and none (each rule scans).
+ENGINES = [*FILTER_ENGINES, "none"]
 
 CASES = load_cases("replace_filter_cases.json")
 pytestmark = pytest.mark.skipif(CASES is None, reason=SKIP_REASON)
@@ -32,13 +36,17 @@ def _b(s: str) -> bytes:
     return s.encode("latin-1")
 
 
-def build(case: dict[str, Any], max_buffered_size: int | None) -> RuleSet:
+def build(
+    case: dict[str, Any], max_buffered_size: int | None, engine: str | None = None
+) -> RuleSet:
     """The case's rules as a RuleSet (rules are given already unescaped)."""
     rules = [
         compile_rule(_b(r["pattern"]), _b(r["replacement"]), r["flags"], safe=False)
         for r in case["rules"]
     ]
-    return RuleSet.build(rules, types=case["types"], max_buffered_size=max_buffered_size)
+    return RuleSet.build(
+        rules, types=case["types"], max_buffered_size=max_buffered_size, engine=engine
+    )
 
 
 def run(ruleset: RuleSet, pieces: list[bytes], eof_with_last: bool = False) -> bytes:
@@ -65,12 +73,13 @@ def body_or_passthrough(
 
 @pytest.mark.parametrize("case", _cases("core", "passthrough", "eof_with_data"))
 @pytest.mark.parametrize("feeding", ["bufs", "chunks", "whole", "bytewise"])
-def test_case_any_chunking(case: dict[str, Any], feeding: str) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_case_any_chunking(case: dict[str, Any], feeding: str, engine: str) -> None:
     """The expected body comes out however the body is cut into pieces.
 
     The pieces are fed with the module's default buffer limit: these cases do
     not depend on the limit (see test_core_cases_with_recorded_limit for the
-    limits recorded with them).
+    limits recorded with them).  Every prefilter engine gives the same bytes.
     """
     body = _b("".join(case["chunks"]))
     pieces = {
@@ -83,15 +92,16 @@ def test_case_any_chunking(case: dict[str, Any], feeding: str) -> None:
     eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
     if case["category"] == "eof_with_data" and not eof_with_last:
         limit = None
-    ruleset = build(case, limit)
+    ruleset = build(case, limit, engine)
     assert ruleset.applies_to(case["content_type"]) == case["filter_applies"]
     assert body_or_passthrough(case, ruleset, pieces, eof_with_last) == _b(case["expected_body"])
 
 
 @pytest.mark.parametrize("case", _cases("max_buffered", "eof_with_data"))
-def test_case_with_recorded_limit(case: dict[str, Any]) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_case_with_recorded_limit(case: dict[str, Any], engine: str) -> None:
     """With the recorded limit and buffers, the module's bail-out is reproduced."""
-    ruleset = build(case, case.get("max_buffered_size"))
+    ruleset = build(case, case.get("max_buffered_size"), engine)
     pieces = [_b(x) for x in case["bufs"]]
     assert run(ruleset, pieces, case["last_chunk_has_eof"]) == _b(case["expected_body"])
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prexy.substitution.dialect import DialectError
+from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import UnsafePatternError, compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError
@@ -70,6 +71,9 @@ def patterns(draw: st.DrawFn, depth: int = 0) -> str:
 
 RuleSpec = tuple[str, str, str]
 
+#: Every prefilter engine available here, and none (each rule scans).
+ENGINES = [*FILTER_ENGINES, "none"]
+
 rule_specs = st.lists(
     st.tuples(
         patterns(),
@@ -81,7 +85,7 @@ rule_specs = st.lists(
 )
 
 
-def build(specs: list[RuleSpec]) -> RuleSet:
+def build(specs: list[RuleSpec], engine: str | None = None) -> RuleSet:
     """Compile the rules that load (unsafe ones are skipped), without a limit."""
     rules = []
     for pattern, replacement, flags in specs:
@@ -91,7 +95,7 @@ def build(specs: list[RuleSpec]) -> RuleSet:
             continue
     if not rules:
         rules.append(compile_rule(b"a", b"X", b"g"))
-    return RuleSet.build(rules, max_buffered_size=10**9)
+    return RuleSet.build(rules, max_buffered_size=10**9, engine=engine)
 
 
 bodies = st.text(alphabet="aabbc \nA-x1", max_size=40).map(lambda s: s.encode())
@@ -110,11 +114,16 @@ def feed_in(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
 
 
 @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
-@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8))
-def test_any_chunking_same_output(specs: list[RuleSpec], body: bytes, cuts: list[int]) -> None:
-    """Whole, random pieces and bytewise feeding all give the reference output."""
-    ruleset = build(specs)
-    expected = reference(ruleset, body)
+@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
+def test_any_chunking_same_output(
+    specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
+) -> None:
+    """Whole, random pieces and bytewise feeding all give the reference output.
+
+    The reference is computed without a prefilter; every engine must agree.
+    """
+    ruleset = build(specs, engine)
+    expected = reference(build(specs, "none"), body)
     assert feed_in(ruleset, [body]) == expected
     assert feed_in(ruleset, [body[i : i + 1] for i in range(len(body))]) == expected
     points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})

@@ -1,0 +1,162 @@
+"""The multi-pattern prefilters never drop a rule that can match.
+
+A prefilter only narrows which rules the scanner runs on a buffer, so two
+things prove it safe: every rule that ``regex`` finds a match for from a
+position is among the prefilter's candidates from there (checked directly,
+for every engine and every position), and the transducer's output with any
+engine, fed whole, in random pieces or byte by byte, is the output without
+a prefilter.  Rule sets here are larger than in the other property tests
+and built from shared literal prefixes, so that the anchor tables, the
+literal trie of the hold-back check and ties between rules are exercised.
+"""
+
+from __future__ import annotations
+
+import pytest
+import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prexy.substitution import prefilter
+from prexy.substitution.rules import UnsafePatternError, compile_rule, parse_rules
+from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.scanner import RegexScanner
+from tests.substitution.test_streaming_properties import patterns
+
+ENGINES = list(prefilter.ENGINES)
+WORDS = ["ab", "abc", "ba", "cab", "a-b", "bb", "x1", "abab"]
+TAILS = ["", "", "[0-9]+", "\\d", "c*", "[ab]{2}", "(?:c|1)", " ?x", "\\b", "$", "+"]
+HEADS = ["", "", "", "^", "\\b", "\\s", "[bc]", "(?:a|1)"]
+
+
+@st.composite
+def literal_rules(draw: st.DrawFn) -> str:
+    """A rule with a literal part, as most real rules have."""
+    head = draw(st.sampled_from(HEADS))
+    word = draw(st.sampled_from(WORDS))
+    tail = draw(st.sampled_from(TAILS))
+    if tail == "+":
+        return head + word + "+"
+    return head + word + tail
+
+
+rule_pattern = st.one_of(literal_rules(), literal_rules(), patterns())
+specs = st.lists(
+    st.tuples(
+        rule_pattern, st.sampled_from(["X", "<$&>", "", "$1"]), st.sampled_from(["g", "gi", ""])
+    ),
+    min_size=2,
+    max_size=14,
+)
+bodies = st.text(alphabet="aabbc AB1-x\n", max_size=60).map(lambda s: s.encode())
+
+
+def compile_all(rule_specs: list[tuple[str, str, str]]) -> list:
+    rules = []
+    for pattern, replacement, flags in rule_specs:
+        try:
+            rules.append(compile_rule(pattern.encode(), replacement.encode(), flags))
+        except (UnsafePatternError, ValueError):
+            continue
+    if len(rules) < 2:
+        rules += [compile_rule(b"ab", b"X", b"g"), compile_rule(b"b[0-9]", b"Y", b"g")]
+    return rules
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, bodies)
+def test_candidates_include_every_rule_that_matches(
+    rule_specs: list[tuple[str, str, str]], body: bytes
+) -> None:
+    """From every position, each rule regex can match from is a candidate."""
+    rules = compile_all(rule_specs)
+    parsed = [r.parsed for r in rules]
+    plain = RegexScanner(parsed, "none")
+    for engine in ENGINES:
+        filt = prefilter.make_filter(parsed, engine)
+        for pos in range(len(body) + 1):
+            found = filt.candidates(body, pos, None)
+            for index, pattern in enumerate(plain.patterns):
+                if pattern.search(body, pos) is not None:
+                    assert index in found, (engine, pos, rules[index].pattern)
+
+
+def feed(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
+    t = ruleset.new_transducer(timeout=None)
+    out = b"".join(t.feed(p) for p in pieces) + t.finish()
+    assert not t.bailed_out and not t.timed_out
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, bodies, st.lists(st.integers(0, 60), max_size=6))
+def test_every_engine_same_output(
+    rule_specs: list[tuple[str, str, str]], body: bytes, cuts: list[int]
+) -> None:
+    """Each engine, fed any way, gives the output of no prefilter fed whole."""
+    rules = compile_all(rule_specs)
+    expected = RuleSet.build(rules, max_buffered_size=10**9, engine="none")
+    want = expected.new_transducer(timeout=None).finish(body)
+    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+    ways = [
+        [body],
+        [body[i : i + 1] for i in range(len(body))],
+        [body[a:b] for a, b in zip(points, points[1:], strict=False)],
+    ]
+    for engine in [*ENGINES, "none"]:
+        ruleset = RuleSet.build(rules, max_buffered_size=10**9, engine=engine)
+        for pieces in ways:
+            assert feed(ruleset, pieces) == want, engine
+
+
+def test_only_some_rules_run_per_buffer() -> None:
+    """With many rules, a buffer only runs the few whose prefix it holds."""
+    lines = [f"replace_filter 'w{i}[0-9]+t' 'R{i}' g;" for i in range(200)]
+    ruleset = parse_rules("\n".join(lines).encode(), "many.rules")
+    for engine in ENGINES:
+        scanner = RegexScanner([r.parsed for r in ruleset.rules], engine)
+        assert scanner.filter is not None
+        found = scanner.filter.candidates(b"text w17 w1234t more w5x9t", 0, None)
+        assert 12 in found
+        assert len(found) <= 3, engine
+
+
+def test_empty_matching_rules_always_run() -> None:
+    """A rule that can match empty is never filtered out."""
+    rules = [compile_rule(b"[0-9]*", b"N", b"g"), compile_rule(b"ab", b"X", b"g")]
+    for engine in ENGINES:
+        filt = prefilter.make_filter([r.parsed for r in rules], engine)
+        assert 0 in filt.always
+        assert filt.candidates(b"zzz", 0, None) == {0}
+
+
+def test_hyperscan_source_drops_assertions() -> None:
+    """The Hyperscan form has no assertions and matches at least as much."""
+    rule = compile_rule(b"^\\bfoo(?:bar)??$", b"X", b"g")
+    source = prefilter.hyperscan_source(rule.parsed)
+    assert not any(a in source for a in (b"^", b"$", b"\\b"))
+    assert regex.search(source, b"xfoo y") is not None
+
+
+@pytest.mark.skipif(not prefilter.HAVE_HYPERSCAN, reason="hyperscan is not installed")
+def test_hyperscan_refusals_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern Hyperscan refuses makes just that rule run on every buffer."""
+    rules = [compile_rule(b"ab", b"X", b"g"), compile_rule(b"cd", b"Y", b"g")]
+    real = prefilter.HyperscanFilter._compile
+
+    def picky(exprs: list[bytes], ids: list[int], flags: int) -> object:
+        if 1 in ids:
+            raise prefilter._hs.error("refused for the test")
+        return real(exprs, ids, flags)
+
+    monkeypatch.setattr(prefilter.HyperscanFilter, "_compile", staticmethod(picky))
+    filt = prefilter.HyperscanFilter([r.parsed for r in rules])
+    assert filt.always == {1}
+    assert filt.candidates(b"zz ab", 0, None) == {0, 1}
+    assert filt.candidates(b"zz", 0, None) == {1}
+
+
+def test_unknown_engine_refused() -> None:
+    """A misspelt engine name is an error, not a silent fallback."""
+    with pytest.raises(ValueError):
+        prefilter.make_filter([compile_rule(b"a", b"b", b"g").parsed], "hyperscam")
