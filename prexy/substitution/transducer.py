@@ -132,6 +132,11 @@ class Transducer:
         return self.state is State.FINISHED
 
     @property
+    def active_rules(self) -> tuple[int, ...]:
+        """The rules this transducer runs (all, or those given as ``only``)."""
+        return self._active
+
+    @property
     def held(self) -> int:
         """How many bytes are held back waiting for more data."""
         return len(self._buf) - self._pos + self._deferred_len

@@ -1,0 +1,184 @@
+"""Rule-applicability memory: which rules can match one version of a resource.
+
+Most responses of a site are the same files served again, and with many
+rules most rules match nothing in a given file.  After a body was rewritten
+to its end with every rule tried, the rules that matched are remembered for
+that exact *version* of the resource; the next response of that version
+runs only those rules (``RuleSet.new_transducer(only=...)``), and a version
+no rule matches is passed through without scanning (its Content-Length can
+be kept).  The output is the same: a rule that never made a match in the
+body cannot change what the other rules do with the same bytes.
+
+A version is named by :class:`ResourceKey`: site, URL, the upstream
+validator (strong or weak ETag, Last-Modified, and the body length when
+known) and optionally the request headers the response varies on.  A
+response without ETag or Last-Modified has no version and is never
+remembered: a changed file must never be judged by its old content.  Each
+entry also carries the rule set's digest, so a new rule set forgets it.
+
+Memory is bounded: an LRU of ``max_entries`` entries, each a 16-byte hash
+of the key and digest plus a bitmask of rule indexes.  Pure: no I/O, no
+Twisted.  Typical use in the proxy::
+
+    key = ResourceKey.of(site, url, etag=..., last_modified=..., length=...)
+    only = memory.rules_for(ruleset, key)       # None: run every rule
+    t = ruleset.new_transducer(only=only)
+    ...feed, finish...
+    memory.record(ruleset, key, t)              # after finish(), always
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.transducer import Transducer
+
+__all__ = ["ApplicabilityMemory", "ResourceKey"]
+
+
+@dataclass(frozen=True)
+class ResourceKey:
+    """One version of one resource of one site.
+
+    Build it with :meth:`of`, which returns None when the response has no
+    validator (then nothing may be remembered about it).
+    """
+
+    site: str
+    url: str
+    validator: str
+    variant: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        site: str,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        length: int | None = None,
+        variant: str = "",
+    ) -> ResourceKey | None:
+        """The key of a response, or None without ETag and Last-Modified.
+
+        ``length`` is the body length when the upstream sent one (a file
+        rewritten within the same second keeps its Last-Modified but
+        usually not its length); ``variant`` holds the values of the request
+        headers the response varies on (its ``Vary``), if any.
+        """
+        if not etag and not last_modified:
+            return None
+        parts = [f"e={etag or ''}", f"m={last_modified or ''}"]
+        if length is not None:
+            parts.append(f"l={length}")
+        return cls(site, url, "\n".join(parts), variant)
+
+    def hashed(self, digest: str) -> bytes:
+        """16 bytes naming this version under the rule set ``digest``."""
+        h = hashlib.blake2b(digest_size=16)
+        for part in (self.site, self.url, self.validator, self.variant, digest):
+            data = part.encode("utf-8", "surrogateescape")
+            h.update(len(data).to_bytes(4, "big"))
+            h.update(data)
+        return h.digest()
+
+
+class ApplicabilityMemory:
+    """An LRU of resource versions and the rules that can match them.
+
+    ``hits``, ``misses`` and ``recorded`` count lookups that found an
+    entry, lookups that did not, and bodies remembered.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, int] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.recorded = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def rules_for(self, ruleset: RuleSet, key: ResourceKey | None) -> frozenset[int] | None:
+        """The rules to run for ``key``: None (unknown: run all) or a set.
+
+        An empty set means no rule can match this version: pass it through.
+        """
+        if key is None:
+            return None
+        name = key.hashed(ruleset.digest)
+        mask = self._entries.get(name)
+        if mask is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(name)
+        self.hits += 1
+        return _indexes(mask)
+
+    def record(self, ruleset: RuleSet, key: ResourceKey | None, transducer: Transducer) -> bool:
+        """Remember what ``transducer`` learnt about ``key``; True if it did.
+
+        Only a body scanned to its end counts: ``finish()`` was called, and
+        neither the buffer limit nor a time limit stopped substitution.
+        Rules the transducer did not run (``only=``) stay possible.
+        """
+        if key is None or not transducer.finished:
+            return False
+        if transducer.bailed_out or transducer.timed_out:
+            return False
+        everything = (1 << len(ruleset.rules)) - 1
+        untried = everything & ~_mask(transducer.active_rules)
+        self._store(key.hashed(ruleset.digest), _mask(transducer.rules_matched) | untried)
+        return True
+
+    def remember(self, ruleset: RuleSet, key: ResourceKey, may_match: Iterable[int]) -> None:
+        """Record that only ``may_match`` rules can match version ``key``.
+
+        What is already known of the same version is kept too (both hold,
+        so only rules in both can match).
+        """
+        self._store(key.hashed(ruleset.digest), _mask(may_match))
+
+    def _store(self, name: bytes, mask: int) -> None:
+        known = self._entries.get(name)
+        if known is not None:
+            mask &= known
+            self._entries.move_to_end(name)
+        self._entries[name] = mask
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        self.recorded += 1
+
+    def forget(self, ruleset: RuleSet, key: ResourceKey) -> None:
+        """Drop what is known of version ``key`` (e.g. after a scan error)."""
+        self._entries.pop(key.hashed(ruleset.digest), None)
+
+    def clear(self) -> None:
+        """Forget everything (e.g. on reload)."""
+        self._entries.clear()
+
+
+def _mask(indexes: Iterable[int]) -> int:
+    mask = 0
+    for i in indexes:
+        mask |= 1 << i
+    return mask
+
+
+def _indexes(mask: int) -> frozenset[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return frozenset(out)
