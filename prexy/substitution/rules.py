@@ -20,9 +20,12 @@ response.  :func:`parse_rules` and :func:`load_rules` return a compiled
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prexy.substitution.dialect import DialectError, check_pathological, parse_sregex
@@ -36,6 +39,7 @@ __all__ = [
     "RulesError",
     "Token",
     "UnsafePatternError",
+    "clear_rules_cache",
     "compile_rule",
     "load_rules",
     "parse_rules",
@@ -372,17 +376,49 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
     )
 
 
+#: How many compiled rule sets :func:`load_rules` keeps (least recently used go).
+RULES_CACHE_SIZE = 32
+
+_cache: OrderedDict[tuple[object, ...], RuleSet] = OrderedDict()
+
+
+def clear_rules_cache() -> None:
+    """Forget every compiled rule set :func:`load_rules` keeps."""
+    _cache.clear()
+
+
+def _cached(key: tuple[object, ...], build: Callable[[], RuleSet]) -> RuleSet:
+    ruleset = _cache.get(key)
+    if ruleset is not None:
+        _cache.move_to_end(key)
+        return ruleset
+    ruleset = build()
+    _cache[key] = ruleset
+    while len(_cache) > RULES_CACHE_SIZE:
+        _cache.popitem(last=False)
+    return ruleset
+
+
 def load_rules(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, safe: bool = True
 ) -> RuleSet:
-    """Load one rules file, or several combined in the order given."""
+    """Load one rules file, or several combined in the order given.
+
+    Compiled rule sets are cached by the files' content (a SHA-256 per
+    file, the order, ``safe`` and the prefilter engine), so every site
+    whose rules files hold the same text shares one compiled set, and a
+    reload of unchanged files compiles nothing.  A file that does not load
+    is not cached: it raises each time.  Rule origins (``file:line``) name
+    the file that was compiled first.
+    """
+    from prexy.substitution import prefilter
     from prexy.substitution.ruleset import RuleSet
 
     if isinstance(paths, (str, os.PathLike)):
         path_list = [paths]
     else:
         path_list = list(paths)
-    sets = []
+    files = []
     for path in path_list:
         name = os.fspath(path)
         try:
@@ -390,5 +426,13 @@ def load_rules(
                 data = fh.read()
         except OSError as exc:
             raise RulesError(name, 0, 0, name, f"cannot read rules file: {exc.strerror}") from None
-        sets.append(parse_rules(data, name, safe=safe))
-    return RuleSet.combine(sets)
+        files.append((name, data))
+    engine = prefilter.ENGINE
+    digests = tuple(hashlib.sha256(data).digest() for _, data in files)
+    sets = [
+        _cached(("file", safe, engine, digest), partial(parse_rules, data, name, safe=safe))
+        for (name, data), digest in zip(files, digests, strict=True)
+    ]
+    if len(sets) == 1:
+        return sets[0]
+    return _cached(("files", safe, engine, digests), lambda: RuleSet.combine(sets))

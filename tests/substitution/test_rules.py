@@ -213,3 +213,44 @@ def test_error_column_counts_raw_bytes() -> None:
         parse_rules(b"replace_filter 'a\\\\\\'b(' X;", "t.conf")
     # replace_filter 'a\\\'b(' : the '(' is the 23rd column.
     assert info.value.column == 23, str(info.value)
+
+
+def test_load_rules_shares_compiled_sets_by_content(tmp_path: Path) -> None:
+    """Files with the same text give the same compiled RuleSet object."""
+    from prexy.substitution import rules as rules_module
+
+    rules_module.clear_rules_cache()
+    a = tmp_path / "a.rules"
+    b = tmp_path / "b.rules"
+    c = tmp_path / "c.rules"
+    a.write_bytes(b"replace_filter 'foo' 'bar' g;\n")
+    b.write_bytes(b"replace_filter 'foo' 'bar' g;\n")
+    c.write_bytes(b"replace_filter 'foo' 'baz' g;\n")
+    assert load_rules(a) is load_rules(b)
+    assert load_rules(a) is not load_rules(c)
+    assert load_rules([a, c]) is load_rules([b, c])
+    assert load_rules([a, c]) is not load_rules([c, a])
+    assert load_rules(a, safe=False) is not load_rules(a)
+    # Changed content is compiled afresh.
+    before = load_rules(a)
+    a.write_bytes(b"replace_filter 'foo' 'qux' g;\n")
+    after = load_rules(a)
+    assert after is not before
+    assert after.new_transducer().finish(b"foo") == b"qux"
+    # A bad file is an error every time, never a cached set.
+    a.write_bytes(b"replace_filter 'fo(o' 'x' g;\n")
+    for _ in range(2):
+        with pytest.raises(RulesError):
+            load_rules(a)
+
+
+def test_load_rules_cache_is_bounded(tmp_path: Path) -> None:
+    """At most RULES_CACHE_SIZE compiled sets are kept."""
+    from prexy.substitution import rules as rules_module
+
+    rules_module.clear_rules_cache()
+    for i in range(rules_module.RULES_CACHE_SIZE + 10):
+        path = tmp_path / f"{i}.rules"
+        path.write_bytes(f"replace_filter 'x{i}' 'y' g;\n".encode())
+        load_rules(path)
+    assert len(rules_module._cache) == rules_module.RULES_CACHE_SIZE
