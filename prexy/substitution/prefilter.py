@@ -149,7 +149,7 @@ def _choose_anchors(
         for i in range(min(runs[rule] + 1, len(heads))):
             opts[heads[i]] = i  # the last offset of a repeated set
         options[rule] = opts
-    chosen: dict[int, int] = {}
+    served: dict[frozenset[int], list[int]] = {}
     left = set(options)
     while left:
         count: dict[frozenset[int], int] = {}
@@ -157,10 +157,24 @@ def _choose_anchors(
             for members in options[rule]:
                 count[members] = count.get(members, 0) + 1
         best = max(count, key=lambda m: (count[m] / max(_set_cost(m), 1e-6), -len(m)))
-        for rule in [r for r in left if best in options[r]]:
-            chosen[rule] = options[rule][best]
-            left.discard(rule)
-    return chosen
+        served[best] = [r for r in left if best in options[r]]
+        left.difference_update(served[best])
+    # Drop a chosen set whose rules can all use other chosen sets (e.g. a
+    # letter picked first for a few rules that the digit set serves too).
+    for members in sorted(served, key=_set_cost, reverse=True):
+        rules = served[members]
+        others = [m for m in served if m != members]
+        moves = []
+        for rule in rules:
+            usable = [m for m in others if m in options[rule]]
+            if not usable:
+                break
+            moves.append((rule, min(usable, key=_set_cost)))
+        else:
+            del served[members]
+            for rule, target in moves:
+                served[target].append(rule)
+    return {rule: options[rule][m] for m, rules in served.items() for rule in rules}
 
 
 def _head(node: Node, out: list[frozenset[int]]) -> bool:

@@ -32,7 +32,7 @@ def pieces(ruleset: RuleSet, parts: list[bytes], only: frozenset[int] | None) ->
     return b"".join(t.feed(p) for p in parts) + t.finish()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(specs, bodies, st.lists(st.integers(0, 60), max_size=6))
 def test_remembered_rules_give_the_same_output(
     rule_specs: list[tuple[str, str, str]], body: bytes, cuts: list[int]

@@ -63,7 +63,7 @@ def compile_all(rule_specs: list[tuple[str, str, str]]) -> list:
     return rules
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(specs, bodies)
 def test_candidates_include_every_rule_that_matches(
     rule_specs: list[tuple[str, str, str]], body: bytes
@@ -88,7 +88,7 @@ def feed(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(specs, bodies, st.lists(st.integers(0, 60), max_size=6))
 def test_every_engine_same_output(
     rule_specs: list[tuple[str, str, str]], body: bytes, cuts: list[int]
