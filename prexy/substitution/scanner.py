@@ -34,6 +34,7 @@ in front of :class:`_HeapCursor`.  Every regex call passes ``timeout=``; a
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -61,6 +62,10 @@ FLAGS = regex.DOTALL | regex.MULTILINE
 #: From this many active rules on, a multi-pattern prefilter picks the rules
 #: to run on each buffer (see :mod:`.prefilter`).
 FILTER_MIN_RULES = 2
+
+#: Hold-back heap entries: a rule's exact reach, or a lower bound of it.
+EXACT = -1
+BOUND = -2
 
 #: Near the end of a buffer, up to this many positions are matched against
 #: all literal prefixes at once (see ``_Trie``) to skip rules' probes.
@@ -493,15 +498,8 @@ class _HoldCursor:
         # path.  One walk serves all rules whose repeats eat the same bytes.
         all_marks: list[list[int]] = []
         for other, need in plan.walks:
-            marks: list[int] = []
-            end = n
-            for _ in range(need):
-                m = other.search(buf, pos, end, timeout=timeout)
-                if m is None:
-                    break
-                end = m.start()
-                marks.append(end)
-            all_marks.append(marks)
+            found = other.finditer(buf, pos, n, timeout=timeout)
+            all_marks.append([m.start() for m in itertools.islice(found, need)])
 
         def floor_of(where: _Where) -> int:
             kind, a, b = where
@@ -525,8 +523,11 @@ class _HoldCursor:
 
         #: No path starting below ``floor`` can run off the end.
         self.floor = lowest(plan.lowest)
-        floors: dict[int, int] = {}
-        heap: list[tuple[int, int, bool]] = []
+        # Heap entries (position, rule, what): what is EXACT (the rule's
+        # reach), BOUND (a lower bound of it) or the index of a group in
+        # ``groups`` (a lower bound for all its rules, expanded on demand).
+        groups: list[tuple[int, list[int]]] = []
+        heap: list[tuple[int, int, int]] = []
         relevant: set[tuple[bytes, _Where]] = set()
         end_rule: int | None = None
         low_literal = lowest(plan.lowest_literal)
@@ -541,9 +542,8 @@ class _HoldCursor:
                 if first is None:
                     continue
                 relevant.add((key, where))
-                for rule in rules:
-                    floors[rule] = floor
-                    heap.append((first, rule, False))
+                heap.append((first, rules[0], len(groups)))
+                groups.append((floor, rules))
         for first_rule, key, where in plan.literal_order:
             if (key, where) not in relevant:
                 end_rule = first_rule
@@ -562,13 +562,22 @@ class _HoldCursor:
                     if end_rule is None or rules[0] < end_rule:
                         end_rule = rules[0]
                     continue
-            for rule in rules:
-                floors[rule] = floor
-                heap.append((floor, rule, False))
+            heap.append((floor, rules[0], len(groups)))
+            groups.append((floor, rules))
         heapq.heapify(heap)
-        self._floors = floors
+        self._floors: dict[int, int] = {}
+        self._groups = groups
         self._heap = heap
         self._end_rule = end_rule
+
+    def _expand(self, s: int, what: int) -> None:
+        """Replace the group entry ``what`` (bound ``s``) by one entry per rule."""
+        floor, rules = self._groups[what]
+        heap = self._heap
+        floors = self._floors
+        for rule in rules:
+            floors[rule] = floor
+            heapq.heappush(heap, (s, rule, BOUND))
 
     def _rule_reach(self, rule: int, start: int) -> int | None:
         """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
@@ -609,14 +618,18 @@ class _HoldCursor:
         """Make the first heap entry exact and at or after ``lo``."""
         heap = self._heap
         while heap:
-            s, rule, exact = heap[0]
-            if exact and s >= lo:
+            s, rule, what = heap[0]
+            if what == EXACT and s >= lo:
                 return
+            if what >= 0:
+                heapq.heappop(heap)
+                self._expand(s, what)
+                continue
             reach = self._rule_reach(rule, max(lo, s))
             if reach is None:
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (reach, rule, True))
+                heapq.heapreplace(heap, (reach, rule, EXACT))
 
     def hold_point(self, lo: int, found: Found | None) -> int | None:
         """Leftmost position from ``lo`` whose match may need more bytes.
@@ -644,9 +657,17 @@ class _HoldCursor:
         if s > found.start:
             return None
         # Ties at the match's start: is one of them a rule of priority?
-        for t, rule, exact in heap:
-            if t == s and rule <= found.rule:
-                if exact or self._rule_reach(rule, s) == s:
+        for t, first, what in [e for e in heap if e[0] == s and e[1] <= found.rule]:
+            if what == EXACT:
+                return s
+            if what == BOUND:
+                rules: Sequence[int] = [first]
+            else:
+                floor, rules = self._groups[what]
+                for rule in rules:
+                    self._floors[rule] = floor
+            for rule in rules:
+                if rule <= found.rule and self._rule_reach(rule, t) == t:
                     return s
         if s == n and end_rule is not None and end_rule <= found.rule:
             return s
