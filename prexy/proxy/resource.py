@@ -43,6 +43,7 @@ from prexy.proxy.upstream import (
     UpstreamTimeout,
 )
 from prexy.runtime import Runtime, SiteRuntime
+from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
 
 log = Logger()
 
@@ -65,6 +66,8 @@ MIN_SLICE, MAX_SLICE = 1024, 256 * 1024
 #: module proxy costs microseconds per request.
 _http_write = _HTTPRequest.write
 WORK_BUDGET = 0.002
+#: Resource versions the applicability memory keeps per process.
+APPLICABILITY_ENTRIES = 50_000
 
 
 class ProxyResource(Resource):
@@ -82,6 +85,8 @@ class ProxyResource(Resource):
         self.metrics = metrics
         #: prexy.proxy.caching.CacheLayer when a cache store is configured.
         self.cache = cache
+        #: Which rules ever matched each resource version (issue 4).
+        self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
 
     def render(self, request: ProxyRequest) -> Any:
         runtime = self.runtime
@@ -285,6 +290,8 @@ class _Exchange:
         self._work_paused = False
         self._body_done = False
         self._slice = _FEED_SLICE
+        self.resource_key: Any = None
+        self.rules_run = 0
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
 
@@ -321,10 +328,21 @@ class _Exchange:
             if coding is None or coding in DECODABLE:
                 rewrite = rules.applies_to((ctype or b"").decode("latin-1"))
         has_length = False
+        skipped = False
+        if rewrite and request.method != b"HEAD":
+            memory = resource.applicability
+            self.resource_key = _resource_key(self.site, request, headers, response)
+            only = memory.rules_for(rules, self.resource_key)
+            if only is not None and not only and coding is None:
+                # This version of the resource matched no rule before: pass
+                # it through unscanned, with its length.
+                skipped = True
+                resource.metrics.count("prexy_rewrite_skipped_total")
+            else:
+                self.transducer = rules.new_transducer(only=only)
+                self.rules_run = len(rules.rules) if only is None else len(only)
         if rewrite:
             # HEAD gets the same head a GET would: no length, derived validators.
-            if request.method != b"HEAD":
-                self.transducer = rules.new_transducer()
             if coding is not None:
                 # Compressed despite Accept-Encoding: identity. Decode, rewrite,
                 # and compress again only for clients that take gzip.
@@ -341,9 +359,12 @@ class _Exchange:
             headers = [
                 (n, _derived_etag(v, rules.digest) if n.lower() == b"etag" else v) for n, v in headers
             ]
-            if request.method != b"HEAD":
+            if self.transducer is not None:
                 # Substitution time is known only at the end: a trailer.
                 headers.append((b"Trailer", b"Server-Timing"))
+            elif skipped and response.length is not None:
+                headers.append((b"Content-Length", b"%d" % response.length))
+                has_length = True
         elif response.length is not None and response.code not in (204, 304):
             headers.append((b"Content-Length", b"%d" % response.length))
             has_length = True
@@ -354,13 +375,12 @@ class _Exchange:
         now = resource.reactor.seconds()
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = max(0.0, now - self.started - upstream_time)
-        headers.append(
-            (
-                b"Server-Timing",
-                b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f"
-                % (response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000),
-            )
+        timing = b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f" % (
+            response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000
         )
+        if skipped:
+            timing += b', rewrite-skipped;desc="no rule matched this version before"'
+        headers.append((b"Server-Timing", timing))
         request.set_raw_head(headers, has_length)
         resource.metrics.observe_upstream(response.first_byte_seconds + response.connect_seconds)
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
@@ -561,6 +581,10 @@ class _Exchange:
                 request.write(tail)
             self._count_transducer(transducer)
             timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
+            matched = sorted(transducer.rules_matched)
+            timing += b', rewrite-rules;desc="%d matched of %d run"' % (len(matched), self.rules_run)
+            if self.site.rules is not None:
+                self.resource.applicability.record(self.site.rules, self.resource_key, transducer)
             if transducer.bailed_out:
                 timing += b', rewrite-bailout;desc="max_buffered_size reached"'
             if transducer.timed_out:
@@ -723,6 +747,29 @@ class _DetachedRequest:
 
     def finish(self) -> None:
         self.finished = True
+
+
+def _resource_key(site: SiteRuntime, request: Any, headers: list[tuple[bytes, bytes]], response: UpstreamResponse) -> Any:
+    """The version of this resource, for the applicability memory (None when
+    the upstream gave no validator: then nothing is remembered)."""
+    etag = _header(headers, b"etag")
+    last_modified = _header(headers, b"last-modified")
+    if etag is None and last_modified is None:
+        return None
+    vary = _header(headers, b"vary")
+    variant = ""
+    if vary:
+        raw = raw_header_dict(request.requestHeaders)
+        names = [n.strip().lower() for n in vary.split(b",") if n.strip()]
+        variant = "\n".join(b",".join(raw.get(n, ())).decode("latin-1") for n in names)
+    return ResourceKey.of(
+        site.name,
+        request.uri.decode("latin-1"),
+        etag=etag.decode("latin-1") if etag else None,
+        last_modified=last_modified.decode("latin-1") if last_modified else None,
+        length=response.length,
+        variant=variant,
+    )
 
 
 def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:

@@ -59,7 +59,9 @@ class RewriteTests(SynchronousTestCase):
         self.assertEqual(header(headers, b"content-length"), [])
         self.assertEqual(header(headers, b"transfer-encoding"), [b"chunked"])
         self.assertEqual(header(headers, b"trailer"), [b"Server-Timing"])
-        self.assertRegex(raw, rb"0\r\nServer-Timing: rewrite;dur=[\d.]+\r\n\r\n$")
+        self.assertRegex(
+            raw, rb'0\r\nServer-Timing: rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"\r\n\r\n$'
+        )
         self.assertEqual(h.pool.idle_connections(), 1)
 
     def test_identity_encoding_requested(self) -> None:
@@ -265,3 +267,48 @@ class FairnessTests(SynchronousTestCase):
         self.assertTrue(conn.paused)
         client.producer.resumeProducing()
         self.assertFalse(conn.paused)
+
+
+class ApplicabilityTests(SynchronousTestCase):
+    """The proxy remembers, per resource version, which rules matched."""
+
+    def fetch(self, h: Harness, etag: bytes, body: bytes) -> bytes:
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: %s\r\nContent-Length: %d\r\n" % (etag, len(body)),
+            body,
+        )
+        return client.value()
+
+    def test_version_without_matches_passes_unscanned(self) -> None:
+        """The second response of a version no rule matched keeps its
+        Content-Length and says the scan was skipped; a new version (other
+        ETag) is scanned again."""
+        h = harness()
+        plain = b"<p>nothing to replace here</p>"
+        first = self.fetch(h, b'"v1"', plain)
+        self.assertIn(b"Transfer-Encoding: chunked", first)
+        second = self.fetch(h, b'"v1"', plain)
+        self.assertIn(b"Content-Length: %d" % len(plain), second)
+        self.assertIn(b"rewrite-skipped", second)
+        self.assertEqual(parse_response(second)[2], plain)
+        changed = self.fetch(h, b'"v2"', PAGE)
+        self.assertEqual(parse_response(changed)[2], REWRITTEN)
+
+    def test_only_matching_rules_run_again(self) -> None:
+        """A version where one of two rules matched runs only that rule next
+        time, with the same output."""
+        h = harness()
+        body = b"<a href='https://www.origin.example/'>x</a>"
+        first = self.fetch(h, b'"v1"', body)
+        second = self.fetch(h, b'"v1"', body)
+        self.assertIn(b'rewrite-rules;desc="1 matched of 2 run"', first)
+        self.assertIn(b'rewrite-rules;desc="1 matched of 1 run"', second)
+        self.assertEqual(parse_response(first)[2], parse_response(second)[2])
+
+    def test_no_validator_no_memory(self) -> None:
+        """Without ETag or Last-Modified nothing is remembered."""
+        h = harness()
+        for _ in range(2):
+            _, client = respond(h, b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 3\r\n", b"abc")
+            self.assertIn(b"Transfer-Encoding: chunked", client.value())
