@@ -2,10 +2,13 @@
 
 Pure code (no Twisted): the rules-file parser (:mod:`.rules`), the sregex
 dialect (:mod:`.dialect`), replacement templates (:mod:`.template`), compiled
-rule sets (:mod:`.ruleset`), the scanner interface (:mod:`.scanner`) and the
-streaming transducer (:mod:`.transducer`).  Typical use::
+rule sets (:mod:`.ruleset`), the scanner interface (:mod:`.scanner`), the
+multi-pattern prefilters that keep many rules cheap (:mod:`.prefilter`;
+Hyperscan is used when the optional ``hyperscan`` package is installed), the
+rule-applicability memory (:mod:`.applicability`) and the streaming
+transducer (:mod:`.transducer`).  Typical use::
 
-    ruleset = load_rules(["site.rules", "more.rules"])   # once, at load time
+    ruleset = load_rules(["site.rules", "more.rules"])   # cached by content
     if ruleset.applies_to(content_type):                 # per response
         t = ruleset.new_transducer()
         for chunk in body:                               # slices of <= 64 KB
@@ -30,13 +33,16 @@ Where Prexy knowingly differs from the module (each pinned by a test):
   is ever held per response.
 """
 
+from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
 from prexy.substitution.dialect import DialectError
 from prexy.substitution.rules import RulesError, load_rules, parse_rules
 from prexy.substitution.ruleset import Rule, RuleSet
 from prexy.substitution.transducer import State, Transducer
 
 __all__ = [
+    "ApplicabilityMemory",
     "DialectError",
+    "ResourceKey",
     "Rule",
     "RuleSet",
     "RulesError",

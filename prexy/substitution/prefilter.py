@@ -33,6 +33,7 @@ default engine (``"hyperscan"`` when the package imports, else
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -351,7 +352,10 @@ def hyperscan_source(parsed: ParsedRegex) -> bytes:
 
 
 class HyperscanFilter:
-    """The Hyperscan prefilter: one block-mode scan reports the rules present."""
+    """The Hyperscan prefilter: one block-mode scan reports the rules present.
+
+    Safe to share between threads (each thread scans with its own scratch).
+    """
 
     def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
         if _hs is None:
@@ -377,6 +381,7 @@ class HyperscanFilter:
                 if good:
                     self._db = self._compile([sources[r] for r in good], good, flags)
         self.always = frozenset(always)
+        self._local = threading.local()
 
     @staticmethod
     def _compile(exprs: list[bytes], ids: list[int], flags: int) -> Any:
@@ -395,7 +400,10 @@ class HyperscanFilter:
         def on_match(rule: int, start: int, end: int, flags: int, context: object) -> None:
             add(rule)
 
-        self._db.scan(buf[pos:] if pos else buf, match_event_handler=on_match)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:  # Hyperscan scratch space is per thread
+            scratch = self._local.scratch = _hs.Scratch(self._db)
+        self._db.scan(buf[pos:] if pos else buf, match_event_handler=on_match, scratch=scratch)
         return found
 
 

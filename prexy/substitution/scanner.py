@@ -25,10 +25,20 @@ floor (the end of the buffer minus what the rule can consume, not counting
 bytes its unbounded repeats may eat) and, for a rule with fixed leading
 bytes, only where those bytes are.
 
-A multi-pattern prefilter (issue 4: "where can a match start" for many rules
-at once, with ``regex`` confirming) slots in as another :class:`Scanner`, or
-in front of :class:`_HeapCursor`.  Every regex call passes ``timeout=``; a
-``TimeoutError`` propagates to the caller.
+With many rules both questions would cost time linear in the rule count,
+so neither asks every rule.  For ``find``, a multi-pattern prefilter
+(:mod:`.prefilter`: Hyperscan when installed, else rare-byte anchors) says
+once per buffer which rules may match from ``pos``, and only those rules'
+patterns run (from :data:`FILTER_MIN_RULES` active rules on).  For
+``hold_point``, rules are grouped by how their floor is computed and by a
+tail test: a rule that cannot match empty can run off the end from before
+the end only where its literal prefix (found for all rules at once with a
+trie over the last bytes) or one of its first bytes is; a rule with no such
+place above its floor reaches exactly the end and is never probed, and the
+others wait in the heap as lower bounds, probed only when they come first.
+
+Every regex call passes ``timeout=``; a ``TimeoutError`` propagates to the
+caller.
 """
 
 from __future__ import annotations

@@ -160,3 +160,27 @@ def test_unknown_engine_refused() -> None:
     """A misspelt engine name is an error, not a silent fallback."""
     with pytest.raises(ValueError):
         prefilter.make_filter([compile_rule(b"a", b"b", b"g").parsed], "hyperscam")
+
+
+@pytest.mark.skipif(not prefilter.HAVE_HYPERSCAN, reason="hyperscan is not installed")
+def test_hyperscan_filter_shared_between_threads() -> None:
+    """Threads scanning with one filter at once all get the right answer."""
+    import threading
+
+    rules = [compile_rule(f"w{i}[0-9]+t".encode(), b"R", b"g") for i in range(50)]
+    filt = prefilter.HyperscanFilter([r.parsed for r in rules])
+    body = b"text w7 " * 20000 + b"w17123t"
+    errors: list[object] = []
+
+    def work() -> None:
+        for _ in range(20):
+            got = filt.candidates(body, 0, None)
+            if got != {17, 1}:
+                errors.append(got)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
