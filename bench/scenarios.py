@@ -273,7 +273,7 @@ def scenario_proxy(bench: Bench) -> Report:
         "(/proc/PID/stat) over the run / requests completed. Target (issue 2): Prexy "
         "CPU ≤ 150 µs per proxied keep-alive request."
     )
-    return Report("proxy: nginx proxy_pass vs Prexy (1 process each)", table, notes, data,
+    return Report("proxy: nginx proxy_pass vs Prexy (1 worker each)", table, notes, data,
                   verdicts)
 
 
