@@ -622,6 +622,15 @@ def scenario_workers(bench: Bench) -> Report:
                                    f"({fmt(m, 1)} µs)", None if m is None else m < 1))
             for k, v in g.items():
                 _error_notes(k, label, v, notes)
+        for srv in started:
+            if srv.name in ("prexy-w2", "nginx-w2"):
+                # Does every worker take a share of the load?
+                split = ", ".join(
+                    f"{'master' if pid == srv.child.pid else f'pid {pid}'} "
+                    f"{harness.cpu_seconds([pid]):.1f} s"
+                    for pid in srv.pids()
+                )
+                notes.append(f"{srv.name} CPU since start by process: {split}")
     finally:
         for srv in started:
             srv.stop()
