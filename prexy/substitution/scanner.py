@@ -544,13 +544,16 @@ class _HoldCursor:
         if n - low_literal <= TRIE_SPAN:
             places = plan.trie.places(buf, low_literal)
         else:  # a long stretch: every literal group may reach from its floor
-            places = {key: [low_literal] for key in plan.literal}
+            places = {key: [] for key in plan.literal}
         for key, where_list in places.items():
             for where, rules in plan.literal[key]:
                 floor = floor_of(where)
-                first = next((p for p in where_list if p >= floor), None)
-                if first is None:
-                    continue
+                if where_list:
+                    first = next((p for p in where_list if p >= floor), None)
+                    if first is None:
+                        continue
+                else:
+                    first = floor
                 relevant.add((key, where))
                 heap.append((first, rules[0], len(groups)))
                 groups.append((floor, rules))

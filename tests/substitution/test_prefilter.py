@@ -17,6 +17,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import prexy.substitution.scanner as scanner_module
 from prexy.substitution import prefilter
 from prexy.substitution.rules import UnsafePatternError, compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
@@ -184,3 +185,39 @@ def test_hyperscan_filter_shared_between_threads() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_hold_back_far_from_the_floor() -> None:
+    """A prefix cut at the end is held even when another rule's floor is far back.
+
+    A rule whose repeats eat almost any byte (``<p[^>]*>``) can put the
+    lowest floor far from the end; the literal prefixes are then not
+    looked up near the end in one pass, and every literal rule must still
+    be probed from its own floor.
+    """
+    ruleset = RuleSet.build(
+        [compile_rule(b"<p[^>]*>", b"T", b"g"), compile_rule(b"cab", b"X", b"g")]
+    )
+    for engine in [*ENGINES, "none"]:
+        rs = RuleSet.build(ruleset.rules, engine=engine)
+        body = b"x" * 600 + b"ca"
+        assert feed(rs, [body, b"b"]) == b"x" * 600 + b"X"
+
+
+@settings(max_examples=200, deadline=None)
+@given(specs, bodies, st.lists(st.integers(0, 60), max_size=6), st.sampled_from([0, 3]))
+def test_hold_back_without_the_prefix_trie(
+    rule_specs: list[tuple[str, str, str]], body: bytes, cuts: list[int], span: int
+) -> None:
+    """With the near-the-end prefix pass cut short, chunking still changes nothing."""
+    saved = scanner_module.TRIE_SPAN
+    scanner_module.TRIE_SPAN = span
+    try:
+        rules = compile_all(rule_specs)
+        ruleset = RuleSet.build(rules, max_buffered_size=10**9)
+        want = ruleset.new_transducer(timeout=None).finish(body)
+        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+        assert feed(ruleset, [body[i : i + 1] for i in range(len(body))]) == want
+        assert feed(ruleset, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == want
+    finally:
+        scanner_module.TRIE_SPAN = saved
