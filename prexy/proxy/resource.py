@@ -87,6 +87,7 @@ class ProxyResource(Resource):
         self.cache = cache
         #: Which rules ever matched each resource version (issue 4).
         self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
+        self.scheduler = RewriteScheduler(reactor)
 
     def render(self, request: ProxyRequest) -> Any:
         runtime = self.runtime
@@ -286,7 +287,7 @@ class _Exchange:
         self.producer_registered = False
         self.ctx: Any = None  # prexy.proxy.caching.CacheContext
         self._backlog: collections.deque[bytes] = collections.deque()
-        self._working = False
+        self._queued = False  # waiting in the rewrite scheduler
         self._work_paused = False
         self._body_done = False
         self._slice = _FEED_SLICE
@@ -475,53 +476,51 @@ class _Exchange:
             self.request.write(data)
             return
         self._backlog.append(data)
-        if not self._working:
-            self._work()
+        self.resource.scheduler.want(self)
 
-    def _work(self) -> None:
-        """Rewrite what has arrived, a slice at a time; after WORK_BUDGET
-        seconds, pause the upstream and continue on the next reactor turn so
-        one big body never holds the reactor (other requests keep flowing)."""
-        self._working = True
-        deadline = time.perf_counter() + WORK_BUDGET
+    def work_one(self) -> bool:
+        """Rewrite one slice of what has arrived; True while more is left."""
         backlog = self._backlog
-        while backlog:
-            if self.client_gone_flag or self.done:
-                backlog.clear()
-                self._working = False
-                return
-            data = backlog[0]
-            size = self._slice
-            if len(data) > size:
-                backlog[0] = data[size:]
-                data = data[:size]
-            else:
-                backlog.popleft()
-            began = time.perf_counter()
-            out = self._transform(data)
-            spent = time.perf_counter() - began
-            if spent > 0 and len(data) >= MIN_SLICE:
-                # Next slice: what this rule set rewrites in ~SLICE_SECONDS.
-                self._slice = int(min(MAX_SLICE, max(MIN_SLICE, len(data) * SLICE_SECONDS / spent)))
-            if out is None:
-                self._working = False
-                return  # failed: the client was reset
-            if out:
-                self.resource.metrics.bytes_out += len(out)
-                if self.ctx is not None:
-                    self._cache_data(out)
-                self.request.write(out)
-            if backlog and time.perf_counter() > deadline:
-                if not self._work_paused and self.response is not None:
-                    self._work_paused = True
-                    self.response.pause_for_work()
-                self.resource.reactor.callLater(0, self._work)
-                return
-        self._working = False
+        if self.client_gone_flag or self.done:
+            backlog.clear()
+            return False
+        if not backlog:
+            return False
+        data = backlog[0]
+        size = self._slice
+        if len(data) > size:
+            backlog[0] = data[size:]
+            data = data[:size]
+        else:
+            backlog.popleft()
+        began = time.perf_counter()
+        out = self._transform(data)
+        spent = time.perf_counter() - began
+        if spent > 0 and len(data) >= MIN_SLICE:
+            # Next slice: what this rule set rewrites in ~SLICE_SECONDS.
+            self._slice = int(min(MAX_SLICE, max(MIN_SLICE, len(data) * SLICE_SECONDS / spent)))
+        if out is None:
+            backlog.clear()
+            return False  # failed: the client was reset
+        if out:
+            self.resource.metrics.bytes_out += len(out)
+            if self.ctx is not None:
+                self._cache_data(out)
+            self.request.write(out)
+        return bool(backlog)
+
+    def wait_for_work(self) -> None:
+        """Stop reading upstream until the scheduler comes back to us."""
+        if not self._work_paused and self.response is not None:
+            self._work_paused = True
+            self.response.pause_for_work()
+
+    def work_drained(self) -> None:
+        """Everything received so far is rewritten."""
         if self._work_paused and self.response is not None:
             self._work_paused = False
             self.response.resume_after_work()
-        if self._body_done:
+        if self._body_done and not self.done and not self.client_gone_flag:
             self._complete()
 
     def _transform(self, data: bytes) -> bytes | None:
@@ -552,7 +551,7 @@ class _Exchange:
         if self.client_gone_flag or self.done:
             return
         self._body_done = True
-        if not self._working:
+        if not self._queued:
             self._complete()
 
     def _complete(self) -> None:
@@ -691,6 +690,48 @@ class _Exchange:
             pending.cancel()
         elif self.response is not None:
             self.response.abort()
+
+
+class RewriteScheduler:
+    """Shares the reactor between all the responses being rewritten in this
+    process: one slice of each in turn, at most WORK_BUDGET seconds per
+    reactor turn, then the others wait (their upstreams paused) until the
+    next turn, so light requests never queue behind heavy rewriting."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.queue: collections.deque[_Exchange] = collections.deque()
+        self.scheduled = False
+        self.running = False
+
+    def want(self, exchange: _Exchange) -> None:
+        if not exchange._queued:
+            exchange._queued = True
+            self.queue.append(exchange)
+        if not self.scheduled and not self.running:
+            self.tick()
+
+    def tick(self) -> None:
+        self.scheduled = False
+        self.running = True
+        queue = self.queue
+        deadline = time.perf_counter() + WORK_BUDGET
+        try:
+            while queue:
+                exchange = queue.popleft()
+                if exchange.work_one():
+                    queue.append(exchange)
+                else:
+                    exchange._queued = False
+                    exchange.work_drained()
+                if queue and time.perf_counter() > deadline:
+                    for waiting in queue:
+                        waiting.wait_for_work()
+                    self.scheduled = True
+                    self.reactor.callLater(0, self.tick)
+                    return
+        finally:
+            self.running = False
 
 
 class _Discard:

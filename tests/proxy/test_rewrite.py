@@ -312,3 +312,44 @@ class ApplicabilityTests(SynchronousTestCase):
         for _ in range(2):
             _, client = respond(h, b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 3\r\n", b"abc")
             self.assertIn(b"Transfer-Encoding: chunked", client.value())
+
+
+class SchedulerTests(SynchronousTestCase):
+    """All rewriting in a process shares one budget per reactor turn."""
+
+    def test_two_heavy_responses_take_turns(self) -> None:
+        """With a zero budget, each reactor turn rewrites one slice of one
+        response, alternating between them; both end complete."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)
+        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        h = harness()
+        body = PAGE * 1000
+        clients, conns = [], []
+        for _ in range(2):
+            _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            clients.append(client)
+            conns.append(h.conns[-1])
+        for conn in conns:
+            conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(body))
+            conn.reply(body)
+        order = []
+        scheduler = h.resource.scheduler
+        real = resource._Exchange.work_one
+
+        def spy(exchange):  # type: ignore[no-untyped-def]
+            order.append(id(exchange))
+            return real(exchange)
+
+        self.patch(resource._Exchange, "work_one", spy)
+        while scheduler.scheduled:
+            h.clock.advance(0)
+        self.assertGreater(len(order), 4)
+        # Round robin: no exchange runs twice in a row while the other waits.
+        first_done = max(i for i, x in enumerate(order) if x == order[0])
+        second_done = max(i for i, x in enumerate(order) if x != order[0])
+        for a, b in zip(order[: min(first_done, second_done)], order[1 : min(first_done, second_done) + 1], strict=True):
+            self.assertNotEqual(a, b)
+        for client in clients:
+            self.assertEqual(parse_response(client.value())[2], REWRITTEN * 1000)
