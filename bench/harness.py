@@ -305,6 +305,41 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     return total / CLK_TCK
 
 
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Machine-wide busy CPU time and the part used by this harness's tree."""
+
+    when: float
+    busy: float
+    ours: float
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    """Read /proc/stat and our own process tree (live and already reaped).
+
+    Children we have waited for (wrk, stopped servers, and what they reaped)
+    are in ``os.times()``; children still running are read from /proc.
+    """
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    busy = (user + nice + system + irq + softirq + steal) / CLK_TCK
+    times = os.times()
+    ours = times.user + times.system + times.children_user + times.children_system
+    ours += cpu_seconds(_descendants(os.getpid()))
+    return CpuSnapshot(time.monotonic(), busy, ours)
+
+
+def foreign_load(before: CpuSnapshot, after: CpuSnapshot) -> str:
+    """How much CPU others took between two snapshots (a noise indicator)."""
+    wall = after.when - before.when
+    foreign = max(0.0, (after.busy - before.busy) - (after.ours - before.ours))
+    cores = os.cpu_count() or 1
+    share = foreign / (wall * cores) * 100 if wall > 0 else 0.0
+    return (f"CPU not used by this benchmark's processes: {foreign:.1f} s in {wall:.0f} s "
+            f"({share:.0f}% of {cores} cores: other work on the machine, plus kernel time "
+            "not charged to a process)")
+
+
 def family_pids(child: Child) -> list[int]:
     """The child and all its descendants (workers of a master)."""
     return [child.pid, *_descendants(child.pid)]

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names or DEFAULT_ORDER:
             harness.log(f"scenario {name}")
             load_before = os.getloadavg()[0]
+            cpu_before = harness.cpu_snapshot()
             try:
                 report = SCENARIOS[name](bench)
             except Exception as error:  # noqa: BLE001 - one scenario must not stop the rest
@@ -110,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(name)
                 report = Report(name, "(failed)", [f"{type(error).__name__}: {error}"])
             report.notes.append(
-                f"Load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
-                f"({os.cpu_count()} CPUs; anything else running adds noise)."
+                f"Load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
+                f"{harness.foreign_load(cpu_before, harness.cpu_snapshot())}."
             )
             if bench.prexy_revision:
                 report.notes.append(f"Prexy: {bench.prexy_revision}.")
