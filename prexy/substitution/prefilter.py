@@ -97,8 +97,11 @@ class RuleFilter(Protocol):
     #: Rules that are never filtered out.
     always: frozenset[int]
 
-    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
-        """Rules (indexes) that may have a match starting at or after ``pos``."""
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> dict[int, int]:
+        """Rules that may have a match starting at or after ``pos``.
+
+        Each maps to a position ``>= pos`` before which it has no match.
+        """
 
 
 def _byte_costs() -> list[float]:
@@ -289,13 +292,17 @@ class AnchorFilter:
                 pattern = regex.compile(set_source(anchor).encode("latin-1"), FLAGS)
             self._groups.append((pattern, tables, checked, frozenset(members)))
 
-    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
-        """See :meth:`RuleFilter.candidates`."""
-        found = set(self.always)
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> dict[int, int]:
+        """See :meth:`RuleFilter.candidates`.
+
+        A rule's anchor is always at the same offset, and anchors are met
+        in ascending order, so its first hit gives where it may start.
+        """
+        found = dict.fromkeys(self.always, pos)
         n = len(buf)
         for pattern, tables, checked, members in self._groups:
             size = len(members)
-            hit: set[int] = set()
+            hit: dict[int, int] = {}
             for q in _places(buf, pos, pattern, timeout):
                 for offset, length, table in tables:
                     p = q - offset
@@ -306,13 +313,13 @@ class AnchorFilter:
                     if entries:
                         for rule, after in entries:
                             if after is None or (end < n and buf[end] in after):
-                                hit.add(rule)
+                                hit.setdefault(rule, p)
                 for head, rule in checked:
                     if rule not in hit and head.match(buf, q, timeout=timeout):
-                        hit.add(rule)
+                        hit[rule] = q
                 if len(hit) == size:
                     break
-            found |= hit
+            found.update(hit)
         return found
 
 
@@ -372,9 +379,35 @@ def hyperscan_source(parsed: ParsedRegex) -> bytes:
     return "".join(out).encode("latin-1")
 
 
+#: A rule's fixed-offset head is scanned for instead of the whole rule when
+#: it is expected this rarely per byte of a page (see :func:`_hs_pattern`).
+HEAD_SELECTIVITY = 1e-4
+
+
+def _hs_pattern(parsed: ParsedRegex) -> tuple[bytes, int | None]:
+    """What Hyperscan looks for to know that a rule may match.
+
+    The bytes at fixed offsets that start every match (``word[0-9]``
+    for ``word[0-9]+token``) when they are rare enough: a fixed-length
+    pattern scans several times faster than the whole rule (1000 rules:
+    ~1.9 GB/s against ~230 MB/s) and compiles faster, for a few more
+    candidates.  Otherwise the whole rule, assertions dropped.  Returns the
+    pattern and the head's length (None for the whole rule).
+    """
+    heads = head_sets(parsed)
+    chance = 1.0
+    for members in heads:
+        chance *= min(1.0, _set_cost(members))
+    if heads and chance <= HEAD_SELECTIVITY:
+        source = "".join(set_source(m) if m != ALL_BYTES else "[\\x00-\\xff]" for m in heads)
+        return source.encode("latin-1"), len(heads)
+    return hyperscan_source(parsed), None
+
+
 class HyperscanFilter:
     """The Hyperscan prefilter: one block-mode scan reports the rules present.
 
+    Each rule is looked for as its head or as a whole (:func:`_hs_pattern`).
     Safe to share between threads (each thread scans with its own scratch).
     """
 
@@ -383,7 +416,13 @@ class HyperscanFilter:
             raise RuntimeError("the hyperscan package is not installed")
         always = {rule for rule, p in enumerate(parsed) if can_match_empty(p.tree)}
         ids = [rule for rule in range(len(parsed)) if rule not in always]
-        sources = {rule: hyperscan_source(parsed[rule]) for rule in ids}
+        sources: dict[int, bytes] = {}
+        #: Rules looked for by their head: the head's length.
+        self._lengths: dict[int, int] = {}
+        for rule in ids:
+            sources[rule], length = _hs_pattern(parsed[rule])
+            if length is not None:
+                self._lengths[rule] = length
         flags = _hs.HS_FLAG_DOTALL | _hs.HS_FLAG_SINGLEMATCH | _hs.HS_FLAG_PREFILTER
         self._db: Any = None
         if ids:
@@ -411,15 +450,20 @@ class HyperscanFilter:
         db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[flags] * len(exprs))
         return db
 
-    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> set[int]:
-        """See :meth:`RuleFilter.candidates` (Hyperscan scans in linear time)."""
-        found = set(self.always)
+    def candidates(self, buf: bytes, pos: int, timeout: float | None) -> dict[int, int]:
+        """See :meth:`RuleFilter.candidates` (Hyperscan scans in linear time).
+
+        Hyperscan reports a rule's first match end; for a rule looked for
+        by its fixed-length head, its first possible start is that end
+        minus the head's length (``pos`` otherwise).
+        """
+        found = dict.fromkeys(self.always, pos)
         if self._db is None or pos >= len(buf):
             return found
-        add = found.add
+        lengths = self._lengths
 
         def on_match(rule: int, start: int, end: int, flags: int, context: object) -> None:
-            add(rule)
+            found[rule] = pos + max(0, end - lengths.get(rule, end))
 
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:  # Hyperscan scratch space is per thread

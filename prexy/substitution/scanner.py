@@ -196,23 +196,32 @@ class _RuleStream:
     its next match is reused whenever the scan position has not passed into
     the previous one.  A rule that can match empty is searched anew, since
     ``finditer`` may then return a non-empty match where an empty one was
-    just found, which the module never does.
+    just found, which the module never does.  ``start``: no match of the
+    rule starts before it (a prefilter's hint), so scans begin there.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok")
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start")
 
     def __init__(
-        self, buf: bytes, timeout: float | None, pattern: regex.Pattern[bytes], empty_ok: bool
+        self,
+        buf: bytes,
+        timeout: float | None,
+        pattern: regex.Pattern[bytes],
+        empty_ok: bool,
+        start: int = 0,
     ) -> None:
         self.buf = buf
         self.timeout = timeout
         self.pattern = pattern
         self.empty_ok = empty_ok
+        self.start = start
         self._iter: Iterator[regex.Match[bytes]] | None = None
         self._last_end = -1
 
     def next_from(self, pos: int) -> regex.Match[bytes] | None:
         """The leftmost match starting at or after ``pos``."""
+        if pos < self.start:
+            pos = self.start
         if self.empty_ok:
             return self.pattern.search(self.buf, pos, timeout=self.timeout)
         it = self._iter
@@ -769,15 +778,18 @@ class RegexScanner:
 
         def make(pos: int) -> dict[int, _RuleStream]:
             if filt is None:
-                chosen: Iterable[int] = rules
+                return {
+                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule])
+                    for rule in rules
+                }
+            may = filt.candidates(buf, pos, timeout)
+            if len(rules) == len(patterns):  # every rule is active
+                chosen: Iterable[int] = may
             else:
-                may = filt.candidates(buf, pos, timeout)
-                if len(may) < len(rules):
-                    chosen = sorted(may.intersection(rules))
-                else:
-                    chosen = [rule for rule in rules if rule in may]
+                chosen = may.keys() & set(rules)
             return {
-                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule]) for rule in chosen
+                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule])
+                for rule in chosen
             }
 
         return _HeapCursor(make, self._ngroups, self._loops)

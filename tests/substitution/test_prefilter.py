@@ -69,7 +69,10 @@ def compile_all(rule_specs: list[tuple[str, str, str]]) -> list:
 def test_candidates_include_every_rule_that_matches(
     rule_specs: list[tuple[str, str, str]], body: bytes
 ) -> None:
-    """From every position, each rule regex can match from is a candidate."""
+    """From every position, each rule regex can match from is a candidate.
+
+    Its hint (where it may start) is never past its first match.
+    """
     rules = compile_all(rule_specs)
     parsed = [r.parsed for r in rules]
     plain = RegexScanner(parsed, "none")
@@ -78,8 +81,11 @@ def test_candidates_include_every_rule_that_matches(
         for pos in range(len(body) + 1):
             found = filt.candidates(body, pos, None)
             for index, pattern in enumerate(plain.patterns):
-                if pattern.search(body, pos) is not None:
+                m = pattern.search(body, pos)
+                if m is not None:
                     assert index in found, (engine, pos, rules[index].pattern)
+                    # No match starts before the rule's hint.
+                    assert pos <= found[index] <= m.start(), (engine, pos, rules[index].pattern)
 
 
 def feed(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
@@ -128,7 +134,7 @@ def test_empty_matching_rules_always_run() -> None:
     for engine in ENGINES:
         filt = prefilter.make_filter([r.parsed for r in rules], engine)
         assert 0 in filt.always
-        assert filt.candidates(b"zzz", 0, None) == {0}
+        assert filt.candidates(b"zzz", 0, None) == {0: 0}
 
 
 def test_hyperscan_source_drops_assertions() -> None:
@@ -153,8 +159,8 @@ def test_hyperscan_refusals_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefilter.HyperscanFilter, "_compile", staticmethod(picky))
     filt = prefilter.HyperscanFilter([r.parsed for r in rules])
     assert filt.always == {1}
-    assert filt.candidates(b"zz ab", 0, None) == {0, 1}
-    assert filt.candidates(b"zz", 0, None) == {1}
+    assert filt.candidates(b"zz ab", 0, None).keys() == {0, 1}
+    assert filt.candidates(b"zz", 0, None).keys() == {1}
 
 
 def test_unknown_engine_refused() -> None:
@@ -176,7 +182,7 @@ def test_hyperscan_filter_shared_between_threads() -> None:
     def work() -> None:
         for _ in range(20):
             got = filt.candidates(body, 0, None)
-            if got != {17, 1}:
+            if got.keys() != {17, 1}:
                 errors.append(got)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
