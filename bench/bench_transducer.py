@@ -17,18 +17,18 @@ process's CPU time, the steadier figure on a busy machine.  Targets: issue
 1000 rules >= 50 MB/s and >= 1/2 of the same engine at 10 rules.
 
 Last measured (2-core x86_64 shared with other benchmarks, load average
-~1.5, median of 7, wall MB/s; compile ms of the 1000-rule set in brackets):
+~1.6, median of 7, wall MB/s; compile ms of the 1000-rule set in brackets):
 
     rules  page    hyperscan  anchor (pure regex)  none (no prefilter)
-        1  20 KB       289        400                  355
-        1   1 MB       429        456                  387
-       10  20 KB        85         78                   50
-       10   1 MB        94         80                   63
-      100  20 KB        68         66                  6.5
-      100   1 MB        76         97                  8.6
-     1000  20 KB        63         46                  0.8
-     1000   1 MB        72         52                  1.1
-    compile (1000)    [820]      [273]                [253]
+        1  20 KB       365        450                  445
+        1   1 MB       556        564                  607
+       10  20 KB       148        107                   74
+       10   1 MB       175        116                   74
+      100  20 KB       120         54                  7.5
+      100   1 MB       151        101                  8.8
+     1000  20 KB        93         64                  1.0
+     1000   1 MB       111         66                  1.1
+    compile (1000)    [494]      [239]                [238]
 
 Hyperscan (optional dependency) is the default when it imports; without
 it the anchor filter is used.  Before the prefilter (every rule scanning

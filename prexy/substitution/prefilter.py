@@ -12,20 +12,24 @@ before and the output cannot change.
 Two engines, chosen with numbers (``bench/bench_transducer.py``):
 
 * :class:`HyperscanFilter` (optional dependency ``hyperscan``): every rule
-  that cannot match empty is compiled, with its assertions dropped (a
-  superset of its matches), into one Hyperscan block-mode database with
-  ``HS_FLAG_SINGLEMATCH`` and ``HS_FLAG_PREFILTER``; one scan reports each
-  rule that has some match.  Rules Hyperscan refuses are always run.
-* :class:`AnchorFilter` (pure ``regex``): each rule gets an *anchor*, the
-  rarest of the byte sets at fixed offsets at the start of its matches
-  (e.g. the digit in ``about[0-9]+tok``, the ``x`` in
-  ``www\\.example\\.com``), and the bytes before it when they are fixed.
-  One character-class scan per distinct anchor set finds the anchor bytes;
-  a dictionary lookup of the preceding bytes (or a short head pattern)
-  names the rules that may start there.
+  that cannot match empty goes into one Hyperscan block-mode database
+  (``HS_FLAG_SINGLEMATCH``, ``HS_FLAG_PREFILTER``) as its rare fixed-offset
+  head (``word[0-9]`` for ``word[0-9]+token``) or, when the head is too
+  common, as the whole rule with its assertions dropped (both match at
+  least where the rule does); one scan reports each rule that has some
+  match.  Rules Hyperscan refuses are always run.
+* :class:`AnchorFilter` (pure ``regex``): each rule gets an *anchor*, one
+  of the byte sets at fixed offsets at the start of its matches, chosen so
+  that few bytes of a page are anchors and many rules share one (the
+  digit after ``about``, ``account``, ... in ``about[0-9]+tok``; the ``x``
+  in ``www\\.example\\.com``).  One scan per distinct anchor set finds
+  the anchor bytes; a dictionary lookup of the fixed bytes around it (or a
+  short head pattern) names the rules that may start there.
 
-Rules that can match empty, and rules whose best anchor is too common to
-help, are in ``always`` and are run on every buffer.  :data:`ENGINE` is the
+Besides which rules, a prefilter says from where each may match (its first
+head or anchor), so the rule's own scan starts there.  Rules that can match
+empty, and rules whose best anchor is too common to help, are in
+``always`` and are run on every buffer.  :data:`ENGINE` is the
 default engine (``"hyperscan"`` when the package imports, else
 ``"anchor"``); :func:`make_filter` builds one.
 """
