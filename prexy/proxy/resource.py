@@ -166,6 +166,7 @@ class ProxyResource(Resource):
         body, body_length = _request_body(request)
         exchange = _Exchange(self, request, site, started)
         exchange.ctx = ctx
+        exchange.upstream_target = target
         request.exchange = exchange
         exchange.pending = self.pool.request(
             site.origin_key, request.method, target, out, body, body_length,
@@ -293,6 +294,7 @@ class _Exchange:
         self._slice = _FEED_SLICE
         self.resource_key: Any = None
         self.rules_run = 0
+        self.upstream_target: bytes | None = None
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
 
@@ -332,7 +334,7 @@ class _Exchange:
         skipped = False
         if rewrite and request.method != b"HEAD":
             memory = resource.applicability
-            self.resource_key = _resource_key(self.site, request, headers, response)
+            self.resource_key = _resource_key(self.site, request, headers, response, self.upstream_target)
             only = memory.rules_for(rules, self.resource_key)
             if only is not None and not only and coding is None:
                 # This version of the resource matched no rule before: pass
@@ -790,7 +792,10 @@ class _DetachedRequest:
         self.finished = True
 
 
-def _resource_key(site: SiteRuntime, request: Any, headers: list[tuple[bytes, bytes]], response: UpstreamResponse) -> Any:
+def _resource_key(
+    site: SiteRuntime, request: Any, headers: list[tuple[bytes, bytes]], response: UpstreamResponse,
+    exchange_target: bytes | None = None,
+) -> Any:
     """The version of this resource, for the applicability memory (None when
     the upstream gave no validator: then nothing is remembered)."""
     etag = _header(headers, b"etag")
@@ -805,7 +810,9 @@ def _resource_key(site: SiteRuntime, request: Any, headers: list[tuple[bytes, by
         variant = "\n".join(b",".join(raw.get(n, ())).decode("latin-1") for n in names)
     return ResourceKey.of(
         site.name,
-        request.uri.decode("latin-1"),
+        # The upstream target, not the client's URI: a URL map may point the
+        # same URI at another upstream file with an equal-looking ETag.
+        (exchange_target or request.uri).decode("latin-1"),
         etag=etag.decode("latin-1") if etag else None,
         last_modified=last_modified.decode("latin-1") if last_modified else None,
         length=response.length,
