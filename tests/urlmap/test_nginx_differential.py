@@ -192,8 +192,12 @@ def served(workdir: str) -> Iterator[tuple[list[str], Callable[[int, str], str]]
     try:
         deadline = time.monotonic() + 10
         while not os.path.exists(f"{workdir}/s"):
-            assert time.monotonic() < deadline and proc.poll() is None, "nginx did not start"
-            time.sleep(0.02)
+            assert time.monotonic() < deadline, "nginx did not start"
+            try:
+                proc.wait(timeout=0.02)  # returns at once if nginx died
+            except subprocess.TimeoutExpired:
+                continue
+            raise AssertionError(f"nginx exited with {proc.returncode} before listening")
         conn = _UnixHTTPConnection(f"{workdir}/s")
 
         def ask(index: int, key: str) -> str:
