@@ -905,7 +905,8 @@ class ProxyRequest(server.Request):
         for name, value in headers:
             seq += (name, b": ", value, b"\r\n")
         seq.append(b"\r\n")
-        self.channel.writeSequence(seq)
+        # One bytes object: writeSequence checks every piece separately.
+        self.channel.write(b"".join(seq))
         if no_body:
             self.write = lambda data: None  # type: ignore[method-assign]
             return True
