@@ -60,12 +60,12 @@ _SPOOL_IN_MEMORY = 1024 * 1024
 #: response's rewriting may hold the reactor before yielding (seconds).
 _FEED_SLICE = 16 * 1024
 #: Slices adapt to the rule set's speed so one takes about SLICE_SECONDS.
-SLICE_SECONDS = 0.0005
+SLICE_SECONDS = 0.00025
 MIN_SLICE, MAX_SLICE = 1024, 256 * 1024
 #: Bound once: attribute access through twisted.web.http's deprecation
 #: module proxy costs microseconds per request.
 _http_write = _HTTPRequest.write
-WORK_BUDGET = 0.002
+WORK_BUDGET = 0.001
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
 
