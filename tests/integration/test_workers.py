@@ -4,6 +4,7 @@ and metrics summed by the master."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -271,9 +272,14 @@ class SocketActivationTests(TestCase):
         def cleanup() -> None:
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait(10)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
             log.close()
 
+        atexit.register(lambda: proc.poll() is None and proc.kill())
         self.addCleanup(cleanup)
         answer = b""
         for _ in range(100):

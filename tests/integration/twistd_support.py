@@ -7,6 +7,7 @@ always terminated at cleanup.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import signal
@@ -66,6 +67,18 @@ class Twistd:
             stdin=subprocess.DEVNULL,
             env=child_env,
         )
+        # Even if a test's cleanup never runs (a broken reactor), the child
+        # and its workers must not outlive the test run holding ports.
+        atexit.register(self._kill)
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            for pid in self.children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.process.kill()
 
     def output(self) -> str:
         with open(self.log_path, "rb") as f:

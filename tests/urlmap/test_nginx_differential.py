@@ -212,7 +212,11 @@ def served(workdir: str) -> Iterator[tuple[list[str], Callable[[int, str], str]]
         conn.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _load(workdir: str, index: int) -> UrlMap:
