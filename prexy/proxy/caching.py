@@ -69,6 +69,9 @@ class CacheContext:
         self.method_class = b"GET"
         self.claim_key: bytes | None = None
         self.revalidating = False
+        #: The key (and Vary) begin_store chose, for a too-large marker.
+        self.store_key: bytes | None = None
+        self.store_vary: tuple[bytes, ...] = ()
 
     def status(self, code: int | None = None, stored: bool = False) -> bytes:
         return cache_status_header(fwd=self.fwd, fwd_status=code, stored=stored, detail=self.detail)
@@ -314,7 +317,8 @@ class CacheLayer:
         now = self.reactor.seconds()
         decision = response_decision(policy, code, upstream_headers, now, length)
         stored = [(n, v) for n, v in client_headers if n.lower() not in _NOT_STORED]
-        key = cache_key(site.name, ctx.method_class, ctx.url, vary_key(decision.vary, ctx.pairs, policy), site.rules_version)
+        key = ctx.store_key = _variant_key(site, ctx, decision.vary)
+        ctx.store_vary = decision.vary
         if decision.store:
             meta = ObjectMeta(
                 status=code, headers=stored, stored_at=decision.stored_at, ttl=decision.ttl,
@@ -333,11 +337,13 @@ class CacheLayer:
 
     def too_large(self, site: SiteRuntime, ctx: CacheContext, code: int) -> None:
         """The body outgrew max_object_size: remember not to wait for it."""
+        if ctx.store_key is None:
+            return
         now = self.reactor.seconds()
-        key = cache_key(site.name, ctx.method_class, ctx.url, vary_key((), ctx.pairs), site.rules_version)
         self.store.put_hit_for_miss(
-            key, ObjectMeta(status=code, stored_at=now, ttl=site.cache_policy.hit_for_miss_ttl,
-                            site=site.name, url=ctx.url, hit_for_miss=True)
+            ctx.store_key,
+            ObjectMeta(status=code, stored_at=now, ttl=site.cache_policy.hit_for_miss_ttl,
+                       site=site.name, url=ctx.url, vary=ctx.store_vary, hit_for_miss=True),
         )
 
     def refreshed(self, site: SiteRuntime, ctx: CacheContext, upstream_headers: list[tuple[bytes, bytes]]) -> CachedObject | None:
@@ -350,7 +356,7 @@ class CacheLayer:
         decision = response_decision(site.cache_policy, stale.status, upstream_headers, now)
         if not decision.store:
             return stale
-        key = cache_key(site.name, ctx.method_class, ctx.url, vary_key(stale.vary, ctx.pairs, site.cache_policy), site.rules_version)
+        key = _variant_key(site, ctx, stale.vary)
         meta = ObjectMeta(
             status=stale.status, headers=stale.headers, stored_at=decision.stored_at, ttl=decision.ttl,
             grace=decision.grace, keep=decision.keep, stale_if_error=decision.stale_if_error,
@@ -379,6 +385,13 @@ class CacheLayer:
         self.metrics.count("prexy_cache_purges_total")
         log.info("PURGE {url} from {client}: {n} object(s)", url=target.decode("latin-1"), client=client, n=count)
         return b"purged %d object(s)\n" % count
+
+
+def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) -> bytes:
+    """The store key of this request's variant for a response varying on ``vary``."""
+    return cache_key(
+        site.name, ctx.method_class, ctx.url, vary_key(vary, ctx.pairs, site.cache_policy), site.rules_version
+    )
 
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:

@@ -221,3 +221,22 @@ class CacheTests(TestCase):
         self.assertIn(b"Server-Timing: rewrite", first)
         self.assertNotIn(b"rewrite;dur", second)
         self.assertIn(b"hit", header(second, b"cache-status"))
+
+    @defer.inlineCallbacks
+    def test_body_outgrowing_the_limit_is_remembered_per_variant(self) -> Any:
+        """A rewritten (unknown-length) body that outgrows max_object_size is
+        not stored, and the next request of that variant goes straight
+        upstream (hit-for-miss under the same Vary-aware key)."""
+        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        with open(rules, "w") as f:
+            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
+        yield self.service.stopService()
+        yield self.start(rules=(rules,), max_object_size=10)
+        path = "/c/big?vary=Accept-Language"
+        first = yield self.get(path, b"Accept-Language: en\r\n")
+        second = yield self.get(path, b"Accept-Language: en\r\n")
+        self.assertEqual(body_of(first), b"PAGE /c/big #1 lang=en")
+        self.assertEqual(body_of(second), b"PAGE /c/big #2 lang=en")
+        self.assertIn(b"hit-for-miss", header(second, b"cache-status"))
+        other = yield self.get(path, b"Accept-Language: nl\r\n")
+        self.assertNotIn(b"hit-for-miss", header(other, b"cache-status"))  # another variant
