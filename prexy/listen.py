@@ -149,4 +149,26 @@ def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
         factory = TLSMemoryBIOFactory(context, False, factory)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
+    accept_one_per_wakeup(port)
     return port
+
+
+def accept_one_per_wakeup(port: Any) -> None:
+    """Make a listening port take one connection each time it is readable.
+
+    Twisted's port accepts up to ``numberAccepts`` connections per wakeup
+    (100 to start with, growing).  With several workers on one shared
+    socket, the worker that wakes first would then take a whole burst of
+    new connections (a load generator opening 50 at once) and leave the
+    others idle for the life of those keep-alive connections.  One accept
+    per wakeup, as nginx does without ``multi_accept``, lets every idle
+    worker take its turn: a busy worker returns to its event loop less
+    often, so it takes fewer.
+    """
+    accept_burst = port.doRead
+
+    def do_read() -> Any:
+        port.numberAccepts = 1
+        return accept_burst()
+
+    port.doRead = do_read
