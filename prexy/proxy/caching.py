@@ -279,30 +279,41 @@ class CacheLayer:
     ) -> Any:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns."""
-        remaining = obj.remaining(now)
-        if stale_reason:
-            status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
-        else:
-            status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
-        headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
         if pairs is None:
             pairs = request_pairs(request)
-        conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
-        if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
-            request.setResponseCode(304)
-            keep = [(n, v) for n, v in headers if not n.lower().startswith(b"content-")]
-            request.set_raw_head(keep, True)
-            request.write(b"")
-            request.finish()
-            return server.NOT_DONE_YET
-        request.setResponseCode(obj.status, obj.phrase or None)
-        body = obj.body
-        headers.append((b"Content-Length", b"%d" % len(body)))
+        code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason)
+        request.setResponseCode(code, phrase or None)
         request.set_raw_head(headers, True)
         if request.method != b"HEAD" and body:
             request.write(body)
+        elif code == 304:
+            request.write(b"")
         request.finish()
         return server.NOT_DONE_YET
+
+    def quick_hit(
+        self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None,
+        pairs: list[tuple[bytes, bytes]],
+    ) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes] | None:
+        """The answer for a request a fresh stored object serves, as
+        :func:`hit_answer` gives it, or None when the request needs the full
+        path (pass, miss, stale, hit-for-miss, PURGE).  Counts the hit."""
+        policy = site.cache_policy
+        if policy is None:
+            return None
+        decision = request_decision(policy, method, target, pairs)
+        if decision.action is not Action.LOOKUP:
+            return None
+        url = key_url(policy, host, target)
+        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
+        obj = found.obj
+        if obj is None or obj.hit_for_miss:
+            return None
+        now = self.reactor.seconds()
+        if not obj.fresh(now):
+            return None
+        self.metrics.count("prexy_cache_total", result="hit")
+        return hit_answer(obj, now, pairs)
 
     # -- storing ---------------------------------------------------------------------
 
@@ -392,6 +403,28 @@ def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) 
     return cache_key(
         site.name, ctx.method_class, ctx.url, vary_key(vary, ctx.pairs, site.cache_policy), site.rules_version
     )
+
+
+def hit_answer(
+    obj: CachedObject, now: float, pairs: list[tuple[bytes, bytes]], collapsed: bool = False,
+    stale_reason: str | None = None,
+) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes]:
+    """``(status, phrase, headers, body)`` of the answer a stored object
+    gives a request: a 304 without Content-* headers when the request's
+    validators match, else the object with Age, Via, Cache-Status and
+    Content-Length (the body is the stored one, to be left out for HEAD)."""
+    remaining = obj.remaining(now)
+    if stale_reason:
+        status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
+    else:
+        status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
+    headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
+    conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
+    if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
+        return 304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b""
+    body = obj.body
+    headers.append((b"Content-Length", b"%d" % len(body)))
+    return obj.status, obj.phrase or None, headers, body
 
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:

@@ -23,6 +23,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.http import NO_BODY_CODES as _NO_BODY_CODES
+from twisted.web.http import RESPONSES as _RESPONSES
+from twisted.web.http import HTTPChannel
 from twisted.web.http import Request as _HTTPRequest
 from twisted.web.resource import Resource
 
@@ -34,6 +36,7 @@ from prexy.proxy.headers import (
     append_forwarded_for,
     append_via,
     forwardable,
+    parse_simple_head,
     raw_header_dict,
 )
 from prexy.proxy.upstream import (
@@ -118,6 +121,48 @@ class ProxyResource(Resource):
             request.setResponseCode(405)
             return _plain(request, 405, b"405 Method Not Allowed: this site has no cache to purge\n")
         return self.forward(request, site, target, host, ctx, raw)
+
+    def quick_answer(
+        self, channel: ProxyChannel, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
+    ) -> bool:
+        """Answer a plain GET/HEAD from a fresh cached object without building
+        a twisted.web request (see ProxyChannel); False when the request
+        needs the full path: no cache, a URL map entry, pass, miss, stale.
+
+        The bytes sent are those render() would send for the same hit."""
+        cache = self.cache
+        if cache is None:
+            return False
+        host = next((v for n, v in pairs if n == b"host"), None)
+        site = self.runtime.select(host)
+        if site.cache_policy is None:
+            return False
+        urlmap = site.urlmap
+        if urlmap is not None and (urlmap.variables or urlmap.lookup(target.decode("latin-1"), None)):
+            return False
+        answer = cache.quick_hit(site, method, target, host, pairs)
+        if answer is None:
+            return False
+        code, phrase, headers, body = answer
+        seq = [b"HTTP/1.1 %d " % code, phrase or _RESPONSES.get(code, b"Unknown Status"), b"\r\n"]
+        close = any(n == b"connection" and v.lower() == b"close" for n, v in pairs)
+        if close:
+            seq.append(b"Connection: close\r\n")
+        for name, value in headers:
+            seq += (name, b": ", value, b"\r\n")
+        seq.append(b"\r\n")
+        sent = 0
+        if method != b"HEAD" and code not in _NO_BODY_CODES and body:
+            seq.append(body)
+            sent = len(body)
+        channel.transport.write(b"".join(seq))
+        channel._prexy_served = True
+        self.metrics.count_status(code)
+        channel.site.log(_QuickRecord(method, target, code, sent, channel.transport.getPeer(), pairs))
+        if close:
+            channel.persistent = False
+            channel.loseConnection()
+        return True
 
     def forward(
         self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None,
@@ -992,11 +1037,76 @@ class ProxyRequest(server.Request):
         super().finish()
 
 
+class _PairHeaders:
+    """``getRawHeaders`` over (lower-case name, value) pairs."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self._pairs = pairs
+
+    def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
+        lname = name.lower()
+        values = [v for n, v in self._pairs if n == lname]
+        return values or default
+
+
+class _QuickRecord:
+    """What the access log reads from a request answered by quick_answer."""
+
+    __slots__ = ("method", "uri", "code", "sentLength", "_peer", "requestHeaders")
+    clientproto = b"HTTP/1.1"
+
+    def __init__(
+        self, method: bytes, uri: bytes, code: int, sent: int, peer: Any, pairs: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.method = method
+        self.uri = uri
+        self.code = code
+        self.sentLength = sent
+        self._peer = peer
+        self.requestHeaders = _PairHeaders(pairs)
+
+    def getClientAddress(self) -> Any:
+        return self._peer
+
+
+class ProxyChannel(HTTPChannel):
+    """twisted.web's HTTP/1.1 channel, with a short way for cache hits.
+
+    When the connection is idle and the bytes that arrive are exactly one
+    plain GET or HEAD head (``parse_simple_head``), the resource may answer
+    it from the cache directly (``ProxyResource.quick_answer``): no Request
+    object, no header tables, one write.  Everything else (bodies,
+    pipelining, partial heads, misses) takes twisted.web's parser as before.
+    """
+
+    _prexy_served = False
+
+    def dataReceived(self, data: bytes) -> None:
+        if (
+            not self._handlingRequest
+            and not self.requests
+            and self.line_mode
+            and not self._buffer
+            and not self._busyReceiving
+            and not self.paused
+            and self.persistent
+            and self._HTTPChannel__first_line  # type: ignore[attr-defined]
+        ):
+            head = parse_simple_head(data)
+            if head is not None and self.site.resource.quick_answer(self, *head):
+                self.resetTimeout()
+                return
+        super().dataReceived(data)
+
+
 class ProxySite(server.Site):
     """The HTTP factory for the proxy: our request class, access log in
     combined log format, request body limit."""
 
     requestFactory = ProxyRequest
+    protocol = ProxyChannel
     noisy = False
 
     def __init__(

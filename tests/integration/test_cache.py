@@ -240,3 +240,45 @@ class CacheTests(TestCase):
         self.assertIn(b"hit-for-miss", header(second, b"cache-status"))
         other = yield self.get(path, b"Accept-Language: nl\r\n")
         self.assertNotIn(b"hit-for-miss", header(other, b"cache-status"))  # another variant
+
+    @defer.inlineCallbacks
+    def test_quick_hits_match_the_full_path(self) -> Any:
+        """A hit answered from the channel (ProxyChannel's short way) sends
+        the same bytes as the same hit through twisted.web's Request: GET,
+        HEAD, a 304 for a matching If-None-Match, Vary, keep-alive and close,
+        and a request the short way refuses (obs-fold) still hits."""
+        resource = self.service.resource
+        quick_answer = resource.quick_answer
+        used: list[bool] = []
+
+        def recording(*args: Any) -> bool:
+            answered = quick_answer(*args)
+            used.append(answered)
+            return answered
+
+        cases = [
+            (b"GET", b"/c/q", b""),
+            (b"HEAD", b"/c/q", b""),
+            (b"GET", b"/c/q", b'If-None-Match: "q-v1"\r\n'),
+            (b"GET", b"/c/q?vary=Accept-Language", b"Accept-Language: nl\r\n"),
+            (b"GET", b"/c/q", b"Cookie: _ga=1\r\nUser-Agent: t/1\r\nReferer: http://r/\r\n"),
+        ]
+        yield self.get("/c/q")
+        yield self.get("/c/q?vary=Accept-Language", b"Accept-Language: nl\r\n")
+        for method, path, extra in cases:
+            resource.quick_answer = recording  # type: ignore[method-assign]
+            quick = yield self.get(path.decode(), extra, method=method)
+            resource.quick_answer = lambda *args: False  # type: ignore[method-assign]
+            full = yield self.get(path.decode(), extra, method=method)
+            self.assertEqual(used.pop(), True, (method, path, extra))
+            self.assertIn(b"hit", header(quick, b"cache-status"))
+            self.assertEqual(
+                quick.replace(header(quick, b"age") or b"", b"A"),
+                full.replace(header(full, b"age") or b"", b"A"),
+            )
+        resource.quick_answer = recording  # type: ignore[method-assign]
+        folded = yield self.get("/c/q", b"X-Folded: a\r\n b\r\n")
+        self.assertEqual(used, [])  # not a plain head: the full parser took it
+        self.assertIn(b"hit", header(folded, b"cache-status"))
+        self.assertEqual((self.origin.hits[b"/c/q"]), 2)
+        self.assertEqual(self.service.metrics.counters[("prexy_requests_total", (("status", "304"),))], 2)
