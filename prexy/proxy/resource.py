@@ -123,7 +123,7 @@ class ProxyResource(Resource):
         return self.forward(request, site, target, host, ctx, raw)
 
     def quick_answer(
-        self, channel: ProxyChannel, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
+        self, channel: Any, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
     ) -> bool:
         """Answer a plain GET/HEAD from a fresh cached object without building
         a twisted.web request (see ProxyChannel); False when the request
@@ -1082,6 +1082,7 @@ class ProxyChannel(HTTPChannel):
     """
 
     _prexy_served = False
+    site: ProxySite  # set by Site.buildProtocol
 
     def dataReceived(self, data: bytes) -> None:
         if (
@@ -1106,7 +1107,7 @@ class ProxySite(server.Site):
     combined log format, request body limit."""
 
     requestFactory = ProxyRequest
-    protocol = ProxyChannel
+    protocol = ProxyChannel  # type: ignore[assignment]  # no HTTP/2 wrapper: h2 is not installed
     noisy = False
 
     def __init__(
