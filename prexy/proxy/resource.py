@@ -44,6 +44,7 @@ from prexy.proxy.upstream import (
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeout,
+    send_now,
 )
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
@@ -91,6 +92,9 @@ class ProxyResource(Resource):
         #: Which rules ever matched each resource version (issue 4).
         self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
         self.scheduler = RewriteScheduler(reactor)
+        #: Rule set digest -> the slice size that took about SLICE_SECONDS
+        #: last time, so a response's first slice is already the right size.
+        self.slices: dict[str, int] = {}
 
     def render(self, request: ProxyRequest) -> Any:
         runtime = self.runtime
@@ -155,7 +159,7 @@ class ProxyResource(Resource):
         if method != b"HEAD" and code not in _NO_BODY_CODES and body:
             seq.append(body)
             sent = len(body)
-        channel.transport.write(b"".join(seq))
+        send_now(channel.transport, b"".join(seq))
         channel._prexy_served = True
         self.metrics.count_status(code)
         channel.site.log(_QuickRecord(method, target, code, sent, channel.transport.getPeer(), pairs))
@@ -337,6 +341,10 @@ class _Exchange:
         self._work_paused = False
         self._body_done = False
         self._slice = _FEED_SLICE
+        #: Body bytes still to come when the upstream gave a length (and
+        #: nothing is decoded): the last piece then ends the transducer.
+        self._expect: int | None = None
+        self._ended = False
         self.resource_key: Any = None
         self.rules_run = 0
         self.upstream_target: bytes | None = None
@@ -388,6 +396,7 @@ class _Exchange:
                 resource.metrics.count("prexy_rewrite_skipped_total")
             else:
                 self.transducer = rules.new_transducer(only=only)
+                self._slice = resource.slices.get(rules.digest, _FEED_SLICE)
                 self.rules_run = len(rules.rules) if only is None else len(only)
         if rewrite:
             # HEAD gets the same head a GET would: no length, derived validators.
@@ -434,6 +443,8 @@ class _Exchange:
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
+        if self.transducer is not None and self.decoder is None:
+            self._expect = response.length
         request.registerProducer(response.producer, True)
         self.producer_registered = True
         response.deliverBody(self)
@@ -522,6 +533,8 @@ class _Exchange:
                 self._cache_data(data)
             self.request.write(data)
             return
+        if self._expect is not None:
+            self._expect -= len(data)
         self._backlog.append(data)
         self.resource.scheduler.want(self)
 
@@ -541,11 +554,13 @@ class _Exchange:
         else:
             backlog.popleft()
         began = time.perf_counter()
-        out = self._transform(data)
+        out = self._transform(data, last=self._expect == 0 and not backlog)
         spent = time.perf_counter() - began
         if spent > 0 and len(data) >= MIN_SLICE:
             # Next slice: what this rule set rewrites in ~SLICE_SECONDS.
             self._slice = int(min(MAX_SLICE, max(MIN_SLICE, len(data) * SLICE_SECONDS / spent)))
+            if self.site.rules is not None:
+                self.resource.slices[self.site.rules.digest] = self._slice
         if out is None:
             backlog.clear()
             return False  # failed: the client was reset
@@ -570,17 +585,23 @@ class _Exchange:
         if self._body_done and not self.done and not self.client_gone_flag:
             self._complete()
 
-    def _transform(self, data: bytes) -> bytes | None:
-        """decode -> substitute -> encode one piece; None after a failure."""
+    def _transform(self, data: bytes, last: bool = False) -> bytes | None:
+        """decode -> substitute -> encode one piece; None after a failure.
+        ``last``: these are the body's last bytes (its length was known and
+        nothing is decoded), so the transducer ends with them."""
         transducer = self.transducer
         try:
             if self.decoder is not None:
                 data = self.decoder.feed(data)
-            if len(data) <= _FEED_SLICE:
+            if last:
+                out = transducer.finish(data)
+                self._ended = True
+            elif len(data) <= MAX_SLICE:
                 out = transducer.feed(data)
             else:
+                # Decompressed bytes can outgrow a slice many times over.
                 out = b"".join(
-                    transducer.feed(data[i : i + _FEED_SLICE]) for i in range(0, len(data), _FEED_SLICE)
+                    transducer.feed(data[i : i + MAX_SLICE]) for i in range(0, len(data), MAX_SLICE)
                 )
             if self.encoder is not None:
                 out = self.encoder.feed(out)
@@ -609,7 +630,8 @@ class _Exchange:
                 tail = b""
                 if self.decoder is not None:
                     tail = transducer.feed(self.decoder.finish())
-                tail += transducer.finish()
+                if not self._ended:
+                    tail += transducer.finish()
                 if self.encoder is not None:
                     tail = self.encoder.feed(tail) + self.encoder.finish()
             except DecodeError as exc:
@@ -1082,7 +1104,20 @@ class ProxyChannel(HTTPChannel):
     """
 
     _prexy_served = False
+    _host: Any = None
     site: ProxySite  # set by Site.buildProtocol
+
+    def write(self, data: bytes) -> None:
+        send_now(self.transport, data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        send_now(self.transport, b"".join(iovec))
+
+    def getHost(self) -> Any:
+        # twisted.web asks for every request; the socket's address never changes.
+        if self._host is None:
+            self._host = super().getHost()
+        return self._host
 
     def dataReceived(self, data: bytes) -> None:
         if (

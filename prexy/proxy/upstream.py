@@ -26,6 +26,7 @@ from typing import Protocol as TypingProtocol
 
 import attrs
 from twisted.internet import defer
+from twisted.internet import tcp as _tcp
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -295,7 +296,7 @@ class UpstreamProtocol(Protocol):
                 self.transport.write(head)
                 self._stream_request_body(body)
         else:
-            self.transport.write(head)
+            send_now(self.transport, head)
         self._start_timer(self._pool.timeouts.first_byte, "first byte")
 
     def _stream_request_body(self, body: IO[bytes]) -> None:
@@ -487,12 +488,14 @@ class UpstreamProtocol(Protocol):
             # Body bytes that came with the head are kept until a consumer
             # is attached.
             self._pending_body.append(rest)
-        if self._framing is not _Framing.NONE:
-            # Hold the socket while nobody consumes the body yet.
-            self.transport.pauseProducing()
-            self._paused = True
         assert pending is not None
         pending.head(response)
+        if self.state is _State.HEADERS_DONE and self._framing is not _Framing.NONE and not self._paused:
+            # Nobody consumes the body yet: hold the socket until deliverBody.
+            # (Usually the consumer attached inside head(): no pause, which
+            # saves two epoll_ctl calls per response.)
+            self.transport.pauseProducing()
+            self._paused = True
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""
@@ -926,3 +929,36 @@ def _rewind(body: IO[bytes] | None) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+_PLAIN_TCP = (_tcp.Client, _tcp.Server)
+
+
+def send_now(transport: Any, data: bytes) -> None:
+    """Write ``data``, sending it at once when the transport has nothing
+    queued (a plain TCP connection).
+
+    Twisted's ``write`` only queues: the bytes leave in the reactor's next
+    turn, after the rest of the current event is handled, and cost two
+    epoll_ctl calls to watch for writability.  A request head (or a
+    response) is what the other side waits for, so it is sent right away
+    when the socket takes it (it almost always does); what the socket does
+    not take, and any error, goes through ``write`` as usual, which also
+    applies backpressure to the transport's producer.
+    """
+    if (
+        type(transport) not in _PLAIN_TCP
+        or transport.TLS
+        or transport.dataBuffer
+        or transport._tempDataBuffer
+        or transport.disconnecting
+        or not transport.connected
+    ):
+        transport.write(data)
+        return
+    try:
+        sent = transport.socket.send(data)
+    except OSError:
+        sent = 0  # write() meets the error again and reports it properly
+    if sent < len(data):
+        transport.write(data[sent:])

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class ResourceKey:
     url: str
     validator: str
     variant: str = ""
+    #: digest -> hashed(digest): a response asks twice (lookup, then record).
+    _hashes: dict[str, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def of(
@@ -82,12 +84,16 @@ class ResourceKey:
 
     def hashed(self, digest: str) -> bytes:
         """16 bytes naming this version under the rule set ``digest``."""
+        known = self._hashes.get(digest)
+        if known is not None:
+            return known
         h = hashlib.blake2b(digest_size=16)
         for part in (self.site, self.url, self.validator, self.variant, digest):
             data = part.encode("utf-8", "surrogateescape")
             h.update(len(data).to_bytes(4, "big"))
             h.update(data)
-        return h.digest()
+        name = self._hashes[digest] = h.digest()
+        return name
 
 
 class ApplicabilityMemory:
