@@ -1121,7 +1121,8 @@ class ProxyChannel(HTTPChannel):
 
     def dataReceived(self, data: bytes) -> None:
         if (
-            not self._handlingRequest
+            self.site.resource.cache is not None
+            and not self._handlingRequest
             and not self.requests
             and self.line_mode
             and not self._buffer

@@ -137,6 +137,12 @@ class RuleSet:
         return h.hexdigest()[:16]
 
     @cached_property
+    def global_literals(self) -> list[bytes | None]:
+        """Per rule: its fixed replacement when it is global, else None (the
+        rules a transducer may replace in a tight loop)."""
+        return [None if r.once or not r.template.is_literal else r.template.literal for r in self.rules]
+
+    @cached_property
     def rule_facts(
         self,
     ) -> tuple[list[bool], list[bytes | None], list[Template], bool, tuple[int, ...]]:

@@ -158,6 +158,20 @@ class Cursor(Protocol):
         """
 
 
+class MultiCursor(Protocol):
+    """A cursor that can also replace runs of several rules' matches."""
+
+    def literal_runs(
+        self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
+        matched: set[int],
+    ) -> tuple[int, int]:
+        """Replace, from ``pos``, the matches that start before ``stop`` as
+        long as each is non-empty and its rule has a fixed global
+        replacement (``literals[rule]``); stop at the first that is not.
+        Adds the rules that matched to ``matched``; returns the new position
+        and the number of matches."""
+
+
 class HoldCursor(Protocol):
     """The hold-back question for one buffer, positions not decreasing."""
 
@@ -309,17 +323,56 @@ class _HeapCursor:
         """Not for several rules (see :meth:`Cursor.literal_run`)."""
         return None
 
+    def _start(self, pos: int) -> None:
+        self._started = True
+        heap = self._heap
+        streams = self._streams = self._make(pos)
+        for rule, stream in streams.items():
+            m = stream.next_from(pos)
+            if m is not None:
+                heap.append((m.start(), rule, m))
+        heapq.heapify(heap)
+
+    def literal_runs(
+        self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
+        matched: set[int],
+    ) -> tuple[int, int]:
+        """See :class:`MultiCursor`: the merge of :meth:`find` without a
+        ``Found`` per match, for the common case of domain and id swaps."""
+        if not self._started:
+            self._start(pos)
+        heap = self._heap
+        streams = self._streams
+        count = 0
+        heapreplace = heapq.heapreplace
+        while heap:
+            start, rule, m = heap[0]
+            if start < pos:
+                m = streams[rule].next_from(pos)
+                if m is None:
+                    heapq.heappop(heap)
+                else:
+                    heapreplace(heap, (m.start(), rule, m))
+                continue
+            if start >= stop:
+                break
+            literal = literals[rule]
+            end = m.end()
+            if literal is None or end == start:
+                break
+            if start > pos:
+                emit(m.string[pos:start])
+            emit(literal)
+            pos = end
+            count += 1
+            matched.add(rule)
+        return pos, count
+
     def find(self, pos: int) -> Found | None:
         """The first match at or after ``pos``: leftmost, then lowest rule index."""
         heap = self._heap
         if not self._started:
-            self._started = True
-            streams = self._streams = self._make(pos)
-            for rule, stream in streams.items():
-                m = stream.next_from(pos)
-                if m is not None:
-                    heap.append((m.start(), rule, m))
-            heapq.heapify(heap)
+            self._start(pos)
         streams = self._streams
         while heap and heap[0][0] < pos:
             rule = heap[0][1]

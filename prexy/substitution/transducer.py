@@ -235,6 +235,7 @@ class Transducer:
         disabled = self._disabled
         once = self._once
         rules_matched = self.rules_matched
+        mark = -1  # len(out) while a run of replacements is in progress
         try:
             cursor = scanner.cursor(buf, timeout, self._active)
             find = cursor.find
@@ -248,12 +249,24 @@ class Transducer:
                 floor = holds.floor
                 hold_point = holds.hold_point
             simple = self._simple_rule
+            literal_runs = getattr(cursor, "literal_runs", None)
+            if simple is None and literal_runs is not None and floor > pos:
+                # Several rules: replace the leading run of matches that need
+                # nothing but a fixed replacement without building a Found
+                # for each; the loop below takes over at the first that does.
+                # (Its emits are undone if a scan times out within.)
+                mark = len(out)
+                pos, count = literal_runs(pos, min(floor, n), self.ruleset.global_literals, emit, rules_matched)
+                mark = -1
+                self.match_count += count
             if simple is not None:
                 # One global rule with a fixed replacement: a tight loop for
                 # every match that cannot need more data.
                 literal = literals[simple]
                 assert literal is not None
+                mark = len(out)
                 run = cursor.literal_run(pos, min(floor, n), literal, emit)
+                mark = -1
                 if run is not None:
                     pos, count = run
                     if count:
@@ -317,6 +330,8 @@ class Transducer:
                     emit(buf[pos:])
                     return n
         except TimeoutError:
+            if mark >= 0:
+                del out[mark:]
             self.timed_out = True
             self._stop_substituting()
             emit(buf[pos:])

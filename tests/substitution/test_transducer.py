@@ -164,6 +164,19 @@ def test_timeout_passes_rest_through() -> None:
     assert out == b"ab" + b"x" * 40 + b"zab"
 
 
+def test_timeout_inside_a_run_of_replacements_duplicates_nothing() -> None:
+    """A scan that times out while a run of fixed replacements is under way
+    (one rule's next search explodes) leaves the output of that call
+    unchanged from where the call began: nothing is emitted twice."""
+    body = b"a xy a " + b"x" * 40 + b"z"
+    for specs in ((("a", "A", "g"), ("(x|x)+y", "X", "g")), (("(x|x)+y", "X", "g"),)):
+        rs = rules(*specs)
+        t = rs.new_transducer(timeout=0.01)
+        out = t.finish(body)
+        assert t.timed_out
+        assert out == body
+
+
 def test_large_body_in_slices_keeps_state_small() -> None:
     """Fed in 64 KB slices, nothing beyond a possible match is held."""
     rs = parse_rules(b"replace_filter 'word[0-9]+token' X g; replace_filter foo.com bar.nl g;")
