@@ -26,6 +26,7 @@ from twisted.web.http import NO_BODY_CODES as _NO_BODY_CODES
 from twisted.web.http import RESPONSES as _RESPONSES
 from twisted.web.http import HTTPChannel
 from twisted.web.http import Request as _HTTPRequest
+from twisted.web.iweb import INonQueuedRequestFactory
 from twisted.web.resource import Resource
 
 from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder, accepts_gzip
@@ -345,6 +346,7 @@ class _Exchange:
         #: nothing is decoded): the last piece then ends the transducer.
         self._expect: int | None = None
         self._ended = False
+        self._stash = b""  # output of the transducer's last slice, not sent yet
         self.resource_key: Any = None
         self.rules_run = 0
         self.upstream_target: bytes | None = None
@@ -568,7 +570,11 @@ class _Exchange:
             self.resource.metrics.bytes_out += len(out)
             if self.ctx is not None:
                 self._cache_data(out)
-            self.request.write(out)
+            if self._ended:
+                # The body's last output: sent with the trailer by _complete.
+                self._stash = out
+            else:
+                self.request.write(out)
         return bool(backlog)
 
     def wait_for_work(self) -> None:
@@ -646,7 +652,8 @@ class _Exchange:
                 self.resource.metrics.bytes_out += len(tail)
                 if self.ctx is not None:
                     self._cache_data(tail)
-                request.write(tail)
+            tail = self._stash + tail
+            self._stash = b""
             self._count_transducer(transducer)
             timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
             matched = sorted(transducer.rules_matched)
@@ -658,10 +665,12 @@ class _Exchange:
             if transducer.timed_out:
                 timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
             request.set_trailer(b"Server-Timing", timing)
+        else:
+            tail = b""
         self._unregister()
         self.done = True
         self._cache_done(True)
-        request.finish()
+        request.finish(tail)
 
     def bodyFailed(self, reason: Failure) -> None:
         if self.client_gone_flag:
@@ -855,7 +864,7 @@ class _DetachedRequest:
     def unregisterProducer(self) -> None:
         pass
 
-    def finish(self) -> None:
+    def finish(self, tail: bytes = b"") -> None:
         self.finished = True
 
 
@@ -951,12 +960,17 @@ class ProxyRequest(server.Request):
 
     def write(self, data: bytes) -> None:
         if not self.startedWriting and self._raw_head is not None:
-            if self._write_raw_head():
-                return
+            if self.finished:
+                raise RuntimeError("Request.write called on a request after Request.finish was called.")
+            if not self._disconnected:
+                self._write_raw_head(data)
+            return
         _http_write(self, data)
 
-    def _write_raw_head(self) -> bool:
-        """Write the status line and headers; True when no body may follow."""
+    def _write_raw_head(self, data: bytes, end: bool = False) -> None:
+        """Write the status line and headers with the first body bytes (one
+        send); ``end``: they are the last ones, so the last chunk and the
+        trailer go too."""
         self.startedWriting = 1
         headers = self._raw_head
         assert headers is not None
@@ -972,12 +986,20 @@ class ProxyRequest(server.Request):
         for name, value in headers:
             seq += (name, b": ", value, b"\r\n")
         seq.append(b"\r\n")
-        # One bytes object: writeSequence checks every piece separately.
-        self.channel.write(b"".join(seq))
         if no_body:
             self.write = lambda data: None  # type: ignore[method-assign]
-            return True
-        return False
+        else:
+            self.sentLength += len(data)
+            if not self.chunked:
+                seq.append(data)
+            else:
+                if data:
+                    seq += (b"%x\r\n" % len(data), data, b"\r\n")
+                if end and self._trailer:
+                    seq += (b"0\r\n", self._trailer, b"\r\n")
+                    self.chunked = 0  # the last chunk is written
+        # One bytes object: writeSequence checks every piece separately.
+        self.channel.write(b"".join(seq))
 
     def _uncount(self) -> None:
         if self._counted:
@@ -1047,10 +1069,20 @@ class ProxyRequest(server.Request):
         """A trailer field sent after the last chunk (chunked responses only)."""
         self._trailer += name + b": " + value + b"\r\n"
 
-    def finish(self) -> None:
-        if self._trailer and self.chunked and not self.finished and not self._disconnected:
-            self.channel.write(b"0\r\n" + self._trailer + b"\r\n")
-            self.chunked = 0  # the last chunk is written
+    def finish(self, tail: bytes = b"") -> None:
+        """Finish the response; ``tail``: its last body bytes, sent in the
+        same write as the last chunk and trailer (and the head, if it was
+        not sent yet)."""
+        if not self.finished and not self._disconnected:
+            if not self.startedWriting and self._raw_head is not None:
+                self._write_raw_head(tail, end=True)
+            elif self._trailer and self.chunked:
+                self.sentLength += len(tail)
+                chunk = b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b""
+                self.channel.write(chunk + b"0\r\n" + self._trailer + b"\r\n")
+                self.chunked = 0  # the last chunk is written
+            elif tail:
+                self.write(tail)
         self.exchange = None
         if self.channel is not None:
             self.channel._prexy_served = True  # type: ignore[attr-defined]
@@ -1094,13 +1126,15 @@ class _QuickRecord:
 
 
 class ProxyChannel(HTTPChannel):
-    """twisted.web's HTTP/1.1 channel, with a short way for cache hits.
+    """twisted.web's HTTP/1.1 channel, with a short way for plain requests.
 
     When the connection is idle and the bytes that arrive are exactly one
     plain GET or HEAD head (``parse_simple_head``), the resource may answer
-    it from the cache directly (``ProxyResource.quick_answer``): no Request
-    object, no header tables, one write.  Everything else (bodies,
-    pipelining, partial heads, misses) takes twisted.web's parser as before.
+    it from the cache directly (``ProxyResource.quick_answer``: no Request
+    object, no header tables, one write); otherwise the request is started
+    from that parse (``_quick_request``) instead of twisted.web parsing it
+    again line by line.  Everything else (bodies, pipelining, partial
+    heads, other methods and versions) takes twisted.web's parser as before.
     """
 
     _prexy_served = False
@@ -1121,8 +1155,7 @@ class ProxyChannel(HTTPChannel):
 
     def dataReceived(self, data: bytes) -> None:
         if (
-            self.site.resource.cache is not None
-            and not self._handlingRequest
+            not self._handlingRequest
             and not self.requests
             and self.line_mode
             and not self._buffer
@@ -1132,10 +1165,41 @@ class ProxyChannel(HTTPChannel):
             and self._HTTPChannel__first_line  # type: ignore[attr-defined]
         ):
             head = parse_simple_head(data)
-            if head is not None and self.site.resource.quick_answer(self, *head):
+            if head is not None:
                 self.resetTimeout()
+                resource = self.site.resource
+                if resource.cache is not None and resource.quick_answer(self, *head):
+                    return
+                self._quick_request(*head)
                 return
         super().dataReceived(data)
+
+    def _quick_request(self, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]) -> None:
+        """Start a request from a head parse_simple_head accepted, leaving
+        the channel as twisted.web's line parser would (lineReceived,
+        headerReceived, allHeadersReceived, allContentReceived for a GET or
+        HEAD without a body), without parsing it line by line again."""
+        if INonQueuedRequestFactory.providedBy(self.requestFactory):
+            request = self.requestFactory(self)
+        else:
+            request = self.requestFactory(self, len(self.requests))
+        self.requests.append(request)
+        add = request.requestHeaders.addRawHeader
+        close = False
+        for name, value in pairs:
+            add(name, value)
+            if name == b"connection" and value.lower() == b"close":
+                close = True
+        request.parseCookies()
+        self.persistent = not close
+        if close:
+            request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+        request.gotLength(0)
+        if self.timeOut:
+            self._savedTimeOut = self.setTimeout(None)
+        self._handlingRequest = True
+        self.setRawMode()  # later bytes wait in _dataBuffer until requestDone
+        request.requestReceived(method, target, b"HTTP/1.1")
 
 
 class ProxySite(server.Site):

@@ -100,12 +100,13 @@ class Origin(resource.Resource):
             request.finish()
             return server.NOT_DONE_YET
         if path.startswith(b"/c/"):
-            # Cacheable pages: /c/<name>?cc=<Cache-Control>&vary=<header>&cookie=1&delay=<s>
+            # Cacheable pages: /c/<name>?cc=<Cache-Control>&vary=<header>&cookie=1&delay=<s>&noetag=1
             args = request.args
             etag = b'"%s-v1"' % path.rsplit(b"/", 1)[1]
             request.setHeader(b"cache-control", args.get(b"cc", [b"max-age=60"])[0])
-            request.setHeader(b"etag", etag)
-            if request.getHeader(b"if-none-match") == etag:
+            if b"noetag" not in args:
+                request.setHeader(b"etag", etag)
+            if b"noetag" not in args and request.getHeader(b"if-none-match") == etag:
                 self.not_modified[path] = self.not_modified.get(path, 0) + 1
                 request.setResponseCode(304)
                 return b""

@@ -154,6 +154,31 @@ class CacheTests(TestCase):
         self.assertEqual((self.origin.hits[b"/c/g"], self.origin.not_modified[b"/c/g"]), (1, 1))
 
     @defer.inlineCallbacks
+    def test_grace_refresh_fetches_a_new_body(self) -> Any:
+        """Without a validator the background fetch gets a full answer: it
+        replaces the stored object (rewritten, since rules apply), and the
+        client that triggered it got the stale copy at once."""
+        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        with open(rules, "w") as f:
+            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
+        yield self.service.stopService()
+        yield self.start(rules=(rules,), grace=10.0)
+        path = "/c/n?cc=max-age%3D1&noetag=1"
+        yield self.get(path)
+        yield wait(1.2)
+        stale = yield self.get(path)
+        self.assertEqual(body_of(stale), b"PAGE /c/n #1 lang=-")
+        for _ in range(40):
+            if self.origin.hits.get(b"/c/n") == 2:
+                break
+            yield wait(0.05)
+        yield wait(0.1)
+        fresh = yield self.get(path)
+        self.assertRegex(header(fresh, b"cache-status"), rb"hit; ttl=\d")
+        self.assertEqual(body_of(fresh), b"PAGE /c/n #2 lang=-")
+        self.assertEqual(self.origin.hits[b"/c/n"], 2)
+
+    @defer.inlineCallbacks
     def test_stale_if_error(self) -> Any:
         """Upstream down after expiry: the stale copy instead of a 502."""
         yield self.service.stopService()
