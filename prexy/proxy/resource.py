@@ -70,7 +70,11 @@ MIN_SLICE, MAX_SLICE = 1024, 256 * 1024
 #: Bound once: attribute access through twisted.web.http's deprecation
 #: module proxy costs microseconds per request.
 _http_write = _HTTPRequest.write
-WORK_BUDGET = 0.001
+WORK_BUDGET = 0.0003
+#: A response waiting for the rewrite scheduler keeps reading its upstream
+#: until this many bytes wait to be rewritten (bounded memory, and no
+#: pause/resume of the upstream socket on every reactor turn).
+BACKLOG_PAUSE = 128 * 1024
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
 
@@ -338,6 +342,7 @@ class _Exchange:
         self.producer_registered = False
         self.ctx: Any = None  # prexy.proxy.caching.CacheContext
         self._backlog: collections.deque[bytes] = collections.deque()
+        self._backlog_bytes = 0
         self._queued = False  # waiting in the rewrite scheduler
         self._work_paused = False
         self._body_done = False
@@ -538,6 +543,9 @@ class _Exchange:
         if self._expect is not None:
             self._expect -= len(data)
         self._backlog.append(data)
+        self._backlog_bytes += len(data)
+        if self._queued and self._backlog_bytes >= BACKLOG_PAUSE:
+            self.wait_for_work()
         self.resource.scheduler.want(self)
 
     def work_one(self) -> bool:
@@ -545,6 +553,7 @@ class _Exchange:
         backlog = self._backlog
         if self.client_gone_flag or self.done:
             backlog.clear()
+            self._backlog_bytes = 0
             return False
         if not backlog:
             return False
@@ -555,6 +564,7 @@ class _Exchange:
             data = data[:size]
         else:
             backlog.popleft()
+        self._backlog_bytes -= len(data)
         began = time.perf_counter()
         out = self._transform(data, last=self._expect == 0 and not backlog)
         spent = time.perf_counter() - began
@@ -565,6 +575,7 @@ class _Exchange:
                 self.resource.slices[self.site.rules.digest] = self._slice
         if out is None:
             backlog.clear()
+            self._backlog_bytes = 0
             return False  # failed: the client was reset
         if out:
             self.resource.metrics.bytes_out += len(out)
@@ -578,8 +589,9 @@ class _Exchange:
         return bool(backlog)
 
     def wait_for_work(self) -> None:
-        """Stop reading upstream until the scheduler comes back to us."""
-        if not self._work_paused and self.response is not None:
+        """Stop reading upstream until the scheduler comes back to us, once
+        BACKLOG_PAUSE bytes wait."""
+        if not self._work_paused and self.response is not None and self._backlog_bytes >= BACKLOG_PAUSE:
             self._work_paused = True
             self.response.pause_for_work()
 

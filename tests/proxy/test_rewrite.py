@@ -249,6 +249,33 @@ class FairnessTests(SynchronousTestCase):
         self.assertLess(first, len(client.value()))
         self.assertEqual(h.pool.idle_connections(), 1)
 
+    def test_small_backlog_keeps_reading(self) -> None:
+        """While less than BACKLOG_PAUSE waits to be rewritten, the upstream
+        is not paused (no epoll churn per turn); the output is the same."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)
+        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        h = harness()
+        body = PAGE * 800  # ~60 KB, below BACKLOG_PAUSE
+        self.assertLess(len(body), resource.BACKLOG_PAUSE)
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[0]
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) * 4))
+        conn.reply(body)
+        self.assertFalse(conn.paused)
+        conn.reply(body)
+        self.assertFalse(conn.paused)
+        conn.reply(body)  # now more than BACKLOG_PAUSE waits: paused
+        self.assertTrue(conn.paused)
+        for _ in range(100):
+            h.clock.advance(0)
+        self.assertFalse(conn.paused)
+        conn.reply(body)
+        for _ in range(100):
+            h.clock.advance(0)
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN * 3200)
+
     def test_client_pause_survives_work_resume(self) -> None:
         """Finishing the backlog does not resume an upstream that a slow
         client paused."""
