@@ -10,6 +10,7 @@ streaming at work.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 from twisted.application import service, strports
@@ -154,6 +155,15 @@ class DemoService(service.MultiService):
 def demo_config(workers: int | None = None) -> Config:
     """The configuration the demo runs with."""
     rules = os.path.join(FILES, "demo.rules")
+    if BASE != 8080:
+        # The shipped rules point the clone's links at 127.0.0.1:8080.
+        with open(rules, encoding="utf-8") as f:
+            text = f.read().replace("127.0.0.1:8080", f"127.0.0.1:{BASE}")
+        rules = os.path.join(tempfile.gettempdir(), f"prexy-demo-{BASE}-{os.getuid()}.rules")
+        tmp = f"{rules}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, rules)
     site = SiteConfig(
         name="demo",
         upstream=UpstreamURL.parse(ORIGIN_URL),

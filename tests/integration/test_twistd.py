@@ -99,6 +99,8 @@ class TwistdTests(TestCase):
         head, body = yield self.fetch(base, "/")
         self.assertIn(b"UA-99999-9", body)
         self.assertIn(b"Cloned Shop", body)
+        # Links point at the demo's own port, whichever it is.
+        self.assertIn(b"http://127.0.0.1:%d/style.css" % base, body)
         head, _ = yield self.fetch(base, "/blog/2024/summer-sale")
         self.assertIn(b"Location: http://t/news/summer-sale.html", head)
         self.assertIn("Prexy demo is running", child.output())
