@@ -568,9 +568,14 @@ class _Exchange:
         began = time.perf_counter()
         out = self._transform(data, last=self._expect == 0 and not backlog)
         spent = time.perf_counter() - began
-        if spent > 0 and len(data) >= MIN_SLICE:
-            # Next slice: what this rule set rewrites in ~SLICE_SECONDS.
-            self._slice = int(min(MAX_SLICE, max(MIN_SLICE, len(data) * SLICE_SECONDS / spent)))
+        if spent > 0 and len(data) >= max(MIN_SLICE, size // 2):  # a representative slice
+            # Next slice: what this rule set rewrites in ~SLICE_SECONDS, at
+            # most halving or doubling per step, so that one slow measurement
+            # (a preemption, a collection) does not shrink the slices of
+            # every later response to a size where fixed costs dominate.
+            old = self._slice
+            estimate = len(data) * SLICE_SECONDS / spent
+            self._slice = int(min(MAX_SLICE, max(MIN_SLICE, old / 2, min(estimate, old * 2))))
             if self.site.rules is not None:
                 self.resource.slices[self.site.rules.digest] = self._slice
         if out is None:

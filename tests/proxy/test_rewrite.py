@@ -276,6 +276,29 @@ class FairnessTests(SynchronousTestCase):
             h.clock.advance(0)
         self.assertEqual(parse_response(client.value())[2], REWRITTEN * 3200)
 
+    def test_one_slow_slice_halves_the_slice_at_most(self) -> None:
+        """A slice that seemed to take a second (a preemption) halves the
+        next slice size instead of dropping it to the minimum for this and
+        every later response of the rule set."""
+        from prexy.proxy import resource
+
+        class SlowClock:
+            now = 0.0
+
+            def perf_counter(self) -> float:
+                self.now += 1.0
+                return self.now
+
+        h = harness()
+        body = PAGE * 2000
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[0]
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(body))
+        self.patch(resource, "time", SlowClock())
+        conn.reply(body[: 64 * 1024])
+        digest = h.runtime.default.rules.digest
+        self.assertEqual(h.resource.slices[digest], resource._FEED_SLICE // 2)
+
     def test_client_pause_survives_work_resume(self) -> None:
         """Finishing the backlog does not resume an upstream that a slow
         client paused."""
