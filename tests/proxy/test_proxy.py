@@ -150,6 +150,63 @@ class FramingTests(SynchronousTestCase):
         self.assertEqual(client.value().count(b"hello world!"), 3)
         self.assertFalse(client.disconnecting)
 
+    def test_short_parse_matches_twisted_parse(self) -> None:
+        """A plain GET/HEAD started from the short parse (ProxyChannel) sends
+        the same request upstream and the same answer back as when
+        twisted.web parses it line by line; Connection: close still closes."""
+        from prexy.proxy import resource
+
+        requests = [
+            GET,
+            b"HEAD /h?q=1 HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n",
+            b"GET /c HTTP/1.1\r\nHost: x\r\nCookie: a=1\r\nCookie: b=2\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
+            b"GET /close HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        ]
+
+        def run() -> list[tuple[bytes, bytes, bool]]:
+            h = Harness()
+            out = []
+            for raw in requests:
+                channel, client = h.client()
+                channel.dataReceived(raw)
+                conn = h.conns[-1]
+                sent = conn.sent()
+                conn.transport.clear()
+                conn.reply(OK_12)
+                out.append((sent, client.value(), client.disconnecting))
+            return out
+
+        used: list[bool] = []
+        real = resource.parse_simple_head
+
+        def recording(data: bytes) -> object:
+            head = real(data)
+            used.append(head is not None)
+            return head
+
+        self.patch(resource, "parse_simple_head", recording)
+        short = run()
+        self.assertEqual(used, [True] * len(requests))
+        self.patch(resource, "parse_simple_head", lambda data: None)
+        full = run()
+        self.assertEqual(short, full)
+        self.assertTrue(short[-1][2])  # Connection: close honoured
+        self.assertFalse(short[0][2])
+
+    def test_pipelined_requests_answered_in_order(self) -> None:
+        """Two requests in one packet take twisted.web's parser and are
+        answered one after the other on the same connection."""
+        h = Harness()
+        channel, client = h.client()
+        channel.dataReceived(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIn(b"GET /1 ", h.conns[0].sent())
+        h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\none")
+        self.assertIn(b"GET /2 ", h.conns[-1].sent())
+        h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo")
+        raw = client.value()
+        self.assertLess(raw.index(b"one"), raw.index(b"two"))
+        self.assertEqual(raw.count(b"HTTP/1.1 200 OK"), 2)
+
     def test_head_keeps_content_length(self) -> None:
         """HEAD answers carry the upstream's Content-Length and no body."""
         h = Harness()
