@@ -1064,9 +1064,20 @@ class ProxyRequest(server.Request):
         self.channel.loseConnection()
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """twisted.web's requestReceived without its argument parsing: a
+        proxy forwards the target and the body as bytes, so it never fills
+        ``args`` from the query (work for nothing on every request) or from
+        a form body (which twisted.web reads whole into memory, and answers
+        400 itself when a multipart body does not parse)."""
         if self._rejected:
             return  # already answered 413; the connection is closing
-        super().requestReceived(command, path, version)
+        content: Any = self.content
+        content.seek(0, 0)
+        self.args = {}
+        self.method, self.uri = command, path
+        self.clientproto = version
+        self.path = path.split(b"?", 1)[0]
+        self.process()
 
     _counted = False
 

@@ -249,6 +249,26 @@ class FramingTests(SynchronousTestCase):
         self.assertNotIn(b"transfer-encoding", headers)
         self.assertTrue(sent.endswith(b"\r\n\r\nabcdefg"))
 
+    def test_form_bodies_are_forwarded_not_parsed(self) -> None:
+        """A proxy passes form uploads on as bytes: twisted.web would read a
+        urlencoded or multipart body into memory to fill request.args, and
+        answer 400 itself to a multipart body it cannot parse."""
+        for ctype, body in (
+            (b"multipart/form-data", b"no boundary: twisted.web says 400"),
+            (b"application/x-www-form-urlencoded", b"a=1&b=%zz"),
+        ):
+            h = Harness()
+            _, client = h.send(
+                b"POST /upload?q=1 HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (ctype, len(body), body)
+            )
+            self.assertEqual(len(h.conns), 1, client.value()[:200])
+            sent = h.conns[0].sent()
+            self.assertTrue(sent.startswith(b"POST /upload?q=1 HTTP/1.1\r\n"))
+            self.assertTrue(sent.endswith(b"\r\n\r\n" + body))
+            h.conns[0].reply(OK_12)
+            self.assertTrue(client.value().startswith(b"HTTP/1.1 200 OK"))
+
     def test_request_body_too_large_is_413(self) -> None:
         """A declared or streamed body over the limit is answered 413 and the
         connection closed; nothing goes upstream."""
