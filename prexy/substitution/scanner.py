@@ -147,20 +147,6 @@ class Cursor(Protocol):
     def find(self, pos: int) -> Found | None:
         """The first match at or after ``pos`` (treating the buffer end as final)."""
 
-    def literal_run(
-        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
-    ) -> tuple[int, int] | None:
-        """Replace, from ``pos``, every match that starts before ``stop``.
-
-        For a single rule with a fixed replacement that cannot match empty:
-        emits the text and ``literal`` for each match and returns the new
-        position and the number of matches; None when the cursor cannot.
-        """
-
-
-class MultiCursor(Protocol):
-    """A cursor that can also replace runs of several rules' matches."""
-
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int],
@@ -264,13 +250,15 @@ class _SingleCursor:
         self._ngroups = ngroups
         self._loops = loops
 
-    def literal_run(
-        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
-    ) -> tuple[int, int] | None:
-        """See :meth:`Cursor.literal_run`: one ``finditer`` loop, no merging."""
+    def literal_runs(
+        self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
+        matched: set[int],
+    ) -> tuple[int, int]:
+        """See :meth:`Cursor.literal_runs`: one ``finditer`` loop, no merging."""
         stream = self._stream
-        if stream.empty_ok:
-            return None
+        literal = literals[self._rule]
+        if literal is None or stream.empty_ok:
+            return pos, 0
         buf = stream.buf
         count = 0
         for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
@@ -282,6 +270,8 @@ class _SingleCursor:
             emit(literal)
             pos = m.end()
             count += 1
+        if count:
+            matched.add(self._rule)
         return pos, count
 
     def find(self, pos: int) -> Found | None:
@@ -317,12 +307,6 @@ class _HeapCursor:
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._started = False
 
-    def literal_run(
-        self, pos: int, stop: int, literal: bytes, emit: Callable[[bytes], object]
-    ) -> tuple[int, int] | None:
-        """Not for several rules (see :meth:`Cursor.literal_run`)."""
-        return None
-
     def _start(self, pos: int) -> None:
         self._started = True
         heap = self._heap
@@ -337,8 +321,9 @@ class _HeapCursor:
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int],
     ) -> tuple[int, int]:
-        """See :class:`MultiCursor`: the merge of :meth:`find` without a
-        ``Found`` per match, for the common case of domain and id swaps."""
+        """See :meth:`Cursor.literal_runs`: the merge of :meth:`find`
+        without a ``Found`` per match, for the common case of domain and id
+        swaps."""
         if not self._started:
             self._start(pos)
         heap = self._heap

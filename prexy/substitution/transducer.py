@@ -101,12 +101,6 @@ class Transducer:
             self._active = tuple(sorted(set(only)))
             if any(not 0 <= i < len(rules) for i in self._active):
                 raise ValueError("rule index out of range")
-        # The only active rule, when it is global with a fixed replacement.
-        self._simple_rule: int | None = None
-        if len(self._active) == 1:
-            rule = self._active[0]
-            if not self._once[rule] and self._literal[rule] is not None:
-                self._simple_rule = rule
         scanning = self._scanner is not None and bool(self._active)
         self.state = State.SCANNING if scanning else State.PASSING_THROUGH
         self._buf = b""
@@ -248,30 +242,17 @@ class Transducer:
                 holds = scanner.hold_cursor(buf, pos, timeout, self._active)
                 floor = holds.floor
                 hold_point = holds.hold_point
-            simple = self._simple_rule
-            literal_runs = getattr(cursor, "literal_runs", None)
-            if simple is None and literal_runs is not None and floor > pos:
-                # Several rules: replace the leading run of matches that need
-                # nothing but a fixed replacement without building a Found
-                # for each; the loop below takes over at the first that does.
-                # (Its emits are undone if a scan times out within.)
+            if floor > pos:
+                # Replace the leading run of matches that need nothing but a
+                # fixed replacement without building a Found for each; the
+                # loop below takes over at the first that does.  (Its emits
+                # are undone if a scan times out within.)
                 mark = len(out)
-                pos, count = literal_runs(pos, min(floor, n), self.ruleset.global_literals, emit, rules_matched)
+                pos, count = cursor.literal_runs(
+                    pos, min(floor, n), self.ruleset.global_literals, emit, rules_matched
+                )
                 mark = -1
                 self.match_count += count
-            if simple is not None:
-                # One global rule with a fixed replacement: a tight loop for
-                # every match that cannot need more data.
-                literal = literals[simple]
-                assert literal is not None
-                mark = len(out)
-                run = cursor.literal_run(pos, min(floor, n), literal, emit)
-                mark = -1
-                if run is not None:
-                    pos, count = run
-                    if count:
-                        self.match_count += count
-                        rules_matched.add(simple)
             while pos < n or (final and pos == n):
                 found = find(pos)
                 if found is None:
