@@ -153,13 +153,10 @@ class ProxyResource(Resource):
         if answer is None:
             return False
         code, phrase, headers, body = answer
-        seq = [b"HTTP/1.1 %d " % code, phrase or _RESPONSES.get(code, b"Unknown Status"), b"\r\n"]
         close = any(n == b"connection" and v.lower() == b"close" for n, v in pairs)
         if close:
-            seq.append(b"Connection: close\r\n")
-        for name, value in headers:
-            seq += (name, b": ", value, b"\r\n")
-        seq.append(b"\r\n")
+            headers = [(b"Connection", b"close"), *headers]
+        seq = _head_seq(b"HTTP/1.1", code, phrase or _RESPONSES.get(code, b"Unknown Status"), headers)
         sent = 0
         if method != b"HEAD" and code not in _NO_BODY_CODES and body:
             seq.append(body)
@@ -913,6 +910,16 @@ def _resource_key(
     )
 
 
+def _head_seq(proto: bytes, code: int, message: bytes, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The pieces of a response head (status line, header lines, blank line),
+    to be joined with any body bytes into one write."""
+    seq = [proto, b" %d " % code, message, b"\r\n"]
+    for name, value in headers:
+        seq += (name, b": ", value, b"\r\n")
+    seq.append(b"\r\n")
+    return seq
+
+
 def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
     for name, value in headers:
         if name.lower() == lname:
@@ -996,13 +1003,9 @@ class ProxyRequest(server.Request):
         if self.clientproto == b"HTTP/1.1" and not self._has_length and not no_body:
             headers.append((b"Transfer-Encoding", b"chunked"))
             self.chunked = 1
-        seq = [self.clientproto, b" ", b"%d" % code, b" ", self.code_message, b"\r\n"]
-        for name, values in self.responseHeaders.getAllRawHeaders():
-            for value in values:  # e.g. Connection: close set by the channel
-                seq += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            seq += (name, b": ", value, b"\r\n")
-        seq.append(b"\r\n")
+        # Connection: close, if the channel set it, comes first.
+        own = [(n, v) for n, vs in self.responseHeaders.getAllRawHeaders() for v in vs]
+        seq = _head_seq(self.clientproto, code, self.code_message, own + headers if own else headers)
         if no_body:
             self.write = lambda data: None  # type: ignore[method-assign]
         else:
