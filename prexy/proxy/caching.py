@@ -174,6 +174,18 @@ class Flight:
             del self.layer.inflight[self.key]
 
 
+class Looked:
+    """What the cache made of a request: the decision and, for a lookup, the
+    URL key and what the store found (an invalidation has the URL only)."""
+
+    __slots__ = ("decision", "url", "found")
+
+    def __init__(self, decision: Any, url: bytes, found: Any) -> None:
+        self.decision = decision
+        self.url = url
+        self.found = found
+
+
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
@@ -187,6 +199,22 @@ class CacheLayer:
 
     # -- requests ----------------------------------------------------------------
 
+    def look(
+        self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None,
+        pairs: list[tuple[bytes, bytes]],
+    ) -> Looked:
+        """Decide on a request (not PURGE) and, for a lookup, read the store."""
+        policy = site.cache_policy
+        assert policy is not None
+        decision = request_decision(policy, method, target, pairs)
+        if decision.action is Action.PASS:
+            return Looked(decision, b"", None)
+        url = key_url(policy, host, target)
+        if decision.action is Action.INVALIDATE:
+            return Looked(decision, url, None)
+        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
+        return Looked(decision, url, found)
+
     def on_request(
         self,
         resource: Any,
@@ -195,22 +223,23 @@ class CacheLayer:
         target: bytes,
         host: bytes | None,
         pairs: list[tuple[bytes, bytes]],
+        looked: Looked | None = None,
     ) -> tuple[Any, CacheContext | None]:
         """(answer, None) when the cache answered or parked the request;
-        (None, context) when it must be forwarded."""
-        policy = site.cache_policy
+        (None, context) when it must be forwarded.  ``looked``: what
+        :meth:`look` already made of this request (the quick path's try)."""
         if request.method == b"PURGE":
             return self.purge(request, site, host, target), None
-        decision = request_decision(policy, request.method, target, pairs)
+        if looked is None:
+            looked = self.look(site, request.method, target, host, pairs)
+        decision, url, found = looked.decision, looked.url, looked.found
         if decision.action is Action.INVALIDATE:
-            self.store.purge_url(site.name, key_url(policy, host, target))
+            self.store.purge_url(site.name, url)
             self.metrics.count("prexy_cache_total", result="pass")
             return None, CacheContext("bypass", decision.reason)
-        if decision.action is Action.PASS:
+        if decision.action is Action.PASS or found is None:
             self.metrics.count("prexy_cache_total", result="pass")
             return None, CacheContext("bypass", decision.reason)
-        url = key_url(policy, host, target)
-        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
         obj = found.obj
         now = self.reactor.seconds()
         if obj is not None and obj.hit_for_miss:
@@ -292,21 +321,13 @@ class CacheLayer:
         return server.NOT_DONE_YET
 
     def quick_hit(
-        self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None,
-        pairs: list[tuple[bytes, bytes]],
+        self, looked: Looked, pairs: list[tuple[bytes, bytes]]
     ) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes] | None:
         """The answer for a request a fresh stored object serves, as
         :func:`hit_answer` gives it, or None when the request needs the full
-        path (pass, miss, stale, hit-for-miss, PURGE).  Counts the hit."""
-        policy = site.cache_policy
-        if policy is None:
-            return None
-        decision = request_decision(policy, method, target, pairs)
-        if decision.action is not Action.LOOKUP:
-            return None
-        url = key_url(policy, host, target)
-        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
-        obj = found.obj
+        path (pass, miss, stale, hit-for-miss).  Counts the hit."""
+        found = looked.found
+        obj = found.obj if found is not None else None
         if obj is None or obj.hit_for_miss:
             return None
         now = self.reactor.seconds()

@@ -123,7 +123,9 @@ class ProxyResource(Resource):
         if site.cache_policy is not None and self.cache is not None:
             request.prexy_forward = (target, host)
             pairs = [(n, v) for n, vs in raw.items() for v in vs]
-            answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)
+            answer, ctx = self.cache.on_request(
+                self, request, site, client_target, host, pairs, request.prexy_looked
+            )
             if answer is not None:
                 return answer
         elif request.method == b"PURGE":
@@ -133,25 +135,27 @@ class ProxyResource(Resource):
 
     def quick_answer(
         self, channel: Any, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
-    ) -> bool:
+    ) -> tuple[bool, Any]:
         """Answer a plain GET/HEAD from a fresh cached object without building
-        a twisted.web request (see ProxyChannel); False when the request
-        needs the full path: no cache, a URL map entry, pass, miss, stale.
+        a twisted.web request (see ProxyChannel): (True, None).  When the
+        request needs the full path (no cache, a URL map entry, pass, miss,
+        stale): (False, what the cache made of it, for render to reuse).
 
         The bytes sent are those render() would send for the same hit."""
         cache = self.cache
         if cache is None:
-            return False
+            return False, None
         host = next((v for n, v in pairs if n == b"host"), None)
         site = self.runtime.select(host)
         if site.cache_policy is None:
-            return False
+            return False, None
         urlmap = site.urlmap
         if urlmap is not None and (urlmap.variables or urlmap.lookup(target.decode("latin-1"), None)):
-            return False
-        answer = cache.quick_hit(site, method, target, host, pairs)
+            return False, None
+        looked = cache.look(site, method, target, host, pairs)
+        answer = cache.quick_hit(looked, pairs)
         if answer is None:
-            return False
+            return False, looked
         code, phrase, headers, body = answer
         close = any(n == b"connection" and v.lower() == b"close" for n, v in pairs)
         if close:
@@ -168,7 +172,7 @@ class ProxyResource(Resource):
         if close:
             channel.persistent = False
             channel.loseConnection()
-        return True
+        return True, None
 
     def forward(
         self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None,
@@ -967,6 +971,8 @@ class ProxyRequest(server.Request):
     _has_length = False
     #: (target, host) for forwarding later (a coalesced waiter).
     prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
+    #: What quick_answer's cache lookup found (prexy.proxy.caching.Looked).
+    prexy_looked: Any = None
     _trailer: bytes = b""
     exchange: _Exchange | None = None
 
@@ -1198,14 +1204,15 @@ class ProxyChannel(HTTPChannel):
             head = parse_simple_head(data)
             if head is not None:
                 self.resetTimeout()
-                resource = self.site.resource
-                if resource.cache is not None and resource.quick_answer(self, *head):
-                    return
-                self._quick_request(*head)
+                answered, looked = self.site.resource.quick_answer(self, *head)
+                if not answered:
+                    self._quick_request(*head, looked)
                 return
         super().dataReceived(data)
 
-    def _quick_request(self, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]) -> None:
+    def _quick_request(
+        self, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]], looked: Any = None
+    ) -> None:
         """Start a request from a head parse_simple_head accepted, leaving
         the channel as twisted.web's line parser would (lineReceived,
         headerReceived, allHeadersReceived, allContentReceived for a GET or
@@ -1215,6 +1222,7 @@ class ProxyChannel(HTTPChannel):
         else:
             request = self.requestFactory(self, len(self.requests))
         self.requests.append(request)
+        request.prexy_looked = looked  # the cache's lookup, not done again
         add = request.requestHeaders.addRawHeader
         close = False
         for name, value in pairs:

@@ -276,10 +276,10 @@ class CacheTests(TestCase):
         quick_answer = resource.quick_answer
         used: list[bool] = []
 
-        def recording(*args: Any) -> bool:
-            answered = quick_answer(*args)
+        def recording(*args: Any) -> tuple[bool, Any]:
+            answered, looked = quick_answer(*args)
             used.append(answered)
-            return answered
+            return answered, looked
 
         cases = [
             (b"GET", b"/c/q", b""),
@@ -293,7 +293,7 @@ class CacheTests(TestCase):
         for method, path, extra in cases:
             resource.quick_answer = recording  # type: ignore[method-assign]
             quick = yield self.get(path.decode(), extra, method=method)
-            resource.quick_answer = lambda *args: False  # type: ignore[method-assign]
+            resource.quick_answer = lambda *args: (False, None)  # type: ignore[method-assign]
             full = yield self.get(path.decode(), extra, method=method)
             self.assertEqual(used.pop(), True, (method, path, extra))
             self.assertIn(b"hit", header(quick, b"cache-status"))
@@ -307,3 +307,27 @@ class CacheTests(TestCase):
         self.assertIn(b"hit", header(folded, b"cache-status"))
         self.assertEqual((self.origin.hits[b"/c/q"]), 2)
         self.assertEqual(self.service.metrics.counters[("prexy_requests_total", (("status", "304"),))], 2)
+
+    @defer.inlineCallbacks
+    def test_one_store_lookup_per_request(self) -> Any:
+        """A plain GET that the quick path cannot answer (a miss, then a
+        pass) goes on with the quick path's lookup: the store is read once
+        per request, not twice."""
+        store = self.service.resource.cache.store
+        lookup = store.lookup
+        calls: list[bytes] = []
+
+        def counting(*args: Any, **kw: Any) -> Any:
+            calls.append(args[2])
+            return lookup(*args, **kw)
+
+        store.lookup = counting
+        first = yield self.get("/c/once")
+        self.assertIn(b"fwd=uri-miss", header(first, b"cache-status"))
+        self.assertEqual(len(calls), 1)
+        second = yield self.get("/c/once")
+        self.assertIn(b"hit", header(second, b"cache-status"))
+        self.assertEqual(len(calls), 2)
+        passed = yield self.get("/c/once", b"Cookie: session=1\r\n")
+        self.assertIn(b"fwd=bypass", header(passed, b"cache-status"))
+        self.assertEqual(len(calls), 2)
