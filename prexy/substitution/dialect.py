@@ -1039,6 +1039,31 @@ def _prefix(node: Node, out: bytearray) -> bool:
     return False
 
 
+def pure_literal(node: Node) -> bytes | None:
+    """The one byte string ``node`` matches, when it is nothing but literal
+    bytes (groups allowed; no set, assertion, alternation or repeat), else
+    None.  Folded letters of a caseless rule are sets, so they never count.
+
+    Such a rule's leftmost non-overlapping matches from a position are those
+    of ``bytes.split``: the scanner replaces them without a regex scan.
+    """
+    out = bytearray()
+    if not _pure(node, out) or not out:
+        return None
+    return bytes(out)
+
+
+def _pure(node: Node, out: bytearray) -> bool:
+    if isinstance(node, Char):
+        out.append(node.byte)
+        return True
+    if isinstance(node, Group):
+        return _pure(node.child, out)
+    if isinstance(node, Cat):
+        return all(_pure(item, out) for item in node.items)
+    return False
+
+
 def can_match_empty(node: Node) -> bool:
     """Whether ``node`` has a match of length zero (assertions count as empty)."""
     return _nullable(node)

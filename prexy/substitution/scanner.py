@@ -60,6 +60,7 @@ from prexy.substitution.dialect import (
     first_bytes,
     literal_prefix,
     max_width,
+    pure_literal,
     repeat_bytes,
     set_source,
     to_regex_source,
@@ -218,6 +219,10 @@ class _RuleStream:
         self._iter: Iterator[regex.Match[bytes]] | None = None
         self._last_end = -1
 
+    def forget(self) -> None:
+        """The scan moved on without this stream: search afresh next time."""
+        self._iter = None
+
     def next_from(self, pos: int) -> regex.Match[bytes] | None:
         """The leftmost match starting at or after ``pos``."""
         if pos < self.start:
@@ -239,16 +244,41 @@ class _RuleStream:
         return m
 
 
+def _split_run(
+    buf: bytes, pos: int, limit: int, word: bytes, literal: bytes, emit: Callable[[bytes], object]
+) -> tuple[int, int]:
+    """Replace the occurrences of ``word`` (a pure-literal rule) that start
+    in ``buf[pos:limit]`` by ``literal``: one ``bytes.split`` instead of a
+    regex scan and a Python step per match.  For a fixed string, leftmost
+    non-overlapping matches from ``pos`` are exactly the pieces ``split``
+    cuts, and the slice taken ends ``len(word) - 1`` bytes past ``limit``
+    so that no match starting before ``limit`` is cut.  Returns (the
+    position after the last match, the number of matches); nothing is
+    emitted past that position."""
+    segment = buf[pos : limit + len(word) - 1]
+    pieces = segment.split(word)
+    count = len(pieces) - 1
+    if not count:
+        return pos, 0
+    tail = pieces.pop()
+    emit(literal.join(pieces))
+    emit(literal)
+    return pos + len(segment) - len(tail), count
+
+
 class _SingleCursor:
     """One rule: its own pattern's next match."""
 
-    __slots__ = ("_stream", "_rule", "_ngroups", "_loops")
+    __slots__ = ("_stream", "_rule", "_ngroups", "_loops", "_word")
 
-    def __init__(self, stream: _RuleStream, rule: int, ngroups: int, loops: frozenset[int]) -> None:
+    def __init__(
+        self, stream: _RuleStream, rule: int, ngroups: int, loops: frozenset[int], word: bytes | None = None
+    ) -> None:
         self._stream = stream
         self._rule = rule
         self._ngroups = ngroups
         self._loops = loops
+        self._word = word  # the rule's pattern when it is a pure literal
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
@@ -260,6 +290,11 @@ class _SingleCursor:
         if literal is None or stream.empty_ok:
             return pos, 0
         buf = stream.buf
+        if self._word is not None:
+            pos, count = _split_run(buf, pos, stop, self._word, literal, emit)
+            if count:
+                matched.add(self._rule)
+            return pos, count
         count = 0
         for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
             start = m.start()
@@ -291,14 +326,17 @@ class _HeapCursor:
     searched again only when the scan moves past its cached match.
     """
 
-    __slots__ = ("_streams", "_ngroups", "_loops", "_heap", "_started", "_make")
+    __slots__ = ("_streams", "_ngroups", "_loops", "_heap", "_started", "_make", "_words")
 
     def __init__(
         self,
         make: Callable[[int], dict[int, _RuleStream]],
         ngroups: Sequence[int],
         loops: Sequence[frozenset[int]],
+        words: Sequence[bytes | None] | None = None,
     ) -> None:
+        #: Per rule: its pattern when it is a pure literal (see _split_run).
+        self._words = words
         # ``make(pos)`` gives the streams of the rules that may match from pos.
         self._make = make
         self._streams: dict[int, _RuleStream] = {}
@@ -328,6 +366,7 @@ class _HeapCursor:
             self._start(pos)
         heap = self._heap
         streams = self._streams
+        words = self._words
         count = 0
         heapreplace = heapq.heapreplace
         while heap:
@@ -347,9 +386,23 @@ class _HeapCursor:
                 break
             if start > pos:
                 emit(m.string[pos:start])
-            emit(literal)
-            pos = end
-            count += 1
+            word = words[rule] if words is not None else None
+            if word is not None:
+                # The rule's matches up to the next one of another rule
+                # (strictly before it: the other may win a tie) all come
+                # first in the merge: take them in one split.
+                bound = stop
+                if len(heap) > 1:
+                    bound = min(bound, heap[1][0], heap[2][0] if len(heap) > 2 else bound)
+                # A tie at ``start`` (a later rule) leaves just this match.
+                bound = max(bound, start + 1)
+                pos, taken = _split_run(m.string, start, bound, word, literal, emit)
+                count += taken
+                streams[rule].forget()
+            else:
+                emit(literal)
+                pos = end
+                count += 1
             matched.add(rule)
         return pos, count
 
@@ -744,6 +797,8 @@ class RegexScanner:
         self.reaches = [_Reach(p) for p in parsed]
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
+        #: Per rule: the bytes it matches when it is a pure literal.
+        self.words = [pure_literal(p.tree) for p in parsed]
         self._plans: dict[tuple[int, ...], _FloorPlan] = {}
         #: The multi-pattern prefilter (None: every rule scans every buffer).
         self.engine = prefilter.ENGINE if engine is None else engine
@@ -811,7 +866,7 @@ class RegexScanner:
         if len(rules) == 1:
             rule = rules[0]
             stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule])
-            return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule])
+            return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule], self.words[rule])
         filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
 
         def make(pos: int) -> dict[int, _RuleStream]:
@@ -830,7 +885,7 @@ class RegexScanner:
                 for rule in chosen
             }
 
-        return _HeapCursor(make, self._ngroups, self._loops)
+        return _HeapCursor(make, self._ngroups, self._loops, self.words)
 
     def hold_cursor(
         self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None

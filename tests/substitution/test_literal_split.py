@@ -1,0 +1,101 @@
+"""Pure-literal rules are replaced with ``bytes.split`` (scanner._split_run).
+
+The split path must give exactly what the per-match regex path gives, for
+any mix with other rules (ties, overlaps, once-rules, templates), any
+prefilter engine and any chunking.  The oracle is the same rule set with
+the split path switched off, fed whole.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prexy.substitution.dialect import parse_sregex, pure_literal
+from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
+from prexy.substitution.rules import compile_rule
+from prexy.substitution.ruleset import RuleSet
+
+ENGINES = [*FILTER_ENGINES, "none"]
+
+LITERALS = ["a", "b", "aa", "ab", "ba", "aba", "bab", "abab", "a(b)", "(?:ab)a", "\\.", "a\\.b"]
+OTHERS = ["a+", "b|ab", "[ab]b", "\\ba", "a$", "^b", "(a)b", "b*"]
+
+
+def build(specs: list[tuple[str, str, str]], engine: str, split: bool = True) -> RuleSet:
+    rs = RuleSet.build(
+        [compile_rule(p.encode(), r.encode(), f, safe=False) for p, r, f in specs],
+        max_buffered_size=10**9,
+        engine=engine,
+    )
+    if not split:
+        assert rs.scanner is not None
+        rs.scanner.words = [None] * len(rs.scanner.words)
+    return rs
+
+
+def run(rs: RuleSet, pieces: list[bytes]) -> bytes:
+    t = rs.new_transducer(timeout=None)
+    return b"".join(t.feed(p) for p in pieces) + t.finish()
+
+
+rule_specs = st.lists(
+    st.tuples(
+        st.one_of(st.sampled_from(LITERALS), st.sampled_from(LITERALS), st.sampled_from(OTHERS)),
+        st.sampled_from(["X", "", "YY", "[$&]"]),
+        st.sampled_from(["g", "g", "g", ""]),
+    ),
+    min_size=1,
+    max_size=5,
+)
+bodies = st.text(alphabet="aab.b c\n", max_size=60).map(str.encode)
+
+
+@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+@given(rule_specs, bodies, st.lists(st.integers(0, 60), max_size=6), st.sampled_from(ENGINES))
+def test_split_path_equals_match_path(
+    specs: list[tuple[str, str, str]], body: bytes, cuts: list[int], engine: str
+) -> None:
+    """Whole, in random pieces and bytewise: the same bytes as the regex path."""
+    expected = run(build(specs, "none", split=False), [body])
+    rs = build(specs, engine)
+    assert run(rs, [body]) == expected
+    assert run(rs, [body[i : i + 1] for i in range(len(body))]) == expected
+    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+    assert run(rs, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == expected
+
+
+@pytest.mark.parametrize(
+    ("specs", "body", "expected"),
+    [
+        # A tie at the same start: the earlier rule wins, split or not.
+        ([("b", "1", "g"), ("ab", "2", "g")], b"abab", b"22"),
+        ([("ab", "2", "g"), ("b", "1", "g")], b"abbab", b"212"),
+        # A later rule matching at the very same place: one match is taken
+        # (this looped forever when the split had nothing before the tie).
+        ([("ab", "1", "g"), ("a+", "2", "g")], b"abab", b"11"),
+        ([("ab", "1", "g"), ("a", "2", "g"), ("b", "3", "g")], b"abbaab", b"1321"),
+        # Overlapping occurrences: leftmost, non-overlapping.
+        ([("aa", "X", "g")], b"aaaaa", b"XXa"),
+        ([("aba", "X", "g"), ("b", "Y", "g")], b"ababa", b"XYa"),
+        # A match that starts before another rule's and runs over it.
+        ([("abab", "X", "g"), ("ba", "Y", "g")], b"ababab.baba", b"Xab.YY"),
+    ],
+)
+def test_examples(specs: list[tuple[str, str, str]], body: bytes, expected: bytes) -> None:
+    for engine in ENGINES:
+        assert run(build(specs, engine), [body]) == expected
+        assert run(build(specs, engine, split=False), [body]) == expected
+
+
+def test_pure_literal() -> None:
+    """Only a sequence of literal bytes (groups allowed) counts."""
+    assert pure_literal(parse_sregex(b"www\\.example\\.com").tree) == b"www.example.com"
+    assert pure_literal(parse_sregex(b"a(b)(?:c)").tree) == b"abc"
+    assert pure_literal(parse_sregex(b"1-2", caseless=True).tree) == b"1-2"
+    for pattern in (b"a|b", b"a+", b"\\ba", b"a$", b"[a]", b".", b"()", b"a?"):
+        assert pure_literal(parse_sregex(pattern).tree) is None, pattern
+    assert pure_literal(parse_sregex(b"ab", caseless=True).tree) is None
