@@ -168,7 +168,7 @@ class ProxyResource(Resource):
         send_now(channel.transport, b"".join(seq))
         channel._prexy_served = True
         self.metrics.count_status(code)
-        channel.site.log(_QuickRecord(method, target, code, sent, channel.transport.getPeer(), pairs))
+        channel.site.log(_QuickRecord(method, target, code, sent, channel.getPeer(), pairs))
         if close:
             channel.persistent = False
             channel.loseConnection()
@@ -385,8 +385,8 @@ class _Exchange:
         rewrite = False
         coding = None
         if rules is not None and response.length != 0 and response.code not in (204, 304):
-            ctype = _header(headers, b"content-type")
-            encoding = _header(headers, b"content-encoding")
+            ctype = response.header(b"content-type")
+            encoding = response.header(b"content-encoding")
             if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
                 coding = encoding.strip().lower()
             if coding is None or coding in DECODABLE:
@@ -395,7 +395,7 @@ class _Exchange:
         skipped = False
         if rewrite and request.method != b"HEAD":
             memory = resource.applicability
-            self.resource_key = _resource_key(self.site, request, headers, response, self.upstream_target)
+            self.resource_key = _resource_key(self.site, request, response, self.upstream_target)
             only = memory.rules_for(rules, self.resource_key)
             if only is not None and not only and coding is None:
                 # This version of the resource matched no rule before: pass
@@ -419,11 +419,18 @@ class _Exchange:
                 vary = [v for n, v in headers if n.lower() == b"vary"]
                 if not any(b"accept-encoding" in v.lower() or b"*" in v for v in vary):
                     headers.append((b"Vary", b"Accept-Encoding"))
-            if not rules.keep_last_modified:
-                headers = [(n, v) for n, v in headers if n.lower() != b"last-modified"]
-            headers = [
-                (n, _derived_etag(v, rules.digest) if n.lower() == b"etag" else v) for n, v in headers
-            ]
+            drop_modified = not rules.keep_last_modified and response.header(b"last-modified") is not None
+            if drop_modified or response.header(b"etag") is not None:
+                digest = rules.digest
+                kept = []
+                for name, value in headers:
+                    lname = name.lower()
+                    if lname == b"etag":
+                        value = _derived_etag(value, digest)
+                    elif drop_modified and lname == b"last-modified":
+                        continue
+                    kept.append((name, value))
+                headers = kept
             if self.transducer is not None:
                 # Substitution time is known only at the end: a trailer.
                 headers.append((b"Trailer", b"Server-Timing"))
@@ -453,8 +460,9 @@ class _Exchange:
             return
         if self.transducer is not None and self.decoder is None:
             self._expect = response.length
-        request.registerProducer(response.producer, True)
-        self.producer_registered = True
+        if not response.body_in_hand:
+            request.registerProducer(response.producer, True)
+            self.producer_registered = True
         response.deliverBody(self)
 
     def _cache_head(self, response: UpstreamResponse, headers: list[tuple[bytes, bytes]], rewrite: bool) -> bytes:
@@ -887,16 +895,15 @@ class _DetachedRequest:
 
 
 def _resource_key(
-    site: SiteRuntime, request: Any, headers: list[tuple[bytes, bytes]], response: UpstreamResponse,
-    exchange_target: bytes | None = None,
+    site: SiteRuntime, request: Any, response: UpstreamResponse, exchange_target: bytes | None = None,
 ) -> Any:
     """The version of this resource, for the applicability memory (None when
     the upstream gave no validator: then nothing is remembered)."""
-    etag = _header(headers, b"etag")
-    last_modified = _header(headers, b"last-modified")
+    etag = response.header(b"etag")
+    last_modified = response.header(b"last-modified")
     if etag is None and last_modified is None:
         return None
-    vary = _header(headers, b"vary")
+    vary = response.header(b"vary")
     variant = ""
     if vary:
         raw = raw_header_dict(request.requestHeaders)
@@ -922,13 +929,6 @@ def _head_seq(proto: bytes, code: int, message: bytes, headers: list[tuple[bytes
         seq += (name, b": ", value, b"\r\n")
     seq.append(b"\r\n")
     return seq
-
-
-def _header(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
-    for name, value in headers:
-        if name.lower() == lname:
-            return value
-    return None
 
 
 def _etag_suffix(digest: str) -> bytes:
@@ -1176,6 +1176,8 @@ class ProxyChannel(HTTPChannel):
 
     _prexy_served = False
     _host: Any = None
+    _secure: bool | None = None
+    _peer: Any = None
     site: ProxySite  # set by Site.buildProtocol
 
     def write(self, data: bytes) -> None:
@@ -1189,6 +1191,21 @@ class ProxyChannel(HTTPChannel):
         if self._host is None:
             self._host = super().getHost()
         return self._host
+
+    def getPeer(self) -> Any:
+        # Asked for by every request (twisted.web's Request.client); the
+        # transport builds a new address object each time.
+        if self._peer is None:
+            self._peer = super().getPeer()
+        return self._peer
+
+    def isSecure(self) -> bool:
+        # An interface lookup on every request otherwise; TLS or not is
+        # decided when the connection is made.
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = super().isSecure()
+        return secure
 
     def dataReceived(self, data: bytes) -> None:
         if (

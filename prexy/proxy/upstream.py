@@ -121,6 +121,21 @@ class UpstreamResponse:
             drop = drop | self.connection_names
         return [pair for pair, lname in zip(self.headers, self.lnames, strict=True) if lname not in drop]
 
+    @property
+    def body_in_hand(self) -> bool:
+        """The whole body has already arrived (it came with the head):
+        delivering it needs no more reads, so no backpressure either."""
+        return self._protocol.body_in_hand()
+
+    def header(self, lname: bytes) -> bytes | None:
+        """The first value of an end-to-end header (lower-case name, not a
+        hop-by-hop one), or None: one C-level search of ``lnames``."""
+        try:
+            index = self.lnames.index(lname)
+        except ValueError:
+            return None
+        return None if lname in self.connection_names else self.headers[index][1]
+
     def values(self, lname: bytes) -> list[bytes]:
         """Every value of one header (lower-case name)."""
         return [pair[1] for pair, n in zip(self.headers, self.lnames, strict=True) if n == lname]
@@ -496,6 +511,12 @@ class UpstreamProtocol(Protocol):
             # saves two epoll_ctl calls per response.)
             self.transport.pauseProducing()
             self._paused = True
+
+    def body_in_hand(self) -> bool:
+        """See UpstreamResponse.body_in_hand."""
+        if self._framing is _Framing.NONE:
+            return True
+        return self._framing is _Framing.LENGTH and sum(map(len, self._pending_body)) >= self._remaining
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""

@@ -87,12 +87,12 @@ class ResourceKey:
         known = self._hashes.get(digest)
         if known is not None:
             return known
-        h = hashlib.blake2b(digest_size=16)
+        # Each part with its length in front: no two keys give the same bytes.
+        framed = []
         for part in (self.site, self.url, self.validator, self.variant, digest):
             data = part.encode("utf-8", "surrogateescape")
-            h.update(len(data).to_bytes(4, "big"))
-            h.update(data)
-        name = self._hashes[digest] = h.digest()
+            framed += (len(data).to_bytes(4, "big"), data)
+        name = self._hashes[digest] = hashlib.blake2b(b"".join(framed), digest_size=16).digest()
         return name
 
 

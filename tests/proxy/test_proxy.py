@@ -429,6 +429,31 @@ class BackpressureTests(SynchronousTestCase):
         self.assertFalse(conn.paused)
         self.assertEqual(h.pool.idle_connections(), 1)
 
+    def test_body_that_came_with_the_head_registers_no_producer(self) -> None:
+        """A body already whole when its head is parsed is written out at
+        once: nothing to pause, so no producer is registered with the
+        client (two registrations saved per small response).  A body still
+        on its way is registered, so a slow client can pause it."""
+        h = Harness()
+        channel, client = h.send(GET)
+        registered: list[object] = []
+        original = channel.registerProducer
+
+        def register(producer: object, streaming: bool) -> None:
+            registered.append(producer)
+            original(producer, streaming)
+
+        channel.registerProducer = register  # type: ignore[method-assign]
+        h.conns[0].reply(OK_12)
+        self.assertEqual(parse_response(client.value())[2], b"hello world!")
+        self.assertEqual(registered, [])
+        client.clear()
+        channel.dataReceived(GET)
+        h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabc")
+        self.assertEqual(len(registered), 1)
+        h.conns[0].reply(b"def")
+        self.assertEqual(parse_response(client.value())[2], b"abcdef")
+
     def test_pool_idle_connections_expire(self) -> None:
         """A pooled connection idle longer than pool_idle is not reused."""
         h = Harness(timeouts=Timeouts(pool_idle=30))
