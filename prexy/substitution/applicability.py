@@ -88,7 +88,7 @@ class ResourceKey:
         if known is not None:
             return known
         # Each part with its length in front: no two keys give the same bytes.
-        framed = []
+        framed: list[bytes] = []
         for part in (self.site, self.url, self.validator, self.variant, digest):
             data = part.encode("utf-8", "surrogateescape")
             framed += (len(data).to_bytes(4, "big"), data)
