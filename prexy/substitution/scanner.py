@@ -43,6 +43,7 @@ caller.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -645,13 +646,22 @@ class _HoldCursor:
             places = plan.trie.places(buf, low_literal)
         else:  # a long stretch: every literal group may reach from its floor
             places = {key: [] for key in plan.literal}
+        # Many literal groups share a floor computation (``where``): with
+        # 1000 rules this loop runs for dozens of keys per buffer.
+        floor_cache: dict[_Where, int] = {}
+        literal = plan.literal
         for key, where_list in places.items():
-            for where, rules in plan.literal[key]:
-                floor = floor_of(where)
+            for where, rules in literal[key]:
+                floor = floor_cache.get(where)
+                if floor is None:
+                    floor = floor_cache[where] = floor_of(where)
                 if where_list:
-                    first = next((p for p in where_list if p >= floor), None)
-                    if first is None:
+                    # Places are in increasing order: the first at or above the floor.
+                    if where_list[-1] < floor:
                         continue
+                    first = where_list[0]
+                    if first < floor:
+                        first = where_list[bisect.bisect_left(where_list, floor)]
                 else:
                     first = floor
                 relevant.add((key, where))
