@@ -99,3 +99,16 @@ def test_pure_literal() -> None:
     for pattern in (b"a|b", b"a+", b"\\ba", b"a$", b"[a]", b".", b"()", b"a?"):
         assert pure_literal(parse_sregex(pattern).tree) is None, pattern
     assert pure_literal(parse_sregex(b"ab", caseless=True).tree) is None
+
+
+def test_caseless_literal_of_non_letters() -> None:
+    """A caseless rule with no ASCII letter is a pure literal, and neither
+    path folds bytes above 0x7f: \\xc0 does not match \\xe0."""
+    for engine in ENGINES:
+        for split in (True, False):
+            rs = RuleSet.build([compile_rule(b"\xc01", b"X", b"gi")], engine=engine)
+            if not split:
+                assert rs.scanner is not None
+                rs.scanner.words = [None]
+            t = rs.new_transducer(timeout=None)
+            assert t.finish(b"\xc01 \xe01 \xc01") == b"X \xe01 X"
