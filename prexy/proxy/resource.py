@@ -102,6 +102,12 @@ class ProxyResource(Resource):
         self.slices: dict[str, int] = {}
 
     def render(self, request: ProxyRequest) -> Any:
+        early = request.prexy_early
+        if early is not None:
+            # Already sent upstream from the connection's short parse.
+            request.prexy_early = None
+            early.attach(request)
+            return server.NOT_DONE_YET
         runtime = self.runtime
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
@@ -180,9 +186,45 @@ class ProxyResource(Resource):
     ) -> Any:
         """Send the request upstream and stream the answer back (or, for a
         background refresh, into the cache only)."""
-        started = self.reactor.seconds()
         if raw is None:
             raw = raw_header_dict(request.requestHeaders)
+        source = detached_from or request
+        body, body_length = _request_body(request)
+        self._send_upstream(
+            site, request.method, target, host, raw, source.getClientAddress(), source.isSecure(),
+            body, body_length, ctx, request,
+        )
+        return server.NOT_DONE_YET
+
+    def send_early(
+        self, channel: Any, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
+    ) -> _Exchange | None:
+        """For a plain GET/HEAD of a site without cache and URL map (see
+        ProxyChannel): send it upstream straight from the short parse, before
+        twisted.web's request object is built, so that building it overlaps
+        the upstream's work.  None when the request needs render()'s
+        decisions first; render() attaches the returned exchange."""
+        host = next((v for n, v in pairs if n == b"host"), None)
+        site = self.runtime.select(host)
+        if site.urlmap is not None or (site.cache_policy is not None and self.cache is not None):
+            return None
+        origin_target = _origin_form(target)
+        if origin_target is None:
+            return None
+        raw: dict[bytes, list[bytes]] = {}
+        for name, value in pairs:
+            raw.setdefault(name, []).append(value)
+        return self._send_upstream(
+            site, method, origin_target, host, raw, channel.getPeer(), channel.isSecure(), None, 0, None, None,
+        )
+
+    def _send_upstream(
+        self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None, raw: Any,
+        client: Any, secure: bool, body: IO[bytes] | None, body_length: int, ctx: Any,
+        request: ProxyRequest | None,
+    ) -> _Exchange:
+        """Build the upstream request's headers, start the exchange and send."""
+        started = self.reactor.seconds()
         upstream = site.config.upstream
         if upstream.path:
             target = upstream.path.encode("latin-1") + target
@@ -210,24 +252,23 @@ class ProxyResource(Resource):
             if last_modified is not None:
                 out.append((b"If-Modified-Since", last_modified))
             ctx.revalidating = etag is not None or last_modified is not None
-        source = detached_from or request
-        client_ip = getattr(source.getClientAddress(), "host", None) or "unix"
+        client_ip = getattr(client, "host", None) or "unix"
         out.append((b"X-Forwarded-For", append_forwarded_for(raw.get(b"x-forwarded-for"), client_ip.encode("ascii"))))
-        out.append((b"X-Forwarded-Proto", b"https" if source.isSecure() else b"http"))
+        out.append((b"X-Forwarded-Proto", b"https" if secure else b"http"))
         if host:
             out.append((b"X-Forwarded-Host", host))
         out.append((b"Via", append_via(raw.get(b"via"))))
 
-        body, body_length = _request_body(request)
         exchange = _Exchange(self, request, site, started)
         exchange.ctx = ctx
         exchange.upstream_target = target
-        request.exchange = exchange
+        if request is not None:
+            request.exchange = exchange
         exchange.pending = self.pool.request(
-            site.origin_key, request.method, target, out, body, body_length,
+            site.origin_key, method, target, out, body, body_length,
             exchange.on_head, exchange.upstream_failed,
         )
-        return server.NOT_DONE_YET
+        return exchange
 
     def refresh_in_background(
         self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None, ctx: Any, key: bytes
@@ -328,9 +369,14 @@ def _request_body(request: server.Request) -> tuple[IO[bytes] | None, int]:
 class _Exchange:
     """State of one proxied request: from upstream head to the last byte."""
 
-    def __init__(self, resource: ProxyResource, request: ProxyRequest, site: SiteRuntime, started: float) -> None:
+    def __init__(
+        self, resource: ProxyResource, request: ProxyRequest | None, site: SiteRuntime, started: float
+    ) -> None:
         self.resource = resource
-        self.request = request
+        #: None only between ProxyResource.send_early and attach().
+        self.request: ProxyRequest = request  # type: ignore[assignment]
+        #: What the upstream said before the request was attached.
+        self._early: tuple[bool, Any] | None = None
         self.site = site
         self.started = started
         self.pending: Any = None
@@ -361,7 +407,23 @@ class _Exchange:
 
     # -- upstream head -----------------------------------------------------------
 
+    def attach(self, request: ProxyRequest) -> None:
+        """Give an exchange started by send_early its request (render()),
+        and deliver what the upstream already said, if anything."""
+        self.request = request
+        request.exchange = self
+        early, self._early = self._early, None
+        if early is not None:
+            is_head, value = early
+            if is_head:
+                self.on_head(value)
+            else:
+                self.upstream_failed(value)
+
     def on_head(self, response: UpstreamResponse) -> None:
+        if self.request is None:
+            self._early = (True, response)
+            return
         try:
             self.response_head(response)
         except Exception:
@@ -737,6 +799,9 @@ class _Exchange:
     # -- failures --------------------------------------------------------------
 
     def upstream_failed(self, reason: Failure) -> None:
+        if self.request is None:  # failed at once (a refused connection)
+            self._early = (False, reason)
+            return
         self.pending = None
         if self.client_gone_flag or reason.check(CancelledError):
             return
@@ -973,6 +1038,8 @@ class ProxyRequest(server.Request):
     prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     #: What quick_answer's cache lookup found (prexy.proxy.caching.Looked).
     prexy_looked: Any = None
+    #: The exchange ProxyResource.send_early started for this request.
+    prexy_early: _Exchange | None = None
     _trailer: bytes = b""
     exchange: _Exchange | None = None
 
@@ -1233,13 +1300,19 @@ class ProxyChannel(HTTPChannel):
         """Start a request from a head parse_simple_head accepted, leaving
         the channel as twisted.web's line parser would (lineReceived,
         headerReceived, allHeadersReceived, allContentReceived for a GET or
-        HEAD without a body), without parsing it line by line again."""
+        HEAD without a body), without parsing it line by line again.
+
+        When nothing needs deciding first (no cache lookup was made, see
+        ProxyResource.send_early), the request goes upstream before the
+        twisted.web request is built: the upstream works meanwhile."""
+        early = self.site.resource.send_early(self, method, target, pairs) if looked is None else None
         if INonQueuedRequestFactory.providedBy(self.requestFactory):
             request = self.requestFactory(self)
         else:
             request = self.requestFactory(self, len(self.requests))
         self.requests.append(request)
         request.prexy_looked = looked  # the cache's lookup, not done again
+        request.prexy_early = early
         add = request.requestHeaders.addRawHeader
         close = False
         for name, value in pairs:

@@ -193,6 +193,34 @@ class FramingTests(SynchronousTestCase):
         self.assertTrue(short[-1][2])  # Connection: close honoured
         self.assertFalse(short[0][2])
 
+    def test_plain_request_goes_upstream_before_the_request_object_is_built(self) -> None:
+        """A plain GET for a site without cache and map is sent upstream
+        straight from the short parse; twisted.web's request object is
+        built afterwards (while the upstream works) and gets the answer.
+        A request that is not plain is built first, as before."""
+        h = Harness()
+        channel, client = h.client()
+        upstream_at_build: list[bytes] = []
+        factory = channel.requestFactory
+
+        def build(*args: object) -> object:
+            upstream_at_build.append(b"".join(c.transport.value() for c in h.conns))
+            return factory(*args)
+
+        channel.requestFactory = build
+        channel.dataReceived(GET)
+        self.assertTrue(upstream_at_build[0].startswith(b"GET /path?q=1 HTTP/1.1\r\n"))
+        h.conns[0].sent()
+        h.conns[0].reply(OK_12)
+        self.assertEqual(parse_response(client.value())[2], b"hello world!")
+        client.clear()
+        # A head in two pieces takes twisted.web's parser: request first.
+        channel.dataReceived(GET[:20])
+        channel.dataReceived(GET[20:])
+        self.assertEqual(upstream_at_build[1], b"")
+        h.conns[0].reply(OK_12)
+        self.assertEqual(parse_response(client.value())[2], b"hello world!")
+
     def test_pipelined_requests_answered_in_order(self) -> None:
         """Two requests in one packet take twisted.web's parser and are
         answered one after the other on the same connection."""
