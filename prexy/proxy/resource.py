@@ -744,10 +744,9 @@ class _Exchange:
             self._stash = b""
             self._count_transducer(transducer)
             timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
-            matched = sorted(transducer.rules_matched)
-            timing += b', rewrite-rules;desc="%d matched of %d run"' % (len(matched), self.rules_run)
-            if self.site.rules is not None:
-                self.resource.applicability.record(self.site.rules, self.resource_key, transducer)
+            timing += b', rewrite-rules;desc="%d matched of %d run"' % (
+                len(transducer.rules_matched), self.rules_run
+            )
             if transducer.bailed_out:
                 timing += b', rewrite-bailout;desc="max_buffered_size reached"'
             if transducer.timed_out:
@@ -759,6 +758,9 @@ class _Exchange:
         self.done = True
         self._cache_done(True)
         request.finish(tail)
+        # After the last bytes left: the client does not wait for this.
+        if transducer is not None and self.site.rules is not None:
+            self.resource.applicability.record(self.site.rules, self.resource_key, transducer)
 
     def bodyFailed(self, reason: Failure) -> None:
         if self.client_gone_flag:
