@@ -118,7 +118,9 @@ class ProxyResource(Resource):
             return _plain(request, 400, b"Bad Request: unsupported request target\n")
         client_target = target
 
-        if site.urlmap is not None:
+        if site.urlmap is not None and request.prexy_looked is None:
+            # (The quick path looked into the cache only after finding no
+            # map entry for this target.)
             action, result = self._apply_map(request, site, target)
             if action == "redirect":
                 return result
@@ -141,27 +143,39 @@ class ProxyResource(Resource):
 
     def quick_answer(
         self, channel: Any, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
-    ) -> tuple[bool, Any]:
-        """Answer a plain GET/HEAD from a fresh cached object without building
-        a twisted.web request (see ProxyChannel): (True, None).  When the
-        request needs the full path (no cache, a URL map entry, pass, miss,
-        stale): (False, what the cache made of it, for render to reuse).
+    ) -> tuple[bool, Any, _Exchange | None]:
+        """What can be done for a plain GET/HEAD (see ProxyChannel) before a
+        twisted.web request exists: ``(answered, looked, early)``.
 
-        The bytes sent are those render() would send for the same hit."""
-        cache = self.cache
-        if cache is None:
-            return False, None
+        - A fresh cached object answers it from the channel: (True, None,
+          None).  The bytes sent are those render() would send for that hit.
+        - A site with a cache that cannot answer it (pass, miss, stale):
+          (False, what the cache made of it, None), for render to reuse.
+        - A site without cache: it is sent upstream at once (False, None,
+          the started exchange), so that building the twisted.web request
+          overlaps the upstream's work; render() attaches the exchange.
+        - A URL map entry (or a map using request variables): (False, None,
+          None), render() decides.
+
+        ``target`` is origin-form (parse_simple_head accepts nothing else)."""
         host = next((v for n, v in pairs if n == b"host"), None)
         site = self.runtime.select(host)
-        if site.cache_policy is None:
-            return False, None
         urlmap = site.urlmap
         if urlmap is not None and (urlmap.variables or urlmap.lookup(target.decode("latin-1"), None)):
-            return False, None
+            return False, None, None
+        cache = self.cache
+        if site.cache_policy is None or cache is None:
+            raw: dict[bytes, list[bytes]] = {}
+            for name, value in pairs:
+                raw.setdefault(name, []).append(value)
+            early = self._send_upstream(
+                site, method, target, host, raw, channel.getPeer(), channel.isSecure(), None, 0, None, None,
+            )
+            return False, None, early
         looked = cache.look(site, method, target, host, pairs)
         answer = cache.quick_hit(looked, pairs)
         if answer is None:
-            return False, looked
+            return False, looked, None
         code, phrase, headers, body = answer
         close = any(n == b"connection" and v.lower() == b"close" for n, v in pairs)
         if close:
@@ -178,7 +192,7 @@ class ProxyResource(Resource):
         if close:
             channel.persistent = False
             channel.loseConnection()
-        return True, None
+        return True, None, None
 
     def forward(
         self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None,
@@ -195,28 +209,6 @@ class ProxyResource(Resource):
             body, body_length, ctx, request,
         )
         return server.NOT_DONE_YET
-
-    def send_early(
-        self, channel: Any, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]]
-    ) -> _Exchange | None:
-        """For a plain GET/HEAD of a site without cache and URL map (see
-        ProxyChannel): send it upstream straight from the short parse, before
-        twisted.web's request object is built, so that building it overlaps
-        the upstream's work.  None when the request needs render()'s
-        decisions first; render() attaches the returned exchange."""
-        host = next((v for n, v in pairs if n == b"host"), None)
-        site = self.runtime.select(host)
-        if site.urlmap is not None or (site.cache_policy is not None and self.cache is not None):
-            return None
-        origin_target = _origin_form(target)
-        if origin_target is None:
-            return None
-        raw: dict[bytes, list[bytes]] = {}
-        for name, value in pairs:
-            raw.setdefault(name, []).append(value)
-        return self._send_upstream(
-            site, method, origin_target, host, raw, channel.getPeer(), channel.isSecure(), None, 0, None, None,
-        )
 
     def _send_upstream(
         self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None, raw: Any,
@@ -373,7 +365,7 @@ class _Exchange:
         self, resource: ProxyResource, request: ProxyRequest | None, site: SiteRuntime, started: float
     ) -> None:
         self.resource = resource
-        #: None only between ProxyResource.send_early and attach().
+        #: None only between ProxyResource.quick_answer and attach().
         self.request: ProxyRequest = request  # type: ignore[assignment]
         #: What the upstream said before the request was attached.
         self._early: tuple[bool, Any] | None = None
@@ -408,7 +400,7 @@ class _Exchange:
     # -- upstream head -----------------------------------------------------------
 
     def attach(self, request: ProxyRequest) -> None:
-        """Give an exchange started by send_early its request (render()),
+        """Give an exchange started by quick_answer its request (render()),
         and deliver what the upstream already said, if anything."""
         self.request = request
         request.exchange = self
@@ -1040,7 +1032,7 @@ class ProxyRequest(server.Request):
     prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     #: What quick_answer's cache lookup found (prexy.proxy.caching.Looked).
     prexy_looked: Any = None
-    #: The exchange ProxyResource.send_early started for this request.
+    #: The exchange ProxyResource.quick_answer started for this request.
     prexy_early: _Exchange | None = None
     _trailer: bytes = b""
     exchange: _Exchange | None = None
@@ -1290,24 +1282,22 @@ class ProxyChannel(HTTPChannel):
             head = parse_simple_head(data)
             if head is not None:
                 self.resetTimeout()
-                answered, looked = self.site.resource.quick_answer(self, *head)
+                answered, looked, early = self.site.resource.quick_answer(self, *head)
                 if not answered:
-                    self._quick_request(*head, looked)
+                    self._quick_request(*head, looked, early)
                 return
         super().dataReceived(data)
 
     def _quick_request(
-        self, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]], looked: Any = None
+        self, method: bytes, target: bytes, pairs: list[tuple[bytes, bytes]], looked: Any = None,
+        early: _Exchange | None = None,
     ) -> None:
         """Start a request from a head parse_simple_head accepted, leaving
         the channel as twisted.web's line parser would (lineReceived,
         headerReceived, allHeadersReceived, allContentReceived for a GET or
         HEAD without a body), without parsing it line by line again.
-
-        When nothing needs deciding first (no cache lookup was made, see
-        ProxyResource.send_early), the request goes upstream before the
-        twisted.web request is built: the upstream works meanwhile."""
-        early = self.site.resource.send_early(self, method, target, pairs) if looked is None else None
+        ``looked`` and ``early``: what ProxyResource.quick_answer already
+        did for it (a cache lookup, or the exchange it sent upstream)."""
         if INonQueuedRequestFactory.providedBy(self.requestFactory):
             request = self.requestFactory(self)
         else:

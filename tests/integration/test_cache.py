@@ -276,10 +276,10 @@ class CacheTests(TestCase):
         quick_answer = resource.quick_answer
         used: list[bool] = []
 
-        def recording(*args: Any) -> tuple[bool, Any]:
-            answered, looked = quick_answer(*args)
+        def recording(*args: Any) -> tuple[bool, Any, Any]:
+            answered, looked, early = quick_answer(*args)
             used.append(answered)
-            return answered, looked
+            return answered, looked, early
 
         cases = [
             (b"GET", b"/c/q", b""),
@@ -293,7 +293,7 @@ class CacheTests(TestCase):
         for method, path, extra in cases:
             resource.quick_answer = recording  # type: ignore[method-assign]
             quick = yield self.get(path.decode(), extra, method=method)
-            resource.quick_answer = lambda *args: (False, None)  # type: ignore[method-assign]
+            resource.quick_answer = lambda *args: (False, None, None)  # type: ignore[method-assign]
             full = yield self.get(path.decode(), extra, method=method)
             self.assertEqual(used.pop(), True, (method, path, extra))
             self.assertIn(b"hit", header(quick, b"cache-status"))

@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 
-from .support import Harness, header, parse_response
+from .support import Harness, header, parse_response, site_runtime
 
 GET = b"GET /path?q=1 HTTP/1.1\r\nHost: www.example.test\r\n\r\n"
 OK_12 = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nContent-Type: text/plain\r\n\r\nhello world!"
@@ -218,6 +218,29 @@ class FramingTests(SynchronousTestCase):
         channel.dataReceived(GET[:20])
         channel.dataReceived(GET[20:])
         self.assertEqual(upstream_at_build[1], b"")
+        h.conns[0].reply(OK_12)
+        self.assertEqual(parse_response(client.value())[2], b"hello world!")
+
+    def test_map_site_plain_requests(self) -> None:
+        """On a site with a URL map, a plain GET with a map entry is
+        redirected without an upstream connection; one without an entry is
+        proxied, sent upstream from the short parse like any other."""
+        from prexy.config import MapConfig
+        from prexy.urlmap.loader import parse_map
+
+        config = Config(
+            listen=("tcp:0",),
+            sites=(SiteConfig("m", UpstreamURL.parse("http://origin.test"), map=MapConfig("m.map")),),
+            default_site="m",
+        )
+        h = Harness(config, site_runtime(config, m={"urlmap": parse_map("/old /new;\n", "m.map")}))
+        _, client = h.send(b"GET /old HTTP/1.1\r\nHost: www.example.test\r\n\r\n")
+        status, headers, _ = parse_response(client.value())
+        self.assertEqual((status, header(headers, b"location")), (301, [b"http://www.example.test/new"]))
+        self.assertEqual(h.conns, [])
+        channel, client = h.client()
+        channel.dataReceived(GET)
+        self.assertTrue(h.conns[0].sent().startswith(b"GET /path?q=1 HTTP/1.1\r\n"))
         h.conns[0].reply(OK_12)
         self.assertEqual(parse_response(client.value())[2], b"hello world!")
 
