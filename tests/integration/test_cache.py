@@ -46,6 +46,16 @@ class CacheTests(TestCase):
         yield self.start()
 
     @defer.inlineCallbacks
+    def restart_rewriting(self, **cache: Any) -> Any:
+        """Restart the proxy with a rule that rewrites ``page`` to ``PAGE``
+        in text/plain (and ``cache`` settings)."""
+        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        with open(rules, "w") as f:
+            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
+        yield self.service.stopService()
+        yield self.start(rules=(rules,), **cache)
+
+    @defer.inlineCallbacks
     def start(self, rules: tuple[str, ...] = (), **cache: Any) -> Any:
         self.dir = tempfile.mkdtemp(prefix="prexy-cache-test-")
         config = Config(
@@ -158,11 +168,7 @@ class CacheTests(TestCase):
         """Without a validator the background fetch gets a full answer: it
         replaces the stored object (rewritten, since rules apply), and the
         client that triggered it got the stale copy at once."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
-        with open(rules, "w") as f:
-            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
-        yield self.service.stopService()
-        yield self.start(rules=(rules,), grace=10.0)
+        yield self.restart_rewriting(grace=10.0)
         path = "/c/n?cc=max-age%3D1&noetag=1"
         yield self.get(path)
         yield wait(1.2)
@@ -234,11 +240,7 @@ class CacheTests(TestCase):
     def test_rewritten_bytes_are_cached(self) -> Any:
         """A rewriting site stores the rewritten body: a hit is rewritten and
         costs no substitution (no Server-Timing trailer)."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
-        with open(rules, "w") as f:
-            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
-        yield self.service.stopService()
-        yield self.start(rules=(rules,))
+        yield self.restart_rewriting()
         first = yield self.get("/c/w")
         second = yield self.get("/c/w")
         self.assertEqual(body_of(first), b"PAGE /c/w #1 lang=-")
@@ -252,11 +254,7 @@ class CacheTests(TestCase):
         """A rewritten (unknown-length) body that outgrows max_object_size is
         not stored, and the next request of that variant goes straight
         upstream (hit-for-miss under the same Vary-aware key)."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
-        with open(rules, "w") as f:
-            f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
-        yield self.service.stopService()
-        yield self.start(rules=(rules,), max_object_size=10)
+        yield self.restart_rewriting(max_object_size=10)
         path = "/c/big?vary=Accept-Language"
         first = yield self.get(path, b"Accept-Language: en\r\n")
         second = yield self.get(path, b"Accept-Language: en\r\n")
