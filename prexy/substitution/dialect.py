@@ -1019,22 +1019,24 @@ def literal_prefix(node: Node) -> bytes:
     return bytes(out)
 
 
-def _prefix(node: Node, out: bytearray) -> bool:
-    """Append ``node``'s fixed leading bytes to ``out``; True if all of it is fixed."""
+def _prefix(node: Node, out: bytearray, asserts: bool = True) -> bool:
+    """Append ``node``'s fixed leading bytes to ``out``; True if all of it is
+    fixed.  ``asserts``: whether a zero-width assertion counts as fixed (it
+    adds no byte) or ends the fixed part."""
     if isinstance(node, Char):
         out.append(node.byte)
         return True
     if isinstance(node, Assert):
-        return True
+        return asserts
     if isinstance(node, Group):
-        return _prefix(node.child, out)
+        return _prefix(node.child, out, asserts)
     if isinstance(node, Cat):
         for item in node.items:
-            if not _prefix(item, out):
+            if not _prefix(item, out, asserts):
                 return False
         return True
     if isinstance(node, Repeat) and node.low >= 1:
-        _prefix(node.child, out)
+        _prefix(node.child, out, asserts)
         return False
     return False
 
@@ -1048,20 +1050,9 @@ def pure_literal(node: Node) -> bytes | None:
     of ``bytes.split``: the scanner replaces them without a regex scan.
     """
     out = bytearray()
-    if not _pure(node, out) or not out:
+    if not _prefix(node, out, asserts=False) or not out:
         return None
     return bytes(out)
-
-
-def _pure(node: Node, out: bytearray) -> bool:
-    if isinstance(node, Char):
-        out.append(node.byte)
-        return True
-    if isinstance(node, Group):
-        return _pure(node.child, out)
-    if isinstance(node, Cat):
-        return all(_pure(item, out) for item in node.items)
-    return False
 
 
 def can_match_empty(node: Node) -> bool:

@@ -140,7 +140,8 @@ class RuleSet:
     def global_literals(self) -> list[bytes | None]:
         """Per rule: its fixed replacement when it is global, else None (the
         rules a transducer may replace in a tight loop)."""
-        return [None if r.once or not r.template.is_literal else r.template.literal for r in self.rules]
+        once, literals = self.rule_facts[:2]
+        return [None if is_once else literal for is_once, literal in zip(once, literals, strict=True)]
 
     @cached_property
     def rule_facts(

@@ -273,7 +273,7 @@ class _SingleCursor:
     __slots__ = ("_stream", "_rule", "_ngroups", "_loops", "_word")
 
     def __init__(
-        self, stream: _RuleStream, rule: int, ngroups: int, loops: frozenset[int], word: bytes | None = None
+        self, stream: _RuleStream, rule: int, ngroups: int, loops: frozenset[int], word: bytes | None
     ) -> None:
         self._stream = stream
         self._rule = rule
@@ -334,7 +334,7 @@ class _HeapCursor:
         make: Callable[[int], dict[int, _RuleStream]],
         ngroups: Sequence[int],
         loops: Sequence[frozenset[int]],
-        words: Sequence[bytes | None] | None = None,
+        words: Sequence[bytes | None],
     ) -> None:
         #: Per rule: its pattern when it is a pure literal (see _split_run).
         self._words = words
@@ -387,7 +387,7 @@ class _HeapCursor:
                 break
             if start > pos:
                 emit(m.string[pos:start])
-            word = words[rule] if words is not None else None
+            word = words[rule]
             if word is not None:
                 # The rule's matches up to the next one of another rule
                 # (strictly before it: the other may win a tie) all come
