@@ -32,6 +32,11 @@ class SiteRuntime:
     cache_policy: Any = attrs.field(
         default=attrs.Factory(lambda self: _cache_policy(self.config), takes_self=True), eq=False
     )
+    #: The site's name as bytes (part of every rule-applicability key).
+    name_bytes: bytes = attrs.field(
+        default=attrs.Factory(lambda self: self.config.name.encode("utf-8", "surrogateescape"), takes_self=True),
+        eq=False,
+    )
 
     @property
     def rules_version(self) -> str:

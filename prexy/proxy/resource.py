@@ -963,18 +963,18 @@ def _resource_key(
     if etag is None and last_modified is None:
         return None
     vary = response.header(b"vary")
-    variant = ""
+    variant = b""
     if vary:
         raw = raw_header_dict(request.requestHeaders)
         names = [n.strip().lower() for n in vary.split(b",") if n.strip()]
-        variant = "\n".join(b",".join(raw.get(n, ())).decode("latin-1") for n in names)
-    return ResourceKey.of(
-        site.name,
+        variant = b"\n".join(b",".join(raw.get(n, ())) for n in names)
+    return ResourceKey.of_bytes(
+        site.name_bytes,
         # The upstream target, not the client's URI: a URL map may point the
         # same URI at another upstream file with an equal-looking ETag.
-        (exchange_target or request.uri).decode("latin-1"),
-        etag=etag.decode("latin-1") if etag else None,
-        last_modified=last_modified.decode("latin-1") if last_modified else None,
+        exchange_target or request.uri,
+        etag=etag,
+        last_modified=last_modified,
         length=response.length,
         variant=variant,
     )

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,20 +41,22 @@ if TYPE_CHECKING:
 __all__ = ["ApplicabilityMemory", "ResourceKey"]
 
 
-@dataclass(frozen=True)
 class ResourceKey:
     """One version of one resource of one site.
 
-    Build it with :meth:`of`, which returns None when the response has no
-    validator (then nothing may be remembered about it).
+    Build it with :meth:`of` (text) or :meth:`of_bytes` (header bytes as
+    received), which return None when the response has no validator (then
+    nothing may be remembered about it).  Two keys are equal when every
+    part is; the parts are kept only as one framed byte string, which is
+    what :meth:`hashed` digests.
     """
 
-    site: str
-    url: str
-    validator: str
-    variant: str = ""
-    #: digest -> hashed(digest): a response asks twice (lookup, then record).
-    _hashes: dict[str, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    __slots__ = ("_framed", "_digest", "_name")
+
+    def __init__(self, framed: bytes) -> None:
+        self._framed = framed
+        self._digest: str | None = None
+        self._name = b""
 
     @classmethod
     def of(
@@ -75,24 +76,58 @@ class ResourceKey:
         usually not its length); ``variant`` holds the values of the request
         headers the response varies on (its ``Vary``), if any.
         """
+        def raw(text: str | None) -> bytes | None:
+            return None if text is None else text.encode("utf-8", "surrogateescape")
+
+        return cls.of_bytes(
+            raw(site) or b"", raw(url) or b"", etag=raw(etag), last_modified=raw(last_modified),
+            length=length, variant=raw(variant) or b"",
+        )
+
+    @classmethod
+    def of_bytes(
+        cls,
+        site: bytes,
+        url: bytes,
+        *,
+        etag: bytes | None = None,
+        last_modified: bytes | None = None,
+        length: int | None = None,
+        variant: bytes = b"",
+    ) -> ResourceKey | None:
+        """:meth:`of` for parts given as bytes (what the proxy has)."""
         if not etag and not last_modified:
             return None
-        parts = [f"e={etag or ''}", f"m={last_modified or ''}"]
-        if length is not None:
-            parts.append(f"l={length}")
-        return cls(site, url, "\n".join(parts), variant)
+        etag = etag or b""
+        last_modified = last_modified or b""
+        size = b"" if length is None else b"%d" % length
+        # Each part with its length in front: no two keys give the same bytes.
+        return cls(
+            b"%d:%s%d:%s%d:%s%d:%s%d:%s%d:%s" % (
+                len(site), site, len(url), url, len(etag), etag,
+                len(last_modified), last_modified, len(size), size, len(variant), variant,
+            )
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResourceKey):
+            return NotImplemented
+        return self._framed == other._framed
+
+    def __hash__(self) -> int:
+        return hash(self._framed)
+
+    def __repr__(self) -> str:
+        return f"ResourceKey({self._framed!r})"
 
     def hashed(self, digest: str) -> bytes:
-        """16 bytes naming this version under the rule set ``digest``."""
-        known = self._hashes.get(digest)
-        if known is not None:
-            return known
-        # Each part with its length in front: no two keys give the same bytes.
-        framed: list[bytes] = []
-        for part in (self.site, self.url, self.validator, self.variant, digest):
-            data = part.encode("utf-8", "surrogateescape")
-            framed += (len(data).to_bytes(4, "big"), data)
-        name = self._hashes[digest] = hashlib.blake2b(b"".join(framed), digest_size=16).digest()
+        """16 bytes naming this version under the rule set ``digest``
+        (remembered for the last digest: a response asks twice, lookup and
+        record)."""
+        if digest == self._digest:
+            return self._name
+        name = hashlib.blake2b(self._framed + digest.encode(), digest_size=16).digest()
+        self._digest, self._name = digest, name
         return name
 
 

@@ -191,3 +191,28 @@ def test_many_rules_bitmask_round_trip() -> None:
     assert memory.rules_for(rs, KEY) == frozenset({0, 63, 64, 999})
     memory.forget(rs, KEY)
     assert memory.rules_for(rs, KEY) is None
+
+
+def test_key_parts_are_framed() -> None:
+    """Moving bytes from one part to the next makes another key: each part
+    is framed by its length before the key is hashed."""
+    a = ResourceKey.of_bytes(b"s", b"/ab", etag=b'"c"')
+    b = ResourceKey.of_bytes(b"s", b"/a", etag=b'b"c"')
+    c = ResourceKey.of_bytes(b"s/", b"ab", etag=b'"c"')
+    assert a is not None and b is not None and c is not None
+    assert len({a, b, c}) == 3
+    assert len({a.hashed("d"), b.hashed("d"), c.hashed("d")}) == 3
+    assert a == ResourceKey.of_bytes(b"s", b"/ab", etag=b'"c"')
+    # No length and length 0 differ; so do an empty and a missing variant's neighbours.
+    assert ResourceKey.of_bytes(b"s", b"/", etag=b"e") != ResourceKey.of_bytes(b"s", b"/", etag=b"e", length=0)
+    # The text constructor is the bytes one over UTF-8.
+    assert ResourceKey.of("s", "/é", etag="e") == ResourceKey.of_bytes(b"s", "/é".encode(), etag=b"e")
+
+
+def test_key_hash_follows_the_rule_set() -> None:
+    """The same version under another rule set digest is another name."""
+    key = ResourceKey.of_bytes(b"s", b"/", etag=b"e")
+    assert key is not None
+    first = key.hashed("one")
+    assert key.hashed("two") != first
+    assert key.hashed("one") == first
