@@ -513,7 +513,18 @@ class _Exchange:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.transducer is not None and self.decoder is None:
-            self._expect = response.length
+            length = response.length
+            if (
+                length is not None
+                and length <= self._slice
+                and not resource.scheduler.queue
+                and response.body_in_hand
+            ):
+                # The whole body came with the head and is one slice of
+                # work: what a scheduler turn would do, without the turn.
+                self._rewrite_whole(response.take_body())
+                return
+            self._expect = length
         if not response.body_in_hand:
             request.registerProducer(response.producer, True)
             self.producer_registered = True
@@ -628,23 +639,41 @@ class _Exchange:
         else:
             backlog.popleft()
         self._backlog_bytes -= len(data)
+        out = self._timed_transform(data, self._expect == 0 and not backlog)
+        if out is None:
+            backlog.clear()
+            self._backlog_bytes = 0
+            return False  # failed: the client was reset
+        self._emit(out)
+        return bool(backlog)
+
+    def _rewrite_whole(self, body: bytes) -> None:
+        """Rewrite a body that arrived whole and send it with the last chunk."""
+        self.resource.metrics.bytes_in += len(body)
+        out = self._timed_transform(body, True)
+        if out is not None:
+            self._emit(out)
+            self._complete()
+
+    def _timed_transform(self, data: bytes, last: bool) -> bytes | None:
+        """:meth:`_transform` one slice, and size the next one from its time."""
+        size = self._slice
         began = time.perf_counter()
-        out = self._transform(data, last=self._expect == 0 and not backlog)
+        out = self._transform(data, last=last)
         spent = time.perf_counter() - began
         if spent > 0 and len(data) >= max(MIN_SLICE, size // 2):  # a representative slice
             # Next slice: what this rule set rewrites in ~SLICE_SECONDS, at
             # most halving or doubling per step, so that one slow measurement
             # (a preemption, a collection) does not shrink the slices of
             # every later response to a size where fixed costs dominate.
-            old = self._slice
             estimate = len(data) * SLICE_SECONDS / spent
-            self._slice = int(min(MAX_SLICE, max(MIN_SLICE, old / 2, min(estimate, old * 2))))
+            self._slice = int(min(MAX_SLICE, max(MIN_SLICE, size / 2, min(estimate, size * 2))))
             if self.site.rules is not None:
                 self.resource.slices[self.site.rules.digest] = self._slice
-        if out is None:
-            backlog.clear()
-            self._backlog_bytes = 0
-            return False  # failed: the client was reset
+        return out
+
+    def _emit(self, out: bytes) -> None:
+        """Send (or, for the body's last output, keep for _complete) rewritten bytes."""
         if out:
             self.resource.metrics.bytes_out += len(out)
             if self.ctx is not None:
@@ -654,7 +683,6 @@ class _Exchange:
                 self._stash = out
             else:
                 self.request.write(out)
-        return bool(backlog)
 
     def wait_for_work(self) -> None:
         """Stop reading upstream until the scheduler comes back to us, once

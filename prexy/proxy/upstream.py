@@ -144,6 +144,12 @@ class UpstreamResponse:
         """Start delivering the body to ``consumer``."""
         self._protocol.deliverBody(consumer)
 
+    def take_body(self) -> bytes:
+        """The whole body at once, instead of :meth:`deliverBody`, when it
+        is length-delimited and :attr:`body_in_hand`; the connection is done
+        with this response when it returns (back in the pool if reusable)."""
+        return self._protocol.take_body()
+
     def abort(self) -> None:
         """Drop the upstream connection (the client went away)."""
         self._protocol.abort()
@@ -517,6 +523,20 @@ class UpstreamProtocol(Protocol):
         if self._framing is _Framing.NONE:
             return True
         return self._framing is _Framing.LENGTH and sum(map(len, self._pending_body)) >= self._remaining
+
+    def take_body(self) -> bytes:
+        """See UpstreamResponse.take_body."""
+        if self._framing is not _Framing.LENGTH or self._consumer is not None or not self.body_in_hand():
+            raise RuntimeError("take_body needs a length-delimited body that has arrived whole")
+        data = b"".join(self._pending_body)
+        self._pending_body = []
+        remaining = self._remaining
+        if len(data) > remaining:
+            self._keep_alive = False  # trailing garbage
+            data = data[:remaining]
+        self._remaining = 0
+        self._finish_body(reuse=True)
+        return data
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""

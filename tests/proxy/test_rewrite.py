@@ -403,3 +403,88 @@ class SchedulerTests(SynchronousTestCase):
             self.assertNotEqual(a, b)
         for client in clients:
             self.assertEqual(parse_response(client.value())[2], REWRITTEN * 1000)
+
+
+class WholeBodyTests(SynchronousTestCase):
+    """A body that arrives whole with its head, within one slice, is
+    rewritten at once instead of through the scheduler's queue."""
+
+    def _spy_work_one(self) -> list[object]:
+        from prexy.proxy import resource
+
+        calls: list[object] = []
+        real = resource._Exchange.work_one
+
+        def spy(exchange):  # type: ignore[no-untyped-def]
+            calls.append(exchange)
+            return real(exchange)
+
+        self.patch(resource._Exchange, "work_one", spy)
+        return calls
+
+    def test_whole_body_skips_the_queue(self) -> None:
+        """Same bytes as when the body trickles in, one write, and the
+        upstream connection back in the pool."""
+        h = harness()
+        calls = self._spy_work_one()
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        writes: list[bytes] = []
+        real_write = client.write
+
+        def write(data: bytes) -> None:
+            writes.append(data)
+            real_write(data)
+
+        client.write = write  # type: ignore[method-assign]
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        raw = client.value()
+        self.assertEqual(parse_response(raw)[:3:2], (200, REWRITTEN))
+        self.assertRegex(raw, rb'0\r\nServer-Timing: rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"\r\n\r\n$')
+        self.assertEqual(len(writes), 1)
+        self.assertEqual(calls, [])
+        self.assertEqual(h.pool.idle_connections(), 1)
+        # The next request reuses that connection.
+        _, client2 = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(len(h.conns), 1)
+
+    def test_trailing_bytes_close_the_upstream(self) -> None:
+        """Bytes past the announced length are dropped and the upstream
+        connection is not reused, as on the streaming path."""
+        h = harness()
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%sjunk" % (len(PAGE), PAGE)
+        )
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN)
+        self.assertEqual(h.pool.idle_connections(), 0)
+        self.assertTrue(h.conns[0].transport.disconnecting)
+
+    def test_bodies_past_one_slice_or_behind_others_queue(self) -> None:
+        """A body larger than the rule set's slice, or one arriving while
+        other responses wait for the scheduler, goes through the queue."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        h = harness()
+        calls = self._spy_work_one()
+        big = PAGE * 1000
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)
+        )
+        self.assertEqual(len(calls), 1)  # one slice, the rest in later turns
+        self.assertTrue(h.resource.scheduler.scheduled)
+        # A small whole body now waits its turn behind the big one.
+        _, client2 = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[-1].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        self.assertEqual(client2.value(), b"")
+        while h.resource.scheduler.scheduled:
+            h.clock.advance(0)
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN * 1000)
+        self.assertEqual(parse_response(client2.value())[2], REWRITTEN)
+        self.assertEqual(len({id(c) for c in calls}), 2)
