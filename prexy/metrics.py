@@ -7,6 +7,7 @@ Twisted, cheap enough to touch on every request.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -51,11 +52,8 @@ class Metrics:
     def observe_upstream(self, seconds: float) -> None:
         self.latency_sum += seconds
         self.latency_count += 1
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.latency_buckets[i] += 1
-                return
-        self.latency_buckets[-1] += 1
+        # The first bucket whose bound is >= seconds; past every bound, +Inf.
+        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
     def snapshot(self) -> dict[str, object]:
         """A JSON-able copy (what a worker reports to the master)."""

@@ -444,7 +444,7 @@ class _Exchange:
             if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
                 coding = encoding.strip().lower()
             if coding is None or coding in DECODABLE:
-                rewrite = rules.applies_to((ctype or b"").decode("latin-1"))
+                rewrite = rules.applies_to_header(ctype)
         has_length = False
         skipped = False
         if rewrite and request.method != b"HEAD":
@@ -496,7 +496,7 @@ class _Exchange:
             has_length = True
         if ctx is not None:
             headers.append((b"Cache-Status", self._cache_head(response, headers, rewrite)))
-        via = response.values(b"via")
+        via = response.values(b"via") if b"via" in response.lnames else None
         headers.append((b"Via", append_via(via) if via else VIA))
         now = resource.reactor.seconds()
         upstream_time = response.connect_seconds + response.first_byte_seconds

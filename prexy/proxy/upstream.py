@@ -431,8 +431,7 @@ class UpstreamProtocol(Protocol):
         connection_names: frozenset[bytes] = frozenset()
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            first = line[:1]
-            if first == b" " or first == b"\t":
+            if line[0] in (32, 9):  # no line is empty: the head ends at the first blank one
                 if not headers:
                     raise UpstreamProtocolError("continuation line before any header")
                 name, value = headers[-1]
@@ -458,8 +457,8 @@ class UpstreamProtocol(Protocol):
                     else:
                         raise UpstreamProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
                 else:  # connection
-                    tokens = frozenset(t.strip().lower() for t in value.split(b","))
-                    connection_names |= tokens
+                    tokens = _connection_tokens(value)
+                    connection_names = connection_names | tokens if connection_names else tokens
                     if b"close" in tokens:
                         connection_close = True
                     elif b"keep-alive" in tokens and version == b"HTTP/1.0":
@@ -973,6 +972,20 @@ def _rewind(body: IO[bytes] | None) -> bool:
 
 
 _PLAIN_TCP = (_tcp.Client, _tcp.Server)
+
+
+_TOKENS: dict[bytes, frozenset[bytes]] = {}
+
+
+def _connection_tokens(value: bytes) -> frozenset[bytes]:
+    """The lower-case options of a Connection header value (the common
+    values are parsed once per process)."""
+    tokens = _TOKENS.get(value)
+    if tokens is None:
+        tokens = frozenset(t.strip().lower() for t in value.split(b","))
+        if len(_TOKENS) < 64:
+            _TOKENS[value] = tokens
+    return tokens
 
 
 def send_now(transport: Any, data: bytes) -> None:

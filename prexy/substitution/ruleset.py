@@ -124,6 +124,21 @@ class RuleSet:
             return False
         return self.all_types or _media_type(content_type) in self.types
 
+    def applies_to_header(self, value: bytes | None) -> bool:
+        """:meth:`applies_to` for a raw Content-Type value (None: absent),
+        remembered per value: a site serves few distinct ones."""
+        answers = self._type_answers
+        known = answers.get(value)
+        if known is None:
+            known = self.applies_to((value or b"").decode("latin-1"))
+            if len(answers) < 256:
+                answers[value] = known
+        return known
+
+    @cached_property
+    def _type_answers(self) -> dict[bytes | None, bool]:
+        return {}
+
     @cached_property
     def digest(self) -> str:
         """A short stable hex hash of everything that decides the output."""

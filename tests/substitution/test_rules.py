@@ -62,6 +62,18 @@ def test_defaults() -> None:
     assert rs.rules[0].once
 
 
+def test_applies_to_header_answers_as_applies_to() -> None:
+    """The raw-header form gives applies_to's answer, asked twice (the
+    second from its memory), and treats a missing header as no type."""
+    rs = parse_rules(b"replace_filter a b; replace_filter_types text/css;")
+    for _ in range(2):
+        assert rs.applies_to_header(b"text/html; charset=utf-8")
+        assert rs.applies_to_header(b"TEXT/CSS")
+        assert not rs.applies_to_header(b"image/png")
+        assert not rs.applies_to_header(None)
+        assert not rs.applies_to_header(b"")
+
+
 def test_star_type_applies_to_all() -> None:
     """``replace_filter_types *`` applies to every type."""
     rs = parse_rules(b"replace_filter a b; replace_filter_types *;")
