@@ -190,6 +190,30 @@ class Scanner(Protocol):
         """A hold-back cursor over ``buf`` for a scan starting at ``pos``."""
 
 
+class _LiteralMatch:
+    """What the cursors read of a ``regex`` match, for an occurrence of a
+    literal rule without groups (group 0 only)."""
+
+    __slots__ = ("string", "_start", "_end")
+
+    def __init__(self, string: bytes, start: int, end: int) -> None:
+        self.string = string
+        self._start = start
+        self._end = end
+
+    def start(self, n: int = 0) -> int:
+        return self._start
+
+    def end(self, n: int = 0) -> int:
+        return self._end
+
+    def span(self, n: int = 0) -> tuple[int, int]:
+        return (self._start, self._end)
+
+    def group(self, n: int = 0) -> bytes:
+        return self.string[self._start : self._end]
+
+
 class _RuleStream:
     """The successive matches of one rule over a buffer.
 
@@ -200,9 +224,14 @@ class _RuleStream:
     ``finditer`` may then return a non-empty match where an empty one was
     just found, which the module never does.  ``start``: no match of the
     rule starts before it (a prefilter's hint), so scans begin there.
+
+    A rule that is one literal byte string without groups (``word``) is
+    found with ``bytes.find``: the same leftmost occurrence, without the
+    regex call and the CPU-clock reads its timeout costs on each call;
+    like ``bytes.split``, ``find`` cannot backtrack.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start")
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word")
 
     def __init__(
         self,
@@ -211,7 +240,9 @@ class _RuleStream:
         pattern: regex.Pattern[bytes],
         empty_ok: bool,
         start: int = 0,
+        word: bytes | None = None,
     ) -> None:
+        self.word = word
         self.buf = buf
         self.timeout = timeout
         self.pattern = pattern
@@ -228,6 +259,10 @@ class _RuleStream:
         """The leftmost match starting at or after ``pos``."""
         if pos < self.start:
             pos = self.start
+        word = self.word
+        if word is not None:
+            at = self.buf.find(word, pos)
+            return None if at < 0 else _LiteralMatch(self.buf, at, at + len(word))
         if self.empty_ok:
             return self.pattern.search(self.buf, pos, timeout=self.timeout)
         it = self._iter
@@ -809,6 +844,8 @@ class RegexScanner:
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         #: Per rule: the bytes it matches when it is a pure literal.
         self.words = [pure_literal(p.tree) for p in parsed]
+        #: Per rule: its literal when it has no groups either (see _RuleStream).
+        self._finds = [w if p.ngroups == 0 else None for w, p in zip(self.words, parsed, strict=True)]
         self._plans: dict[tuple[int, ...], _FloorPlan] = {}
         #: The multi-pattern prefilter (None: every rule scans every buffer).
         self.engine = prefilter.ENGINE if engine is None else engine
@@ -873,16 +910,17 @@ class RegexScanner:
         rules = range(len(self.patterns)) if active is None else active
         patterns = self.patterns
         empty_ok = self._empty_ok
+        finds = self._finds
         if len(rules) == 1:
             rule = rules[0]
-            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule])
+            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule])
             return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule], self.words[rule])
         filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
 
         def make(pos: int) -> dict[int, _RuleStream]:
             if filt is None:
                 return {
-                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule])
+                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule])
                     for rule in rules
                 }
             may = filt.candidates(buf, pos, timeout)
@@ -891,7 +929,7 @@ class RegexScanner:
             else:
                 chosen = may.keys() & set(rules)
             return {
-                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule])
+                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule], finds[rule])
                 for rule in chosen
             }
 

@@ -1,9 +1,10 @@
-"""Pure-literal rules are replaced with ``bytes.split`` (scanner._split_run).
+"""Pure-literal rules are replaced with ``bytes.split`` (scanner._split_run)
+and, without groups, found with ``bytes.find`` (scanner._RuleStream).
 
-The split path must give exactly what the per-match regex path gives, for
+These paths must give exactly what the per-match regex path gives, for
 any mix with other rules (ties, overlaps, once-rules, templates), any
 prefilter engine and any chunking.  The oracle is the same rule set with
-the split path switched off, fed whole.
+both switched off, fed whole.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def build(specs: list[tuple[str, str, str]], engine: str, split: bool = True) ->
     if not split:
         assert rs.scanner is not None
         rs.scanner.words = [None] * len(rs.scanner.words)
+        rs.scanner._finds = [None] * len(rs.scanner._finds)
     return rs
 
 
@@ -110,5 +112,6 @@ def test_caseless_literal_of_non_letters() -> None:
             if not split:
                 assert rs.scanner is not None
                 rs.scanner.words = [None]
+                rs.scanner._finds = [None]
             t = rs.new_transducer(timeout=None)
             assert t.finish(b"\xc01 \xe01 \xc01") == b"X \xe01 X"
