@@ -396,6 +396,9 @@ class _Exchange:
         self.upstream_target: bytes | None = None
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
+        #: The rewrite's Server-Timing went in the head (the body was
+        #: rewritten before it), not in a trailer.
+        self._timing_sent = False
 
     # -- upstream head -----------------------------------------------------------
 
@@ -460,6 +463,24 @@ class _Exchange:
                 self.transducer = rules.new_transducer(only=only)
                 self._slice = resource.slices.get(rules.digest, _FEED_SLICE)
                 self.rules_run = len(rules.rules) if only is None else len(only)
+        whole: bytes | None = None
+        if (
+            self.transducer is not None
+            and coding is None
+            and ctx is None
+            and response.length is not None
+            and 0 < response.length <= self._slice
+            and not resource.scheduler.queue
+            and response.body_in_hand
+        ):
+            # The whole body came with the head and is one slice of work
+            # (what one scheduler turn would do): rewrite it before the head
+            # goes out, which can then give its length and the rewrite time.
+            body = response.take_body()
+            resource.metrics.bytes_in += len(body)
+            whole = self._timed_transform(body, True)
+            if whole is None:
+                return  # the rewrite failed: the client was reset
         if rewrite:
             # HEAD gets the same head a GET would: no length, derived validators.
             if coding is not None:
@@ -485,7 +506,10 @@ class _Exchange:
                         continue
                     kept.append((name, value))
                 headers = kept
-            if self.transducer is not None:
+            if whole is not None:
+                headers.append((b"Content-Length", b"%d" % len(whole)))
+                has_length = True
+            elif self.transducer is not None:
                 # Substitution time is known only at the end: a trailer.
                 headers.append((b"Trailer", b"Server-Timing"))
             elif skipped and response.length is not None:
@@ -500,31 +524,31 @@ class _Exchange:
         headers.append((b"Via", append_via(via) if via else VIA))
         now = resource.reactor.seconds()
         upstream_time = response.connect_seconds + response.first_byte_seconds
-        own = max(0.0, now - self.started - upstream_time)
+        own = now - self.started - upstream_time
+        if whole is not None:
+            own -= self.transducer.scan_seconds  # reported as rewrite;dur
         timing = b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f" % (
-            response.connect_seconds * 1000, response.first_byte_seconds * 1000, own * 1000
+            response.connect_seconds * 1000, response.first_byte_seconds * 1000, max(0.0, own) * 1000
         )
         if skipped:
             timing += b', rewrite-skipped;desc="no rule matched this version before"'
+        elif whole is not None:
+            timing += b", " + self._rewrite_timing()
+            self._timing_sent = True
         headers.append((b"Server-Timing", timing))
         request.set_raw_head(headers, has_length)
         resource.metrics.observe_upstream(response.first_byte_seconds + response.connect_seconds)
+        if whole is not None:
+            if whole:
+                resource.metrics.bytes_out += len(whole)
+            self._stash = whole
+            self._complete()
+            return
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.transducer is not None and self.decoder is None:
-            length = response.length
-            if (
-                length is not None
-                and length <= self._slice
-                and not resource.scheduler.queue
-                and response.body_in_hand
-            ):
-                # The whole body came with the head and is one slice of
-                # work: what a scheduler turn would do, without the turn.
-                self._rewrite_whole(response.take_body())
-                return
-            self._expect = length
+            self._expect = response.length
         if not response.body_in_hand:
             request.registerProducer(response.producer, True)
             self.producer_registered = True
@@ -647,14 +671,6 @@ class _Exchange:
         self._emit(out)
         return bool(backlog)
 
-    def _rewrite_whole(self, body: bytes) -> None:
-        """Rewrite a body that arrived whole and send it with the last chunk."""
-        self.resource.metrics.bytes_in += len(body)
-        out = self._timed_transform(body, True)
-        if out is not None:
-            self._emit(out)
-            self._complete()
-
     def _timed_transform(self, data: bytes, last: bool) -> bytes | None:
         """:meth:`_transform` one slice, and size the next one from its time."""
         size = self._slice
@@ -763,15 +779,8 @@ class _Exchange:
             tail = self._stash + tail
             self._stash = b""
             self._count_transducer(transducer)
-            timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
-            timing += b', rewrite-rules;desc="%d matched of %d run"' % (
-                len(transducer.rules_matched), self.rules_run
-            )
-            if transducer.bailed_out:
-                timing += b', rewrite-bailout;desc="max_buffered_size reached"'
-            if transducer.timed_out:
-                timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
-            request.set_trailer(b"Server-Timing", timing)
+            if not self._timing_sent:
+                request.set_trailer(b"Server-Timing", self._rewrite_timing())
         else:
             tail = b""
         self._unregister()
@@ -781,6 +790,17 @@ class _Exchange:
         # After the last bytes left: the client does not wait for this.
         if transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, transducer)
+
+    def _rewrite_timing(self) -> bytes:
+        """The Server-Timing entries of the finished rewrite."""
+        transducer = self.transducer
+        timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
+        timing += b', rewrite-rules;desc="%d matched of %d run"' % (len(transducer.rules_matched), self.rules_run)
+        if transducer.bailed_out:
+            timing += b', rewrite-bailout;desc="max_buffered_size reached"'
+        if transducer.timed_out:
+            timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
+        return timing
 
     def bodyFailed(self, reason: Failure) -> None:
         if self.client_gone_flag:

@@ -407,7 +407,8 @@ class SchedulerTests(SynchronousTestCase):
 
 class WholeBodyTests(SynchronousTestCase):
     """A body that arrives whole with its head, within one slice, is
-    rewritten at once instead of through the scheduler's queue."""
+    rewritten at once, before the head is sent, instead of through the
+    scheduler's queue."""
 
     def _spy_work_one(self) -> list[object]:
         from prexy.proxy import resource
@@ -423,8 +424,9 @@ class WholeBodyTests(SynchronousTestCase):
         return calls
 
     def test_whole_body_skips_the_queue(self) -> None:
-        """Same bytes as when the body trickles in, one write, and the
-        upstream connection back in the pool."""
+        """Same bytes as when the body trickles in, in one write, with the
+        rewritten length and the rewrite's timing in the head (no chunks,
+        no trailer); the upstream connection is back in the pool."""
         h = harness()
         calls = self._spy_work_one()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -439,14 +441,19 @@ class WholeBodyTests(SynchronousTestCase):
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
         )
-        raw = client.value()
-        self.assertEqual(parse_response(raw)[:3:2], (200, REWRITTEN))
-        self.assertRegex(raw, rb'0\r\nServer-Timing: rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"\r\n\r\n$')
+        status, headers, body = parse_response(client.value())
+        self.assertEqual((status, body), (200, REWRITTEN))
+        self.assertEqual(header(headers, b"content-length"), [b"%d" % len(REWRITTEN)])
+        self.assertEqual(header(headers, b"transfer-encoding"), [])
+        self.assertEqual(header(headers, b"trailer"), [])
+        [timing] = header(headers, b"server-timing")
+        self.assertRegex(timing, rb'prexy;dur=[\d.]+, rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
+        self.assertTrue(client.value().endswith(REWRITTEN))
         self.assertEqual(len(writes), 1)
         self.assertEqual(calls, [])
         self.assertEqual(h.pool.idle_connections(), 1)
         # The next request reuses that connection.
-        _, client2 = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(len(h.conns), 1)
 
     def test_trailing_bytes_close_the_upstream(self) -> None:
@@ -488,3 +495,26 @@ class WholeBodyTests(SynchronousTestCase):
         self.assertEqual(parse_response(client.value())[2], REWRITTEN * 1000)
         self.assertEqual(parse_response(client2.value())[2], REWRITTEN)
         self.assertEqual(len({id(c) for c in calls}), 2)
+
+    def test_whole_body_timeout_is_reported_in_the_head(self) -> None:
+        """A scan that timed out on a whole body says so in the head's
+        Server-Timing, and is counted."""
+        from prexy.proxy import resource
+
+        real = resource._Exchange._timed_transform
+
+        def timing_out(exchange, data, last):  # type: ignore[no-untyped-def]
+            out = real(exchange, data, last)
+            exchange.transducer.timed_out = True
+            return out
+
+        self.patch(resource._Exchange, "_timed_transform", timing_out)
+        h = harness()
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        status, headers, body = parse_response(client.value())
+        [timing] = header(headers, b"server-timing")
+        self.assertIn(b'rewrite-timeout;desc="scan timed out, rest passed unchanged"', timing)
+        self.assertEqual(h.resource.metrics.counters[("prexy_rewrite_timeouts_total", ())], 1)
