@@ -475,7 +475,7 @@ class _Exchange:
         ):
             # The whole body came with the head and is one slice of work
             # (what one scheduler turn would do): rewrite it before the head
-            # goes out, which can then give its length and the rewrite time.
+            # goes out, which can then give the rewrite time.
             body = response.take_body()
             resource.metrics.bytes_in += len(body)
             whole = self._timed_transform(body, True)
@@ -506,10 +506,7 @@ class _Exchange:
                         continue
                     kept.append((name, value))
                 headers = kept
-            if whole is not None:
-                headers.append((b"Content-Length", b"%d" % len(whole)))
-                has_length = True
-            elif self.transducer is not None:
+            if self.transducer is not None and whole is None:
                 # Substitution time is known only at the end: a trailer.
                 headers.append((b"Trailer", b"Server-Timing"))
             elif skipped and response.length is not None:
@@ -1130,7 +1127,7 @@ class ProxyRequest(server.Request):
             else:
                 if data:
                     seq += (b"%x\r\n" % len(data), data, b"\r\n")
-                if end and self._trailer:
+                if end:
                     seq += (b"0\r\n", self._trailer, b"\r\n")
                     self.chunked = 0  # the last chunk is written
         # One bytes object: writeSequence checks every piece separately.

@@ -424,9 +424,10 @@ class WholeBodyTests(SynchronousTestCase):
         return calls
 
     def test_whole_body_skips_the_queue(self) -> None:
-        """Same bytes as when the body trickles in, in one write, with the
-        rewritten length and the rewrite's timing in the head (no chunks,
-        no trailer); the upstream connection is back in the pool."""
+        """Same bytes as when the body trickles in, in one write: chunked
+        (no Content-Length, as for every rewritten body), one chunk and the
+        last chunk, with the rewrite's timing in the head (no trailer); the
+        upstream connection is back in the pool."""
         h = harness()
         calls = self._spy_work_one()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -441,14 +442,15 @@ class WholeBodyTests(SynchronousTestCase):
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
         )
-        status, headers, body = parse_response(client.value())
+        raw = client.value()
+        status, headers, body = parse_response(raw)
         self.assertEqual((status, body), (200, REWRITTEN))
-        self.assertEqual(header(headers, b"content-length"), [b"%d" % len(REWRITTEN)])
-        self.assertEqual(header(headers, b"transfer-encoding"), [])
+        self.assertEqual(header(headers, b"content-length"), [])
+        self.assertEqual(header(headers, b"transfer-encoding"), [b"chunked"])
         self.assertEqual(header(headers, b"trailer"), [])
         [timing] = header(headers, b"server-timing")
         self.assertRegex(timing, rb'prexy;dur=[\d.]+, rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
-        self.assertTrue(client.value().endswith(REWRITTEN))
+        self.assertTrue(raw.endswith(b"\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(REWRITTEN), REWRITTEN)))
         self.assertEqual(len(writes), 1)
         self.assertEqual(calls, [])
         self.assertEqual(h.pool.idle_connections(), 1)
