@@ -396,9 +396,6 @@ class _Exchange:
         self.upstream_target: bytes | None = None
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
-        #: The rewrite's Server-Timing went in the head (the body was
-        #: rewritten before it), not in a trailer.
-        self._timing_sent = False
 
     # -- upstream head -----------------------------------------------------------
 
@@ -471,16 +468,16 @@ class _Exchange:
             and response.length is not None
             and 0 < response.length <= self._slice
             and not resource.scheduler.queue
-            and response.body_in_hand
         ):
-            # The whole body came with the head and is one slice of work
+            # When the whole body came with the head it is one slice of work
             # (what one scheduler turn would do): rewrite it before the head
             # goes out, which can then give the rewrite time.
             body = response.take_body()
-            resource.metrics.bytes_in += len(body)
-            whole = self._timed_transform(body, True)
-            if whole is None:
-                return  # the rewrite failed: the client was reset
+            if body is not None:
+                resource.metrics.bytes_in += len(body)
+                whole = self._timed_transform(body, True)
+                if whole is None:
+                    return  # the rewrite failed: the client was reset
         if rewrite:
             # HEAD gets the same head a GET would: no length, derived validators.
             if coding is not None:
@@ -531,15 +528,13 @@ class _Exchange:
             timing += b', rewrite-skipped;desc="no rule matched this version before"'
         elif whole is not None:
             timing += b", " + self._rewrite_timing()
-            self._timing_sent = True
         headers.append((b"Server-Timing", timing))
         request.set_raw_head(headers, has_length)
         resource.metrics.observe_upstream(response.first_byte_seconds + response.connect_seconds)
         if whole is not None:
-            if whole:
-                resource.metrics.bytes_out += len(whole)
+            resource.metrics.bytes_out += len(whole)
             self._stash = whole
-            self._complete()
+            self._complete(trailer=False)
             return
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
@@ -665,7 +660,15 @@ class _Exchange:
             backlog.clear()
             self._backlog_bytes = 0
             return False  # failed: the client was reset
-        self._emit(out)
+        if out:
+            self.resource.metrics.bytes_out += len(out)
+            if self.ctx is not None:
+                self._cache_data(out)
+            if self._ended:
+                # The body's last output: sent with the trailer by _complete.
+                self._stash = out
+            else:
+                self.request.write(out)
         return bool(backlog)
 
     def _timed_transform(self, data: bytes, last: bool) -> bytes | None:
@@ -684,18 +687,6 @@ class _Exchange:
             if self.site.rules is not None:
                 self.resource.slices[self.site.rules.digest] = self._slice
         return out
-
-    def _emit(self, out: bytes) -> None:
-        """Send (or, for the body's last output, keep for _complete) rewritten bytes."""
-        if out:
-            self.resource.metrics.bytes_out += len(out)
-            if self.ctx is not None:
-                self._cache_data(out)
-            if self._ended:
-                # The body's last output: sent with the trailer by _complete.
-                self._stash = out
-            else:
-                self.request.write(out)
 
     def wait_for_work(self) -> None:
         """Stop reading upstream until the scheduler comes back to us, once
@@ -749,7 +740,9 @@ class _Exchange:
         if not self._queued:
             self._complete()
 
-    def _complete(self) -> None:
+    def _complete(self, trailer: bool = True) -> None:
+        """Finish the response; ``trailer``: the rewrite's Server-Timing goes
+        in a trailer (False: it was in the head already)."""
         request = self.request
         transducer = self.transducer
         if transducer is not None:
@@ -776,7 +769,7 @@ class _Exchange:
             tail = self._stash + tail
             self._stash = b""
             self._count_transducer(transducer)
-            if not self._timing_sent:
+            if trailer:
                 request.set_trailer(b"Server-Timing", self._rewrite_timing())
         else:
             tail = b""

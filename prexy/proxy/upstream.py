@@ -144,10 +144,11 @@ class UpstreamResponse:
         """Start delivering the body to ``consumer``."""
         self._protocol.deliverBody(consumer)
 
-    def take_body(self) -> bytes:
+    def take_body(self) -> bytes | None:
         """The whole body at once, instead of :meth:`deliverBody`, when it
-        is length-delimited and :attr:`body_in_hand`; the connection is done
-        with this response when it returns (back in the pool if reusable)."""
+        is length-delimited and has all arrived (the connection is then done
+        with this response, back in the pool if reusable); else None, and
+        nothing changes."""
         return self._protocol.take_body()
 
     def abort(self) -> None:
@@ -523,10 +524,10 @@ class UpstreamProtocol(Protocol):
             return True
         return self._framing is _Framing.LENGTH and sum(map(len, self._pending_body)) >= self._remaining
 
-    def take_body(self) -> bytes:
+    def take_body(self) -> bytes | None:
         """See UpstreamResponse.take_body."""
         if self._framing is not _Framing.LENGTH or self._consumer is not None or not self.body_in_hand():
-            raise RuntimeError("take_body needs a length-delimited body that has arrived whole")
+            return None
         data = b"".join(self._pending_body)
         self._pending_body = []
         remaining = self._remaining

@@ -207,9 +207,6 @@ class _LiteralMatch:
     def end(self, n: int = 0) -> int:
         return self._end
 
-    def span(self, n: int = 0) -> tuple[int, int]:
-        return (self._start, self._end)
-
     def group(self, n: int = 0) -> bytes:
         return self.string[self._start : self._end]
 
