@@ -137,6 +137,11 @@ def _byte_costs() -> list[float]:
 _COST = _byte_costs()
 
 
+def byte_costs() -> list[float]:
+    """Each byte value's rough share of an HTML page (shared, do not modify)."""
+    return _COST
+
+
 def _set_cost(members: frozenset[int]) -> float:
     return sum(_COST[b] for b in members)
 

@@ -79,6 +79,51 @@ FILTER_MIN_RULES = 2
 EXACT = -1
 BOUND = -2
 
+#: A rule whose matches all start with fixed bytes (``UA-`` in ``UA-\d+``)
+#: finds its next possible start by the rarest of those bytes (a ``memchr``,
+#: far faster than ``regex`` crossing the same bytes).  When no such byte is
+#: within this many bytes of where its running ``finditer`` would go on, the
+#: scan restarts at the next occurrence instead (a new scan costs about what
+#: ``regex`` takes to cross a few KB).
+SKIP_GAP = 2048
+
+#: Occurrences of the rare byte checked for the whole prefix before the
+#: search settles for a lower bound of the next start (a page full of that
+#: byte then costs a few steps per search, not one per occurrence).
+LEAD_PROBES = 8
+
+
+class _Lead:
+    """Fixed leading bytes of every match of a rule, and the rarest of them."""
+
+    __slots__ = ("prefix", "offset", "byte")
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix = prefix
+        costs = prefilter.byte_costs()
+        self.offset = min(range(len(prefix)), key=lambda i: costs[prefix[i]])
+        self.byte = prefix[self.offset]
+
+    def next_start(self, buf: bytes, pos: int) -> int:
+        """A position ``>= pos`` with no occurrence of the prefix between
+        ``pos`` and it: the next occurrence, or a lower bound of it after
+        LEAD_PROBES false hits; -1 if the prefix does not occur from pos."""
+        offset = self.offset
+        i = buf.find(self.byte, pos + offset)
+        probes = 0
+        while i >= 0:
+            start = i - offset
+            if buf.startswith(self.prefix, start):
+                return start
+            probes += 1
+            if probes >= LEAD_PROBES:
+                # Every occurrence of the prefix from pos has the byte at
+                # ``offset``; none of those before i had the prefix.
+                return i + 1 - offset
+            i = buf.find(self.byte, i + 1)
+        return -1
+
+
 #: Near the end of a buffer, up to this many positions are matched against
 #: all literal prefixes at once (see ``_Trie``) to skip rules' probes.
 TRIE_SPAN = 512
@@ -226,9 +271,15 @@ class _RuleStream:
     found with ``bytes.find``: the same leftmost occurrence, without the
     regex call and the CPU-clock reads its timeout costs on each call;
     like ``bytes.split``, ``find`` cannot backtrack.
+
+    A rule whose matches all start with fixed bytes (``lead``, see
+    :class:`_Lead`) starts each new scan at the next occurrence of them,
+    and drops its running scan for a new one when none is near.  Measured
+    on the bench page: ``regex`` took 15-19 µs to cross the 20 KB between
+    the two matches of ``UA-\\d+-\\d+``, ``bytes.find`` of its ``U`` 0.6 µs.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word")
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead")
 
     def __init__(
         self,
@@ -238,8 +289,10 @@ class _RuleStream:
         empty_ok: bool,
         start: int = 0,
         word: bytes | None = None,
+        lead: _Lead | None = None,
     ) -> None:
         self.word = word
+        self.lead = lead
         self.buf = buf
         self.timeout = timeout
         self.pattern = pattern
@@ -263,6 +316,24 @@ class _RuleStream:
         if self.empty_ok:
             return self.pattern.search(self.buf, pos, timeout=self.timeout)
         it = self._iter
+        lead = self.lead
+        if lead is not None:
+            buf = self.buf
+            if it is not None and self._last_end <= pos:
+                # Going on with the running scan: worth it unless no match
+                # can start in the next SKIP_GAP bytes it would cross.
+                resume = self._last_end + lead.offset
+                if buf.find(lead.byte, resume, resume + SKIP_GAP) < 0:
+                    at = lead.next_start(buf, max(pos, self._last_end + SKIP_GAP))
+                    if at < 0:
+                        return None
+                    it = None
+                    pos = at
+            else:
+                at = lead.next_start(buf, pos)
+                if at < 0:
+                    return None
+                pos = at
         if it is not None and self._last_end <= pos:
             m = next(it, None)
             if m is None:
@@ -843,6 +914,12 @@ class RegexScanner:
         self.words = [pure_literal(p.tree) for p in parsed]
         #: Per rule: its literal when it has no groups either (see _RuleStream).
         self._finds = [w if p.ngroups == 0 else None for w, p in zip(self.words, parsed, strict=True)]
+        #: Per rule: the fixed bytes all its matches start with, when it is
+        #: scanned by ``finditer`` (see _RuleStream.next_from).
+        self._leads = [
+            _Lead(r.prefix) if r.prefix and f is None and not e else None
+            for r, f, e in zip(self.reaches, self._finds, self._empty_ok, strict=True)
+        ]
         self._plans: dict[tuple[int, ...], _FloorPlan] = {}
         #: The multi-pattern prefilter (None: every rule scans every buffer).
         self.engine = prefilter.ENGINE if engine is None else engine
@@ -908,16 +985,17 @@ class RegexScanner:
         patterns = self.patterns
         empty_ok = self._empty_ok
         finds = self._finds
+        leads = self._leads
         if len(rules) == 1:
             rule = rules[0]
-            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule])
+            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule], leads[rule])
             return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule], self.words[rule])
         filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
 
         def make(pos: int) -> dict[int, _RuleStream]:
             if filt is None:
                 return {
-                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule])
+                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule], leads[rule])
                     for rule in rules
                 }
             may = filt.candidates(buf, pos, timeout)
@@ -926,7 +1004,7 @@ class RegexScanner:
             else:
                 chosen = may.keys() & set(rules)
             return {
-                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule], finds[rule])
+                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule], finds[rule], leads[rule])
                 for rule in chosen
             }
 
