@@ -287,6 +287,9 @@ class Timing:
 
     seconds: list[float] = field(default_factory=list)
     capped: bool = False
+    #: Responses that gave the rewrite time in a trailer: Prexy rewrote the
+    #: body while sending it, not whole before the head.
+    trailers: int = 0
 
     def median(self) -> float | None:
         return statistics.median(self.seconds) if self.seconds else None
@@ -303,6 +306,8 @@ def _timed(client: Client, path: str, timing: Timing, cap: float) -> bytes | Non
         timing.capped = True
         return None
     timing.seconds.append(got.seconds)
+    if "trailer" in got.headers:
+        timing.trailers += 1
     if got.seconds > cap:
         timing.capped = True
     return got.body
@@ -414,6 +419,11 @@ def scenario_subs(bench: Bench) -> Report:
                     f"  {count} rules {label}: Prexy {fmt_ms(cold.median())} "
                     f"(repeat {fmt_ms(warm.median())}), subs_filter {fmt_ms(subs.median())}; {same}"
                 )
+                if cold.trailers and SIZES[path] <= 64 * KB:
+                    notes.append(
+                        f"Prexy {count} rules {label}: {cold.trailers} of {len(cold.seconds)} responses "
+                        "were rewritten while sent (timing in a trailer), not whole before the head"
+                    )
                 for name, timing in (("Prexy", cold), ("subs_filter", subs)):
                     if timing.capped:
                         notes.append(
@@ -428,6 +438,7 @@ def scenario_subs(bench: Bench) -> Report:
                 data[f"{count} rules {label}"] = {
                     "prexy_s": cold.seconds, "prexy_repeat_s": warm.seconds,
                     "subs_filter_s": subs.seconds, "output": same, "rewritten": rewritten,
+                    "prexy_trailers": cold.trailers,
                 }
             if count in LOAD_RULE_COUNTS:
                 # The same page under load: throughput and CPU per request.
