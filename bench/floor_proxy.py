@@ -19,12 +19,15 @@ Measured with it, see bench/README.md ("What the architecture costs").
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from twisted.internet import protocol, reactor
 
-from prexy.proxy.upstream import send_now
-from prexy.substitution.rules import load_rules
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's prexy
+
+from prexy.proxy.upstream import send_now  # noqa: E402
+from prexy.substitution.rules import load_rules  # noqa: E402
 
 _reactor: Any = reactor
 
