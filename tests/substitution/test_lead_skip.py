@@ -17,11 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prexy.substitution import scanner
-from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
-from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
-
-ENGINES = [*FILTER_ENGINES, "none"]
+from tests.substitution import test_literal_split
+from tests.substitution.test_literal_split import ENGINES, run
 
 #: Rules with a literal prefix (the skip applies), and others beside them.
 LEADING = ["ab+", "ab[0-9]+", "\\bab", "ba(c|a)", "abc*", "a(b)a", "ca[ab]+c", "b\\.a?"]
@@ -29,20 +27,13 @@ OTHERS = ["a", "c+", "[ab]c", "b|ab", "a$", "^c", "b*"]
 
 
 def build(specs: list[tuple[str, str, str]], engine: str, skip: bool = True) -> RuleSet:
-    rs = RuleSet.build(
-        [compile_rule(p.encode(), r.encode(), f, safe=False) for p, r, f in specs],
-        max_buffered_size=10**9,
-        engine=engine,
-    )
+    """test_literal_split's rule set, with the prefix skip switched off
+    unless ``skip``."""
+    rs = test_literal_split.build(specs, engine)
     assert rs.scanner is not None
     if not skip:
         rs.scanner._leads = [None] * len(rs.scanner._leads)
     return rs
-
-
-def run(rs: RuleSet, pieces: list[bytes]) -> bytes:
-    t = rs.new_transducer(timeout=None)
-    return b"".join(t.feed(p) for p in pieces) + t.finish()
 
 
 rule_specs = st.lists(
