@@ -44,6 +44,8 @@ caller.
 from __future__ import annotations
 
 import bisect
+import collections
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,7 +53,7 @@ from typing import Protocol
 
 import regex
 
-from prexy.substitution import prefilter
+from prexy.substitution import hsindex, prefilter
 from prexy.substitution.dialect import (
     PROBE_GROUP,
     ParsedRegex,
@@ -279,7 +281,9 @@ class _RuleStream:
     the two matches of ``UA-\\d+-\\d+``, ``bytes.find`` of its ``U`` 0.6 µs.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead")
+    __slots__ = (
+        "buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead", "bound",
+    )
 
     def __init__(
         self,
@@ -300,6 +304,9 @@ class _RuleStream:
         self.start = start
         self._iter: Iterator[regex.Match[bytes]] | None = None
         self._last_end = -1
+        #: With a match index: ``bound(pos)``, where the next match from pos
+        #: can start at the earliest (-1: none in this buffer).
+        self.bound: Callable[[int], int] | None = None
 
     def forget(self) -> None:
         """The scan moved on without this stream: search afresh next time."""
@@ -309,6 +316,15 @@ class _RuleStream:
         """The leftmost match starting at or after ``pos``."""
         if pos < self.start:
             pos = self.start
+        bound = self.bound
+        if bound is not None:
+            at = bound(pos)
+            if at < 0:
+                return None
+            if at > pos:
+                pos = at
+                if at > self._last_end:
+                    self._iter = None  # start afresh there, not crossing the gap
         word = self.word
         if word is not None:
             at = self.buf.find(word, pos)
@@ -807,38 +823,7 @@ class _HoldCursor:
 
     def _rule_reach(self, rule: int, start: int) -> int | None:
         """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
-        r = self._reach[rule]
-        buf = self._buf
-        n = len(buf)
-        timeout = self._timeout
-        start = max(start, self._floors[rule])
-        match = r.probe.match
-        prefix = r.prefix
-        if prefix:
-            k = len(prefix)
-            i = buf.find(prefix, start, n)
-            while i >= 0 and i <= n - k:
-                m = match(buf, i, timeout=timeout)
-                if m is not None and m.group(PROBE_GROUP) is not None:
-                    return i
-                i = buf.find(prefix, i + 1, n)
-            # A prefix cut by the end of the buffer: only where what is left
-            # begins the prefix.  From the very end every path must wait.
-            for i in range(max(start, n - k + 1), n):
-                if prefix.startswith(buf[i:n]):
-                    m = match(buf, i, timeout=timeout)
-                    if m is not None and m.group(PROBE_GROUP) is not None:
-                        return i
-            return n if start <= n else None
-        search = r.probe.search
-        while start <= n:
-            m = search(buf, start, timeout=timeout)
-            if m is None:
-                return None
-            if m.group(PROBE_GROUP) is not None:
-                return m.start()
-            start = m.start() + 1
-        return None
+        return _reach_from(self._reach[rule], self._buf, max(start, self._floors[rule]), self._timeout)
 
     def _settle(self, lo: int) -> None:
         """Make the first heap entry exact and at or after ``lo``."""
@@ -900,6 +885,206 @@ class _HoldCursor:
         return None
 
 
+class _EventCursor:
+    """Matches from a :class:`~.hsindex.MatchIndex`: one Hyperscan scan of
+    the buffer gives every match of the exact rules, and a bound for each
+    other rule, from which its own ``regex`` search finds its next match
+    without crossing the buffer; rules the index does not cover scan as in
+    :class:`_HeapCursor`.  The merge order is the same: (start, rule)."""
+
+    __slots__ = ("_scanner", "_buf", "_timeout", "_active", "_mask", "_exact", "_i", "_heap", "_streams",
+                 "_started")
+
+    def __init__(
+        self, scanner: RegexScanner, buf: bytes, timeout: float | None, active: Sequence[int]
+    ) -> None:
+        self._scanner = scanner
+        self._buf = buf
+        self._timeout = timeout
+        self._active = active
+        self._mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
+        self._exact: list[tuple[int, int, int]] = []
+        self._i = 0
+        self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
+        self._streams: dict[int, _RuleStream] = {}
+        self._started = False
+
+    def _start(self, pos: int) -> None:
+        self._started = True
+        sc = self._scanner
+        index = sc.index
+        assert index is not None
+        buf = self._buf
+        timeout = self._timeout
+        events = index.events(buf, pos, self._mask)
+        self._exact = events.exact
+        streams = self._streams
+        uncovered = index.uncovered
+        mask = self._mask
+        for rule in events.rules():
+            stream = sc.stream(buf, timeout, rule)
+            stream.bound = functools.partial(events.bound, rule)
+            streams[rule] = stream
+        for rule in uncovered:
+            if mask is None or mask[rule]:
+                streams[rule] = sc.stream(buf, timeout, rule)
+        heap = self._heap
+        for rule, stream in streams.items():
+            m = stream.next_from(pos)
+            if m is not None:
+                heap.append((m.start(), rule, m))
+        heapq.heapify(heap)
+
+    def _next(self, pos: int) -> tuple[int, int, int, regex.Match[bytes] | None] | None:
+        """The first match from ``pos``: (start, rule, end, match or None
+        for an exact one)."""
+        if not self._started:
+            self._start(pos)
+        exact = self._exact
+        i = self._i
+        while i < len(exact) and exact[i][0] < pos:
+            i += 1
+        self._i = i
+        heap = self._heap
+        streams = self._streams
+        while heap and heap[0][0] < pos:
+            rule = heap[0][1]
+            m = streams[rule].next_from(pos)
+            if m is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (m.start(), rule, m))
+        if i < len(exact):
+            start, rule, end = exact[i]
+            if not heap or (start, rule) < heap[0][:2]:
+                return start, rule, end, None
+        if heap:
+            start, rule, m = heap[0]
+            return start, rule, m.end(), m
+        return None
+
+    def find(self, pos: int) -> Found | None:
+        """The first match at or after ``pos``: leftmost, then lowest rule index."""
+        nxt = self._next(pos)
+        if nxt is None:
+            return None
+        start, rule, end, m = nxt
+        sc = self._scanner
+        ngroups = sc.ngroups[rule]
+        if m is None:
+            if ngroups:
+                # The span is known; the groups come from the rule itself.
+                m = sc.patterns[rule].match(self._buf, start, timeout=self._timeout)
+                assert m is not None and m.end() == end, (rule, start, end)
+            else:
+                m = _LiteralMatch(self._buf, start, end)  # type: ignore[assignment]
+        return Found(start, end, rule, m, 0, ngroups, sc.loops[rule])
+
+    def literal_runs(
+        self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
+        matched: set[int],
+    ) -> tuple[int, int]:
+        """See :meth:`Cursor.literal_runs`."""
+        buf = self._buf
+        count = 0
+        while True:
+            nxt = self._next(pos)
+            if nxt is None:
+                break
+            start, rule, end, _ = nxt
+            literal = literals[rule]
+            if start >= stop or literal is None or end == start:
+                break
+            if start > pos:
+                emit(buf[pos:start])
+            emit(literal)
+            pos = end
+            count += 1
+            matched.add(rule)
+        return pos, count
+
+
+class _EventHoldCursor(_HoldCursor):
+    """:class:`_HoldCursor` with its lower bounds from a match index: the
+    leftmost place each rule's path (assertions dropped) is alive at the end
+    of the buffer, found for all rules in one scan; the rule's probe then
+    makes it exact, only when it comes first."""
+
+    def __init__(
+        self,
+        buf: bytes,
+        pos: int,
+        timeout: float | None,
+        scanner: RegexScanner,
+        active: Sequence[int],
+    ) -> None:
+        self._buf = buf
+        self._timeout = timeout
+        self._reach = scanner.reaches
+        n = len(buf)
+        index = scanner.index
+        assert index is not None
+        mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
+        heap: list[tuple[int, int, int]] = [
+            (s, rule, BOUND) for rule, s in index.alive(buf, pos).items() if mask is None or mask[rule]
+        ]
+        for rule in index.unbounded:
+            if mask is None or mask[rule]:
+                heap.append((pos, rule, BOUND))
+        # Bounded rules: one group entry per trie node that may be alive.
+        groups: list[tuple[int, list[int]]] = []
+        trie = index.tail
+        for at, node, ended in trie.places(buf, pos):
+            rules = trie.below[node] if ended else trie.opened[node]
+            if mask is not None:
+                rules = [r for r in rules if mask[r]]
+                if not rules:
+                    continue
+            heap.append((at, rules[0], len(groups)))
+            groups.append((at, rules))
+        heapq.heapify(heap)
+        #: No path starting below ``floor`` can run off the end.
+        self.floor = heap[0][0] if heap else n
+        self._floors: dict[int, int] = collections.defaultdict(int)
+        self._groups = groups
+        self._heap = heap
+        # Every rule may still start a match at the very end.
+        self._end_rule = active[0] if active else None
+
+
+def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
+    """Leftmost position ``>= start`` from which the rule's probe says one
+    of its paths, tried before any real match there, runs off the end."""
+    n = len(buf)
+    match = r.probe.match
+    prefix = r.prefix
+    if prefix:
+        k = len(prefix)
+        i = buf.find(prefix, start, n)
+        while i >= 0 and i <= n - k:
+            m = match(buf, i, timeout=timeout)
+            if m is not None and m.group(PROBE_GROUP) is not None:
+                return i
+            i = buf.find(prefix, i + 1, n)
+        # A prefix cut by the end of the buffer: only where what is left
+        # begins the prefix.  From the very end every path must wait.
+        for i in range(max(start, n - k + 1), n):
+            if prefix.startswith(buf[i:n]):
+                m = match(buf, i, timeout=timeout)
+                if m is not None and m.group(PROBE_GROUP) is not None:
+                    return i
+        return n if start <= n else None
+    search = r.probe.search
+    while start <= n:
+        m = search(buf, start, timeout=timeout)
+        if m is None:
+            return None
+        if m.group(PROBE_GROUP) is not None:
+            return m.start()
+        start = m.start() + 1
+    return None
+
+
 class RegexScanner:
     """The ``regex``-package scanner: one pattern and one probe per rule."""
 
@@ -924,8 +1109,13 @@ class RegexScanner:
         #: The multi-pattern prefilter (None: every rule scans every buffer).
         self.engine = prefilter.ENGINE if engine is None else engine
         self.filter: prefilter.RuleFilter | None = None
-        if len(parsed) >= FILTER_MIN_RULES and self.engine != "none":
+        #: With the ``hyperscan`` engine: where all rules match, in one scan.
+        self.index: hsindex.MatchIndex | None = None
+        if len(parsed) >= FILTER_MIN_RULES and self.engine == "hyperscan":
+            self.index = hsindex.MatchIndex(parsed)
+        elif len(parsed) >= FILTER_MIN_RULES and self.engine != "none":
             self.filter = prefilter.make_filter(parsed, self.engine)
+        self._masks: dict[tuple[int, ...], list[bool]] = {}
         # For the hold-back question: rules that cannot match empty get past
         # the end only through one of their first bytes (see _HoldCursor).
         self.tail_keys: list[bytes | frozenset[int] | None] = []
@@ -937,6 +1127,34 @@ class RegexScanner:
             else:
                 self.tail_keys.append(first_bytes(p.tree))
         self._tail_patterns: dict[frozenset[int], regex.Pattern[bytes]] = {}
+
+    @property
+    def ngroups(self) -> list[int]:
+        """Per rule: its number of capture groups."""
+        return self._ngroups
+
+    @property
+    def loops(self) -> list[frozenset[int]]:
+        """Per rule: its groups inside repeats that can match empty."""
+        return self._loops
+
+    def stream(self, buf: bytes, timeout: float | None, rule: int) -> _RuleStream:
+        """A fresh match stream of one rule over ``buf``."""
+        return _RuleStream(
+            buf, timeout, self.patterns[rule], self._empty_ok[rule], 0, self._finds[rule], self._leads[rule]
+        )
+
+    def mask(self, active: Sequence[int]) -> list[bool]:
+        """Per rule, whether it is in ``active`` (cached per subset)."""
+        key = tuple(active)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) >= 64:  # many rule subsets (issue 4): stay bounded
+                self._masks.clear()
+            mask = self._masks[key] = [False] * len(self.patterns)
+            for rule in key:
+                mask[rule] = True
+        return mask
 
     def tail_pattern(self, members: frozenset[int]) -> regex.Pattern[bytes]:
         """A backward search for one byte of ``members`` (compiled once per set)."""
@@ -990,6 +1208,8 @@ class RegexScanner:
             rule = rules[0]
             stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule], leads[rule])
             return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule], self.words[rule])
+        if self.index is not None:
+            return _EventCursor(self, buf, timeout, rules)
         filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
 
         def make(pos: int) -> dict[int, _RuleStream]:
@@ -1015,6 +1235,8 @@ class RegexScanner:
     ) -> _HoldCursor:
         """A hold-back cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
+        if self.index is not None and len(rules) > 1:
+            return _EventHoldCursor(buf, pos, timeout, self, rules)
         return _HoldCursor(buf, pos, timeout, self, rules)
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:

@@ -10,13 +10,16 @@ from prexy.substitution.template import TemplateError, compile_template
 from prexy.substitution.transducer import HOLD_SLACK
 
 
-def rules(*specs: tuple[str, str, str], limit: int | None = None) -> RuleSet:
+def rules(
+    *specs: tuple[str, str, str], limit: int | None = None, engine: str | None = None
+) -> RuleSet:
     return RuleSet.build(
         [
             compile_rule(p.encode("latin-1"), r.encode("latin-1"), f, safe=False)
             for p, r, f in specs
         ],
         max_buffered_size=limit,
+        engine=engine,
     )
 
 
@@ -167,10 +170,14 @@ def test_timeout_passes_rest_through() -> None:
 def test_timeout_inside_a_run_of_replacements_duplicates_nothing() -> None:
     """A scan that times out while a run of fixed replacements is under way
     (one rule's next search explodes) leaves the output of that call
-    unchanged from where the call began: nothing is emitted twice."""
+    unchanged from where the call began: nothing is emitted twice.
+
+    Run without the Hyperscan match index: with it, the rule's own search
+    never starts on the stretch where it has no match, so it cannot time
+    out there."""
     body = b"a xy a " + b"x" * 40 + b"z"
     for specs in ((("a", "A", "g"), ("(x|x)+y", "X", "g")), (("(x|x)+y", "X", "g"),)):
-        rs = rules(*specs)
+        rs = rules(*specs, engine="anchor")
         t = rs.new_transducer(timeout=0.01)
         out = t.finish(body)
         assert t.timed_out

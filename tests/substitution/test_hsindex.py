@@ -1,0 +1,119 @@
+"""The Hyperscan match index reports exactly what the rules' own scans find.
+
+Three things make the index safe to put in front of the transducer:
+
+* for an *exact* rule, its reports are every match at every start, with
+  the end the rule's own ``regex`` match has there;
+* for any other rule, the bound it gives from a position is never past the
+  rule's next match, and "none" means the rule has no match from there;
+* the hold-back cursor built on it (tail trie plus prefix-closure scan,
+  then the rule's probe) names the same hold point as the rule-by-rule
+  cursor, so bail-outs happen where they did.
+
+Rule sets come from the prefilter tests' strategies (shared literal
+prefixes, ties, assertions, repeats) and the streaming tests' random
+patterns.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prexy.substitution import hsindex
+from prexy.substitution.rules import compile_rule
+from prexy.substitution.scanner import RegexScanner
+from tests.substitution.test_prefilter import bodies, compile_all, specs
+
+pytestmark = pytest.mark.skipif(not hsindex.AVAILABLE, reason="hyperscan is not installed")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "flags", "widths"),
+    [
+        (b"www\\.a\\.com", b"g", {9: None}),
+        (b"host", b"gi", {4: None}),
+        (b"G-[A-Z0-9]{10}", b"g", {12: None}),
+        (b"(https?://)a", b"g", {8: 1, 9: 1}),
+        (b"ab|cde", b"g", {2: 1, 3: 1}),
+    ],
+)
+def test_exact_rules(pattern: bytes, flags: bytes, widths: dict[int, int | None]) -> None:
+    """Fixed widths, and finite expansions with no prefix or suffix clash."""
+    got = hsindex.exact_widths(compile_rule(pattern, b"X", flags).parsed)
+    assert got is not None
+    assert {w: (None if seqs is None else len(seqs)) for w, seqs in got.items()} == widths
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [b"a|ab", b"ab|b", b"\\bhost", b"a+", b"x$", b"(a|b)c*", b"<t>[^<]*</t>"],
+)
+def test_not_exact_rules(pattern: bytes) -> None:
+    """Two ends for one start, two starts for one end, assertions, repeats."""
+    assert hsindex.exact_widths(compile_rule(pattern, b"X", b"g").parsed) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, bodies)
+def test_reports_and_bounds_match_regex(rule_specs: list[tuple[str, str, str]], body: bytes) -> None:
+    """Exact rules: every (start, end) of a real match, and nothing else.
+    Other rules: from every position, the bound is at or before the next
+    real match, and -1 only when there is none."""
+    rules = compile_all(rule_specs)
+    parsed = [r.parsed for r in rules]
+    plain = RegexScanner(parsed, "none")
+    index = hsindex.MatchIndex(parsed)
+    exact = {i for i, p in enumerate(parsed) if hsindex.exact_widths(p) is not None}
+    for pos in (0, 1, len(body) // 2):
+        if pos > len(body):
+            continue
+        events = index.events(body, pos, None)
+        reported = {(s, r, e) for s, r, e in events.exact}
+        want = set()
+        for r in exact - index.uncovered:
+            for s in range(pos, len(body) + 1):
+                m = plain.patterns[r].match(body, s)
+                if m is not None:
+                    want.add((s, r, m.end()))
+        assert reported == want
+        for r, pattern in enumerate(plain.patterns):
+            if r in exact or r in index.uncovered:
+                continue
+            for at in range(pos, len(body) + 1):
+                m = pattern.search(body, at)
+                bound = events.bound(r, at)
+                if m is None:
+                    continue
+                assert at <= bound <= m.start(), (r, at, bound, m.start())
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, bodies, st.integers(0, 40))
+def test_hold_point_same_as_rule_by_rule(
+    rule_specs: list[tuple[str, str, str]], body: bytes, lo: int
+) -> None:
+    """The index's hold cursor and the per-rule one hold from the same place."""
+    rules = compile_all(rule_specs)
+    parsed = [r.parsed for r in rules]
+    lo = min(lo, len(body))
+    fast = RegexScanner(parsed, "hyperscan")
+    slow = RegexScanner(parsed, "none")
+    active = range(len(parsed))
+    assert fast.index is not None
+    a = fast.hold_cursor(body, lo, None, active).hold_point(lo, None)
+    b = slow.hold_cursor(body, lo, None, active).hold_point(lo, None)
+    assert a == b or (a == len(body) and b is None) or (b == len(body) and a is None)
+
+
+def test_tail_trie_names_rules_cut_by_the_end() -> None:
+    """A host name cut by the end of the buffer, in any case, is alive."""
+    rules = [compile_rule(b"www\\.abc\\.com", b"X", b"gi"), compile_rule(b"(https?://)abc", b"X", b"g")]
+    index = hsindex.MatchIndex([r.parsed for r in rules])
+    places = index.tail.places(b"see WWW.AB", 0)
+    alive = {at: index.tail.below[node] for at, node, ended in places if ended}
+    assert alive[4] == [0]
+    places = index.tail.places(b"see https:/", 0)
+    assert any(at == 4 and 1 in index.tail.below[node] for at, node, ended in places if ended)
+    assert index.tail.places(b"nothing here", 0) == []
