@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prexy.substitution import prefilter  # noqa: E402
 from prexy.substitution.rules import parse_rules  # noqa: E402
@@ -142,8 +143,80 @@ def measure(ruleset: RuleSet, page: bytes, runs: int, budget: float) -> tuple[fl
     return statistics.median(rates), statistics.median(cpu_rates)
 
 
+FEEDS = {"whole": None, "16 KiB": 16 * 1024, "1 KiB": 1024}
+
+
+def feed_time(ruleset: RuleSet, page: bytes, feed: int | None) -> tuple[bytes, float]:
+    """Rewrite ``page`` in feeds of ``feed`` bytes (None: whole); (output, CPU s)."""
+    started = time.process_time()
+    t = ruleset.new_transducer()
+    if feed is None:
+        out = t.finish(page)
+    else:
+        out = b"".join(t.feed(page[i : i + feed]) for i in range(0, len(page), feed)) + t.finish()
+    cpu = time.process_time() - started
+    assert not t.bailed_out and not t.timed_out
+    return out, cpu
+
+
+def realistic_main(runs: int) -> int:
+    """Issue 14's cells: the realistic corpus (bench/realistic.py), 10 / 100 /
+    1000 clone rules, whole bodies and 16 KiB and 1 KiB feeds; CPU time,
+    median of ``runs`` interleaved runs; the first run after compiling is
+    reported apart (it must not pay for compilation)."""
+    import realistic  # noqa: PLC0415 - bench/ is on sys.path
+
+    realistic.ensure_sources()
+    pages = {name: realistic.load_page(name) for name in ("html-20k", "html-1m", "jquery", "bootstrap-css")}
+    print(f"realistic corpus {realistic.corpus_digest()}, CPU ms per page (MB/s), median of {runs}")
+    print(f"{'rules':>6} {'page':>14} {'compile':>8} {'first':>8}" + "".join(f" {f:>18}" for f in FEEDS))
+    results: dict[tuple[int, str, str], float] = {}
+    ok = True
+    for count in realistic.RULE_COUNTS:
+        started = time.perf_counter()
+        ruleset = parse_rules(realistic.rules_text(count).encode(), f"realistic-{count}")
+        compile_ms = (time.perf_counter() - started) * 1000
+        for name, page in pages.items():
+            want, first = feed_time(ruleset, page, 16 * 1024)
+            times: dict[str, list[float]] = {f: [] for f in FEEDS}
+            for _ in range(runs):
+                for label, size in FEEDS.items():
+                    out, cpu = feed_time(ruleset, page, size)
+                    assert out == want, (count, name, label)
+                    times[label].append(cpu)
+            cells = []
+            for label in FEEDS:
+                med = statistics.median(times[label])
+                results[(count, name, label)] = med
+                cells.append(f"{med * 1000:>8.2f} ({len(page) / med / 1e6:>6.0f})")
+            warm = results[(count, name, "16 KiB")]
+            print(f"{count:>6} {name:>14} {compile_ms:>8.0f} {first * 1000:>8.2f}" + "".join(f" {c:>18}" for c in cells)
+                  + f"  first/warm {first / warm:.2f}", flush=True)
+            compile_ms = 0.0
+    mb = len(pages["html-1m"])
+
+    def check(text: str, met: bool) -> None:
+        nonlocal ok
+        ok = ok and met
+        print(f"target {text}: {'ok' if met else 'BELOW TARGET'}")
+
+    r10 = mb / results[(10, "html-1m", "16 KiB")] / 1e6
+    r1000 = mb / results[(1000, "html-1m", "16 KiB")] / 1e6
+    check(f"1 MB page, 16 KiB feeds, 10 rules >= 100 MB/s ({r10:.0f})", r10 >= 100)
+    check(f"1 MB page, 16 KiB feeds, 1000 rules >= 50 MB/s ({r1000:.0f})", r1000 >= 50)
+    for name in pages:
+        ratio = results[(1000, name, "16 KiB")] / results[(10, name, "16 KiB")]
+        check(f"{name}: 1000 rules <= 2x 10 rules ({ratio:.2f}x)", ratio <= 2)
+        small = results[(1000, name, "1 KiB")] / results[(1000, name, "whole")]
+        check(f"{name}, 1000 rules: 1 KiB feeds <= 1.5x whole body ({small:.2f}x)", small <= 1.5)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", choices=("realistic", "synthetic"), default="realistic",
+                        help="realistic: bench/realistic.py's pages and clone rules (default); "
+                             "synthetic: the generated page and word[0-9]+token rules")
     parser.add_argument("--runs", type=int, default=7, help="runs per cell (median)")
     parser.add_argument("--quick", action="store_true", help="1 and 10 rules only")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per cell at most")
@@ -154,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         help="prefilter engine(s) to measure (default: every one installed)",
     )
     args = parser.parse_args(argv)
+    if args.corpus == "realistic":
+        return realistic_main(3 if args.quick else args.runs)
     counts = (1, 10) if args.quick else (1, 10, 100, 1000)
     engines = args.engine or list(prefilter.ENGINES)
     sizes = {"20 KB": 20 * 1024, "1 MB": 1024 * 1024}

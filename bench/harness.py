@@ -25,12 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import realistic  # bench/ is on sys.path (run.py)
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WORK = BENCH / ".work"
 LOCAL = "127.0.0.1"
 
-APT_PACKAGES = ("nginx", "wrk", "libnginx-mod-http-subs-filter", "varnish")
+APT_PACKAGES = ("nginx", "wrk", "libnginx-mod-http-subs-filter", "varnish",
+                "python3.11-doc", "libjs-jquery", "libjs-bootstrap4")  # the last three: bench/realistic.py
 SUBS_MODULE_NAME = "ngx_http_subs_filter_module.so"
 SUBS_MODULE_DIRS = (
     Path("/usr/lib/nginx/modules"),
@@ -85,6 +88,7 @@ def ensure_tools() -> None:
             ("wrk", _have("wrk")),
             ("libnginx-mod-http-subs-filter", subs_module_path() is not None),
             ("varnish", _have("varnishd")),
+            ("realistic corpus", all(p.source.exists() for p in realistic.PAGES.values())),
             # Debian's own python3 needs python3-venv for `venv` with pip.
             ("python3-venv", importlib.util.find_spec("ensurepip") is not None),
         )

@@ -65,7 +65,7 @@ try:  # optional: pip install hyperscan
 except ImportError:  # pragma: no cover - depends on the environment
     _hs = None
 
-__all__ = ["AVAILABLE", "Events", "MatchIndex", "TailTrie", "exact_widths", "prefix_source"]
+__all__ = ["AVAILABLE", "Events", "MatchIndex", "TailTrie", "expand", "exact_widths", "prefix_source"]
 
 #: Whether the ``hyperscan`` package is importable here.
 AVAILABLE = _hs is not None
@@ -128,6 +128,12 @@ def _expand(node: Node, limit: int, relaxed: bool = False) -> list[_Seq] | None:
                 return None
         return out
     raise TypeError(node)  # pragma: no cover
+
+
+def expand(node: Node) -> list[_Seq] | None:
+    """The rule's matches as at most :data:`MAX_ALTERNATIVES` byte-set
+    sequences, or None (see :func:`exact_widths`)."""
+    return _expand(node, MAX_ALTERNATIVES)
 
 
 def _overlaps(short: _Seq, long: _Seq, at: int) -> bool:
@@ -457,7 +463,12 @@ class TailTrie:
 class MatchIndex:
     """All rules' Hyperscan databases, compiled once per rule set."""
 
-    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+    def __init__(
+        self,
+        parsed: Sequence[ParsedRegex],
+        widths: Sequence[dict[int, list[_Seq] | None] | None] | None = None,
+    ) -> None:
+        """``widths``: each rule's :func:`exact_widths`, when known already."""
         if _hs is None:
             raise RuntimeError("the hyperscan package is not installed")
         exact_exprs: list[bytes] = []
@@ -472,9 +483,9 @@ class MatchIndex:
             if can_match_empty(p.tree):
                 empty.add(rule)
                 continue
-            widths = exact_widths(p)
-            if widths is not None:
-                for width, seqs in widths.items():
+            exact = exact_widths(p) if widths is None else widths[rule]
+            if exact is not None:
+                for width, seqs in exact.items():
                     src = hyperscan_source(p) if seqs is None else "|".join(
                         _seq_source(s) for s in seqs
                     ).encode("latin-1")
