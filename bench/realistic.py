@@ -340,9 +340,10 @@ def subs_filter_directives(count: int) -> str:
     one pass nor ``$&``/``$$``; its output is compared, not required equal."""
     lines = ["subs_filter_types text/html text/css application/javascript;"]
     for r in rules(count):
-        flags = ("g" if "g" in r.flags else "") + ("i" if "i" in r.flags else "")
+        # subs_filter: g (all, its default), o (once), i, r (regex).
+        flags = ("g" if "g" in r.flags else "o") + ("i" if "i" in r.flags else "")
         if r.literal is not None:
-            lines.append(f"subs_filter {_nginx_quote(r.literal)} {_nginx_quote(r.replacement)} {flags or 'o'};")
+            lines.append(f"subs_filter {_nginx_quote(r.literal)} {_nginx_quote(r.replacement)} {flags};")
         else:
             repl = r.replacement.replace("${1}", "$1").replace("$&", "$0").replace("$$", "$")
             lines.append(f"subs_filter {_nginx_quote(r.pattern)} {_nginx_quote(repl)} {flags}r;")

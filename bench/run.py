@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from scenarios import SCENARIOS, Bench, Report, Settings  # noqa: E402
 
-DEFAULT_ORDER = ("proxy", "subs", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
+DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
                  "cache-store")
 
 
