@@ -416,6 +416,7 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
     data: dict[str, object] = {}
     medians: dict[tuple[int, str], tuple[float | None, float | None, str]] = {}
     load_rows: list[list[str]] = []
+    firsts: dict[int, float] = {}
     for count in counts:
         rules_file = content.write(WORK / "rules" / f"rules-{corpus.name}-{count}.conf",
                                    corpus.prexy_rules(count))
@@ -434,7 +435,8 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
                 cold, warm, subs = Timing(), Timing(), Timing()
                 # First responses: warm-up, and the outputs compared.
                 subs_body = _timed(nc, path + "?first", Timing(), cap)
-                prexy_body = _timed(pc, path + "?first", Timing(), cap) if pc else None
+                first = Timing()  # Prexy's first request since it started, on the first page
+                prexy_body = _timed(pc, path + "?first", first, cap) if pc else None
                 same = _compare(prexy_body, subs_body, original)
                 rewritten = {
                     name: body is not None and corpus.rewritten(body)
@@ -493,6 +495,10 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
                             f"over {cap:g} s, failed or timed out); n={len(timing.seconds)}"
                         )
                 medians[(count, label)] = (cold.median(), subs.median(), same)
+                if label == small_label and first.seconds and cold.median():
+                    firsts[count] = first.seconds[0] / cold.median()
+                    notes.append(f"Prexy {count} rules: its first request after start took "
+                                 f"{fmt_ms(first.seconds[0])}, {firsts[count]:.2f}× the median")
                 rows.append([
                     str(count), label, fmt_ms(cold.median()), fmt_ms(warm.median()),
                     fmt_ms(subs.median()), ratio(cold.median(), subs.median()), same,
@@ -578,6 +584,9 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
             t = medians.get((count, small_label), (None, None, ""))[0]
             verdicts.append(target(f"{small_label}, {count} rules: ≤ {limit * 1000:g} ms "
                                    f"({fmt_ms(t)})", None if t is None else t <= limit))
+        for count, times in sorted(firsts.items()):
+            verdicts.append(target(f"{count} rules: first request after start ≤ 1.5× a warm one "
+                                   f"({times:.2f}×)", times <= 1.5))
         for count, limit in ((10, 0.9), (100, 0.5), (1000, 0.1)):
             for label in pages if count > 10 else [small_label]:
                 r = _ratio(count, label)

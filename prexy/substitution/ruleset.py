@@ -177,6 +177,14 @@ class RuleSet:
             tuple(range(len(rules))),
         )
 
+    @cached_property
+    def expansions(self) -> tuple[list[bool], dict[tuple[int, bytes], bytes]]:
+        """Per rule, whether its replacement depends on the matched bytes
+        alone (an exact rule: see ``hsindex.exact_widths``), and the
+        expansions remembered for those, shared by the transducers."""
+        widths = self.scanner.widths if self.scanner is not None else []
+        return [w is not None for w in widths], {}
+
     def new_transducer(
         self, *, timeout: float | None = 1.0, only: Iterable[int] | None = None
     ) -> Transducer:

@@ -176,6 +176,8 @@ class Found:
         """Group ``n`` of the rule that matched (0: whole match); b"" if unset."""
         if n > self._ngroups:
             return b""
+        if n == 0:
+            return bytes(self._match.string[self.start : self.end])
         if n in self._loop_groups:
             start, end = self.span(n)
             if start < 0:
@@ -256,6 +258,46 @@ class _LiteralMatch:
 
     def group(self, n: int = 0) -> bytes:
         return self.string[self._start : self._end]
+
+
+class _SpanMatch:
+    """A match of an exact rule whose span is known: the rule's own
+    ``regex`` match, bounded to that span, runs only if a group is read."""
+
+    __slots__ = ("string", "_pattern", "_start", "_end", "_timeout", "_m")
+
+    def __init__(
+        self, string: bytes, pattern: regex.Pattern[bytes], start: int, end: int, timeout: float | None
+    ) -> None:
+        self.string = string
+        self._pattern = pattern
+        self._start = start
+        self._end = end
+        self._timeout = timeout
+        self._m: regex.Match[bytes] | None = None
+
+    def _match(self) -> regex.Match[bytes]:
+        m = self._m
+        if m is None:
+            m = self._pattern.match(self.string, self._start, self._end, timeout=self._timeout)
+            assert m is not None and m.end() == self._end, (self._start, self._end)
+            self._m = m
+        return m
+
+    def start(self, n: int = 0) -> int:
+        return self._start if n == 0 else self._match().start(n)
+
+    def end(self, n: int = 0) -> int:
+        return self._end if n == 0 else self._match().end(n)
+
+    def span(self, n: int = 0) -> tuple[int, int]:
+        return (self._start, self._end) if n == 0 else self._match().span(n)
+
+    def spans(self, n: int = 0) -> list[tuple[int, int]]:
+        return self._match().spans(n)
+
+    def group(self, n: int = 0) -> bytes | None:
+        return self.string[self._start : self._end] if n == 0 else self._match().group(n)
 
 
 class _RuleStream:
@@ -977,9 +1019,8 @@ class _EventCursor:
         ngroups = sc.ngroups[rule]
         if m is None:
             if ngroups:
-                # The span is known; the groups come from the rule itself.
-                m = sc.patterns[rule].match(self._buf, start, timeout=self._timeout)
-                assert m is not None and m.end() == end, (rule, start, end)
+                # The span is known; the groups come from the rule itself, if read.
+                m = _SpanMatch(self._buf, sc.patterns[rule], start, end, self._timeout)
             else:
                 m = _LiteralMatch(self._buf, start, end)
         return Found(start, end, rule, m, 0, ngroups, sc.loops[rule])

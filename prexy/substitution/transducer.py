@@ -52,6 +52,9 @@ HOLD_SLACK = 16 * 1024
 #: substitution (see Transducer.feed).
 DEFER_MIN = 1024
 
+#: Remembered expansions of exact rules per rule set (see _replacement).
+MEMO_SIZE = 4096
+
 
 class State(enum.Enum):
     """Where a transducer is in its life: ``feed``* then ``finish`` once."""
@@ -92,6 +95,7 @@ class Transducer:
         self._once, self._literal, self._templates, self._seen_global, all_rules = (
             ruleset.rule_facts
         )
+        self._exact, self._memo = ruleset.expansions
         self._disabled = [False] * len(rules)
         self._disabled_count = 0
         # Rules to run (indexes into ruleset.rules); see RuleSet.new_transducer.
@@ -320,10 +324,27 @@ class Transducer:
         return min(pos, n)
 
     def _replacement(self, found: Found) -> bytes:
-        """The replacement for ``found``; fires once-rules."""
+        """The replacement for ``found``; fires once-rules.
+
+        The expansion of an exact rule (no assertion: its groups depend on
+        the matched bytes alone) is remembered per matched bytes, in the
+        rule set: a clone's ``(https?://)host`` -> ``${1}clone`` matches
+        the same few strings all over a page.
+        """
         rule = found.rule
-        literal = self._literal[rule]
-        value = literal if literal is not None else self._templates[rule].expand(found.group)
+        value = self._literal[rule]
+        if value is None:
+            if self._exact[rule]:
+                key = (rule, found.group(0))
+                memo = self._memo
+                value = memo.get(key)
+                if value is None:
+                    value = self._templates[rule].expand(found.group)
+                    if len(memo) >= MEMO_SIZE:
+                        memo.clear()
+                    memo[key] = value
+            else:
+                value = self._templates[rule].expand(found.group)
         if self._once[rule]:
             if self._single:
                 self._stop_substituting()

@@ -297,3 +297,23 @@ def test_captures_of_an_empty_last_iteration() -> None:
     assert rewrite(rules(("(a*)*", "<$1>", "")), b"aab") == b"<aa>b"
     assert rewrite(rules(("(a|)*\\d", "<$1>", "g")), b"aa1") == b"<a>"
     assert rewrite(rules(("(a*)+b", "<$1>", "g")), b"b") == b"<>"
+
+
+def test_remembered_expansions_follow_the_matched_bytes_and_the_rule() -> None:
+    """An exact rule's expansion is remembered per matched bytes and rule:
+    each form of the match gets its own groups, and a later rule set or
+    another rule with the same bytes never reuses it."""
+    rs = rules(("(https?://)a\\.com", "${1}b.nl", "g"), ("x(y|z)", "<$1>", "g"))
+    body = b"http://a.com https://a.com http://a.com xy xz xy"
+    want = b"http://b.nl https://b.nl http://b.nl <y> <z> <y>"
+    assert rewrite(rs, body) == want
+    assert rewrite(rs, body) == want  # second time from the memo
+    exact, memo = rs.expansions
+    assert exact == [True, True]
+    assert memo[(0, b"https://a.com")] == b"https://b.nl"
+    other = rules(("(https?://)a\\.com", "[$1]", "g"))
+    assert rewrite(other, b"http://a.com") == b"[http://]"
+    # Rules with assertions are not remembered: their groups may depend on context.
+    ctx = rules(("\\b(a)", "<$1>", "g"), ("b", "B", "g"))
+    assert ctx.expansions[0] == [False, True]
+    assert rewrite(ctx, b"a ba a") == b"<a> Ba <a>"
