@@ -345,8 +345,9 @@ def subs_filter_directives(count: int) -> str:
         if r.literal is not None:
             lines.append(f"subs_filter {_nginx_quote(r.literal)} {_nginx_quote(r.replacement)} {flags};")
         else:
-            # nginx has no escape for a literal $: subs_filter gets none.
-            repl = r.replacement.replace("$&", "$0").replace("$$", "")
+            # nginx reads one digit after $ as a capture ($199 is $1 then 99),
+            # has no ${1}, and no escape for a literal $: subs_filter gets none.
+            repl = r.replacement.replace("${1}", "$1").replace("$&", "$0").replace("$$", "")
             lines.append(f"subs_filter {_nginx_quote(r.pattern)} {_nginx_quote(repl)} {flags}r;")
     return "\n".join(lines) + "\n"
 
