@@ -347,8 +347,12 @@ def subs_filter_directives(count: int) -> str:
         else:
             # nginx reads one digit after $ as a capture ($199 is $1 then 99),
             # has no ${1}, and no escape for a literal $: subs_filter gets none.
-            repl = r.replacement.replace("${1}", "$1").replace("$&", "$0").replace("$$", "")
-            lines.append(f"subs_filter {_nginx_quote(r.pattern)} {_nginx_quote(repl)} {flags}r;")
+            # It has no $0 either: the whole match becomes group 1.
+            pattern, repl = r.pattern, r.replacement.replace("${1}", "$1").replace("$$", "")
+            if "$&" in repl:
+                pattern = f"({pattern})"
+                repl = re.sub(r"\$(\d)", lambda m: f"${int(m.group(1)) + 1}", repl).replace("$&", "$1")
+            lines.append(f"subs_filter {_nginx_quote(pattern)} {_nginx_quote(repl)} {flags}r;")
     return "\n".join(lines) + "\n"
 
 
