@@ -406,9 +406,9 @@ class SchedulerTests(SynchronousTestCase):
 
 
 class WholeBodyTests(SynchronousTestCase):
-    """A body that arrives whole with its head, within one slice, is
-    rewritten at once, before the head is sent, instead of through the
-    scheduler's queue."""
+    """A body that arrives whole with its head, within about a millisecond
+    of rewriting (WHOLE_SECONDS, a few slices), is rewritten at once, before
+    the head is sent, instead of through the scheduler's queue."""
 
     def _spy_work_one(self) -> list[object]:
         from prexy.proxy import resource
@@ -457,6 +457,34 @@ class WholeBodyTests(SynchronousTestCase):
         # The next request reuses that connection.
         h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(len(h.conns), 1)
+
+    def test_a_few_slices_whole_skip_the_queue(self) -> None:
+        """A body of several slices, within WHOLE_SECONDS of work at the
+        rule set's speed, is still rewritten at once; one past that queues."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)
+        h = harness()
+        calls = self._spy_work_one()
+        limit = int(resource._FEED_SLICE * resource.WHOLE_SECONDS / resource.SLICE_SECONDS)
+        fits = PAGE * (limit // len(PAGE))
+        self.assertGreater(len(fits), 2 * resource._FEED_SLICE)
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(fits), fits)
+        )
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN * (limit // len(PAGE)))
+        self.assertEqual(calls, [])
+        h.resource.slices.clear()
+        over = fits + PAGE
+        _, client2 = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[-1].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(over), over)
+        )
+        while h.resource.scheduler.scheduled:
+            h.clock.advance(0)
+        self.assertEqual(parse_response(client2.value())[2], REWRITTEN * (limit // len(PAGE) + 1))
+        self.assertGreater(len(calls), 0)
 
     def test_trailing_bytes_close_the_upstream(self) -> None:
         """Bytes past the announced length are dropped and the upstream
