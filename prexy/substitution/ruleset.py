@@ -81,7 +81,7 @@ class RuleSet:
         """
         rules = tuple(rules)
         scanner = RegexScanner([r.parsed for r in rules], engine) if rules else None
-        return cls(
+        built = cls(
             rules=rules,
             types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),
             max_buffered_size=(
@@ -92,6 +92,23 @@ class RuleSet:
             keep_last_modified_set=keep_last_modified is not None,
             scanner=scanner,
         )
+        built.warm()
+        return built
+
+    def warm(self) -> None:
+        """Do now what the first response would otherwise pay for: the
+        per-rule facts every transducer reads, and one rewrite of a short
+        body made of the rules' own leading bytes, which touches the
+        compiled scanners' memory once.  Measured with 1000 realistic rules
+        (bench/realistic.py): the first 20 KB page took 3.7 ms to rewrite
+        in a fresh process, the following ones 0.7-1.0 ms."""
+        _ = self.rule_facts, self.global_literals, self.expansions
+        if self.scanner is None:
+            return
+        sample = b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
+        t = self.new_transducer(timeout=None)
+        t.feed(sample[: len(sample) // 2])
+        t.finish(sample[len(sample) // 2 :])
 
     @classmethod
     def combine(cls, sets: Sequence[RuleSet]) -> RuleSet:

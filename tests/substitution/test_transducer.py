@@ -317,3 +317,12 @@ def test_remembered_expansions_follow_the_matched_bytes_and_the_rule() -> None:
     ctx = rules(("\\b(a)", "<$1>", "g"), ("b", "B", "g"))
     assert ctx.expansions[0] == [False, True]
     assert rewrite(ctx, b"a ba a") == b"<a> Ba <a>"
+
+
+def test_built_rule_sets_are_warm() -> None:
+    """Building a rule set computes what every transducer reads, so the
+    first response does not pay for it (RuleSet.warm)."""
+    rs = rules(("(https?://)a\\.com", "${1}b.nl", "g"), ("x[0-9]+", "N", "g"))
+    for name in ("rule_facts", "global_literals", "expansions"):
+        assert name in rs.__dict__, name
+    assert rewrite(rs, b"https://a.com x12") == b"https://b.nl N"
