@@ -48,7 +48,7 @@ import collections
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import regex
@@ -200,13 +200,15 @@ class Cursor(Protocol):
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int],
+        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
     ) -> tuple[int, int]:
         """Replace, from ``pos``, the matches that start before ``stop`` as
         long as each is non-empty and its rule has a fixed global
-        replacement (``literals[rule]``); stop at the first that is not.
-        Adds the rules that matched to ``matched``; returns the new position
-        and the number of matches."""
+        replacement (``literals[rule]``, or for a match whose span the
+        cursor knows, ``memo[(rule, matched bytes)]`` when present: global
+        rules only); stop at the first that is not.  Adds the rules that
+        matched to ``matched``; returns the new position and the number of
+        matches."""
 
 
 class HoldCursor(Protocol):
@@ -444,7 +446,7 @@ class _SingleCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int],
+        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: one ``finditer`` loop, no merging."""
         stream = self._stream
@@ -519,7 +521,7 @@ class _HeapCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int],
+        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: the merge of :meth:`find`
         without a ``Found`` per match, for the common case of domain and id
@@ -1027,19 +1029,26 @@ class _EventCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int],
+        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
     ) -> tuple[int, int]:
-        """See :meth:`Cursor.literal_runs`."""
+        """See :meth:`Cursor.literal_runs`: exact rules' matches also by
+        their remembered expansion."""
         buf = self._buf
         count = 0
         while True:
             nxt = self._next(pos)
             if nxt is None:
                 break
-            start, rule, end, _ = nxt
-            literal = literals[rule]
-            if start >= stop or literal is None or end == start:
+            start, rule, end, m = nxt
+            if start >= stop or end == start:
                 break
+            literal = literals[rule]
+            if literal is None:
+                if memo is None or m is not None:  # not an exact rule's match
+                    break
+                literal = memo.get((rule, buf[start:end]))
+                if literal is None:
+                    break
             if start > pos:
                 emit(buf[pos:start])
             emit(literal)

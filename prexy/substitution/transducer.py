@@ -246,18 +246,24 @@ class Transducer:
                 holds = scanner.hold_cursor(buf, pos, timeout, self._active)
                 floor = holds.floor
                 hold_point = holds.hold_point
-            if floor > pos:
-                # Replace the leading run of matches that need nothing but a
-                # fixed replacement without building a Found for each; the
-                # loop below takes over at the first that does.  (Its emits
-                # are undone if a scan times out within.)
-                mark = len(out)
-                pos, count = cursor.literal_runs(
-                    pos, min(floor, n), self.ruleset.global_literals, emit, rules_matched
-                )
-                mark = -1
-                self.match_count += count
+            fast_stop = min(floor, n)
+            global_literals = self.ruleset.global_literals
+            memo = self._memo
             while pos < n or (final and pos == n):
+                if pos < fast_stop:
+                    # Replace the run of matches from here that need nothing
+                    # but a fixed (or remembered) replacement without
+                    # building a Found for each; find() takes over at the
+                    # first that does.  (Its emits are undone if a scan
+                    # times out within.)
+                    mark = len(out)
+                    pos, count = cursor.literal_runs(
+                        pos, fast_stop, global_literals, emit, rules_matched, memo
+                    )
+                    mark = -1
+                    self.match_count += count
+                    if pos >= n and not final:
+                        break
                 found = find(pos)
                 if found is None:
                     if floor <= n:
@@ -334,7 +340,9 @@ class Transducer:
         rule = found.rule
         value = self._literal[rule]
         if value is None:
-            if self._exact[rule]:
+            if self._exact[rule] and not self._once[rule]:
+                # (Global rules only: the cursor's literal_runs replaces
+                # remembered matches itself, with no once-rule to fire.)
                 key = (rule, found.group(0))
                 memo = self._memo
                 value = memo.get(key)

@@ -326,3 +326,20 @@ def test_built_rule_sets_are_warm() -> None:
     for name in ("rule_facts", "global_literals", "expansions"):
         assert name in rs.__dict__, name
     assert rewrite(rs, b"https://a.com x12") == b"https://b.nl N"
+
+
+def test_remembered_expansions_replace_in_the_fast_run_and_once_rules_still_fire() -> None:
+    """Once an exact rule's expansion is remembered, later matches are
+    replaced by the fast run; a once-rule is never remembered, so it still
+    fires once, and every chunking gives the same bytes."""
+    rs = rules(
+        ("(https?://)a\\.com", "${1}b.nl", "g"), ("(<t>)x", "$1y", ""), ("c[0-9]", "C", "g"),
+    )
+    body = b"<t>x http://a.com c1 <t>x https://a.com http://a.com c2 " * 3
+    want = rewrite(rs, body)
+    assert want.count(b"<t>y") == 1 and want.count(b"<t>x") == 5
+    assert want.count(b"b.nl") == 9 and b"a.com" not in want
+    for size in (1, 3, 7, 64):
+        pieces = [body[i : i + size] for i in range(0, len(body), size)]
+        assert rewrite(rs, *pieces) == want
+    assert (1, b"<t>x") not in rs.expansions[1]
