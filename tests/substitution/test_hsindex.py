@@ -117,3 +117,29 @@ def test_tail_trie_names_rules_cut_by_the_end() -> None:
     places = index.tail.places(b"see https:/", 0)
     assert any(at == 4 and 1 in index.tail.below[node] for at, node, ended in places if ended)
     assert index.tail.places(b"nothing here", 0) == []
+
+
+def test_literal_keys() -> None:
+    """Literal bytes, or literal bytes with letters of both cases (folded to
+    lower case); a letter of one case among folded ones, or a larger set,
+    is not a literal key."""
+    def keys(pattern: bytes, flags: bytes = b"g") -> list[tuple[bytes, bool]] | None:
+        seqs = hsindex.expand(compile_rule(pattern, b"X", flags).parsed.tree)
+        assert seqs is not None
+        return hsindex.literal_keys(seqs)
+
+    assert keys(b"(https?://)a\\.com") == [(b"http://a.com", False), (b"https://a.com", False)]
+    assert keys(b"WWW\\.A-1\\.com", b"gi") == [(b"www.a-1.com", True)]
+    assert keys(b"[Aa]b") is None
+    assert keys(b"G-[A-Z0-9]{3}") is None
+
+
+def test_windows_avoid_what_many_keys_share() -> None:
+    """Each key is looked for by the window its fellow keys share least,
+    not by the base domain every host name has."""
+    hosts = [b"www.shop.com", b"img1.shop.com", b"img2.shop.com", b"cdn.shop.com"]
+    keys = [b"https://" + h for h in hosts] + hosts
+    for key, at in zip(keys, hsindex._windows(keys), strict=True):
+        window = key[at : at + hsindex.WINDOW]
+        assert b"shop.com" not in window or window.startswith((b"www.", b"img", b"cdn")), (key, window)
+        assert sum(window in k for k in keys) <= 3, (key, window)
