@@ -178,7 +178,10 @@ class ApplicabilityMemory:
         if transducer.bailed_out or transducer.timed_out:
             return False
         everything = (1 << len(ruleset.rules)) - 1
-        untried = everything & ~_mask(transducer.active_rules)
+        active = transducer.active_rules
+        # All rules run (the common case): nothing untried, and no mask of
+        # 1000 indexes to build (60 us with 1000 rules).
+        untried = 0 if len(active) == len(ruleset.rules) else everything & ~_mask(active)
         self._store(key.hashed(ruleset.digest), _mask(transducer.rules_matched) | untried)
         return True
 
