@@ -4,39 +4,37 @@ With many rules, asking each rule's own ``regex`` pattern where it matches
 costs time per rule for every buffer, and a clone's rules really match
 (its host names are everywhere), so a prefilter that only says *which*
 rules may match does not save that cost.  A :class:`MatchIndex` answers
-*where*, for all rules at once, with one Hyperscan block scan per buffer
-whose cost does not grow with the rule count:
+*where* for the *exact* rules, in one pass whose cost does not grow with
+their number: rules without assertions in which every start has at most
+one match end (a fixed width, or a short finite expansion such as
+``(https?://)host`` where no alternative is a prefix or a suffix of another
+of another width).  Most of a clone's rules are of this kind.
 
-* **Exact rules** (no assertion, and every start has at most one match
-  end: a fixed width, or a short finite expansion in which no alternative
-  is a prefix or a suffix of another of another width) are scanned as one
-  Hyperscan pattern per width, without start-of-match tracking: every
-  reported end ``e`` is exactly a match ``[e - width, e)``, and every
-  match at every start is reported.  Most of a clone's rules are of this
-  kind (host names, ``https?://host``, ids of fixed length).
-* **Other rules** that cannot match empty are scanned with their
-  assertions dropped (they match at least where the rule does) and
-  leftmost start-of-match: :meth:`Events.bound` turns those reports into a
-  position from which the rule's own ``regex`` search finds its next match
-  right away, or says it has none.
-* Rules that can match empty, or that Hyperscan refuses, are left to the
-  rule's own scan (``uncovered``).
+* Exact rules that are literal bytes (letters of both cases allowed) are
+  looked for by the 8-byte window of each that the fewest of them share
+  (:data:`WINDOW`), one Hyperscan pattern per window, and the bytes around
+  a hit are compared here: every confirmed hit is a match.
+* Other exact rules are scanned as one Hyperscan pattern per width,
+  without start-of-match tracking: a report ending at ``e`` is the match
+  ``[e - width, e)``.
+* The remaining rules (``others``) go through the Hyperscan prefilter of
+  :mod:`.prefilter`, which says which of them may match and from where;
+  their own ``regex`` scans then run.  (Start-of-match tracking for them
+  in Hyperscan measured several times slower on rules like
+  ``word[0-9]+token``: 34 against 150 MB/s at 100 rules.)
 
 The hold-back question (from where could a rule still match differently
-if more bytes came) is answered the same way: each rule's *prefix
-closure* (every prefix of a match, assertions dropped) anchored at the
-buffer end says, in one scan, the leftmost place each rule's path can
-still be alive at the end; the rule's exact probe then runs from there
-(:mod:`.scanner`).  Rules of bounded width are scanned over the buffer's
-last bytes only.
+if more bytes came) is answered for the bounded-width rules by a trie of
+their expansions over the buffer's last bytes (:class:`TailTrie`); the
+rule's probe, or for an exact rule its byte-set sequences, then decide
+(:mod:`.scanner`); unbounded rules keep the rule-by-rule hold cursor.
 
-Pure: imports no Twisted; Hyperscan is an optional dependency (the
-``fast`` extra), and :data:`AVAILABLE` says whether it imports.
+Pure: imports no Twisted; Hyperscan is a dependency on x86_64, and
+:data:`AVAILABLE` says whether it imports here.
 """
 
 from __future__ import annotations
 
-import bisect
 import importlib
 import threading
 from collections.abc import Sequence
@@ -57,7 +55,7 @@ from prexy.substitution.dialect import (
     max_width,
     set_source,
 )
-from prexy.substitution.prefilter import head_sets, hyperscan_source
+from prexy.substitution.prefilter import HyperscanFilter, RuleFilter, head_sets, hyperscan_source
 
 _hs: Any
 try:  # optional: pip install hyperscan
@@ -65,7 +63,7 @@ try:  # optional: pip install hyperscan
 except ImportError:  # pragma: no cover - depends on the environment
     _hs = None
 
-__all__ = ["AVAILABLE", "Events", "MatchIndex", "TailTrie", "WINDOW", "expand", "literal_keys", "exact_widths", "prefix_source"]
+__all__ = ["AVAILABLE", "Events", "MatchIndex", "TailTrie", "WINDOW", "exact_widths", "expand", "literal_keys"]
 
 #: Whether the ``hyperscan`` package is importable here.
 AVAILABLE = _hs is not None
@@ -207,62 +205,43 @@ def _seq_source(seq: _Seq) -> str:
     return "".join(set_source(m) if m != ALL_BYTES else "[\\x00-\\xff]" for m in seq)
 
 
-def _reverse(node: Node) -> Node:
-    """The tree of the reversed language (assertions kept in place)."""
-    if isinstance(node, Cat):
-        return Cat(tuple(_reverse(i) for i in reversed(node.items)))
-    if isinstance(node, Alt):
-        return Alt(tuple(_reverse(i) for i in node.items))
-    if isinstance(node, Group):
-        return Group(node.index, _reverse(node.child))
-    if isinstance(node, Repeat):
-        return Repeat(_reverse(node.child), node.low, node.high, node.greedy)
-    return node
-
-
-def _pc(node: Node, rev: bool = False) -> str | None:
+def _pc(node: Node) -> str | None:
     """Hyperscan syntax for every non-empty prefix of ``node``'s matches
-    (whole matches included), assertions dropped, written backwards with
-    ``rev``; None when there is none.  (Hyperscan tracks the start of a
-    match only for patterns that cannot match empty.)"""
+    (whole matches included), assertions dropped; None when there is none.
+    (Hyperscan tracks the start of a match only for patterns that cannot
+    match empty.)"""
     if isinstance(node, (Char, Set)):
         return _atom(node)
     if isinstance(node, Assert):
         return None
     if isinstance(node, Group):
-        return _pc(node.child, rev)
+        return _pc(node.child)
     if isinstance(node, Cat):
         # prefixes(a rest) = prefixes(a) | a prefixes(rest)
         items = [i for i in node.items if not isinstance(i, Assert)]
         if not items:
             return None
-        tail = _pc(items[-1], rev)
+        tail = _pc(items[-1])
         for item in reversed(items[:-1]):
             if tail is not None and isinstance(item, (Char, Set)):
-                # a(?:rest)? : the same prefixes, a smaller automaton
-                atom = _atom(item)
-                tail = f"(?:{tail})?{atom}" if rev else f"{atom}(?:{tail})?"
+                tail = f"{_atom(item)}(?:{tail})?"  # the same prefixes, a smaller automaton
                 continue
-            head = _pc(item, rev)
-            after = None
-            if tail is not None:
-                whole = _whole(item, rev)
-                after = f"(?:{tail}){whole}" if rev else f"{whole}(?:{tail})"
+            head = _pc(item)
+            after = None if tail is None else f"{_whole(item)}(?:{tail})"
             parts = [x for x in (head, after) if x is not None]
             tail = None if not parts else "(?:" + "|".join(parts) + ")"
         return tail
     if isinstance(node, Alt):
-        parts = [x for x in (_pc(i, rev) for i in node.items) if x is not None]
+        parts = [x for x in (_pc(i) for i in node.items) if x is not None]
         return None if not parts else "(?:" + "|".join(parts) + ")"
     if isinstance(node, Repeat):
-        inner = _pc(node.child, rev)
+        inner = _pc(node.child)
         if node.high == 0 or inner is None:
             return None
         if node.high == 1:
             return inner
         reps = "*" if node.high is None else f"{{0,{node.high - 1}}}"
-        more = f"(?:{_whole(node.child, rev)}){reps}"
-        return f"(?:{inner}){more}" if rev else f"{more}(?:{inner})"
+        return f"(?:{_whole(node.child)}){reps}(?:{inner})"
     raise TypeError(node)  # pragma: no cover - exhaustive
 
 
@@ -272,24 +251,17 @@ def _atom(node: Char | Set) -> str:
     return set_source(node.members) if node.members != ALL_BYTES else "[\\x00-\\xff]"
 
 
-def _whole(node: Node, rev: bool = False) -> str:
-    tree = _reverse(node) if rev else node
-    return "(?:" + hyperscan_source(ParsedRegex(tree, 0, False)).decode("latin-1") + ")"
+def _whole(node: Node) -> str:
+    return "(?:" + hyperscan_source(ParsedRegex(node, 0, False)).decode("latin-1") + ")"
 
 
-def prefix_source(parsed: ParsedRegex, backwards: bool = False) -> bytes | None:
+def prefix_source(parsed: ParsedRegex) -> bytes | None:
     """Hyperscan syntax matching, at the end of a buffer, from every place
-    where one of the rule's paths (assertions dropped) is still alive.
-
-    ``backwards``: the same for the buffer's end reversed, anchored at its
-    start, so each reported end is a distance from the real end and no
-    start-of-match tracking is needed (it made compiling 1000 rules take
-    4.3 s instead of 0.1 s)."""
-    body = _pc(parsed.tree, backwards)
+    where one of the rule's paths (assertions dropped) is still alive; None
+    when the rule is nothing but assertions."""
+    body = _pc(parsed.tree)
     if body is None:
         return None
-    if backwards:
-        return ("^(?:" + body + ")").encode("latin-1")
     return ("(?:" + body + ")\\z").encode("latin-1")
 
 
@@ -338,33 +310,17 @@ class _Db:
 
 
 class Events:
-    """One buffer's reports: exact matches, and bounds for the other rules."""
+    """One buffer's reports: every match of the exact rules, and for the
+    others the prefilter's candidates."""
 
-    __slots__ = ("exact", "_starts", "_reach")
+    __slots__ = ("exact", "candidates")
 
-    def __init__(
-        self, exact: list[tuple[int, int, int]], starts: dict[int, list[int]], reach: dict[int, list[int]]
-    ) -> None:
+    def __init__(self, exact: list[tuple[int, int, int]], candidates: dict[int, int]) -> None:
         #: (start, rule, end) of every match of every exact rule, sorted.
         self.exact = exact
-        self._starts = starts
-        self._reach = reach
-
-    def rules(self) -> list[int]:
-        """The non-exact rules that have some report in this buffer."""
-        return list(self._starts)
-
-    def bound(self, rule: int, pos: int) -> int:
-        """A position ``>= pos`` before which ``rule`` (non-exact) has no
-        match starting at or after ``pos``; -1 when it has none."""
-        starts = self._starts.get(rule)
-        if starts is None:
-            return -1
-        i = bisect.bisect_left(starts, pos)
-        if i and self._reach[rule][i - 1] > pos:
-            # A reported match spans pos: a match may start anywhere in it.
-            return pos
-        return starts[i] if i < len(starts) else -1
+        #: Other rules that may match from the scan position: rule -> a
+        #: position before which it has no match.
+        self.candidates = candidates
 
 
 def _key(members: frozenset[int]) -> int | None:
@@ -463,6 +419,13 @@ class TailTrie:
         return out
 
 
+#: At most this many unbounded rules are bounded by one Hyperscan scan
+#: (MatchIndex.alive); more keep the rule-by-rule hold cursor.  Measured:
+#: the 3 unbounded rules of the realistic sets, 1 KiB feeds of the 1 MB
+#: page, 50 ms this way against 172 ms rule by rule; the 8 ``word[0-9]+``
+#: rules of the synthetic 10-rule set, 20 KB page, 250 us against 150.
+LONG_MAX = 4
+
 #: Bytes of a literal rule that Hyperscan looks for: the window of this many
 #: bytes that the fewest of the rule set's literals share (see MatchIndex).
 WINDOW = 8
@@ -521,49 +484,37 @@ class MatchIndex:
             raise RuntimeError("the hyperscan package is not installed")
         exact_exprs: list[bytes] = []
         exact_facts: list[tuple[int, int]] = []
-        som_exprs: list[bytes] = []
-        som_facts: list[tuple[int, int]] = []
+        others: list[int] = []
         short: dict[int, ParsedRegex] = {}
-        long_exprs: list[bytes] = []
-        long_facts: list[tuple[int, int]] = []
-        empty: set[int] = set()
         literals: list[tuple[int, bytes, bool]] = []
         for rule, p in enumerate(parsed):
-            if can_match_empty(p.tree):
-                empty.add(rule)
+            empty = can_match_empty(p.tree)
+            if not empty and max_width(p.tree) is not None:
+                short[rule] = p
+            exact = None if empty else (exact_widths(p) if widths is None else widths[rule])
+            if exact is None:
+                others.append(rule)
                 continue
-            exact = exact_widths(p) if widths is None else widths[rule]
-            seqs = expand(p.tree) if exact is not None else None
+            seqs = expand(p.tree)
             keys = literal_keys(seqs) if seqs is not None else None
             if keys is not None:
                 literals.extend((rule, key, caseless) for key, caseless in keys)
-            elif exact is not None:
-                for width, seqs in exact.items():
-                    src = hyperscan_source(p) if seqs is None else "|".join(
-                        _seq_source(s) for s in seqs
-                    ).encode("latin-1")
-                    exact_exprs.append(src)
-                    exact_facts.append((rule, width))
-            else:
-                som_exprs.append(hyperscan_source(p))
-                som_facts.append((rule, -1))
-            if max_width(p.tree) is not None:
-                short[rule] = p
                 continue
-            pc = prefix_source(p)
-            if pc is not None:  # (None: nothing but assertions; every path is at the end)
-                long_exprs.append(pc)
-                long_facts.append((rule, -1))
+            for width, alts in exact.items():
+                src = hyperscan_source(p) if alts is None else "|".join(
+                    _seq_source(a) for a in alts
+                ).encode("latin-1")
+                exact_exprs.append(src)
+                exact_facts.append((rule, width))
         flags = _hs.HS_FLAG_DOTALL
-        som = flags | _hs.HS_FLAG_SOM_LEFTMOST
         self._exact = _Db(exact_exprs, exact_facts, flags)
-        self._som = _Db(som_exprs, som_facts, som)
+        others.extend(self._exact.refused)
         # Literal rules: Hyperscan finds each one's rarest window; the key
         # around it is compared here.  One pattern per distinct window.
         windows: dict[tuple[bytes, bool], int] = {}
         window_exprs: list[bytes] = []
         window_flags: list[int] = []
-        window_facts: list[Any] = []
+        window_facts: list[list[tuple[int, int, int, bytes, bool]]] = []
         for (rule, key, caseless), at in zip(literals, _windows([k for _, k, _ in literals]), strict=True):
             part = key[at : at + WINDOW]
             i = windows.get((part, caseless))
@@ -577,17 +528,38 @@ class MatchIndex:
         if self._window.refused:  # pragma: no cover - plain bytes always compile
             raise RuntimeError(f"Hyperscan refused literal windows of rules {sorted(self._window.refused)}")
         self._window_facts: list[list[tuple[int, int, int, bytes, bool]]] = [f[1] for f in self._window.facts]
+        self._exact_facts = self._exact.facts
+        #: Rules the index does not report, in order: they are found with the
+        #: prefilter and their own scans (``others``, global indexes).
+        self.others = tuple(sorted(set(others)))
+        self._filter: RuleFilter | None = None
+        if self.others:
+            self._filter = HyperscanFilter([parsed[r] for r in self.others])
         #: The bounded-width rules' hold-back question.
         self.tail = TailTrie(short)
-        self._long = _Db(long_exprs, long_facts, som)
-        #: Rules whose matches the index does not report (their own scan runs).
-        self.uncovered = frozenset(
-            empty | self._exact.refused | self._som.refused
-        )
-        #: Rules whose hold-back the index does not bound (probed from the scan start).
-        self.unbounded = frozenset(empty | self._long.refused)
-        self._exact_facts = self._exact.facts
-        self._som_facts = self._som.facts
+        # Unbounded rules that cannot match empty: when they are few
+        # (LONG_MAX), one start-of-match scan of their prefix closures
+        # anchored at the end says where each may still be alive; otherwise
+        # they keep the rule-by-rule cursor.
+        long_rules = [r for r in range(len(parsed)) if r not in short and not can_match_empty(parsed[r].tree)]
+        self._long: _Db | None = None
+        if 0 < len(long_rules) <= LONG_MAX:
+            exprs: list[bytes] = []
+            facts: list[tuple[int, int]] = []
+            for r in long_rules:
+                pc = prefix_source(parsed[r])
+                if pc is not None:  # (None: nothing but assertions; every path is at the end)
+                    exprs.append(pc)
+                    facts.append((r, -1))
+            self._long = _Db(exprs, facts, flags | _hs.HS_FLAG_SOM_LEFTMOST)
+            bounded = set(long_rules) - self._long.refused
+        else:
+            bounded = set()
+        #: Rules neither the trie nor that scan bound (the rule-by-rule cursor's).
+        self.unbounded = tuple(r for r in range(len(parsed)) if r not in short and r not in bounded)
+        self.unbounded_set = frozenset(self.unbounded)
+        #: Rules that may start a match at the very end of a buffer, first.
+        self.bounded_rules = tuple(r for r in range(len(parsed)) if r not in self.unbounded_set)
 
     def events(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
         """The reports of ``buf[pos:]`` for the rules marked in ``active``
@@ -622,43 +594,26 @@ class MatchIndex:
 
             self._window.scan(data, on_window)
         exact.sort()
-        starts: dict[int, list[int]] = {}
-        reach: dict[int, list[int]] = {}
-        if self._som.db is not None:
-            som_facts = self._som_facts
-            found: list[tuple[int, int, int]] = []
-            put = found.append
-
-            def on_som(i: int, s: int, e: int, _f: int, _c: object) -> None:
-                put((som_facts[i][0], s + pos, e + pos))
-
-            self._som.scan(data, on_som)
-            found.sort()
-            for rule, s, e in found:
-                if active is not None and not active[rule]:
-                    continue
-                lst = starts.get(rule)
-                if lst is None:
-                    starts[rule] = [s]
-                    reach[rule] = [e]
-                else:
-                    lst.append(s)
-                    ends = reach[rule]
-                    ends.append(max(e, ends[-1]))
-        return Events(exact, starts, reach)
+        candidates: dict[int, int] = {}
+        if self._filter is not None:
+            others = self.others
+            for local, at in self._filter.candidates(buf, pos, None).items():
+                rule = others[local]
+                if active is None or active[rule]:
+                    candidates[rule] = at
+        return Events(exact, candidates)
 
     def alive(self, buf: bytes, pos: int) -> dict[int, int]:
-        """Per unbounded rule, the leftmost place ``>= pos`` and before the
-        end from which one of its paths (assertions dropped) reaches the end
-        of ``buf``; rules with no such place are left out.  (Bounded rules:
-        :attr:`tail`.)"""
+        """Per unbounded rule of the hold scan, the leftmost place ``>= pos``
+        and before the end from which one of its paths (assertions dropped)
+        reaches the end of ``buf``; rules with no such place are left out."""
         n = len(buf)
         out: dict[int, int] = {}
-        if self._long.db is not None and pos < n:
-            long = self._long.facts
+        if self._long is not None and self._long.db is not None and pos < n:
+            facts = self._long.facts
 
             def on_long(i: int, s: int, _e: int, _f: int, _c: object) -> None:
-                rule = long[i][0]
+                rule = facts[i][0]
                 here = s + pos
                 if here < out.get(rule, n):
                     out[rule] = here

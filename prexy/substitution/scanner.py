@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -325,9 +324,7 @@ class _RuleStream:
     the two matches of ``UA-\\d+-\\d+``, ``bytes.find`` of its ``U`` 0.6 µs.
     """
 
-    __slots__ = (
-        "buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead", "bound",
-    )
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead")
 
     def __init__(
         self,
@@ -348,9 +345,6 @@ class _RuleStream:
         self.start = start
         self._iter: Iterator[regex.Match[bytes]] | None = None
         self._last_end = -1
-        #: With a match index: ``bound(pos)``, where the next match from pos
-        #: can start at the earliest (-1: none in this buffer).
-        self.bound: Callable[[int], int] | None = None
 
     def forget(self) -> None:
         """The scan moved on without this stream: search afresh next time."""
@@ -360,15 +354,6 @@ class _RuleStream:
         """The leftmost match starting at or after ``pos``."""
         if pos < self.start:
             pos = self.start
-        bound = self.bound
-        if bound is not None:
-            at = bound(pos)
-            if at < 0:
-                return None
-            if at > pos:
-                pos = at
-                if at > self._last_end:
-                    self._iter = None  # start afresh there, not crossing the gap
         word = self.word
         if word is not None:
             at = self.buf.find(word, pos)
@@ -934,11 +919,11 @@ class _HoldCursor:
 
 
 class _EventCursor:
-    """Matches from a :class:`~.hsindex.MatchIndex`: one Hyperscan scan of
-    the buffer gives every match of the exact rules, and a bound for each
-    other rule, from which its own ``regex`` search finds its next match
-    without crossing the buffer; rules the index does not cover scan as in
-    :class:`_HeapCursor`.  The merge order is the same: (start, rule)."""
+    """Matches from a :class:`~.hsindex.MatchIndex`: one pass over the
+    buffer gives every match of the exact rules; the other rules that may
+    match (the index's prefilter says which, and from where) run their own
+    scans and merge in a heap as in :class:`_HeapCursor`.  The order is
+    the same: (start, rule)."""
 
     __slots__ = ("_scanner", "_buf", "_timeout", "_active", "_mask", "_exact", "_i", "_heap", "_streams",
                  "_started")
@@ -967,15 +952,9 @@ class _EventCursor:
         events = index.events(buf, pos, self._mask)
         self._exact = events.exact
         streams = self._streams
-        uncovered = index.uncovered
-        mask = self._mask
-        for rule in events.rules():
-            stream = sc.stream(buf, timeout, rule)
-            stream.bound = functools.partial(events.bound, rule)
-            streams[rule] = stream
-        for rule in uncovered:
-            if mask is None or mask[rule]:
-                streams[rule] = sc.stream(buf, timeout, rule)
+        for rule, at in events.candidates.items():
+            stream = streams[rule] = sc.stream(buf, timeout, rule)
+            stream.start = at
         heap = self._heap
         for rule, stream in streams.items():
             m = stream.next_from(pos)
@@ -1032,37 +1011,75 @@ class _EventCursor:
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: exact rules' matches also by
-        their remembered expansion."""
+        their remembered expansion.  The exact rules' reports are walked in
+        place up to the next match of another rule (the common case: the
+        page's host names one after another)."""
+        if not self._started:
+            self._start(pos)
         buf = self._buf
+        exact = self._exact
+        n_exact = len(exact)
+        heap = self._heap
+        streams = self._streams
+        i = self._i
         count = 0
         while True:
-            nxt = self._next(pos)
-            if nxt is None:
-                break
-            start, rule, end, m = nxt
-            if start >= stop or end == start:
-                break
+            while heap and heap[0][0] < pos:
+                rule = heap[0][1]
+                m = streams[rule].next_from(pos)
+                if m is None:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, (m.start(), rule, m))
+            if heap:
+                h_start, h_rule = heap[0][0], heap[0][1]
+            else:
+                h_start, h_rule = len(buf) + 1, 0
+            while i < n_exact:
+                start, rule, end = exact[i]
+                if start < pos:
+                    i += 1
+                    continue
+                if start > h_start or (start == h_start and rule > h_rule):
+                    break  # the other rule's match comes first
+                literal = literals[rule]
+                if literal is None and memo is not None:
+                    literal = memo.get((rule, buf[start:end]))
+                if start >= stop or literal is None:
+                    self._i = i
+                    return pos, count
+                if start > pos:
+                    emit(buf[pos:start])
+                emit(literal)
+                pos = end
+                count += 1
+                matched.add(rule)
+                i += 1
+            self._i = i
+            if not heap:
+                return pos, count
+            start, rule, m = heap[0]
+            if start < pos:
+                continue  # passed by the exact matches just taken: advance it first
+            end = m.end()
             literal = literals[rule]
-            if literal is None:
-                if memo is None or m is not None:  # not an exact rule's match
-                    break
-                literal = memo.get((rule, buf[start:end]))
-                if literal is None:
-                    break
+            if start >= stop or literal is None or end == start:
+                return pos, count
             if start > pos:
                 emit(buf[pos:start])
             emit(literal)
             pos = end
             count += 1
             matched.add(rule)
-        return pos, count
 
 
 class _EventHoldCursor(_HoldCursor):
-    """:class:`_HoldCursor` with its lower bounds from a match index: the
-    leftmost place each rule's path (assertions dropped) is alive at the end
-    of the buffer, found for all rules in one scan; the rule's probe then
-    makes it exact, only when it comes first."""
+    """:class:`_HoldCursor` with its lower bounds from the match index: for
+    the bounded-width rules its tail trie, for a few unbounded ones its
+    prefix-closure scan (one pass for all of them); the rule's probe, or its
+    byte-set sequences, make a bound exact only when it comes first.  Other
+    unbounded rules keep a rule-by-rule cursor of their own; the hold point
+    is the nearer of the two."""
 
     def __init__(
         self,
@@ -1079,13 +1096,10 @@ class _EventHoldCursor(_HoldCursor):
         index = scanner.index
         assert index is not None
         mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
+        # Bounded rules: one group entry per trie node that may be alive.
         heap: list[tuple[int, int, int]] = [
             (s, rule, BOUND) for rule, s in index.alive(buf, pos).items() if mask is None or mask[rule]
         ]
-        for rule in index.unbounded:
-            if mask is None or mask[rule]:
-                heap.append((pos, rule, BOUND))
-        # Bounded rules: one group entry per trie node that may be alive.
         groups: list[tuple[int, list[int]]] = []
         trie = index.tail
         for at, node, ended in trie.places(buf, pos):
@@ -1097,14 +1111,29 @@ class _EventHoldCursor(_HoldCursor):
             heap.append((at, rules[0], len(groups)))
             groups.append((at, rules))
         heapq.heapify(heap)
+        unbounded = [r for r in index.unbounded if mask is None or mask[r]]
+        self._rest = _HoldCursor(buf, pos, timeout, scanner, unbounded) if unbounded else None
         #: No path starting below ``floor`` can run off the end.
         self.floor = heap[0][0] if heap else n
+        if self._rest is not None:
+            self.floor = min(self.floor, self._rest.floor)
         self._floors: dict[int, int] = collections.defaultdict(int)
         self._groups = groups
         self._heap = heap
-        # Every rule may still start a match at the very end.
-        self._end_rule = active[0] if active else None
+        # Every rule bounded here may still start a match at the very end.
+        first = next((r for r in index.bounded_rules if mask is None or mask[r]), None)
+        self._end_rule = first
 
+    def hold_point(self, lo: int, found: Found | None) -> int | None:
+        """See :meth:`_HoldCursor.hold_point`: the nearer of the trie's and
+        the unbounded rules' answers."""
+        mine = super().hold_point(lo, found)
+        if self._rest is None:
+            return mine
+        theirs = self._rest.hold_point(lo, found)
+        if mine is None:
+            return theirs
+        return mine if theirs is None else min(mine, theirs)
 
 def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
     """Leftmost position ``>= start`` from which the rule's probe says one

@@ -57,36 +57,44 @@ def test_not_exact_rules(pattern: bytes) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(specs, bodies)
-def test_reports_and_bounds_match_regex(rule_specs: list[tuple[str, str, str]], body: bytes) -> None:
+def test_reports_and_candidates_match_regex(rule_specs: list[tuple[str, str, str]], body: bytes) -> None:
     """Exact rules: every (start, end) of a real match, and nothing else.
-    Other rules: from every position, the bound is at or before the next
-    real match, and -1 only when there is none."""
+    Other rules: from every scan position, each that has a match is a
+    candidate, with a hint at or before that match."""
     rules = compile_all(rule_specs)
     parsed = [r.parsed for r in rules]
     plain = RegexScanner(parsed, "none")
     index = hsindex.MatchIndex(parsed)
-    exact = {i for i, p in enumerate(parsed) if hsindex.exact_widths(p) is not None}
-    for pos in (0, 1, len(body) // 2):
+    others = set(index.others)
+    for pos in {0, 1, len(body) // 2}:
         if pos > len(body):
             continue
         events = index.events(body, pos, None)
-        reported = {(s, r, e) for s, r, e in events.exact}
+        reported = set(events.exact)
         want = set()
-        for r in exact - index.uncovered:
+        for r in set(range(len(parsed))) - others:
+            assert hsindex.exact_widths(parsed[r]) is not None
             for s in range(pos, len(body) + 1):
                 m = plain.patterns[r].match(body, s)
                 if m is not None:
                     want.add((s, r, m.end()))
         assert reported == want
-        for r, pattern in enumerate(plain.patterns):
-            if r in exact or r in index.uncovered:
-                continue
-            for at in range(pos, len(body) + 1):
-                m = pattern.search(body, at)
-                bound = events.bound(r, at)
-                if m is None:
-                    continue
-                assert at <= bound <= m.start(), (r, at, bound, m.start())
+        for r in others:
+            m = plain.patterns[r].search(body, pos)
+            if m is not None:
+                assert r in events.candidates, (r, pos)
+                assert pos <= events.candidates[r] <= m.start()
+
+
+def test_only_active_rules_are_reported() -> None:
+    """With a mask, reports and candidates name active rules only."""
+    rules = [compile_rule(b"ab", b"X", b"g"), compile_rule(b"a[0-9]+", b"Y", b"g"), compile_rule(b"b", b"Z", b"g")]
+    index = hsindex.MatchIndex([r.parsed for r in rules])
+    body = b"ab a12 b"
+    everything = index.events(body, 0, None)
+    assert {r for _, r, _ in everything.exact} == {0, 2} and set(everything.candidates) == {1}
+    some = index.events(body, 0, [False, True, True])
+    assert {r for _, r, _ in some.exact} == {2} and set(some.candidates) == {1}
 
 
 @settings(max_examples=300, deadline=None)

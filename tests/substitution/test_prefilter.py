@@ -123,8 +123,8 @@ def test_only_some_rules_run_per_buffer() -> None:
     body = b"text w17 w1234t more w5x9t"
     for engine in ENGINES:
         scanner = RegexScanner([r.parsed for r in ruleset.rules], engine)
-        if scanner.index is not None:  # hyperscan: the match index
-            found = scanner.index.events(body, 0, None).rules()
+        if scanner.index is not None:  # hyperscan: the match index's prefilter
+            found = list(scanner.index.events(body, 0, None).candidates)
         else:
             assert scanner.filter is not None
             found = list(scanner.filter.candidates(body, 0, None))
