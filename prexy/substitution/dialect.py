@@ -30,6 +30,7 @@ __all__ = [
     "first_bytes",
     "literal_prefix",
     "max_width",
+    "min_width",
     "parse_sregex",
     "repeat_bytes",
     "set_source",
@@ -757,6 +758,23 @@ def max_width(node: Node) -> int | None:
         if node.high is None or w is None:
             return None
         return w * node.high
+    raise TypeError(node)  # pragma: no cover
+
+
+def min_width(node: Node) -> int:
+    """The fewest bytes a match of ``node`` consumes."""
+    if isinstance(node, (Char, Set)):
+        return 1
+    if isinstance(node, Assert):
+        return 0
+    if isinstance(node, Group):
+        return min_width(node.child)
+    if isinstance(node, Cat):
+        return sum(min_width(i) for i in node.items)
+    if isinstance(node, Alt):
+        return min(min_width(i) for i in node.items)
+    if isinstance(node, Repeat):
+        return node.low * min_width(node.child)
     raise TypeError(node)  # pragma: no cover
 
 

@@ -35,11 +35,11 @@ Pure: imports no Twisted; Hyperscan is a dependency on x86_64, and
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from prexy.substitution import prefilter as prefilter_module
 from prexy.substitution.dialect import (
     ALL_BYTES,
     Alt,
@@ -53,15 +53,12 @@ from prexy.substitution.dialect import (
     Set,
     can_match_empty,
     max_width,
+    min_width,
     set_source,
 )
 from prexy.substitution.prefilter import HyperscanFilter, RuleFilter, head_sets, hyperscan_source
 
-_hs: Any
-try:  # optional: pip install hyperscan
-    _hs = importlib.import_module("hyperscan")
-except ImportError:  # pragma: no cover - depends on the environment
-    _hs = None
+_hs: Any = prefilter_module.hyperscan_module()
 
 __all__ = ["AVAILABLE", "Events", "MatchIndex", "TailTrie", "WINDOW", "exact_widths", "expand", "literal_keys"]
 
@@ -152,22 +149,6 @@ def _has_assert(node: Node) -> bool:
     return False
 
 
-def _min_width(node: Node) -> int:
-    if isinstance(node, (Char, Set)):
-        return 1
-    if isinstance(node, Assert):
-        return 0
-    if isinstance(node, Group):
-        return _min_width(node.child)
-    if isinstance(node, Cat):
-        return sum(_min_width(i) for i in node.items)
-    if isinstance(node, Alt):
-        return min(_min_width(i) for i in node.items)
-    if isinstance(node, Repeat):
-        return node.low * _min_width(node.child)
-    raise TypeError(node)  # pragma: no cover
-
-
 def exact_widths(parsed: ParsedRegex) -> dict[int, list[_Seq] | None] | None:
     """When every start of the rule has at most one match end, the widths
     of its matches (each with its alternatives, or None for "the whole
@@ -183,7 +164,7 @@ def exact_widths(parsed: ParsedRegex) -> dict[int, list[_Seq] | None] | None:
     if _has_assert(tree):
         return None
     width = max_width(tree)
-    if width is not None and width > 0 and width == _min_width(tree):
+    if width is not None and width > 0 and width == min_width(tree):
         return {width: None}
     alts = _expand(tree, MAX_ALTERNATIVES)
     if not alts or any(not a for a in alts):

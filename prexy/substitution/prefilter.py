@@ -79,6 +79,11 @@ __all__ = [
 #: Whether the ``hyperscan`` package is importable here.
 HAVE_HYPERSCAN = _hs is not None
 
+
+def hyperscan_module() -> Any:
+    """The ``hyperscan`` module, or None where it does not import."""
+    return _hs
+
 #: Engines :func:`make_filter` knows, fastest first.
 ENGINES = ("hyperscan", "anchor") if HAVE_HYPERSCAN else ("anchor",)
 

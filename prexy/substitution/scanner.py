@@ -751,10 +751,7 @@ class _HoldCursor:
         scanner: RegexScanner,
         active: Sequence[int],
     ) -> None:
-        self._buf = buf
-        self._timeout = timeout
-        self._reach = scanner.reaches
-        n = len(buf)
+        n = self._begin(buf, timeout, scanner)
         plan = scanner.floor_plan(active)
         # Walking back from the end over bytes that a rule's unbounded repeats
         # may eat, count the others: at most ``bounded`` of them fit in one
@@ -844,6 +841,13 @@ class _HoldCursor:
         self._groups = groups
         self._heap = heap
         self._end_rule = end_rule
+
+    def _begin(self, buf: bytes, timeout: float | None, scanner: RegexScanner) -> int:
+        """What every hold cursor keeps; returns the buffer's length."""
+        self._buf = buf
+        self._timeout = timeout
+        self._reach = scanner.reaches
+        return len(buf)
 
     def _expand(self, s: int, what: int) -> None:
         """Replace the group entry ``what`` (bound ``s``) by one entry per rule."""
@@ -1089,10 +1093,7 @@ class _EventHoldCursor(_HoldCursor):
         scanner: RegexScanner,
         active: Sequence[int],
     ) -> None:
-        self._buf = buf
-        self._timeout = timeout
-        self._reach = scanner.reaches
-        n = len(buf)
+        n = self._begin(buf, timeout, scanner)
         index = scanner.index
         assert index is not None
         mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
