@@ -249,6 +249,67 @@ class FairnessTests(SynchronousTestCase):
         self.assertLess(first, len(client.value()))
         self.assertEqual(h.pool.idle_connections(), 1)
 
+    def test_small_pieces_are_joined_into_slices(self) -> None:
+        """Small upstream pieces queued for the scheduler are rewritten a
+        slice at a time, joined, not one feed per piece (each feed has a
+        fixed cost); the output is the same."""
+        from prexy.proxy import resource
+
+        self.patch(resource, "WORK_BUDGET", 0.0)
+        fed: list[int] = []
+        real = resource._Exchange._transform
+
+        def spy(exchange, data, last=False):  # type: ignore[no-untyped-def]
+            fed.append(len(data))
+            return real(exchange, data, last)
+
+        self.patch(resource._Exchange, "_transform", spy)
+        h = harness()
+        big = PAGE * 1000  # several slices: the scheduler is busy after the first
+        piece = PAGE * 4
+        pieces = 200
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[0]
+        conn.reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n"
+            % (len(big) + len(piece) * pieces)
+        )
+        conn.reply(big)
+        self.assertTrue(h.resource.scheduler.scheduled)
+        for _ in range(pieces):  # arriving while the scheduler waits for its turn
+            conn.reply(piece)
+        while h.resource.scheduler.scheduled:
+            h.clock.advance(0)
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN * (1000 + 4 * pieces))
+        self.assertEqual(sum(fed), len(big) + len(piece) * pieces)
+        self.assertLess(len(fed), pieces // 4)
+        self.assertTrue(all(n <= resource._FEED_SLICE for n in fed))
+
+    def test_chunks_of_one_read_arrive_in_one_piece(self) -> None:
+        """The data of all the chunks an upstream read completes reaches
+        the exchange in one piece; the output is the same."""
+        from prexy.proxy import resource
+
+        pieces: list[int] = []
+        real = resource._Exchange.bodyData
+
+        def spy(exchange, data):  # type: ignore[no-untyped-def]
+            pieces.append(len(data))
+            return real(exchange, data)
+
+        self.patch(resource._Exchange, "bodyData", spy)
+        h = harness()
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(PAGE), PAGE) for _ in range(50))
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunks[: len(chunks) // 2]
+        )
+        h.conns[0].reply(chunks[len(chunks) // 2 :] + b"0\r\n\r\n")
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN * 50)
+        self.assertEqual(len(pieces), 2)
+        self.assertEqual(sum(pieces), len(PAGE) * 50)
+
     def test_small_backlog_keeps_reading(self) -> None:
         """While less than BACKLOG_PAUSE waits to be rewritten, the upstream
         is not paused (no epoll churn per turn); the output is the same."""
