@@ -151,3 +151,32 @@ def test_windows_avoid_what_many_keys_share() -> None:
         window = key[at : at + hsindex.WINDOW]
         assert b"shop.com" not in window or window.startswith((b"www.", b"img", b"cdn")), (key, window)
         assert sum(window in k for k in keys) <= 3, (key, window)
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, bodies, st.lists(st.integers(1, 12), min_size=1, max_size=8), st.integers(0, 12))
+def test_bail_outs_where_the_rule_by_rule_scanner_bails_out(
+    rule_specs: list[tuple[str, str, str]], body: bytes, sizes: list[int], limit: int
+) -> None:
+    """With a small buffer limit, the index's scanner holds back exactly as
+    much as the rule-by-rule one: the same bytes come out of every chunking,
+    bail-outs included."""
+    from prexy.substitution.ruleset import RuleSet
+
+    rules = compile_all(rule_specs)
+    fast = RuleSet.build(rules, max_buffered_size=limit, engine="hyperscan")
+    slow = RuleSet.build(rules, max_buffered_size=limit, engine="none")
+    assert fast.scanner is not None and fast.scanner.index is not None
+    pieces = []
+    at = 0
+    k = 0
+    while at < len(body):
+        step = sizes[k % len(sizes)]
+        pieces.append(body[at : at + step])
+        at += step
+        k += 1
+    outs = []
+    for rs in (fast, slow):
+        t = rs.new_transducer(timeout=None)
+        outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
+    assert outs[0] == outs[1]
