@@ -298,6 +298,11 @@ class ProxyService(service.MultiService):
             self._map_watch.start(MAP_CHECK_INTERVAL, now=False)
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
             self.reactor.callWhenRunning(self._install_signals)
+        # Upstream host names are resolved in the reactor's thread pool,
+        # whose first thread was otherwise started by the first request.
+        call_in_thread = getattr(self.reactor, "callInThread", None)
+        if call_in_thread is not None:
+            self.reactor.callWhenRunning(call_in_thread, lambda: None)
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))

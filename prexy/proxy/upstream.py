@@ -844,7 +844,7 @@ class UpstreamPool:
         self.timeouts = timeouts
         self.max_idle_per_origin = max_idle_per_origin
         self._idle: dict[OriginKey, list[UpstreamProtocol]] = {}
-        self._endpoint_factory = endpoint_factory or self._default_endpoint
+        self._endpoint_factory = endpoint_factory or self.default_endpoint
         self.connections_opened = 0
         self._watched: dict[UpstreamProtocol, None] = {}
         self._tls_cache: dict[OriginKey, Any] = {}
@@ -877,10 +877,26 @@ class UpstreamPool:
         self._sweeper = None
         return self.close_idle()
 
-    def _default_endpoint(self, key: OriginKey, timeout: float) -> Any:
-        from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+    def default_endpoint(self, key: OriginKey, timeout: float) -> Any:
+        """The endpoint a connection to ``key`` uses when no factory was given."""
+        from twisted.internet.abstract import isIPAddress, isIPv6Address
+        from twisted.internet.endpoints import (
+            HostnameEndpoint,
+            TCP4ClientEndpoint,
+            TCP6ClientEndpoint,
+            wrapClientTLS,
+        )
 
-        endpoint: Any = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
+        endpoint: Any
+        # An address needs no name resolution (HostnameEndpoint resolves
+        # even 127.0.0.1 in the reactor's thread pool, a thread round trip
+        # per new connection).
+        if isIPAddress(key.host):
+            endpoint = TCP4ClientEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
+        elif isIPv6Address(key.host):
+            endpoint = TCP6ClientEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
+        else:
+            endpoint = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
         if key.scheme == "https":
             endpoint = wrapClientTLS(self._tls_options(key), endpoint)
         return endpoint
