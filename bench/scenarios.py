@@ -497,7 +497,8 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
                 medians[(count, label)] = (cold.median(), subs.median(), same)
                 if label == small_label and first.seconds and cold.median():
                     firsts[count] = first.seconds[0] / cold.median()
-                    notes.append(f"Prexy {count} rules: its first request after start took "
+                    notes.append(f"Prexy {count} rules: its first request for the page after start "
+                                 "(after the one request of the readiness check) took "
                                  f"{fmt_ms(first.seconds[0])}, {firsts[count]:.2f}× the median")
                 rows.append([
                     str(count), label, fmt_ms(cold.median()), fmt_ms(warm.median()),
