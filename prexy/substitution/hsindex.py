@@ -35,7 +35,6 @@ Pure: imports no Twisted; Hyperscan is a dependency on x86_64, and
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +55,13 @@ from prexy.substitution.dialect import (
     min_width,
     set_source,
 )
-from prexy.substitution.prefilter import HyperscanFilter, RuleFilter, head_sets, hyperscan_source
+from prexy.substitution.prefilter import (
+    HyperscanDatabase,
+    HyperscanFilter,
+    RuleFilter,
+    head_sets,
+    hyperscan_source,
+)
 
 _hs: Any = prefilter_module.hyperscan_module()
 
@@ -244,50 +249,6 @@ def prefix_source(parsed: ParsedRegex) -> bytes | None:
     if body is None:
         return None
     return ("(?:" + body + ")\\z").encode("latin-1")
-
-
-class _Db:
-    """One compiled Hyperscan database, with per-pattern facts."""
-
-    def __init__(self, exprs: list[bytes], facts: list[Any], flags: int | list[int]) -> None:
-        #: Per pattern id: what the caller needs (the rule first).
-        self.facts: list[Any] = []
-        if isinstance(flags, int):
-            flags = [flags] * len(exprs)
-        self.refused: set[int] = set()  # rules of patterns Hyperscan refused
-        self.db: Any = None
-        good = list(range(len(exprs)))
-        if exprs:
-            try:
-                self.db = self._compile(exprs, flags)
-            except _hs.error:
-                good = []
-                for i, expr in enumerate(exprs):
-                    try:
-                        self._compile([expr], [flags[i]])
-                    except _hs.error:
-                        self.refused.add(facts[i][0])
-                    else:
-                        good.append(i)
-                good = [i for i in good if facts[i][0] not in self.refused]
-                self.db = self._compile([exprs[i] for i in good], [flags[i] for i in good]) if good else None
-        self.facts = [facts[i] for i in good]
-        self.rules = frozenset(f[0] for f in self.facts)
-        self._local = threading.local()
-        if self.db is not None:
-            self._local.scratch = _hs.Scratch(self.db)
-
-    @staticmethod
-    def _compile(exprs: list[bytes], flags: list[int]) -> Any:
-        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
-        return db
-
-    def scan(self, data: bytes, handler: Any) -> None:
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:  # scratch space is per thread
-            scratch = self._local.scratch = _hs.Scratch(self.db)
-        self.db.scan(data, match_event_handler=handler, scratch=scratch)
 
 
 class Events:
@@ -488,7 +449,7 @@ class MatchIndex:
                 exact_exprs.append(src)
                 exact_facts.append((rule, width))
         flags = _hs.HS_FLAG_DOTALL
-        self._exact = _Db(exact_exprs, exact_facts, flags)
+        self._exact = HyperscanDatabase(exact_exprs, exact_facts, flags)
         others.extend(self._exact.refused)
         # Literal rules: Hyperscan finds each one's rarest window; the key
         # around it is compared here.  One pattern per distinct window.
@@ -505,7 +466,7 @@ class MatchIndex:
                 window_flags.append(flags | (_hs.HS_FLAG_CASELESS if caseless else 0))
                 window_facts.append([])
             window_facts[i].append((rule, len(part) + at, len(key), key, caseless))
-        self._window = _Db(window_exprs, [(f[0][0], f) for f in window_facts], window_flags)
+        self._window = HyperscanDatabase(window_exprs, [(f[0][0], f) for f in window_facts], window_flags)
         if self._window.refused:  # pragma: no cover - plain bytes always compile
             raise RuntimeError(f"Hyperscan refused literal windows of rules {sorted(self._window.refused)}")
         self._window_facts: list[list[tuple[int, int, int, bytes, bool]]] = [f[1] for f in self._window.facts]
@@ -523,7 +484,7 @@ class MatchIndex:
         # anchored at the end says where each may still be alive; otherwise
         # they keep the rule-by-rule cursor.
         long_rules = [r for r in range(len(parsed)) if r not in short and not can_match_empty(parsed[r].tree)]
-        self._long: _Db | None = None
+        self._long: HyperscanDatabase | None = None
         if 0 < len(long_rules) <= LONG_MAX:
             exprs: list[bytes] = []
             facts: list[tuple[int, int]] = []
@@ -532,7 +493,7 @@ class MatchIndex:
                 if pc is not None:  # (None: nothing but assertions; every path is at the end)
                     exprs.append(pc)
                     facts.append((r, -1))
-            self._long = _Db(exprs, facts, flags | _hs.HS_FLAG_SOM_LEFTMOST)
+            self._long = HyperscanDatabase(exprs, facts, flags | _hs.HS_FLAG_SOM_LEFTMOST)
             bounded = set(long_rules) - self._long.refused
         else:
             bounded = set()

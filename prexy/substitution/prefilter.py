@@ -70,6 +70,7 @@ __all__ = [
     "ENGINES",
     "HAVE_HYPERSCAN",
     "AnchorFilter",
+    "HyperscanDatabase",
     "HyperscanFilter",
     "RuleFilter",
     "head_sets",
@@ -418,6 +419,57 @@ def _hs_pattern(parsed: ParsedRegex) -> tuple[bytes, int | None]:
     return hyperscan_source(parsed), None
 
 
+class HyperscanDatabase:
+    """One compiled block-mode Hyperscan database, with per-pattern facts.
+
+    ``facts[i]`` is what the caller needs of pattern ``i``; its first item
+    is the rule.  Patterns Hyperscan refuses are left out and their rules
+    listed in ``refused`` (every pattern of such a rule is left out).  Safe
+    to share between threads: each thread scans with its own scratch.
+    """
+
+    def __init__(self, exprs: list[bytes], facts: list[Any], flags: int | list[int]) -> None:
+        #: Per pattern id: what the caller needs (the rule first).
+        self.facts: list[Any] = []
+        if isinstance(flags, int):
+            flags = [flags] * len(exprs)
+        self.refused: set[int] = set()  # rules of patterns Hyperscan refused
+        self.db: Any = None
+        good = list(range(len(exprs)))
+        if exprs:
+            try:
+                self.db = self._compile(exprs, flags)
+            except _hs.error:
+                good = []
+                for i, expr in enumerate(exprs):
+                    try:
+                        self._compile([expr], [flags[i]])
+                    except _hs.error:
+                        self.refused.add(facts[i][0])
+                    else:
+                        good.append(i)
+                good = [i for i in good if facts[i][0] not in self.refused]
+                self.db = self._compile([exprs[i] for i in good], [flags[i] for i in good]) if good else None
+        self.facts = [facts[i] for i in good]
+        self._local = threading.local()
+        if self.db is not None:
+            self._local.scratch = _hs.Scratch(self.db)
+
+    @staticmethod
+    def _compile(exprs: list[bytes], flags: list[int]) -> Any:
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
+        return db
+
+    def scan(self, data: bytes, handler: Any) -> None:
+        """Scan ``data``, calling ``handler(id, from, to, flags, context)`` per match."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:  # scratch space is per thread
+            scratch = self._local.scratch = _hs.Scratch(self.db)
+        self.db.scan(data, match_event_handler=handler, scratch=scratch)
+
+
+
 class HyperscanFilter:
     """The Hyperscan prefilter: one block-mode scan reports the rules present.
 
@@ -430,39 +482,17 @@ class HyperscanFilter:
             raise RuntimeError("the hyperscan package is not installed")
         always = {rule for rule, p in enumerate(parsed) if can_match_empty(p.tree)}
         ids = [rule for rule in range(len(parsed)) if rule not in always]
-        sources: dict[int, bytes] = {}
-        #: Rules looked for by their head: the head's length.
-        self._lengths: dict[int, int] = {}
+        exprs: list[bytes] = []
+        #: Per pattern: (rule, the head's length or None for the whole rule).
+        facts: list[tuple[int, int | None]] = []
         for rule in ids:
-            sources[rule], length = _hs_pattern(parsed[rule])
-            if length is not None:
-                self._lengths[rule] = length
+            source, length = _hs_pattern(parsed[rule])
+            exprs.append(source)
+            facts.append((rule, length))
         flags = _hs.HS_FLAG_DOTALL | _hs.HS_FLAG_SINGLEMATCH | _hs.HS_FLAG_PREFILTER
-        self._db: Any = None
-        if ids:
-            try:
-                self._db = self._compile([sources[r] for r in ids], ids, flags)
-            except _hs.error:
-                # Find the patterns Hyperscan refuses; those rules always run.
-                good = []
-                for rule in ids:
-                    try:
-                        self._compile([sources[rule]], [rule], flags)
-                    except _hs.error:
-                        always.add(rule)
-                    else:
-                        good.append(rule)
-                if good:
-                    self._db = self._compile([sources[r] for r in good], good, flags)
-        self.always = frozenset(always)
-        self._local = threading.local()
-
-    @staticmethod
-    def _compile(exprs: list[bytes], ids: list[int], flags: int) -> Any:
-        assert _hs is not None
-        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[flags] * len(exprs))
-        return db
+        self._db = HyperscanDatabase(exprs, facts, flags)
+        # Rules whose pattern Hyperscan refuses always run.
+        self.always = frozenset(always | self._db.refused)
 
     def candidates(self, buf: bytes, pos: int, timeout: float | None) -> dict[int, int]:
         """See :meth:`RuleFilter.candidates` (Hyperscan scans in linear time).
@@ -472,17 +502,15 @@ class HyperscanFilter:
         minus the head's length (``pos`` otherwise).
         """
         found = dict.fromkeys(self.always, pos)
-        if self._db is None or pos >= len(buf):
+        if self._db.db is None or pos >= len(buf):
             return found
-        lengths = self._lengths
+        facts = self._db.facts
 
-        def on_match(rule: int, start: int, end: int, flags: int, context: object) -> None:
-            found[rule] = pos + max(0, end - lengths.get(rule, end))
+        def on_match(i: int, start: int, end: int, flags: int, context: object) -> None:
+            rule, length = facts[i]
+            found[rule] = pos + (max(0, end - length) if length is not None else 0)
 
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:  # Hyperscan scratch space is per thread
-            scratch = self._local.scratch = _hs.Scratch(self._db)
-        self._db.scan(buf[pos:] if pos else buf, match_event_handler=on_match, scratch=scratch)
+        self._db.scan(buf[pos:] if pos else buf, on_match)
         return found
 
 

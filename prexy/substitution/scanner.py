@@ -466,6 +466,21 @@ class _SingleCursor:
         return Found(m.start(), m.end(), self._rule, m, 0, self._ngroups, self._loops)
 
 
+def _advance(
+    heap: list[tuple[int, int, regex.Match[bytes]]], streams: dict[int, _RuleStream], pos: int
+) -> None:
+    """Bring every heap entry that starts before ``pos`` up to its rule's
+    next match from ``pos`` (or drop it): the heap's top is then the first
+    match from ``pos``."""
+    while heap and heap[0][0] < pos:
+        rule = heap[0][1]
+        m = streams[rule].next_from(pos)
+        if m is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (m.start(), rule, m))
+
+
 class _HeapCursor:
     """Merges the rules' own next matches by (start, rule index).
 
@@ -561,13 +576,7 @@ class _HeapCursor:
         if not self._started:
             self._start(pos)
         streams = self._streams
-        while heap and heap[0][0] < pos:
-            rule = heap[0][1]
-            m = streams[rule].next_from(pos)
-            if m is None:
-                heapq.heappop(heap)
-            else:
-                heapq.heapreplace(heap, (m.start(), rule, m))
+        _advance(heap, streams, pos)
         if not heap:
             return None
         start, rule, m = heap[0]
@@ -584,10 +593,11 @@ class _Reach:
     the probes of 1000 realistic rules took 3.8 s).
     """
 
-    __slots__ = ("_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs")
+    __slots__ = ("_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs", "longest")
 
     def __init__(self, parsed: ParsedRegex, exact: bool = False) -> None:
         self.seqs = hsindex.expand(parsed.tree) if exact else None
+        self.longest = max(map(len, self.seqs)) if self.seqs else 0
         self._source = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
         self._probe: regex.Pattern[bytes] | None = None
         self.prefix = literal_prefix(parsed.tree)
@@ -929,8 +939,7 @@ class _EventCursor:
     scans and merge in a heap as in :class:`_HeapCursor`.  The order is
     the same: (start, rule)."""
 
-    __slots__ = ("_scanner", "_buf", "_timeout", "_active", "_mask", "_exact", "_i", "_heap", "_streams",
-                 "_started")
+    __slots__ = ("_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started")
 
     def __init__(
         self, scanner: RegexScanner, buf: bytes, timeout: float | None, active: Sequence[int]
@@ -938,7 +947,6 @@ class _EventCursor:
         self._scanner = scanner
         self._buf = buf
         self._timeout = timeout
-        self._active = active
         self._mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
         self._exact: list[tuple[int, int, int]] = []
         self._i = 0
@@ -957,8 +965,7 @@ class _EventCursor:
         self._exact = events.exact
         streams = self._streams
         for rule, at in events.candidates.items():
-            stream = streams[rule] = sc.stream(buf, timeout, rule)
-            stream.start = at
+            streams[rule] = sc.stream(buf, timeout, rule, at)
         heap = self._heap
         for rule, stream in streams.items():
             m = stream.next_from(pos)
@@ -978,13 +985,7 @@ class _EventCursor:
         self._i = i
         heap = self._heap
         streams = self._streams
-        while heap and heap[0][0] < pos:
-            rule = heap[0][1]
-            m = streams[rule].next_from(pos)
-            if m is None:
-                heapq.heappop(heap)
-            else:
-                heapq.heapreplace(heap, (m.start(), rule, m))
+        _advance(heap, streams, pos)
         if i < len(exact):
             start, rule, end = exact[i]
             if not heap or (start, rule) < heap[0][:2]:
@@ -1028,13 +1029,7 @@ class _EventCursor:
         i = self._i
         count = 0
         while True:
-            while heap and heap[0][0] < pos:
-                rule = heap[0][1]
-                m = streams[rule].next_from(pos)
-                if m is None:
-                    heapq.heappop(heap)
-                else:
-                    heapq.heapreplace(heap, (m.start(), rule, m))
+            _advance(heap, streams, pos)
             if heap:
                 h_start, h_rule = heap[0][0], heap[0][1]
             else:
@@ -1136,6 +1131,7 @@ class _EventHoldCursor(_HoldCursor):
             return theirs
         return mine if theirs is None else min(mine, theirs)
 
+
 def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
     """Leftmost position ``>= start`` from which the rule's probe says one
     of its paths, tried before any real match there, runs off the end."""
@@ -1144,7 +1140,7 @@ def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int
     if seqs is not None:
         # A path is alive from s when the bytes to the end begin one of the
         # rule's sequences and do not complete it (no other can be longer).
-        for s in range(max(start, n - max(map(len, seqs)) + 1), n):
+        for s in range(max(start, n - r.longest + 1), n):
             left = n - s
             for seq in seqs:
                 if len(seq) > left and all(buf[s + k] in seq[k] for k in range(left)):
@@ -1240,10 +1236,10 @@ class RegexScanner:
         """Per rule: its groups inside repeats that can match empty."""
         return self._loops
 
-    def stream(self, buf: bytes, timeout: float | None, rule: int) -> _RuleStream:
-        """A fresh match stream of one rule over ``buf``."""
+    def stream(self, buf: bytes, timeout: float | None, rule: int, start: int = 0) -> _RuleStream:
+        """A fresh match stream of one rule over ``buf`` (no match before ``start``)."""
         return _RuleStream(
-            buf, timeout, self.patterns[rule], self._empty_ok[rule], 0, self._finds[rule], self._leads[rule]
+            buf, timeout, self.patterns[rule], self._empty_ok[rule], start, self._finds[rule], self._leads[rule]
         )
 
     def mask(self, active: Sequence[int]) -> list[bool]:
@@ -1302,33 +1298,25 @@ class RegexScanner:
     ) -> Cursor:
         """A match cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
-        patterns = self.patterns
-        empty_ok = self._empty_ok
-        finds = self._finds
-        leads = self._leads
+        stream = self.stream
         if len(rules) == 1:
             rule = rules[0]
-            stream = _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule], leads[rule])
-            return _SingleCursor(stream, rule, self._ngroups[rule], self._loops[rule], self.words[rule])
+            return _SingleCursor(
+                stream(buf, timeout, rule), rule, self._ngroups[rule], self._loops[rule], self.words[rule]
+            )
         if self.index is not None:
             return _EventCursor(self, buf, timeout, rules)
         filt = self.filter if len(rules) >= FILTER_MIN_RULES else None
 
         def make(pos: int) -> dict[int, _RuleStream]:
             if filt is None:
-                return {
-                    rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], 0, finds[rule], leads[rule])
-                    for rule in rules
-                }
+                return {rule: stream(buf, timeout, rule) for rule in rules}
             may = filt.candidates(buf, pos, timeout)
-            if len(rules) == len(patterns):  # every rule is active
+            if len(rules) == len(self.patterns):  # every rule is active
                 chosen: Iterable[int] = may
             else:
                 chosen = may.keys() & set(rules)
-            return {
-                rule: _RuleStream(buf, timeout, patterns[rule], empty_ok[rule], may[rule], finds[rule], leads[rule])
-                for rule in chosen
-            }
+            return {rule: stream(buf, timeout, rule, may[rule]) for rule in chosen}
 
         return _HeapCursor(make, self._ngroups, self._loops, self.words)
 

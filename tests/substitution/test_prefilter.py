@@ -153,14 +153,15 @@ def test_hyperscan_source_drops_assertions() -> None:
 def test_hyperscan_refusals_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pattern Hyperscan refuses makes just that rule run on every buffer."""
     rules = [compile_rule(b"ab", b"X", b"g"), compile_rule(b"cd", b"Y", b"g")]
-    real = prefilter.HyperscanFilter._compile
+    refused = prefilter.hyperscan_source(rules[1].parsed)
+    real = prefilter.HyperscanDatabase._compile
 
-    def picky(exprs: list[bytes], ids: list[int], flags: int) -> object:
-        if 1 in ids:
+    def picky(exprs: list[bytes], flags: list[int]) -> object:
+        if any(refused in e for e in exprs):
             raise prefilter._hs.error("refused for the test")
-        return real(exprs, ids, flags)
+        return real(exprs, flags)
 
-    monkeypatch.setattr(prefilter.HyperscanFilter, "_compile", staticmethod(picky))
+    monkeypatch.setattr(prefilter.HyperscanDatabase, "_compile", staticmethod(picky))
     filt = prefilter.HyperscanFilter([r.parsed for r in rules])
     assert filt.always == {1}
     assert filt.candidates(b"zz ab", 0, None).keys() == {0, 1}
