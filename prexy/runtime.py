@@ -79,6 +79,24 @@ class Runtime:
     by_host: dict[str, SiteRuntime] = attrs.field(hash=False)
     default: SiteRuntime
 
+    def linear_rules(self) -> list[str]:
+        """One line per rule that runs on RE2 rather than ``regex`` (for
+        ``--check``): its file and line, pattern and why, once per rules
+        file even when several sites share it."""
+        lines: list[str] = []
+        seen: set[int] = set()
+        for site in self.sites:
+            rules = site.rules
+            if rules is None or id(rules) in seen:
+                continue
+            seen.add(id(rules))
+            for rule, engine, why in rules.engines():
+                if engine == "re2" or "RE2 refused" in why:
+                    lines.append(
+                        f"{rule.origin}: '{rule.pattern.decode('latin-1')}' runs on {engine}: {why}"
+                    )
+        return lines
+
     def with_maps(self, maps: dict[str, Any]) -> Runtime:
         """A copy whose sites use the given freshly loaded maps (by path)."""
         sites = tuple(

@@ -97,6 +97,8 @@ class Options(usage.Options):
                 f"prexy: configuration {source} is ok: {len(config.sites)} site(s), "
                 f"listening on {', '.join(config.listen)}\n"
             )
+            for line in runtime.linear_rules():
+                sys.stdout.write(f"prexy: {line}\n")
             raise SystemExit(0)
         self.config = config
         self.runtime = runtime

@@ -4,6 +4,7 @@ Pure code (no Twisted): the rules-file parser (:mod:`.rules`), the sregex
 dialect (:mod:`.dialect`), replacement templates (:mod:`.template`), compiled
 rule sets (:mod:`.ruleset`), the scanner interface (:mod:`.scanner`), the
 multi-pattern prefilters that keep many rules cheap (:mod:`.prefilter`;
+the linear-time engine for the rules ``regex`` cannot bound (:mod:`.linear`);
 Hyperscan is used when the optional ``hyperscan`` package is installed), the
 rule-applicability memory (:mod:`.applicability`) and the streaming
 transducer (:mod:`.transducer`).  Typical use::
@@ -26,9 +27,10 @@ Where Prexy knowingly differs from the module (each pinned by a test):
 
 * inside one rule, sregex is not leftmost on ``^\\s+|\\s+$`` (the
   ``sregex_quirk`` cases); Prexy keeps leftmost-first semantics;
-* patterns that a backtracking engine may not finish (nested unbounded
-  repeats over overlapping alternatives) are refused at load time, and every
-  scan has a time limit;
+* none in what is accepted: patterns that a backtracking engine may not
+  finish (nested unbounded repeats over overlapping alternatives, ...) run
+  on RE2 (:mod:`.linear`), in linear time; the scans that stay on ``regex``
+  have a time limit all the same;
 * besides the module's buffer limit, at most ``max_buffered_size`` + 16 KiB
   is ever held per response.
 """

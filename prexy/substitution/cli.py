@@ -4,6 +4,10 @@ Operators test rules before deploying them::
 
     python -m prexy rewrite --rules site.rules [--rules more.rules] \\
         [--chunk-size N] < page.html > out.html
+    python -m prexy rewrite --rules site.rules --explain
+
+``--explain`` prints each rule with the engine it runs on (``regex``, or
+RE2 for the shapes a backtracking engine cannot bound) and why.
 
 The body is fed to the same transducer the proxy uses, in ``N``-byte chunks
 (default: whole).  A rules file that does not load exits with status 1 and
@@ -36,16 +40,16 @@ def _parser() -> argparse.ArgumentParser:
         help="rules file (repeat for several; applied in order)",
     )
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print, per rule, the engine it runs on and why, then exit",
+    )
+    parser.add_argument(
         "--chunk-size",
         type=int,
         default=0,
         metavar="N",
         help="feed the input in N-byte chunks (default: whole input at once)",
-    )
-    parser.add_argument(
-        "--unsafe",
-        action="store_true",
-        help="accept patterns refused as pathological (backtracking blow-up)",
     )
     return parser
 
@@ -61,12 +65,16 @@ def main(
         sys.stderr.write("prexy rewrite: --chunk-size must be positive\n")
         return 2
     try:
-        ruleset = load_rules(args.rules, safe=not args.unsafe)
+        ruleset = load_rules(args.rules)
     except RulesError as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
-    source = stdin if stdin is not None else sys.stdin.buffer
     sink = stdout if stdout is not None else sys.stdout.buffer
+    if args.explain:
+        sink.write(b"".join(line.encode("latin-1") + b"\n" for line in ruleset.explain()))
+        sink.flush()
+        return 0
+    source = stdin if stdin is not None else sys.stdin.buffer
     transducer = ruleset.new_transducer()
     data = source.read()
     size = args.chunk_size or max(len(data), 1)

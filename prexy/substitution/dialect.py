@@ -28,12 +28,14 @@ __all__ = [
     "can_match_empty",
     "check_pathological",
     "first_bytes",
+    "has_empty_loop",
     "literal_prefix",
     "max_width",
     "min_width",
     "parse_sregex",
     "repeat_bytes",
     "set_source",
+    "to_re2_source",
     "to_regex_source",
 ]
 
@@ -79,7 +81,7 @@ _MAX_COUNT = 500
 
 
 class DialectError(ValueError):
-    """A pattern the sregex dialect refuses (or Prexy refuses as unsafe).
+    """A pattern the sregex dialect refuses.
 
     ``pos`` is the byte offset in the pattern where the problem was found
     and ``reason`` says what is wrong.
@@ -631,6 +633,21 @@ _ASSERT_SRC = {"bol": "^", "eol": "$", "A": "\\A", "z": "\\Z", "b": "\\b", "B": 
 PROBE_GROUP = "e"
 _AT_END = f"(?=\\Z)(?P<{PROBE_GROUP}>)"
 
+#: RE2 syntax differs in three places: the end of the text is ``\z`` (RE2
+#: has no look-ahead); a probe marks with plain groups, since RE2 keeps only
+#: the first of several groups of one name (the probe keeps no other group);
+#: and case folding is left to the sets the parser folded (RE2's own
+#: ``(?i)`` on Latin-1 text also folds letters such as é/É, which the module
+#: does not).
+_RE2_ASSERT_SRC = dict(_ASSERT_SRC, z="\\z")
+_RE2_AT_END = "\\z()"
+#: And one difference of meaning: at the end of the buffer, ``regex`` lets a
+#: greedy unbounded loop take one more iteration that matches empty there
+#: (through the probe's marks), RE2 never repeats a loop on empty input.
+#: So after such a loop an RE2 probe offers the mark itself, where that
+#: iteration would have been tried: before leaving the loop.
+_RE2_LOOP_END = f"(?:{_RE2_AT_END})?"
+
 
 def to_regex_source(tree: Node, probe: bool = False, caseless: bool = False) -> str:
     """Emit ``regex`` syntax for ``tree`` (compile with DOTALL | MULTILINE).
@@ -650,9 +667,22 @@ def to_regex_source(tree: Node, probe: bool = False, caseless: bool = False) -> 
     other set is already closed under folding, so the meaning is unchanged.
     """
     out: list[str] = []
-    _emit(tree, probe, caseless, out)
+    _emit(tree, probe, caseless, out, _ASSERT_SRC, _AT_END, "")
     body = "".join(out)
     return f"(?i:{body})" if caseless else body
+
+
+def to_re2_source(tree: Node, probe: bool = False) -> str:
+    """The same pattern (or probe) as :func:`to_regex_source`, in RE2 syntax.
+
+    Compile on Latin-1 text with ``(?sm)`` (:mod:`.linear` does): bytes stand
+    for themselves, ``.`` takes a newline and ``^ $`` are line anchors.  RE2
+    has Perl's leftmost-first priority, lazy repeats and ASCII ``\\b``, so
+    both sources describe the same matches; RE2 finds them in linear time.
+    """
+    out: list[str] = []
+    _emit(tree, probe, False, out, _RE2_ASSERT_SRC, _RE2_AT_END, _RE2_LOOP_END)
+    return "".join(out)
 
 
 def _letter_pair(members: frozenset[int]) -> int | None:
@@ -665,46 +695,54 @@ def _letter_pair(members: frozenset[int]) -> int | None:
     return None
 
 
-def _emit(node: Node, probe: bool, caseless: bool, out: list[str]) -> None:
+def _emit(
+    node: Node,
+    probe: bool,
+    caseless: bool,
+    out: list[str],
+    asserts: dict[str, str],
+    at_end: str,
+    loop_end: str,
+) -> None:
     if isinstance(node, (Char, Set)):
         if isinstance(node, Char):
             src = _byte_src(node.byte)
         else:
             letter = _letter_pair(node.members) if caseless else None
             src = chr(letter) if letter is not None else set_source(node.members)
-        out.append(f"(?:{src}|{_AT_END})" if probe else src)
+        out.append(f"(?:{src}|{at_end})" if probe else src)
     elif isinstance(node, Assert):
-        src = _ASSERT_SRC[node.kind]
+        src = asserts[node.kind]
         if probe:
             # At the end of the buffer a path may have got there through an
             # empty "at end" atom, so no assertion can be trusted there.
-            out.append(f"(?:{_AT_END}|{src})")
+            out.append(f"(?:{at_end}|{src})")
         else:
             out.append(src)
     elif isinstance(node, Group):
         out.append("(" if node.index is not None and not probe else "(?:")
-        _emit(node.child, probe, caseless, out)
+        _emit(node.child, probe, caseless, out, asserts, at_end, loop_end)
         out.append(")")
     elif isinstance(node, Cat):
         for item in node.items:
             if isinstance(item, Alt):
                 out.append("(?:")
-                _emit(item, probe, caseless, out)
+                _emit(item, probe, caseless, out, asserts, at_end, loop_end)
                 out.append(")")
             else:
-                _emit(item, probe, caseless, out)
+                _emit(item, probe, caseless, out, asserts, at_end, loop_end)
     elif isinstance(node, Alt):
         for k, item in enumerate(node.items):
             if k:
                 out.append("|")
-            _emit(item, probe, caseless, out)
+            _emit(item, probe, caseless, out, asserts, at_end, loop_end)
     elif isinstance(node, Repeat):
         child = node.child
         if isinstance(child, (Char, Set)) or (isinstance(child, Group) and child.index is not None):
-            _emit(child, probe, caseless, out)
+            _emit(child, probe, caseless, out, asserts, at_end, loop_end)
         else:
             out.append("(?:")
-            _emit(child, probe, caseless, out)
+            _emit(child, probe, caseless, out, asserts, at_end, loop_end)
             out.append(")")
         low, high = node.low, node.high
         if (low, high) == (0, None):
@@ -720,6 +758,8 @@ def _emit(node: Node, probe: bool, caseless: bool, out: list[str]) -> None:
         else:
             q = f"{{{low},{high}}}"
         out.append(q if node.greedy else q + "?")
+        if probe and loop_end and node.greedy and high is None:
+            out.append(loop_end)
     else:  # pragma: no cover - exhaustive
         raise TypeError(node)
 
@@ -1076,6 +1116,21 @@ def pure_literal(node: Node) -> bytes | None:
 def can_match_empty(node: Node) -> bool:
     """Whether ``node`` has a match of length zero (assertions count as empty)."""
     return _nullable(node)
+
+
+def has_empty_loop(node: Node) -> bool:
+    """Whether a repeat that can iterate twice has a body that can match empty.
+
+    There the engines part ways: a backtracker (Perl, ``regex``) ends the
+    loop at the iteration that matched empty, a Pike VM (RE2) drops that
+    iteration and takes its next choice, so ``(?:.*?\\n*)*`` on ``\\n1``
+    matches ``\\n`` on one and ``\\n1`` on the other.  sregex is a Pike VM
+    with its own thread order; on such patterns it does not always agree
+    with either.  Outside this shape the two engines agree.
+    """
+    return any(
+        (rep.high is None or rep.high > 1) and _nullable(rep.child) for rep in _repeats(node)
+    )
 
 
 def empty_loop_groups(node: Node) -> frozenset[int]:

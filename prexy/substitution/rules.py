@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from prexy.substitution.dialect import DialectError, check_pathological, parse_sregex
+from prexy.substitution.dialect import DialectError, parse_sregex
 from prexy.substitution.template import TemplateError, compile_template
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ __all__ = [
     "FlagError",
     "RulesError",
     "Token",
-    "UnsafePatternError",
     "clear_rules_cache",
     "compile_rule",
     "load_rules",
@@ -233,22 +232,19 @@ class FlagError(ValueError):
     """A ``replace_filter`` flag other than ``g`` and ``i``."""
 
 
-class UnsafePatternError(ValueError):
-    """A pattern refused because a backtracking engine could blow up on it."""
-
-
 def compile_rule(
     pattern: bytes,
     replacement: bytes,
     flags: bytes | str = b"",
     *,
-    safe: bool = True,
     origin: str = "",
 ) -> Rule:
     """Compile one ``replace_filter PATTERN REPLACEMENT FLAGS`` directive.
 
-    Raises FlagError, DialectError, UnsafePatternError (only with ``safe``)
-    or TemplateError; :func:`parse_rules` turns them into RulesError.
+    Raises FlagError, DialectError or TemplateError; :func:`parse_rules`
+    turns them into RulesError.  Every pattern of the dialect is accepted:
+    those ``regex`` cannot run in bounded time run on RE2 (see
+    :mod:`.linear`).
     """
     from prexy.substitution.ruleset import Rule
 
@@ -264,10 +260,6 @@ def compile_rule(
         else:
             raise FlagError(f"unknown flag '{chr(ch)}' in \"{flags.decode('latin-1')}\"")
     parsed = parse_sregex(pattern, caseless)
-    if safe:
-        why = check_pathological(parsed.tree)
-        if why is not None:
-            raise UnsafePatternError(why)
     template = compile_template(replacement)
     return Rule(
         pattern=pattern,
@@ -280,12 +272,8 @@ def compile_rule(
     )
 
 
-def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = True) -> RuleSet:
-    """Parse and compile the rules file ``text``; raise RulesError if refused.
-
-    With ``safe`` (the default) patterns that a backtracking engine cannot run
-    in bounded time are refused too (see ``dialect.check_pathological``).
-    """
+def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
+    """Parse and compile the rules file ``text``; raise RulesError if refused."""
     from prexy.substitution.ruleset import RuleSet
 
     if isinstance(text, str):
@@ -317,7 +305,6 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                         pat_tok.value,
                         rep_tok.value,
                         flags,
-                        safe=safe,
                         origin=f"{filename}:{name_tok.line}",
                     )
                 )
@@ -332,11 +319,6 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, safe: bool = Tr
                     pat_tok.value.decode("latin-1"),
                     f'bad regex "{pat_tok.value.decode("latin-1")}": '
                     f"{exc.reason} at offset {exc.pos}",
-                ) from None
-            except UnsafePatternError as exc:
-                raise fail(
-                    pat_tok,
-                    f'regex "{pat_tok.value.decode("latin-1")}" is refused as unsafe to run: {exc}',
                 ) from None
             except TemplateError as exc:
                 col = rep_tok.column_of(exc.pos)
@@ -399,13 +381,11 @@ def _cached(key: tuple[object, ...], build: Callable[[], RuleSet]) -> RuleSet:
     return ruleset
 
 
-def load_rules(
-    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, safe: bool = True
-) -> RuleSet:
+def load_rules(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> RuleSet:
     """Load one rules file, or several combined in the order given.
 
     Compiled rule sets are cached by the files' content (a SHA-256 per
-    file, the order, ``safe`` and the prefilter engine), so every site
+    file, the order and the prefilter engine), so every site
     whose rules files hold the same text shares one compiled set, and a
     reload of unchanged files compiles nothing.  A file that does not load
     is not cached: it raises each time.  Rule origins (``file:line``) name
@@ -430,9 +410,9 @@ def load_rules(
     engine = prefilter.ENGINE
     digests = tuple(hashlib.sha256(data).digest() for _, data in files)
     sets = [
-        _cached(("file", safe, engine, digest), partial(parse_rules, data, name, safe=safe))
+        _cached(("file", engine, digest), partial(parse_rules, data, name))
         for (name, data), digest in zip(files, digests, strict=True)
     ]
     if len(sets) == 1:
         return sets[0]
-    return _cached(("files", safe, engine, digests), lambda: RuleSet.combine(sets))
+    return _cached(("files", engine, digests), lambda: RuleSet.combine(sets))

@@ -72,15 +72,18 @@ class RuleSet:
         max_buffered_size: int | None = None,
         keep_last_modified: bool | None = None,
         engine: str | None = None,
+        linear: str = "auto",
     ) -> RuleSet:
         """Compile ``rules`` into a rule set (text/html is always a type).
 
         ``engine`` names the multi-pattern prefilter (``prefilter.ENGINES``,
-        or ``"none"``); the default is ``prefilter.ENGINE``.  It changes
-        speed only, never the output.
+        or ``"none"``); the default is ``prefilter.ENGINE``.  ``linear``
+        says which rules run on RE2 (``scanner.LINEAR_MODES``; by default
+        exactly those ``regex`` cannot bound).  Both change speed only,
+        never the output.
         """
         rules = tuple(rules)
-        scanner = RegexScanner([r.parsed for r in rules], engine) if rules else None
+        scanner = RegexScanner([r.parsed for r in rules], engine, linear) if rules else None
         built = cls(
             rules=rules,
             types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),
@@ -129,6 +132,30 @@ class RuleSet:
         return cls.build(
             rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep
         )
+
+    def engines(self) -> list[tuple[Rule, str, str]]:
+        """Per rule: (the rule, the engine it runs on, why), as decided at
+        load; ``regex`` unless the rule is on RE2 (:mod:`.linear`)."""
+        if self.scanner is None:
+            return []
+        out = []
+        for k, rule in enumerate(self.rules):
+            why = self.scanner.linear[k]
+            if why is not None:
+                out.append((rule, "re2", why))
+            elif k in self.scanner.linear_refused:
+                out.append((rule, "regex", f"RE2 refused it ({self.scanner.linear_refused[k]}); scans are time-limited"))
+            else:
+                out.append((rule, "regex", "runs in bounded time on regex"))
+        return out
+
+    def explain(self) -> list[str]:
+        """One line per rule: where it was written, its pattern, its engine
+        and why (``python -m prexy rewrite --explain``)."""
+        return [
+            f"{rule.origin or '<rules>'}: '{rule.pattern.decode('latin-1')}' {rule.flags or '-'}: {engine}: {why}"
+            for rule, engine, why in self.engines()
+        ]
 
     @property
     def all_types(self) -> bool:

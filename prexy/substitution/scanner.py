@@ -58,6 +58,7 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     bounded_width,
     can_match_empty,
+    check_pathological,
     empty_loop_groups,
     first_bytes,
     literal_prefix,
@@ -65,8 +66,10 @@ from prexy.substitution.dialect import (
     pure_literal,
     repeat_bytes,
     set_source,
+    to_re2_source,
     to_regex_source,
 )
+from prexy.substitution.linear import LinearError, LinearMatch, LinearPattern
 
 __all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
@@ -593,13 +596,21 @@ class _Reach:
     the probes of 1000 realistic rules took 3.8 s).
     """
 
-    __slots__ = ("_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs", "longest")
+    __slots__ = (
+        "_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs", "longest",
+        "linear",
+    )
 
-    def __init__(self, parsed: ParsedRegex, exact: bool = False) -> None:
+    def __init__(self, parsed: ParsedRegex, exact: bool = False, linear: bool = False) -> None:
         self.seqs = hsindex.expand(parsed.tree) if exact else None
         self.longest = max(map(len, self.seqs)) if self.seqs else 0
-        self._source = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
-        self._probe: regex.Pattern[bytes] | None = None
+        #: The probe runs on RE2 (see :mod:`.linear`) like the rule itself.
+        self.linear = linear
+        if linear:
+            self._source = to_re2_source(parsed.tree, probe=True)
+        else:
+            self._source = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
+        self._probe: regex.Pattern[bytes] | LinearPattern | None = None
         self.prefix = literal_prefix(parsed.tree)
         self.width = max_width(parsed.tree)
         self.bounded = bounded_width(parsed.tree)
@@ -613,10 +624,13 @@ class _Reach:
             self.other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
 
     @property
-    def probe(self) -> regex.Pattern[bytes]:
+    def probe(self) -> regex.Pattern[bytes] | LinearPattern:
         """The rule's probe (see ``dialect.to_regex_source``), compiled once."""
         if self._probe is None:
             src = self._source
+            if self.linear:
+                self._probe = LinearPattern(src)
+                return self._probe
             if f"(?P<{PROBE_GROUP}>)" not in src:
                 # Nothing in the rule can mark: add a branch that never matches.
                 src = f"(?:{src})|(?!)(?P<{PROBE_GROUP}>)"
@@ -1132,6 +1146,13 @@ class _EventHoldCursor(_HoldCursor):
         return mine if theirs is None else min(mine, theirs)
 
 
+def _marked(m: regex.Match[bytes] | LinearMatch) -> bool:
+    """Whether a probe's match went through an end-of-buffer mark."""
+    if isinstance(m, LinearMatch):
+        return m.marked()
+    return m.group(PROBE_GROUP) is not None
+
+
 def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
     """Leftmost position ``>= start`` from which the rule's probe says one
     of its paths, tried before any real match there, runs off the end."""
@@ -1153,7 +1174,7 @@ def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int
         i = buf.find(prefix, start, n)
         while i >= 0 and i <= n - k:
             m = match(buf, i, timeout=timeout)
-            if m is not None and m.group(PROBE_GROUP) is not None:
+            if m is not None and _marked(m):
                 return i
             i = buf.find(prefix, i + 1, n)
         # A prefix cut by the end of the buffer: only where what is left
@@ -1161,7 +1182,7 @@ def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int
         for i in range(max(start, n - k + 1), n):
             if prefix.startswith(buf[i:n]):
                 m = match(buf, i, timeout=timeout)
-                if m is not None and m.group(PROBE_GROUP) is not None:
+                if m is not None and _marked(m):
                     return i
         return n if start <= n else None
     search = r.probe.search
@@ -1169,22 +1190,67 @@ def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int
         m = search(buf, start, timeout=timeout)
         if m is None:
             return None
-        if m.group(PROBE_GROUP) is not None:
+        if _marked(m):
             return m.start()
         start = m.start() + 1
     return None
 
 
-class RegexScanner:
-    """The ``regex``-package scanner: one pattern and one probe per rule."""
+#: How :class:`RegexScanner` picks the engine of each rule: ``auto`` puts on
+#: RE2 exactly the rules ``regex`` cannot bound (measured in issue 15: on the
+#: realistic rule sets, ``regex`` keeps its literal fast paths and the
+#: match index's exact spans); ``all`` and ``none`` force one engine.
+LINEAR_MODES = ("auto", "all", "none")
 
-    def __init__(self, parsed: Sequence[ParsedRegex], engine: str | None = None) -> None:
+
+def _linear_reason(parsed: ParsedRegex, mode: str) -> str | None:
+    """Why a rule runs on RE2 under ``mode``, or None."""
+    if mode == "none":
+        return None
+    if mode == "all":
+        return "every rule runs on RE2"
+    if mode != "auto":
+        raise ValueError(f"linear must be one of {LINEAR_MODES}, not {mode!r}")
+    why = check_pathological(parsed.tree)
+    return None if why is None else f"regex could backtrack: {why}"
+
+
+class RegexScanner:
+    """The ``regex``-package scanner: one pattern and one probe per rule,
+    on RE2 for the rules ``regex`` cannot run in bounded time."""
+
+    def __init__(
+        self, parsed: Sequence[ParsedRegex], engine: str | None = None, linear: str = "auto"
+    ) -> None:
         self._ngroups = [p.ngroups for p in parsed]
-        self.sources = [to_regex_source(p.tree, caseless=p.caseless) for p in parsed]
-        self.patterns = [regex.compile(s.encode("latin-1"), FLAGS) for s in self.sources]
+        #: Per rule: why it runs on the linear engine (RE2), or None for
+        #: ``regex``; and why RE2 could not take a rule that needs it.
+        self.linear: list[str | None] = []
+        self.linear_refused: dict[int, str] = {}
+        self.sources: list[str] = []
+        self.patterns: list[regex.Pattern[bytes] | LinearPattern] = []
+        for k, p in enumerate(parsed):
+            why = _linear_reason(p, linear)
+            if why is not None:
+                source = to_re2_source(p.tree)
+                try:
+                    self.patterns.append(LinearPattern(source))
+                except LinearError as exc:
+                    self.linear_refused[k] = str(exc)
+                    why = None
+                else:
+                    self.sources.append(source)
+                    self.linear.append(why)
+                    continue
+            self.linear.append(None)
+            self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
+            self.patterns.append(regex.compile(self.sources[-1].encode("latin-1"), FLAGS))
         #: Per rule: its match widths when it is exact (see hsindex.exact_widths).
         self.widths = [hsindex.exact_widths(p) for p in parsed]
-        self.reaches = [_Reach(p, w is not None) for p, w in zip(parsed, self.widths, strict=True)]
+        self.reaches = [
+            _Reach(p, w is not None, why is not None)
+            for p, w, why in zip(parsed, self.widths, self.linear, strict=True)
+        ]
         self._empty_ok = [can_match_empty(p.tree) for p in parsed]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         #: Per rule: the bytes it matches when it is a pure literal.

@@ -41,7 +41,7 @@ def build(
 ) -> RuleSet:
     """The case's rules as a RuleSet (rules are given already unescaped)."""
     rules = [
-        compile_rule(_b(r["pattern"]), _b(r["replacement"]), r["flags"], safe=False)
+        compile_rule(_b(r["pattern"]), _b(r["replacement"]), r["flags"])
         for r in case["rules"]
     ]
     return RuleSet.build(
@@ -164,7 +164,7 @@ def test_case_through_a_rules_file(case: dict[str, Any]) -> None:
             + flags
             + b";"
         )
-    ruleset = parse_rules(b"\n".join(lines), "case.rules", safe=False)
+    ruleset = parse_rules(b"\n".join(lines), "case.rules")
     assert [r.pattern for r in ruleset.rules] == [_b(r["pattern"]) for r in case["rules"]]
     assert [r.replacement for r in ruleset.rules] == [_b(r["replacement"]) for r in case["rules"]]
     pieces = [_b(x) for x in case["chunks"]]

@@ -28,7 +28,7 @@ OTHERS = ["a+", "b|ab", "[ab]b", "\\ba", "a$", "^b", "(a)b", "b*"]
 
 def build(specs: list[tuple[str, str, str]], engine: str, split: bool = True) -> RuleSet:
     rs = RuleSet.build(
-        [compile_rule(p.encode(), r.encode(), f, safe=False) for p, r, f in specs],
+        [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs],
         max_buffered_size=10**9,
         engine=engine,
     )

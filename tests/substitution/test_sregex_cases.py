@@ -1,9 +1,11 @@
 """The sregex engine's own test suite, run through Prexy's dialect translation.
 
 Every case of ``sregex_cases.json`` is parsed with Prexy's sregex parser and
-run with the ``regex`` package through :class:`RegexScanner` (the scanner the
-transducer uses), comparing match offsets, captures, the matching regex in
-multi mode, and refusals.
+run through :class:`RegexScanner` (the scanner the transducer uses), comparing
+match offsets, captures, the matching regex in multi mode, and refusals: with
+each rule on the engine the scanner picks (``regex``, or RE2 for the shapes
+``regex`` cannot bound) and with every rule on RE2.  No case is skipped for
+being unsafe.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from prexy.substitution.dialect import DialectError, check_pathological, parse_sregex
+from prexy.substitution.dialect import DialectError, parse_sregex
 from prexy.substitution.scanner import RegexScanner
 
 from .conftest import SKIP_REASON, load_cases
@@ -27,27 +29,28 @@ def _ids() -> list[Any]:
     return [pytest.param(c, id=f"{c['file']}:{c['name']}:{i}") for i, c in enumerate(CASES)]
 
 
-def _compile(case: dict[str, Any]) -> tuple[RegexScanner, list[Any]]:
+def _compile(case: dict[str, Any], linear: str = "auto") -> tuple[RegexScanner, list[Any]]:
     regs = case["regex"] if case["multi"] else [case["regex"]]
     if case["multi"]:
         flags = (case["flags"].split(" ") + [""] * len(regs))[: len(regs)]
     else:
         flags = [case["flags"]]
     parsed = [parse_sregex(r.encode("latin-1"), "i" in f) for r, f in zip(regs, flags, strict=True)]
-    return RegexScanner(parsed), parsed
+    return RegexScanner(parsed, linear=linear), parsed
 
 
+@pytest.mark.parametrize("linear", ["auto", "all"])
 @pytest.mark.parametrize("case", _ids())
-def test_sregex_case(case: dict[str, Any]) -> None:
+def test_sregex_case(case: dict[str, Any], linear: str) -> None:
     """Same refusal, or same match offsets, captures and matching regex."""
     expected = case["expected"]
     refused = "error" in expected or "error_like" in expected
     if refused:
         with pytest.raises(DialectError):
-            _compile(case)
+            _compile(case, linear)
         return
     try:
-        scanner, parsed = _compile(case)
+        scanner, parsed = _compile(case, linear)
     except DialectError:
         assert expected.get("fatal_allowed"), "refused a pattern sregex accepts"
         return
@@ -65,22 +68,3 @@ def test_sregex_case(case: dict[str, Any]) -> None:
         assert spans == expected["captures"]
     elif "captures_like" in expected:
         assert spans[0] == [0, 2]
-
-
-def test_safety_check_refuses_few_conformance_patterns() -> None:
-    """The load-time safety check is a policy on top of the dialect.
-
-    It refuses only patterns with an unbounded repeat over overlapping
-    alternatives or over two repeats sharing bytes; in the sregex suite that
-    is a small, known share (34 of 1988 cases at the time of writing).
-    """
-    assert CASES is not None
-    refused = 0
-    for case in CASES:
-        try:
-            _scanner, parsed = _compile(case)
-        except DialectError:
-            continue
-        if any(check_pathological(p.tree) for p in parsed):
-            refused += 1
-    assert refused <= 40

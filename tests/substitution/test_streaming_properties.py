@@ -4,7 +4,8 @@ Random rule sets (literals, classes, quantifiers, anchors, ``\\b``,
 alternation, groups; ``g`` and once; ``i``) and random bodies over a small
 alphabet are fed whole, in random pieces and byte by byte; every way must
 give the output of the body given at once at the end (no hold-back at all).
-Only the declared load errors may be raised.
+Only the declared load errors may be raised.  The linear engine (RE2) and
+``regex`` give the same bytes on every rule set ``regex`` finishes.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from prexy.substitution.dialect import DialectError
+from prexy.substitution.dialect import DialectError, has_empty_loop
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
-from prexy.substitution.rules import UnsafePatternError, compile_rule
+from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError
 
@@ -85,17 +86,10 @@ rule_specs = st.lists(
 )
 
 
-def build(specs: list[RuleSpec], engine: str | None = None) -> RuleSet:
-    """Compile the rules that load (unsafe ones are skipped), without a limit."""
-    rules = []
-    for pattern, replacement, flags in specs:
-        try:
-            rules.append(compile_rule(pattern.encode(), replacement.encode(), flags))
-        except UnsafePatternError:
-            continue
-    if not rules:
-        rules.append(compile_rule(b"a", b"X", b"g"))
-    return RuleSet.build(rules, max_buffered_size=10**9, engine=engine)
+def build(specs: list[RuleSpec], engine: str | None = None, linear: str = "auto") -> RuleSet:
+    """Compile the rules, without a limit (every pattern of the grammar loads)."""
+    rules = [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs]
+    return RuleSet.build(rules, max_buffered_size=10**9, engine=engine, linear=linear)
 
 
 bodies = st.text(alphabet="aabbc \nA-x1", max_size=40).map(lambda s: s.encode())
@@ -137,19 +131,58 @@ def test_only_declared_errors(pattern: str, flags: str) -> None:
     """Compiling a rule raises nothing but the declared load errors."""
     try:
         rule = compile_rule(pattern.encode(), b"[$&]", flags)
-    except (DialectError, UnsafePatternError, TemplateError, ValueError):
+    except (DialectError, TemplateError, ValueError):
         return
     RuleSet.build([rule]).new_transducer().finish(b"ab a\nb")
 
 
+@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
+def test_linear_engine_gives_regex_bytes(
+    specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
+) -> None:
+    """Every rule on RE2 gives the bytes every rule on ``regex`` gives
+    (wherever ``regex`` finishes within its time limit), whole, in random
+    pieces and byte by byte, with each prefilter engine.
+
+    Rule sets with a loop whose body can match empty are left out: there a
+    backtracker and a Pike VM choose different matches by design (see
+    ``dialect.has_empty_loop``; the next test pins one such case)."""
+    on_regex = build(specs, "none", linear="none")
+    assume(not any(has_empty_loop(r.parsed.tree) for r in on_regex.rules))
+    t = on_regex.new_transducer(timeout=1.0)
+    expected = t.finish(body)
+    assume(not t.timed_out)
+    on_re2 = build(specs, engine, linear="all")
+    assert all(why is not None for why in on_re2.scanner.linear)  # type: ignore[union-attr]
+    assert feed_in(on_re2, [body]) == expected
+    assert feed_in(on_re2, [body[i : i + 1] for i in range(len(body))]) == expected
+    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+    pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+    assert feed_in(on_re2, pieces) == expected
+
+
+def test_engines_part_on_loops_that_match_empty() -> None:
+    """The one shape where RE2 and ``regex`` differ: ``regex`` ends a loop at
+    an iteration that matched empty, RE2 drops that iteration."""
+    specs = [("(?:.*?\\n*)*", "[$&]", "g")]
+    assert reference(build(specs, "none", linear="none"), b"\n1") == b"[\n][]1[]"
+    assert reference(build(specs, "none", linear="all"), b"\n1") == b"[\n1][]"
+
+
 @pytest.mark.parametrize(
     "pattern",
-    ["(a|a)+$", "(a|ab)*c", "(\\w+\\d+)+", "(?:x|xy)+", "(a|)+"],
+    [
+        "(a|a)+$", "(a|ab)*c", "(\\w+\\d+)+", "(?:x|xy)+", "(a|)+", "(.*a){12}", "(.*?,){11}P",
+        "(<a.*?</a>\\s*)+", "(a|aa)*b", "(x+x+)+y", '"(\\\\.|[^"])*"',
+    ],
 )
-def test_pathological_patterns_refused(pattern: str) -> None:
-    """Nested unbounded repeats over overlapping alternatives are refused."""
-    with pytest.raises(UnsafePatternError):
-        compile_rule(pattern.encode(), b"X", "g")
+def test_pathological_patterns_run_on_the_linear_engine(pattern: str) -> None:
+    """Shapes ``regex`` cannot bound load, and run on RE2 (decided at load)."""
+    rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
+    assert rs.scanner is not None
+    why = rs.scanner.linear[0]
+    assert why is not None and why.startswith("regex could backtrack")
 
 
 @pytest.mark.parametrize(
@@ -165,9 +198,11 @@ def test_pathological_patterns_refused(pattern: str) -> None:
         "(<b>[^<]*</b>)+",
     ],
 )
-def test_common_safe_shapes_accepted(pattern: str) -> None:
-    """Safe shapes load: a single nested repeat, disjoint alternatives."""
-    compile_rule(pattern.encode(), b"X", "g")
+def test_common_safe_shapes_stay_on_regex(pattern: str) -> None:
+    """Shapes ``regex`` runs in bounded time (a single nested repeat,
+    disjoint alternatives) keep its literal fast paths."""
+    rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
+    assert rs.scanner is not None and rs.scanner.linear == [None]
 
 
 @settings(max_examples=60, deadline=None)
@@ -227,8 +262,3 @@ def test_tiny_pieces_do_not_rescan_quadratically() -> None:
     assert b"".join(out) == b"T"
 
 
-@pytest.mark.parametrize("pattern", ["(.*a){12}", "(.*?,){11}P", "(<a.*?</a>\\s*)+"])
-def test_repeated_ambiguous_bodies_refused(pattern: str) -> None:
-    """A repeated body whose unbounded repeat can eat what follows it is refused."""
-    with pytest.raises(UnsafePatternError):
-        compile_rule(pattern.encode(), b"X", "g")

@@ -11,15 +11,19 @@ from prexy.substitution.transducer import HOLD_SLACK
 
 
 def rules(
-    *specs: tuple[str, str, str], limit: int | None = None, engine: str | None = None
+    *specs: tuple[str, str, str],
+    limit: int | None = None,
+    engine: str | None = None,
+    linear: str = "auto",
 ) -> RuleSet:
     return RuleSet.build(
         [
-            compile_rule(p.encode("latin-1"), r.encode("latin-1"), f, safe=False)
+            compile_rule(p.encode("latin-1"), r.encode("latin-1"), f)
             for p, r, f in specs
         ],
         max_buffered_size=limit,
         engine=engine,
+        linear=linear,
     )
 
 
@@ -158,8 +162,11 @@ def test_limit_counts_bytes_before_the_match_found_so_far() -> None:
 
 
 def test_timeout_passes_rest_through() -> None:
-    """A scan that exceeds its time limit stops substitution for the body."""
-    rs = rules(("(x|x)+y", "X", "g"))
+    """A scan that exceeds its time limit stops substitution for the body.
+
+    The pattern is one ``regex`` cannot bound; it is forced onto ``regex``
+    (``linear="none"``) so that the guard itself is what is tested."""
+    rs = rules(("(x|x)+y", "X", "g"), linear="none")
     t = rs.new_transducer(timeout=0.01)
     out = t.feed(b"ab" + b"x" * 40 + b"z") + t.feed(b"ab") + t.finish()
     assert t.timed_out
@@ -177,7 +184,7 @@ def test_timeout_inside_a_run_of_replacements_duplicates_nothing() -> None:
     out there."""
     body = b"a xy a " + b"x" * 40 + b"z"
     for specs in ((("a", "A", "g"), ("(x|x)+y", "X", "g")), (("(x|x)+y", "X", "g"),)):
-        rs = rules(*specs, engine="anchor")
+        rs = rules(*specs, engine="anchor", linear="none")
         t = rs.new_transducer(timeout=0.01)
         out = t.finish(body)
         assert t.timed_out
