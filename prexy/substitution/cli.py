@@ -9,8 +9,9 @@ Operators test rules before deploying them::
 ``--explain`` prints each rule with the engine it runs on (``regex``, or
 RE2 for the shapes a backtracking engine cannot bound) and why.
 
-The body is fed to the same transducer the proxy uses, in ``N``-byte chunks
-(default: whole).  A rules file that does not load exits with status 1 and
+The body is read from stdin and fed to the same transducer the proxy uses,
+in ``N``-byte chunks (default 64 KiB), each chunk's output written at once,
+so memory stays flat whatever the size of the body.  A rules file that does not load exits with status 1 and
 the error (``file:line:column: reason``) on stderr.  The bail-out and timeout
 flags are reported on stderr, since they change the output.
 """
@@ -25,6 +26,9 @@ from typing import BinaryIO
 from prexy.substitution.rules import RulesError, load_rules
 
 __all__ = ["main"]
+
+#: Bytes read from stdin and fed at a time by default.
+CHUNK = 64 * 1024
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,9 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--chunk-size",
         type=int,
-        default=0,
+        default=CHUNK,
         metavar="N",
-        help="feed the input in N-byte chunks (default: whole input at once)",
+        help=f"read and feed the input in N-byte chunks (default {CHUNK})",
     )
     return parser
 
@@ -61,7 +65,7 @@ def main(
 ) -> int:
     """Run the ``rewrite`` command; return the exit status."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.chunk_size < 0:
+    if args.chunk_size <= 0:
         sys.stderr.write("prexy rewrite: --chunk-size must be positive\n")
         return 2
     try:
@@ -76,10 +80,11 @@ def main(
         return 0
     source = stdin if stdin is not None else sys.stdin.buffer
     transducer = ruleset.new_transducer()
-    data = source.read()
-    size = args.chunk_size or max(len(data), 1)
-    for i in range(0, len(data), size):
-        sink.write(transducer.feed(data[i : i + size]))
+    while True:
+        data = source.read(args.chunk_size)
+        if not data:
+            break
+        sink.write(transducer.feed(data))
     sink.write(transducer.finish())
     sink.flush()
     if transducer.bailed_out:

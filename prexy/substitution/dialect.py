@@ -24,6 +24,7 @@ __all__ = [
     "DialectError",
     "Node",
     "ParsedRegex",
+    "backtracking_risk",
     "bounded_width",
     "can_match_empty",
     "check_pathological",
@@ -991,6 +992,23 @@ def check_pathological(tree: Node) -> str | None:
                 "a repeated group holding an unbounded repeat that can also eat "
                 "what follows it (each iteration can end in many places)"
             )
+    return None
+
+
+def backtracking_risk(tree: Node) -> str | None:
+    """Why ``regex`` may need more than linear time on ``tree``, or None.
+
+    :func:`check_pathological`'s shapes, and also any unbounded repeat that
+    holds another one: ``regex`` handles ``(a+)+$`` without blowing up, but
+    measured on lines of 999 ``a`` (issue 15) it ran at 0.9 MB/s, and timed
+    out on lines ending in ``b``.  Such rules run on RE2 (:mod:`.linear`).
+    """
+    why = check_pathological(tree)
+    if why is not None:
+        return why
+    for rep in _unbounded_repeats(tree):
+        if _unbounded_repeats(rep.child):
+            return "an unbounded repeat that holds another one"
     return None
 
 

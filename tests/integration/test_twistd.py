@@ -187,6 +187,18 @@ class CheckTests(TestCase):
         self.assertEqual(result.returncode, 1)
         self.assertIn(os.path.join(d, "broken.rules") + ":1:", result.stderr)
 
+    def test_check_lists_rules_on_the_linear_engine(self) -> None:
+        """A pattern ``regex`` cannot bound is accepted, and ``--check``
+        names it with its file:line, the engine (RE2) and why."""
+        d = tempfile.mkdtemp(prefix="prexy-check-")
+        write(d, "mixed.rules", b"replace_filter 'foo' 'bar' g;\nreplace_filter '(a|aa)*b' 'X' g;\n")
+        config = write(d, "mixed.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['mixed.rules']\n")
+        result = self.run_twistd("--config", config, "--check")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = [x for x in result.stdout.splitlines() if "runs on" in x]
+        self.assertEqual(len(lines), 1, result.stdout)
+        self.assertIn(os.path.join(d, "mixed.rules") + ":2: '(a|aa)*b' runs on re2: regex could backtrack", lines[0])
+
     def test_broken_config_refuses_to_start(self) -> None:
         """Without --check, a broken config stops twistd with the reason."""
         d = tempfile.mkdtemp(prefix="prexy-check-")

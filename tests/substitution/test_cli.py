@@ -105,3 +105,27 @@ def test_core_imports_no_twisted() -> None:
         timeout=60,
     )
     assert proc.returncode == 0
+
+
+def test_explain_names_each_rules_engine(tmp_path: Path) -> None:
+    """--explain prints, per rule, its file:line, the engine and why; a rule
+    ``regex`` cannot bound is on RE2, not refused."""
+    path = tmp_path / "mixed.rules"
+    path.write_bytes(
+        b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
+        b"replace_filter '\"(\\\\\\\\.|[^\"])*\"' 'S' g;\n"
+    )
+    status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
+    assert status == 0
+    lines = out.decode().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{path}:1: 'www\\.example\\.com' g: regex: ")
+    assert lines[1].startswith(f"{path}:2: '\"(\\\\.|[^\"])*\"' g: re2: regex could backtrack: ")
+    status, out = run_main(["--rules", str(path)], b'a "x\\"y" b')
+    assert (status, out) == (0, b"a S b")
+
+
+def test_bad_chunk_size_exits_2(rules_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chunk size of zero or less is refused."""
+    assert run_main(["--rules", str(rules_file), "--chunk-size", "0"], b"x") == (2, b"")
+    assert "--chunk-size" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""Adversarial bodies: the shapes that make a backtracking engine blow up.
+
+Each pattern below is one ``regex`` cannot bound; it runs on RE2 and must go
+through 5 MB built to make it backtrack at 10 MB/s or more (CPU time), in
+time linear in the body (5 MB within 6x the time of 1 MB), and the scan
+timeout that guards ``regex`` must never fire.  The bodies are the ones
+measured in issue 15: long runs that almost match, lines that each start
+a match, a long unterminated quoted string with escapes.  Output is checked
+against the same rule run on the whole body at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from prexy.substitution.rules import compile_rule
+from prexy.substitution.ruleset import RuleSet
+
+MB = 1_000_000
+FEED = 64 * 1024
+
+Body = Callable[[int], bytes]
+
+BODIES: dict[str, Body] = {
+    "a-run": lambda n: b"a" * n,
+    "a-lines": lambda n: (b"a" * 999 + b"\n") * (n // 1000),
+    "ab-lines": lambda n: (b"a" * 998 + b"b\n") * (n // 1000),
+    "x-lines": lambda n: (b"x" * 99 + b"\n") * (n // 100),
+    "quote-open": lambda n: b'"' + b"\\a" * (n // 2),
+    "quote-lines": lambda n: (b'"' + b"\\a" * 40 + b"\n") * (n // 82),
+    "text": lambda n: b"the cat sat on a mat\n" * (n // 21),
+}
+
+SHAPES = [
+    (b"(a|aa)*b", ["a-run", "a-lines", "ab-lines", "text"]),
+    (b"(a+)+$", ["a-run", "a-lines", "ab-lines", "quote-open"]),
+    (b"(.*a){20}", ["a-lines", "quote-open", "text"]),
+    (b"(x+x+)+y", ["x-lines", "a-run", "text"]),
+    (b'"(\\\\.|[^"])*"', ["quote-open", "quote-lines", "text"]),
+]
+
+
+def _cpu(ruleset: RuleSet, body: bytes) -> tuple[bytes, float, bool]:
+    t = ruleset.new_transducer(timeout=1.0)
+    started = time.process_time()
+    out = b"".join(t.feed(body[i : i + FEED]) for i in range(0, len(body), FEED)) + t.finish()
+    return out, time.process_time() - started, t.timed_out
+
+
+@pytest.mark.parametrize(
+    ("pattern", "body"),
+    [pytest.param(p, b, id=f"{p.decode()}-{b}") for p, names in SHAPES for b in names],
+)
+def test_linear_time_on_adversarial_bodies(pattern: bytes, body: str) -> None:
+    """5 MB at >= 10 MB/s, 5 MB within 6x of 1 MB, no scan timeout."""
+    ruleset = RuleSet.build([compile_rule(pattern, b"[$&]", "g")])
+    assert ruleset.scanner is not None and ruleset.scanner.linear[0] is not None
+    make = BODIES[body]
+    small, large = make(MB), make(5 * MB)
+    # The best of three runs each: CPU time on a shared machine only errs
+    # upwards.
+    runs = {size: [_cpu(ruleset, data) for _ in range(3)] for size, data in ((1, small), (5, large))}
+    for size, results in runs.items():
+        assert not any(timed_out for _, _, timed_out in results), size
+        outs = {out for out, _, _ in results}
+        assert len(outs) == 1
+    t1 = min(cpu for _, cpu, _ in runs[1])
+    t5 = min(cpu for _, cpu, _ in runs[5])
+    assert len(large) / max(t5, 1e-9) >= 10 * MB, f"{len(large) / t5 / MB:.1f} MB/s"
+    assert t5 <= 6 * max(t1, 0.005), f"1 MB {t1 * 1000:.0f} ms, 5 MB {t5 * 1000:.0f} ms"
+
+
+@pytest.mark.parametrize("pattern", [p for p, _ in SHAPES])
+def test_adversarial_output_does_not_depend_on_feeding(pattern: bytes) -> None:
+    """Fed in 64 KiB slices or in pieces of 997 bytes, the output is that of
+    the whole body at once (no bail-out: the limit is above the body)."""
+    ruleset = RuleSet.build([compile_rule(pattern, b"[$&]", "g")], max_buffered_size=10**9)
+    for make in BODIES.values():
+        body = make(60_000)
+        whole = ruleset.new_transducer(timeout=None).finish(body)
+        for size in (FEED, 997):
+            t = ruleset.new_transducer(timeout=None)
+            out = b"".join(t.feed(body[i : i + size]) for i in range(0, len(body), size)) + t.finish()
+            assert out == whole, (make, size)
