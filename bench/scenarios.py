@@ -11,6 +11,7 @@ cells are left '-', while the peer side is still measured.
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import statistics
 import subprocess
@@ -1192,6 +1193,109 @@ def _script(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[
     return run
 
 
+# adversarial (issue 15): the shapes that make a backtracking engine blow up
+
+#: (pattern as the rules file writes it, the body built against it).  The
+#: bodies are those of tests/substitution/test_adversarial.py.
+ADVERSARIAL = [
+    ("(a|aa)*b", "ab-lines", lambda n: (b"a" * 998 + b"b\n") * (n // 1000)),
+    ("(a+)+$", "ab-lines", lambda n: (b"a" * 998 + b"b\n") * (n // 1000)),
+    ("(.*a){20}", "text", lambda n: b"the cat sat on a mat\n" * (n // 21)),
+    ("(x+x+)+y", "x-lines", lambda n: (b"x" * 99 + b"\n") * (n // 100)),
+    ('"(\\\\.|[^"])*"', "quote-open", lambda n: b'"' + b"\\a" * (n // 2)),
+]
+
+
+def _rewrite_cli(python: Path, rules: Path, body: Path) -> tuple[float, float]:
+    """``python -m prexy rewrite`` on ``body``: (wall seconds, peak RSS MB)."""
+    started = time.perf_counter()
+    with body.open("rb") as stdin:
+        proc = subprocess.Popen([str(python), "-m", "prexy", "rewrite", "--rules", str(rules)],
+                                stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                cwd=WORK)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"rewrite exited {proc.returncode}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def scenario_adversarial(bench: Bench) -> Report:
+    """Rules regex cannot bound, on bodies built to make them backtrack:
+    ``python -m prexy rewrite`` and the proxy, 1 MB and 5 MB."""
+    notes: list[str] = []
+    install = bench.prexy()
+    if install is None:
+        return Report("adversarial", "(Prexy unavailable)", [bench.install_error])
+    bench.origin()  # serves the bodies written below
+    rows: list[list[str]] = []
+    targets: list[str] = []
+    data: dict[str, object] = {}
+    empty = WORK / "adversarial" / "empty.txt"
+    content.write(empty, b"")
+    for k, (pattern, label, make) in enumerate(ADVERSARIAL):
+        quoted = pattern.replace("\\", "\\\\")
+        rules = content.write(WORK / "adversarial" / f"rule{k}.rules",
+                              f"replace_filter '{quoted}' '[$&]' g;\n".encode())
+        files = {}
+        for size in (1, 5):
+            path = f"/adversarial/{k}-{size}m.html"
+            files[size] = content.write(bench.www / path.lstrip("/"), make(size * MB))
+        _, base_rss = _rewrite_cli(install.python, rules, empty)
+        prexy = bench.start_prexy(f"prexy-adversarial-{k}", notes, args=("--rules", str(rules)))
+        cells: dict[str, float] = {}
+        try:
+            for size, path in files.items():
+                cli = [_rewrite_cli(install.python, rules, path) for _ in range(3)]
+                wall = statistics.median(c[0] for c in cli)
+                cells[f"cli {size}"] = wall
+                cells[f"cli rss {size}"] = max(c[1] for c in cli) - base_rss
+                if prexy is not None:
+                    sampler = _RssSampler(prexy)
+                    sampler.start()
+                    client = Client(prexy.port, 120)
+                    times = []
+                    try:
+                        for i in range(3):
+                            got = client.get(f"/adversarial/{k}-{size}m.html?n={i}")
+                            if got.status != 200 or len(got.body) < path.stat().st_size:
+                                notes.append(f"{pattern} {size} MB: status {got.status}, "
+                                             f"{len(got.body)} bytes")
+                            times.append(got.seconds)
+                    finally:
+                        client.close()
+                        sampler.halt.set()
+                        sampler.join()
+                    cells[f"proxy {size}"] = statistics.median(times)
+                    cells[f"proxy rss {size}"] = sampler.peak_mb - sampler.start_mb
+        finally:
+            if prexy is not None:
+                prexy.stop()
+        data[pattern] = cells
+        five = 5 * MB / 1e6
+        row = [f"`{pattern}` on {label}"]
+        for kind in ("cli", "proxy"):
+            t1, t5 = cells.get(f"{kind} 1"), cells.get(f"{kind} 5")
+            if t1 is None or t5 is None:
+                row += ["-", "-", "-"]
+                continue
+            rate = five / t5
+            growth = t5 / t1
+            rss = cells[f"{kind} rss 5"]
+            row += [f"{rate:.0f} MB/s", f"{growth:.2f}x", f"{rss:.1f} MB"]
+            targets.append(target(f"{kind} `{pattern}` 5 MB >= 10 MB/s ({rate:.0f}), "
+                                  f"5 MB <= 6x 1 MB ({growth:.2f}x), RSS growth < 20 MB ({rss:.1f})",
+                                  rate >= 10 and growth <= 6 and rss < 20))
+        rows.append(row)
+    table = markdown_table(
+        ["rule, body", "rewrite 5 MB", "5 MB / 1 MB", "RSS growth", "proxy 5 MB", "5 MB / 1 MB",
+         "RSS growth"], rows)
+    notes.append("wall time, median of 3 runs; the CLI's RSS growth is its peak against a run "
+                 "on an empty body, the proxy's the peak of its processes while serving")
+    return Report("adversarial: rules regex cannot bound (issue 15)", table, notes, data, targets)
+
+
 SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "proxy": scenario_proxy,
     "subs": scenario_subs,
@@ -1201,6 +1305,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "cache": scenario_cache,
     "workers": scenario_workers,
     "urlmap": scenario_urlmap,
+    "adversarial": scenario_adversarial,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),

@@ -30,6 +30,7 @@ __all__ = [
     "check_pathological",
     "first_bytes",
     "has_empty_loop",
+    "leading_asserts",
     "literal_prefix",
     "max_width",
     "min_width",
@@ -888,6 +889,32 @@ def _nullable(node: Node) -> bool:
         return any(_nullable(i) for i in node.items)
     if isinstance(node, Repeat):
         return node.low == 0 or _nullable(node.child)
+    raise TypeError(node)  # pragma: no cover
+
+
+def leading_asserts(node: Node) -> frozenset[str]:
+    """Kinds of the assertions a match of ``node`` can test before it has
+    consumed a byte (``^`` in ``^ +``, ``\\b`` in ``a?\\bc``)."""
+    if isinstance(node, (Char, Set)):
+        return frozenset()
+    if isinstance(node, Assert):
+        return frozenset((node.kind,))
+    if isinstance(node, Group):
+        return leading_asserts(node.child)
+    if isinstance(node, Repeat):
+        return leading_asserts(node.child) if node.high != 0 else frozenset()
+    if isinstance(node, Alt):
+        acc: frozenset[str] = frozenset()
+        for item in node.items:
+            acc |= leading_asserts(item)
+        return acc
+    if isinstance(node, Cat):
+        acc = frozenset()
+        for item in node.items:
+            acc |= leading_asserts(item)
+            if not _nullable(item):
+                break
+        return acc
     raise TypeError(node)  # pragma: no cover
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from prexy.substitution.dialect import ParsedRegex
+from prexy.substitution.dialect import ParsedRegex, can_match_empty, first_bytes, leading_asserts
 from prexy.substitution.scanner import RegexScanner
 from prexy.substitution.template import Template
 
@@ -22,6 +22,13 @@ __all__ = ["Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
 
 DEFAULT_MAX_BUFFERED_SIZE = 8192
 DEFAULT_TYPES = frozenset({"text/html"})
+
+#: Seconds the warm-up rewrite of a new rule set may scan for.
+WARM_TIMEOUT = 0.2
+
+#: The assertions whose "previous byte" the module takes from its register
+#: at a restart (``\\A`` fails there, as it does anywhere past the start).
+RESTART_KINDS = frozenset({"bol", "b", "B"})
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,13 @@ class RuleSet:
         compiled scanners' memory once.  Measured with 1000 realistic rules
         (bench/realistic.py): the first 20 KB page took 3.7 ms to rewrite
         in a fresh process, the following ones 0.7-1.0 ms."""
-        _ = self.rule_facts, self.global_literals, self.expansions
+        _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing
         if self.scanner is None:
             return
         sample = b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
-        t = self.new_transducer(timeout=None)
+        # Under the scan timeout all the same: a rule on ``regex`` is one it
+        # bounds, but no build should ever wait on a sample.
+        t = self.new_transducer(timeout=WARM_TIMEOUT)
         t.feed(sample[: len(sample) // 2])
         t.finish(sample[len(sample) // 2 :])
 
@@ -220,6 +229,42 @@ class RuleSet:
             any(not r.once for r in rules),
             tuple(range(len(rules))),
         )
+
+    @cached_property
+    def capturing(self) -> bool:
+        """Whether the module runs this rule set in its capturing mode: some
+        replacement uses the matched bytes (``$&``, ``$N``), or a once-rule
+        is among several rules.  That mode counts a match found so far
+        among the held bytes (``Transducer._run``)."""
+        if any(not r.template.is_literal for r in self.rules):
+            return True
+        return len(self.rules) > 1 and any(r.once for r in self.rules)
+
+    @cached_property
+    def restart_facts(self) -> tuple[frozenset[str], frozenset[int] | None] | None:
+        """What the module's restart rule needs (see ``transducer``), or
+        None when it cannot change anything: fewer than two rules, or no
+        rule that tests ``^``, ``\\b`` or ``\\B`` before its first byte.
+
+        (the kinds those rules test; the bytes their matches can start
+        with, or None when one of them can match empty anywhere)."""
+        if len(self.rules) < 2:
+            return None
+        kinds: set[str] = set()
+        starts: set[int] = set()
+        anywhere = False
+        for rule in self.rules:
+            tree = rule.parsed.tree
+            found = leading_asserts(tree) & RESTART_KINDS
+            if not found:
+                continue
+            kinds |= found
+            if can_match_empty(tree):
+                anywhere = True
+            starts |= first_bytes(tree)
+        if not kinds:
+            return None
+        return frozenset(kinds), None if anywhere else frozenset(starts)
 
     @cached_property
     def expansions(self) -> tuple[list[bool], dict[tuple[int, bytes], bytes]]:

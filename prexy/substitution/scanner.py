@@ -203,6 +203,7 @@ class Cursor(Protocol):
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        stops: frozenset[int] | None = None,
     ) -> tuple[int, int]:
         """Replace, from ``pos``, the matches that start before ``stop`` as
         long as each is non-empty and its rule has a fixed global
@@ -210,7 +211,11 @@ class Cursor(Protocol):
         cursor knows, ``memo[(rule, matched bytes)]`` when present: global
         rules only); stop at the first that is not.  Adds the rules that
         matched to ``matched``; returns the new position and the number of
-        matches."""
+        matches.
+
+        With ``stops`` (see ``Transducer``'s restart rule), the run also
+        stops before any match of rule 0 and right after any match followed
+        by one of the bytes in ``stops`` or by the end of the buffer."""
 
 
 class HoldCursor(Protocol):
@@ -435,6 +440,7 @@ class _SingleCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        stops: frozenset[int] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: one ``finditer`` loop, no merging."""
         stream = self._stream
@@ -442,12 +448,15 @@ class _SingleCursor:
         if literal is None or stream.empty_ok:
             return pos, 0
         buf = stream.buf
-        if self._word is not None:
+        if stops is not None and self._rule == 0:
+            return pos, 0
+        if self._word is not None and stops is None:
             pos, count = _split_run(buf, pos, stop, self._word, literal, emit)
             if count:
                 matched.add(self._rule)
             return pos, count
         count = 0
+        n = len(buf)
         for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
             start = m.start()
             if start >= stop:
@@ -457,6 +466,8 @@ class _SingleCursor:
             emit(literal)
             pos = m.end()
             count += 1
+            if stops is not None and (pos >= n or buf[pos] in stops):
+                break
         if count:
             matched.add(self._rule)
         return pos, count
@@ -525,6 +536,7 @@ class _HeapCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        stops: frozenset[int] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: the merge of :meth:`find`
         without a ``Found`` per match, for the common case of domain and id
@@ -549,12 +561,12 @@ class _HeapCursor:
                 break
             literal = literals[rule]
             end = m.end()
-            if literal is None or end == start:
+            if literal is None or end == start or (stops is not None and rule == 0):
                 break
             if start > pos:
                 emit(m.string[pos:start])
             word = words[rule]
-            if word is not None:
+            if word is not None and stops is None:
                 # The rule's matches up to the next one of another rule
                 # (strictly before it: the other may win a tie) all come
                 # first in the merge: take them in one split.
@@ -571,6 +583,10 @@ class _HeapCursor:
                 pos = end
                 count += 1
             matched.add(rule)
+            if stops is not None:
+                string = m.string
+                if pos >= len(string) or string[pos] in stops:
+                    break
         return pos, count
 
     def find(self, pos: int) -> Found | None:
@@ -1038,6 +1054,7 @@ class _EventCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        stops: frozenset[int] | None = None,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: exact rules' matches also by
         their remembered expansion.  The exact rules' reports are walked in
@@ -1068,7 +1085,7 @@ class _EventCursor:
                 literal = literals[rule]
                 if literal is None and memo is not None:
                     literal = memo.get((rule, buf[start:end]))
-                if start >= stop or literal is None:
+                if start >= stop or literal is None or (stops is not None and rule == 0):
                     self._i = i
                     return pos, count
                 if start > pos:
@@ -1078,6 +1095,9 @@ class _EventCursor:
                 count += 1
                 matched.add(rule)
                 i += 1
+                if stops is not None and (pos >= len(buf) or buf[pos] in stops):
+                    self._i = i
+                    return pos, count
             self._i = i
             if not heap:
                 return pos, count
@@ -1086,7 +1106,7 @@ class _EventCursor:
                 continue  # passed by the exact matches just taken: advance it first
             end = m.end()
             literal = literals[rule]
-            if start >= stop or literal is None or end == start:
+            if start >= stop or literal is None or end == start or (stops is not None and rule == 0):
                 return pos, count
             if start > pos:
                 emit(buf[pos:start])
@@ -1094,6 +1114,8 @@ class _EventCursor:
             pos = end
             count += 1
             matched.add(rule)
+            if stops is not None and (pos >= len(buf) or buf[pos] in stops):
+                return pos, count
 
 
 class _EventHoldCursor(_HoldCursor):

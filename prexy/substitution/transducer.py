@@ -19,6 +19,19 @@ One :class:`Transducer` rewrites one response body with a shared
 * a scan that exceeds its time limit passes the rest of the body through
   unchanged (``timed_out``).
 
+One rule of the module's engine is not Perl's.  After each match the module
+restarts its engine at the byte after the match, and there ``^``, ``\\b``
+and ``\\B`` do not look at the real previous byte: they look at a register
+that only a match of the *first* rule (rule 0) sets, to the class of that
+match's last byte (newline, word byte, other; "other" before rule 0 has
+matched).  So ``^b`` after a replaced ``\\n`` (a later rule) does not match,
+and ``^[ \\t]+`` after a removed ``<!---->`` matches when rule 0's last match
+ended a line.  Everywhere else, and after an empty match, assertions see the
+real bytes.  Prexy follows it (``_restart_rule``); read from sregex's
+``sre_vm_pike.c`` (the register is ``seen_newline``/``seen_word``, set from
+capture slot 1, which is rule 0's ``$0`` end) and checked against the
+module's measured outputs.
+
 ``feed(data)`` returns what is ready now, ``finish()`` what is left at the
 end of the body.  The output never depends on how the body was cut, except
 where the buffer limit fires (as in the module).  Work per call is
@@ -30,7 +43,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,10 +52,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer"]
 
-#: The module counts against ``max_buffered_size`` only the held bytes before
-#: the best match found so far (the match itself and what follows are kept to
-#: be rescanned).  Prexy does the same, and also bails out when everything it
-#: holds exceeds the limit by this much, so memory stays bounded per response.
+#: The module counts against ``max_buffered_size`` the bytes it holds at the
+#: end of each buffer, less the best match found so far when no replacement
+#: needs the matched bytes (see Transducer._run).  Prexy does the same, and
+#: also bails out when everything it holds exceeds the limit by this much, so
+#: memory stays bounded per response.
 HOLD_SLACK = 16 * 1024
 
 #: Once this many bytes are held, small feeds are gathered (until they reach a
@@ -54,6 +68,20 @@ DEFER_MIN = 1024
 
 #: Remembered expansions of exact rules per rule set (see _replacement).
 MEMO_SIZE = 4096
+
+#: Byte classes for the restart rule: what ``^`` and ``\\b`` ask of the
+#: previous byte.
+NONE, NEWLINE, WORD = 0, 1, 2
+_CLASS = bytes(
+    NEWLINE if b == 0x0A else WORD if (chr(b).isascii() and (chr(b).isalnum() or b == 0x5F)) else NONE
+    for b in range(256)
+)
+#: A byte of each class, standing for the previous byte at a restart.
+_STAND_IN = {NONE: b" ", NEWLINE: b"\n", WORD: b"a"}
+
+#: Bytes after a restart read first to decide the match there (more only
+#: when a match there may run past them).
+RESTART_WINDOW = 2048
 
 
 class State(enum.Enum):
@@ -116,6 +144,17 @@ class Transducer:
         self._deferred: list[bytes] = []
         self._deferred_len = 0
         self._defer_cap = 0
+        # The module's restart rule (see _restart_rule): the class of the last byte
+        # of the last match by rule 0 (NONE before any), and whether the
+        # scan resumes at the end of a non-empty match.
+        self._restart_facts = ruleset.restart_facts if self._active != (0,) else None
+        # The module's count of held bytes (see _run); the rule of the last
+        # completed match; the match kept apart by the last hold, if any.
+        self._capturing = ruleset.capturing
+        self._last_rule = 0
+        self._candidate: tuple[int, int, int] | None = None
+        self._last0 = NONE
+        self._restart = False
 
     # -- public API ---------------------------------------------------------
 
@@ -204,11 +243,23 @@ class Transducer:
         out: list[bytes] = []
         self._pending = 0
         self._defer_cap = 0
+        was_held = self._pos if self.held and self._candidate is not None else -1
+        self._candidate = None
         pos = self._scan(buf, self._pos, final, out)
         limit = self.ruleset.max_buffered_size
         if not final and (self._pending > limit or len(buf) - pos > limit + HOLD_SLACK):
             # The module's bail-out: flush held bytes, stop substituting.
-            out.append(buf[pos:])
+            candidate = self._candidate
+            if candidate is not None and candidate[0] == pos and pos == was_held:
+                # Held since an earlier buffer, with a match found so far
+                # that the module kept apart: it emits, in its place, the
+                # replacement of the last rule that completed a match.
+                _hold, start, end = candidate
+                out.append(buf[pos:start])
+                out.append(self._bail_replacement())
+                out.append(buf[end:])
+            else:
+                out.append(buf[pos:])
             pos = len(buf)
             self.bailed_out = True
             self._stop_substituting()
@@ -227,6 +278,26 @@ class Transducer:
         if scanner is None or self.state is not State.SCANNING:
             out.append(buf[pos:])
             return n
+        if self._restart_facts is None:
+            return self._scan_from(buf, pos, final, out)
+        restart = pos if self._restart else -1
+        self._restart = False
+        held = self._scan_from(buf, pos, final, out, restart)
+        return held
+
+    def _scan_from(
+        self, buf: bytes, pos: int, final: bool, out: list[bytes], restart_at: int = -1
+    ) -> int:
+        """:meth:`_scan`'s loop; ``restart_at``: a position where the scan
+        resumes after a non-empty match (the restart rule applies there),
+        or -1.  Sets ``_restart`` when holding starts at such a position."""
+        scanner = self._scanner
+        assert scanner is not None
+        n = len(buf)
+        facts = self._restart_facts
+        stops = None
+        if facts is not None:
+            stops = facts[1] if facts[1] is not None else frozenset(range(256))
         timeout = self.timeout
         emit = out.append
         literals = self._literal
@@ -250,7 +321,24 @@ class Transducer:
             global_literals = self.ruleset.global_literals
             memo = self._memo
             while pos < n or (final and pos == n):
-                if pos < fast_stop:
+                skip = False
+                if pos == restart_at:
+                    kind, quirk = self._restart_rule(buf, pos, final)
+                    if kind == "hold":
+                        self._pending = n - pos
+                        self._defer_cap = self.ruleset.max_buffered_size
+                        self._restart = True
+                        return pos
+                    if quirk is not None:
+                        pos, restart_at = self._apply_restart_match(buf, pos, quirk, emit)
+                        if self.state is not State.SCANNING:
+                            emit(buf[pos:])
+                            return n
+                        continue
+                    skip = kind == "none"
+                    if skip and pos >= n:
+                        return n  # the end of the body, and nothing matches there
+                if pos < fast_stop and not skip:
                     # Replace the run of matches from here that need nothing
                     # but a fixed (or remembered) replacement without
                     # building a Found for each; find() takes over at the
@@ -258,13 +346,17 @@ class Transducer:
                     # times out within.)
                     mark = len(out)
                     pos, count = cursor.literal_runs(
-                        pos, fast_stop, global_literals, emit, rules_matched, memo
+                        pos, fast_stop, global_literals, emit, rules_matched, memo, stops
                     )
                     mark = -1
                     self.match_count += count
+                    if count and stops is not None:
+                        restart_at = pos
+                        if pos < n or final:
+                            continue  # the restart rule first
                     if pos >= n and not final:
                         break
-                found = find(pos)
+                found = find(pos + 1 if skip else pos)
                 if found is None:
                     if floor <= n:
                         assert hold_point is not None
@@ -274,6 +366,7 @@ class Transducer:
                             self._pending = n - hold
                             # All held bytes count: defer only below the limit.
                             self._defer_cap = self.ruleset.max_buffered_size
+                            self._restart = hold == restart_at
                             return hold
                     emit(buf[pos:])
                     return n
@@ -283,26 +376,28 @@ class Transducer:
                     hold = hold_point(pos, found)
                     if hold is not None:
                         emit(buf[pos:hold])
-                        # As in the module, only the bytes before the match
-                        # found so far count against the limit; the match
-                        # and what follows it are kept apart to be rescanned.
-                        self._pending = start - hold
-                        if found.end < n - 1:
-                            # This match stands whatever comes next, so the
-                            # count can only shrink: defer up to the hard cap.
-                            self._defer_cap = self.ruleset.max_buffered_size + HOLD_SLACK
+                        # The module's count (see _run): everything held,
+                        # less the match found so far unless a replacement
+                        # needs the matched bytes.
+                        if self._capturing:
+                            self._pending = n - hold
                         else:
-                            self._defer_cap = self.ruleset.max_buffered_size
+                            self._pending = n - hold - (found.end - start)
+                            self._candidate = (hold, start, found.end)
+                        self._defer_cap = self.ruleset.max_buffered_size
+                        self._restart = hold == restart_at
                         return hold
                     if start == n and not final:
                         # An empty match at the end: decide it with the next bytes.
                         emit(buf[pos:])
+                        self._restart = n == restart_at
                         return n
                 end = found.end
                 if start > pos:
                     emit(buf[pos:start])
                 rule = found.rule
                 self.match_count += 1
+                self._last_rule = rule
                 rules_matched.add(rule)
                 literal = literals[rule]
                 if disabled[rule]:
@@ -312,11 +407,18 @@ class Transducer:
                 else:
                     emit(self._replacement(found))
                 if end == start:
+                    if rule == 0 and stops is not None and start != restart_at and start > 0:
+                        self._last0 = _CLASS[buf[start - 1]]
                     if start < n:
                         emit(buf[start : start + 1])
                     pos = start + 1
+                    restart_at = -1
                 else:
                     pos = end
+                    if stops is not None:
+                        restart_at = end
+                        if rule == 0:
+                            self._last0 = _CLASS[buf[end - 1]]
                 if self.state is not State.SCANNING:
                     emit(buf[pos:])
                     return n
@@ -327,7 +429,86 @@ class Transducer:
             self._stop_substituting()
             emit(buf[pos:])
             return n
+        if pos >= n and restart_at == n:
+            self._restart = True
         return min(pos, n)
+
+    def _restart_rule(self, buf: bytes, r: int, final: bool) -> tuple[str, Found | None]:
+        """The restart rule at ``r``, the end of a non-empty match.
+
+        Returns ("same", None) when it cannot change what matches at ``r``
+        (the register and the real previous byte agree for the assertions
+        the rules test there, or no such rule can start at ``buf[r]``);
+        ("match", found) with the match the module makes at ``r``, in
+        the coordinates of a stand-in buffer (one byte of the register's
+        class, then ``buf[r:]``: position 1 is ``r``); ("none", None) when
+        nothing matches at ``r``; ("hold", None) when that needs more bytes.
+        """
+        facts = self._restart_facts
+        assert facts is not None and self._scanner is not None
+        kinds, starts = facts
+        n = len(buf)
+        wanted = self._last0
+        real = _CLASS[buf[r - 1]]
+        differs = ("bol" in kinds and (wanted == NEWLINE) != (real == NEWLINE)) or (
+            ("b" in kinds or "B" in kinds) and (wanted == WORD) != (real == WORD)
+        )
+        if not differs:
+            return "same", None
+        if starts is not None and (r >= n or buf[r] not in starts):
+            return "same", None
+        scanner = self._scanner
+        timeout = self.timeout
+        stand_in = _STAND_IN[wanted]
+        end = min(n, r + RESTART_WINDOW)
+        while True:
+            view = stand_in + buf[r:end]
+            whole = final and end == n
+            found = scanner.cursor(view, timeout, self._active).find(1)
+            if not whole:
+                holds = scanner.hold_cursor(view, 1, timeout, self._active)
+                if holds.floor <= (found.start if found is not None else len(view)):
+                    if holds.hold_point(1, found) == 1:
+                        if end == n:
+                            return "hold", None
+                        end = n
+                        continue
+            if found is not None and found.start == 1:
+                return "match", found
+            return "none", None
+
+    def _apply_restart_match(
+        self, buf: bytes, r: int, found: Found, emit: Callable[[bytes], object]
+    ) -> tuple[int, int]:
+        """Emit the match ``_restart_rule`` found at ``r``; return (the next scan
+        position, the next restart position or -1)."""
+        length = found.end - found.start
+        rule = found.rule
+        self.match_count += 1
+        self._last_rule = rule
+        self.rules_matched.add(rule)
+        end = r + length
+        literal = self._literal[rule]
+        if self._disabled[rule]:
+            emit(buf[r:end])
+        elif literal is not None and not self._once[rule]:
+            emit(literal)
+        else:
+            emit(self._replacement(found))
+        if length == 0:
+            if r < len(buf):
+                emit(buf[r : r + 1])
+            return r + 1, -1
+        if rule == 0:
+            self._last0 = _CLASS[buf[end - 1]]
+        return end, end
+
+    def _bail_replacement(self) -> bytes:
+        """What the module emits for the kept-apart match at a bail-out:
+        the replacement of the last rule that completed a match (rule 0
+        before any).  Without captures every replacement is fixed."""
+        template = self._templates[self._last_rule]
+        return template.literal if template.is_literal else b""
 
     def _replacement(self, found: Found) -> bytes:
         """The replacement for ``found``; fires once-rules.

@@ -144,17 +144,23 @@ def test_bail_out_flushes_and_stops() -> None:
     assert t.finish() == b""
 
 
-def test_limit_counts_bytes_before_the_match_found_so_far() -> None:
-    """As in the module, a held match found so far does not count against the limit.
+def test_limit_counts_held_bytes_less_the_match_found_so_far() -> None:
+    """As in the module (without captures), the held bytes less the match
+    found so far count against the limit, and only over it does it bail.
 
-    ``<a`` holds (a tag may still close), but ``a`` already matched inside it:
-    only ``<`` counts.  Everything held still has a hard bound.
+    ``<a`` holds (a tag may still close), but ``a`` already matched inside
+    it.  At the bail-out that match takes rule 0's replacement.  Everything
+    held still has a hard bound.
     """
     rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
     t = rs.new_transducer()
-    assert t.feed(b"x<abcdef") == b"x"
+    assert t.feed(b"x<abc") == b"x"  # 4 held, 3 count
+    assert t.feed(b"d") == b""  # 4 count: at the limit
     assert not t.bailed_out
     assert t.feed(b">") == b"T"
+    t = rs.new_transducer()
+    assert t.feed(b"x<abc") + t.feed(b"de") == b"x<Xbcde"
+    assert t.bailed_out
     t = rs.new_transducer()
     t.feed(b"<" + b"a" * (HOLD_SLACK + 10))
     assert t.bailed_out
