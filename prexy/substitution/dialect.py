@@ -30,6 +30,7 @@ __all__ = [
     "check_pathological",
     "first_bytes",
     "has_empty_loop",
+    "last_bytes",
     "leading_asserts",
     "literal_prefix",
     "max_width",
@@ -912,6 +913,31 @@ def leading_asserts(node: Node) -> frozenset[str]:
         acc = frozenset()
         for item in node.items:
             acc |= leading_asserts(item)
+            if not _nullable(item):
+                break
+        return acc
+    raise TypeError(node)  # pragma: no cover
+
+
+def last_bytes(node: Node) -> frozenset[int]:
+    """Bytes a non-empty match of ``node`` can end with."""
+    if isinstance(node, Char):
+        return frozenset((node.byte,))
+    if isinstance(node, Set):
+        return node.members
+    if isinstance(node, Assert):
+        return frozenset()
+    if isinstance(node, (Group, Repeat)):
+        return last_bytes(node.child)
+    if isinstance(node, Alt):
+        acc: frozenset[int] = frozenset()
+        for item in node.items:
+            acc |= last_bytes(item)
+        return acc
+    if isinstance(node, Cat):
+        acc = frozenset()
+        for item in reversed(node.items):
+            acc |= last_bytes(item)
             if not _nullable(item):
                 break
         return acc

@@ -14,7 +14,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from prexy.substitution.dialect import ParsedRegex, can_match_empty, first_bytes, leading_asserts
+from prexy.substitution.dialect import (
+    ParsedRegex,
+    can_match_empty,
+    first_bytes,
+    last_bytes,
+    leading_asserts,
+)
 from prexy.substitution.scanner import RegexScanner
 from prexy.substitution.template import Template
 
@@ -112,7 +118,7 @@ class RuleSet:
         compiled scanners' memory once.  Measured with 1000 realistic rules
         (bench/realistic.py): the first 20 KB page took 3.7 ms to rewrite
         in a fresh process, the following ones 0.7-1.0 ms."""
-        _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing
+        _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing, self.rule0_last_class
         if self.scanner is None:
             return
         sample = b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
@@ -265,6 +271,22 @@ class RuleSet:
         if not kinds:
             return None
         return frozenset(kinds), None if anywhere else frozenset(starts)
+
+    @cached_property
+    def rule0_last_class(self) -> int | None:
+        """The byte class (``transducer.NONE``/``NEWLINE``/``WORD``) every
+        match of rule 0 ends with, when there is one and rule 0 cannot match
+        empty: then the restart rule's register needs no tracking, only
+        whether rule 0 has matched."""
+        if not self.rules:
+            return None
+        from prexy.substitution.transducer import byte_class
+
+        tree = self.rules[0].parsed.tree
+        if can_match_empty(tree):
+            return None
+        classes = {byte_class(b) for b in last_bytes(tree)}
+        return classes.pop() if len(classes) == 1 else None
 
     @cached_property
     def expansions(self) -> tuple[list[bool], dict[tuple[int, bytes], bytes]]:

@@ -203,7 +203,7 @@ class Cursor(Protocol):
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
-        stops: frozenset[int] | None = None,
+        stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """Replace, from ``pos``, the matches that start before ``stop`` as
         long as each is non-empty and its rule has a fixed global
@@ -214,8 +214,9 @@ class Cursor(Protocol):
         matches.
 
         With ``stops`` (see ``Transducer``'s restart rule), the run also
-        stops before any match of rule 0 and right after any match followed
-        by one of the bytes in ``stops`` or by the end of the buffer."""
+        stops right after any match followed by one of the bytes in
+        ``stops`` or by the end of the buffer; and before any match of
+        ``stop_rule``."""
 
 
 class HoldCursor(Protocol):
@@ -440,7 +441,7 @@ class _SingleCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
-        stops: frozenset[int] | None = None,
+        stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: one ``finditer`` loop, no merging."""
         stream = self._stream
@@ -448,7 +449,7 @@ class _SingleCursor:
         if literal is None or stream.empty_ok:
             return pos, 0
         buf = stream.buf
-        if stops is not None and self._rule == 0:
+        if self._rule == stop_rule:
             return pos, 0
         if self._word is not None and stops is None:
             pos, count = _split_run(buf, pos, stop, self._word, literal, emit)
@@ -536,7 +537,7 @@ class _HeapCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
-        stops: frozenset[int] | None = None,
+        stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: the merge of :meth:`find`
         without a ``Found`` per match, for the common case of domain and id
@@ -561,7 +562,7 @@ class _HeapCursor:
                 break
             literal = literals[rule]
             end = m.end()
-            if literal is None or end == start or (stops is not None and rule == 0):
+            if literal is None or end == start or rule == stop_rule:
                 break
             if start > pos:
                 emit(m.string[pos:start])
@@ -1054,7 +1055,7 @@ class _EventCursor:
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
         matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
-        stops: frozenset[int] | None = None,
+        stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: exact rules' matches also by
         their remembered expansion.  The exact rules' reports are walked in
@@ -1085,7 +1086,7 @@ class _EventCursor:
                 literal = literals[rule]
                 if literal is None and memo is not None:
                     literal = memo.get((rule, buf[start:end]))
-                if start >= stop or literal is None or (stops is not None and rule == 0):
+                if start >= stop or literal is None or rule == stop_rule:
                     self._i = i
                     return pos, count
                 if start > pos:
@@ -1106,7 +1107,7 @@ class _EventCursor:
                 continue  # passed by the exact matches just taken: advance it first
             end = m.end()
             literal = literals[rule]
-            if start >= stop or literal is None or end == start or (stops is not None and rule == 0):
+            if start >= stop or literal is None or end == start or rule == stop_rule:
                 return pos, count
             if start > pos:
                 emit(buf[pos:start])

@@ -76,6 +76,13 @@ _CLASS = bytes(
     NEWLINE if b == 0x0A else WORD if (chr(b).isascii() and (chr(b).isalnum() or b == 0x5F)) else NONE
     for b in range(256)
 )
+
+
+def byte_class(b: int) -> int:
+    """The class of one byte for the restart rule."""
+    return _CLASS[b]
+
+
 #: A byte of each class, standing for the previous byte at a restart.
 _STAND_IN = {NONE: b" ", NEWLINE: b"\n", WORD: b"a"}
 
@@ -155,6 +162,10 @@ class Transducer:
         self._candidate: tuple[int, int, int] | None = None
         self._last0 = NONE
         self._restart = False
+        # When every match of rule 0 ends with a byte of one class, the
+        # register is that class once rule 0 has matched: the fast runs
+        # need not stop at rule 0's matches to track it.
+        self._last0_fixed = ruleset.rule0_last_class if self._restart_facts is not None else None
 
     # -- public API ---------------------------------------------------------
 
@@ -296,8 +307,11 @@ class Transducer:
         n = len(buf)
         facts = self._restart_facts
         stops = None
+        stop_rule = -1
         if facts is not None:
             stops = facts[1] if facts[1] is not None else frozenset(range(256))
+            if self._last0_fixed is None:
+                stop_rule = 0  # the register follows rule 0's matches one by one
         timeout = self.timeout
         emit = out.append
         literals = self._literal
@@ -346,7 +360,7 @@ class Transducer:
                     # times out within.)
                     mark = len(out)
                     pos, count = cursor.literal_runs(
-                        pos, fast_stop, global_literals, emit, rules_matched, memo, stops
+                        pos, fast_stop, global_literals, emit, rules_matched, memo, stops, stop_rule
                     )
                     mark = -1
                     self.match_count += count
@@ -448,7 +462,11 @@ class Transducer:
         assert facts is not None and self._scanner is not None
         kinds, starts = facts
         n = len(buf)
-        wanted = self._last0
+        fixed = self._last0_fixed
+        if fixed is None:
+            wanted = self._last0
+        else:
+            wanted = fixed if 0 in self.rules_matched else NONE
         real = _CLASS[buf[r - 1]]
         differs = ("bol" in kinds and (wanted == NEWLINE) != (real == NEWLINE)) or (
             ("b" in kinds or "B" in kinds) and (wanted == WORD) != (real == WORD)
