@@ -921,6 +921,15 @@ def leading_asserts(node: Node) -> frozenset[str]:
 
 def last_bytes(node: Node) -> frozenset[int]:
     """Bytes a non-empty match of ``node`` can end with."""
+    return _edge_bytes(node, True)
+
+
+def first_bytes(node: Node) -> frozenset[int]:
+    """Bytes a non-empty match of ``node`` can start with."""
+    return _edge_bytes(node, False)
+
+
+def _edge_bytes(node: Node, last: bool) -> frozenset[int]:
     if isinstance(node, Char):
         return frozenset((node.byte,))
     if isinstance(node, Set):
@@ -928,43 +937,16 @@ def last_bytes(node: Node) -> frozenset[int]:
     if isinstance(node, Assert):
         return frozenset()
     if isinstance(node, (Group, Repeat)):
-        return last_bytes(node.child)
+        return _edge_bytes(node.child, last)
     if isinstance(node, Alt):
         acc: frozenset[int] = frozenset()
         for item in node.items:
-            acc |= last_bytes(item)
+            acc |= _edge_bytes(item, last)
         return acc
     if isinstance(node, Cat):
         acc = frozenset()
-        for item in reversed(node.items):
-            acc |= last_bytes(item)
-            if not _nullable(item):
-                break
-        return acc
-    raise TypeError(node)  # pragma: no cover
-
-
-def first_bytes(node: Node) -> frozenset[int]:
-    """Bytes a non-empty match of ``node`` can start with."""
-    if isinstance(node, Char):
-        return frozenset((node.byte,))
-    if isinstance(node, Set):
-        return node.members
-    if isinstance(node, Assert):
-        return frozenset()
-    if isinstance(node, Group):
-        return first_bytes(node.child)
-    if isinstance(node, Repeat):
-        return first_bytes(node.child)
-    if isinstance(node, Alt):
-        acc: frozenset[int] = frozenset()
-        for item in node.items:
-            acc |= first_bytes(item)
-        return acc
-    if isinstance(node, Cat):
-        acc = frozenset()
-        for item in node.items:
-            acc |= first_bytes(item)
+        for item in reversed(node.items) if last else node.items:
+            acc |= _edge_bytes(item, last)
             if not _nullable(item):
                 break
         return acc
