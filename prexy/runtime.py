@@ -90,8 +90,9 @@ class Runtime:
             if rules is None or id(rules) in seen:
                 continue
             seen.add(id(rules))
-            for rule, engine, why in rules.engines():
-                if engine == "re2" or "RE2 refused" in why:
+            refused = rules.scanner.linear_refused if rules.scanner is not None else {}
+            for k, (rule, engine, why) in enumerate(rules.engines()):
+                if engine == "re2" or k in refused:
                     lines.append(
                         f"{rule.origin}: '{rule.pattern.decode('latin-1')}' runs on {engine}: {why}"
                     )

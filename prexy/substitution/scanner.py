@@ -402,6 +402,12 @@ class _RuleStream:
         return m
 
 
+def _stops_after(buf: bytes, pos: int, stops: frozenset[int]) -> bool:
+    """Whether a fast run must stop after a match ending at ``pos`` (see
+    :meth:`Cursor.literal_runs`): the end of the buffer, or a byte in ``stops``."""
+    return pos >= len(buf) or buf[pos] in stops
+
+
 def _split_run(
     buf: bytes, pos: int, limit: int, word: bytes, literal: bytes, emit: Callable[[bytes], object]
 ) -> tuple[int, int]:
@@ -457,7 +463,6 @@ class _SingleCursor:
                 matched.add(self._rule)
             return pos, count
         count = 0
-        n = len(buf)
         for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
             start = m.start()
             if start >= stop:
@@ -467,7 +472,7 @@ class _SingleCursor:
             emit(literal)
             pos = m.end()
             count += 1
-            if stops is not None and (pos >= n or buf[pos] in stops):
+            if stops is not None and _stops_after(buf, pos, stops):
                 break
         if count:
             matched.add(self._rule)
@@ -584,10 +589,8 @@ class _HeapCursor:
                 pos = end
                 count += 1
             matched.add(rule)
-            if stops is not None:
-                string = m.string
-                if pos >= len(string) or string[pos] in stops:
-                    break
+            if stops is not None and _stops_after(m.string, pos, stops):
+                break
         return pos, count
 
     def find(self, pos: int) -> Found | None:
@@ -1096,7 +1099,7 @@ class _EventCursor:
                 count += 1
                 matched.add(rule)
                 i += 1
-                if stops is not None and (pos >= len(buf) or buf[pos] in stops):
+                if stops is not None and _stops_after(buf, pos, stops):
                     self._i = i
                     return pos, count
             self._i = i
@@ -1115,7 +1118,7 @@ class _EventCursor:
             pos = end
             count += 1
             matched.add(rule)
-            if stops is not None and (pos >= len(buf) or buf[pos] in stops):
+            if stops is not None and _stops_after(buf, pos, stops):
                 return pos, count
 
 
