@@ -42,10 +42,11 @@ class AdminResource(resource.Resource):
                 request.setResponseCode(405)
                 request.setHeader(b"allow", b"POST")
                 return b"use POST /reload\n"
+            gone = _watch(request)
             d = defer.maybeDeferred(self.owner.reload)
 
             def answer(ok: bool) -> None:
-                if request.finished or request._disconnected:
+                if request.finished or gone:
                     return
                 if ok:
                     request.write(b"reloaded\n")
@@ -91,13 +92,22 @@ class AdminResource(resource.Resource):
             return f"bad regex {regex!r}: {exc}\n".encode()
         from twisted.internet.threads import deferToThread
 
+        gone = _watch(request)
         d = deferToThread(store.ban, site, regex)
 
         def answer(count: int) -> None:
-            if not request.finished and not request._disconnected:
+            if not request.finished and not gone:
                 request.write(b"banned %d object(s)\n" % count)
                 request.finish()
 
         d.addCallback(answer)
         d.addErrback(lambda f: log.failure("ban failed", f))
         return server.NOT_DONE_YET
+
+
+def _watch(request: server.Request) -> list[bool]:
+    """A list that becomes non-empty (true) when the client goes away before
+    the answer (``notifyFinish``)."""
+    gone: list[bool] = []
+    request.notifyFinish().addErrback(lambda failure: gone.append(True))
+    return gone

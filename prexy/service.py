@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,11 +151,15 @@ def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
     from prexy.proxy.caching import CacheLayer, default_cache_path
+    from prexy.proxy.events import KeyEvents
 
     path = config.cache_path or default_cache_path()
     store = Store.open(path, config.cache_size, clock=reactor.seconds)
     log.info("cache: {size} bytes in {path}", size=config.cache_size, path=path)
-    return CacheLayer(reactor, store, metrics)
+    # Notices between workers that a fetch is over, beside the store.
+    events = KeyEvents(reactor, path + ".events", str(os.getpid()))
+    events.start()
+    return CacheLayer(reactor, store, metrics, events)
 
 
 def request_reload(config: Config) -> int:
@@ -216,7 +221,7 @@ class ProxyService(service.MultiService):
         self.config = config
         self.metrics = Metrics()
         self.pool = UpstreamPool(reactor, config.timeouts)
-        self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics)
+        self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics, timer=time.perf_counter)
         self.site = ProxySite(self.resource, config.max_request_body, self.metrics, reactor=reactor)
         self.access_log = None
         if config.access_log is None:
@@ -396,6 +401,8 @@ class ProxyService(service.MultiService):
         if self._map_watch is not None and self._map_watch.running:
             self._map_watch.stop()
         d = super().stopService()
+        if self.resource.cache is not None:
+            self.resource.cache.events.stop()
         closed = self.pool.stop()
         if self.access_log is not None:
             self.access_log.stop()

@@ -19,8 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web import server
+from zope.interface import implementer
 
 from prexy.cache import (
     Action,
@@ -31,23 +33,28 @@ from prexy.cache import (
     age_header,
     cache_key,
     cache_status_header,
+    flow,
     key_url,
     not_modified,
     request_decision,
     response_decision,
     vary_key,
 )
-from prexy.proxy.headers import VIA
+from prexy.proxy.events import MAX_FALLBACK, NoEvents
+from prexy.proxy.headers import VIA, raw_header_dict
+from prexy.proxy.request import abort_client, plain_answer, start_response
 from prexy.runtime import SiteRuntime
 
 log = Logger()
 
 #: Per-response headers never stored with an object.
 _NOT_STORED = frozenset({b"content-length", b"trailer", b"server-timing", b"age", b"cache-status", b"via"})
-#: How long another worker's claim on a key is honoured, and how often a
-#: waiting worker looks for the object.
+#: How long another worker's claim on a key is honoured.
 CLAIM_LEASE = 30.0
-POLL_INTERVAL = 0.02
+#: A worker waiting for another's fetch looks in the store when that worker
+#: says it is done (prexy.proxy.events), and without a notice after this
+#: long, doubling up to events.MAX_FALLBACK.
+FIRST_FALLBACK = 0.05
 
 
 def default_cache_path() -> str:
@@ -77,99 +84,127 @@ class CacheContext:
         return cache_status_header(fwd=self.fwd, fwd_status=code, stored=stored, detail=self.detail)
 
 
+@implementer(IPushProducer)
+class _Follower:
+    """A request that follows a flight (``prexy.cache.flow.Follower``), and
+    the producer its connection pauses and resumes."""
+
+    def __init__(self, flight: Flight, request: Any) -> None:
+        self.flight = flight
+        self.request = request
+
+    def send(self, data: bytes) -> None:
+        self.request.write(data)
+
+    def end(self) -> None:
+        request = self.request
+        if not request.gone and not request.finished:
+            request.unregisterProducer()
+            request.finish()
+
+    def reset(self) -> None:
+        abort_client(self.request)
+
+    def client_gone(self, reason: object = None) -> None:
+        self.flight.core.detach(self)
+
+    def pauseProducing(self) -> None:
+        self.flight.core.pause(self)
+
+    def resumeProducing(self) -> None:
+        self.flight.core.resume(self)
+
+    def stopProducing(self) -> None:
+        self.flight.core.detach(self)
+
+
 class Flight:
     """One upstream fetch for a key; requests that asked for the same key
-    meanwhile are served from it as it streams in."""
+    meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
+    each at its own pace."""
 
     def __init__(self, layer: CacheLayer, key: bytes) -> None:
         self.layer = layer
         self.key = key
-        self.waiters: list[Any] = []
+        self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
-        self.chunks: list[bytes] = []
-        self.open = True  # new requests may still attach
-        self.streaming = False
 
-    def attach(self, request: Any) -> None:
-        self.waiters.append(request)
+    @property
+    def open(self) -> bool:
+        return self.core.open
+
+    def attach(self, request: Any) -> bool:
+        """Follow this fetch; False when it takes no more followers."""
+        follower = _Follower(self, request)
+        if not self.core.open:
+            return False
         self.layer.metrics.count("prexy_cache_total", result="collapsed")
-        if self.streaming:
-            self._start(request)
+        request.exchange = follower
+        if self.head is not None and not self._start(follower):
+            return True
+        self.core.attach(follower)
+        return True
 
     def stream(self, code: int, phrase: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        """The response is being stored: waiters get it as it arrives."""
+        """The response is being stored: followers get it as it arrives."""
         self.head = (code, phrase, headers)
-        self.streaming = True
-        for request in list(self.waiters):
-            self._start(request)
+        for follower in self.core.followers():
+            if not self._start(follower):  # type: ignore[arg-type]
+                self.core.detach(follower)
+        self.core.start()
 
-    def _start(self, request: Any) -> None:
-        if request._disconnected:
-            return
+    def _start(self, follower: _Follower) -> bool:
+        """Send a follower the head; False when that is all it gets (HEAD,
+        or it went away)."""
+        request = follower.request
+        if request.gone:
+            return False
         assert self.head is not None
         code, phrase, headers = self.head
-        request.setResponseCode(code, phrase or None)
         status = cache_status_header(fwd="miss", fwd_status=code, collapsed=True)
-        request.set_raw_head([*headers, (b"Via", VIA), (b"Cache-Status", status)], False)
+        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
         if request.method == b"HEAD":
             request.finish()
-            self.waiters.remove(request)
-            return
-        for chunk in self.chunks:
-            request.write(chunk)
+            return False
+        request.registerProducer(follower, True)
+        return True
 
     def data(self, chunk: bytes, keep: bool) -> None:
-        if keep:
-            self.chunks.append(chunk)
-        else:
-            self.chunks = []
-            self.open = False
-        for request in self.waiters:
-            if not request._disconnected:
-                request.write(chunk)
+        self.core.data(chunk, keep)
 
     def done(self) -> None:
-        self.open = False
-        for request in self.waiters:
-            if not request._disconnected and not request.finished:
-                request.finish()
-        self._end()
+        self.core.done()
+        self.end()
+
+    def waiting(self) -> list[Any]:
+        """The followers' requests, taken out of the flight."""
+        return [f.request for f in self.core.take_all()]  # type: ignore[attr-defined]
 
     def failed(self, stale: CachedObject | None) -> None:
-        """The fetch failed: waiters get the stale object when allowed, else
+        """The fetch failed: followers get the stale object when allowed, else
         their connection is reset (if streaming) or a 502."""
-        self.open = False
         now = self.layer.reactor.seconds()
-        for request in self.waiters:
-            if request._disconnected or request.finished:
+        for request in self.waiting():
+            if request.gone or request.finished:
                 continue
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
                 self.layer.serve(request, stale, now, stale_reason="stale-if-error")
             elif request.startedWriting:
-                transport = request.channel.transport if request.channel is not None else None
-                if transport is not None:
-                    transport.abortConnection()
+                abort_client(request)
             else:
-                body = b"502 Bad Gateway: upstream failed\n"
-                request.setResponseCode(502)
-                request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-                request.setHeader(b"content-length", b"%d" % len(body))
-                request.write(body)
-                request.finish()
-        self._end()
+                plain_answer(request, 502, b"502 Bad Gateway: upstream failed\n")
+        self.end()
 
     def not_storable(self, forward: Any) -> None:
-        """The answer may not be shared: every waiter fetches for itself."""
-        self.open = False
-        waiters, self.waiters = self.waiters, []
-        self._end()
-        for request in waiters:
-            if not request._disconnected:
+        """The answer may not be shared: every follower fetches for itself."""
+        waiting = self.waiting()
+        self.end()
+        for request in waiting:
+            if not request.gone:
                 forward(request)
 
-    def _end(self) -> None:
-        self.waiters = []
-        self.chunks = []
+    def end(self) -> None:
+        """No more followers: later requests look in the store."""
         if self.layer.inflight.get(self.key) is self:
             del self.layer.inflight[self.key]
 
@@ -189,10 +224,12 @@ class Looked:
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
-    def __init__(self, reactor: Any, store: Store, metrics: Any) -> None:
+    def __init__(self, reactor: Any, store: Store, metrics: Any, events: Any = None) -> None:
         self.reactor = reactor
         self.store = store
         self.metrics = metrics
+        #: Notices to and from the other workers (prexy.proxy.events).
+        self.events = events if events is not None else NoEvents()
         self.inflight: dict[bytes, Flight] = {}
         self.refreshing: set[bytes] = set()
         self.holder = b"%d" % os.getpid()
@@ -223,70 +260,78 @@ class CacheLayer:
         target: bytes,
         host: bytes | None,
         pairs: list[tuple[bytes, bytes]],
-        looked: Looked | None = None,
     ) -> tuple[Any, CacheContext | None]:
         """(answer, None) when the cache answered or parked the request;
-        (None, context) when it must be forwarded.  ``looked``: what
-        :meth:`look` already made of this request (the quick path's try)."""
+        (None, context) when it must be forwarded."""
         if request.method == b"PURGE":
             return self.purge(request, site, host, target), None
-        if looked is None:
-            looked = self.look(site, request.method, target, host, pairs)
+        looked = self.look(site, request.method, target, host, pairs)
         decision, url, found = looked.decision, looked.url, looked.found
         if decision.action is Action.INVALIDATE:
             self.store.purge_url(site.name, url)
-            self.metrics.count("prexy_cache_total", result="pass")
-            return None, CacheContext("bypass", decision.reason)
-        if decision.action is Action.PASS or found is None:
-            self.metrics.count("prexy_cache_total", result="pass")
-            return None, CacheContext("bypass", decision.reason)
-        obj = found.obj
+        key = found.key if found is not None else b""
         now = self.reactor.seconds()
-        if obj is not None and obj.hit_for_miss:
+        routed = flow.route(
+            decision.action, found, now, request.method, decision.reason,
+            fetching=key in self.inflight, refreshing=key in self.refreshing,
+        )
+        way = routed.route
+        Route = flow.Route
+        if way is Route.BYPASS:
+            self.metrics.count("prexy_cache_total", result="pass")
+            return None, CacheContext(routed.fwd, routed.detail)
+        if way is Route.HIT_FOR_MISS:
             self.metrics.count("prexy_cache_total", result="hit-for-miss")
-            ctx = CacheContext("miss", "hit-for-miss")
-            return None, ctx
-        if obj is not None and obj.fresh(now):
+            return None, CacheContext(routed.fwd, routed.detail)
+        if way is Route.HIT:
             self.metrics.count("prexy_cache_total", result="hit")
-            return self.serve(request, obj, now, pairs=pairs), None
-        ctx = CacheContext("uri-miss" if not found.url_known else "vary-miss" if obj is None else "stale")
+            return self.serve(request, routed.obj, now, pairs=pairs), None
+        ctx = CacheContext(routed.fwd)
         ctx.pairs = pairs
         ctx.url = url
         ctx.method_class = decision.method_class
-        if obj is not None and obj.in_grace(now):
+        ctx.stale = routed.obj  # past grace: revalidated if it has validators
+        if way in (Route.GRACE, Route.GRACE_REFRESH):
             # Serve the stale object now; one background fetch refreshes it.
             self.metrics.count("prexy_cache_total", result="grace")
-            answer = self.serve(request, obj, now, pairs=pairs)
-            if found.key not in self.refreshing and found.key not in self.inflight:
-                self.refreshing.add(found.key)
-                ctx.stale = obj
-                resource.refresh_in_background(request, site, target, host, ctx, found.key)
+            answer = self.serve(request, routed.obj, now, pairs=pairs)
+            if way is Route.GRACE_REFRESH:
+                self.refreshing.add(key)
+                resource.refresh_in_background(request, site, target, host, ctx, key)
             return answer, None
-        if obj is not None:
-            ctx.stale = obj  # past grace: revalidate if it has validators
-        if request.method == b"HEAD":
-            # A HEAD answer has no body to store as the GET object.
-            self.metrics.count("prexy_cache_total", result="miss")
-            return None, ctx
-        flight = self.inflight.get(found.key)
-        if flight is not None and flight.open:
-            flight.attach(request)
+        if way is Route.FOLLOW and self.inflight[key].attach(request):
             return server.NOT_DONE_YET, None
         self.metrics.count("prexy_cache_total", result="miss")
-        if not self.store.claim(found.key, self.holder, CLAIM_LEASE):
+        if way is Route.MISS_HEAD:
+            return None, ctx  # a HEAD answer has no body to store as the GET object
+        if not self.store.claim(key, self.holder, CLAIM_LEASE):
             # Another worker is fetching it: wait for the object to appear.
-            self._wait_for_other_worker(resource, request, site, target, host, ctx, found.key, now)
+            self._wait_for_other_worker(resource, request, site, target, host, ctx, key, now)
             return server.NOT_DONE_YET, None
-        ctx.claim_key = found.key
-        ctx.flight = self.inflight[found.key] = Flight(self, found.key)
+        ctx.claim_key = key
+        ctx.flight = self.inflight[key] = Flight(self, key)
         return None, ctx
 
     def _wait_for_other_worker(
         self, resource: Any, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
         ctx: CacheContext, key: bytes, started: float,
     ) -> None:
-        def poll() -> None:
-            if request._disconnected:
+        """Wait until the worker holding ``key``'s claim is done: serve what
+        it stored, or fetch when it stored nothing or its lease ran out."""
+        armed: list[Any] = []  # [timer, forget-the-notice]
+        delay = [FIRST_FALLBACK]
+
+        def disarm() -> None:
+            if armed:
+                timer, forget = armed
+                del armed[:]
+                if timer.active():
+                    timer.cancel()
+                forget()
+
+        def look() -> None:
+            disarm()
+            if request.gone:
                 return
             now = self.reactor.seconds()
             obj = self.store.get(key)
@@ -294,11 +339,15 @@ class CacheLayer:
                 self.serve(request, obj, now, collapsed=True)
                 return
             if self.store.claimed(key) and now - started < CLAIM_LEASE:
-                self.reactor.callLater(POLL_INTERVAL, poll)
+                arm()
                 return
             resource.forward(request, site, target, host, ctx)
 
-        self.reactor.callLater(POLL_INTERVAL, poll)
+        def arm() -> None:
+            armed[:] = [self.reactor.callLater(delay[0], look), self.events.wait(key, look)]
+            delay[0] = min(delay[0] * 2, MAX_FALLBACK)
+
+        arm()
 
     # -- hits ----------------------------------------------------------------------
 
@@ -311,30 +360,11 @@ class CacheLayer:
         if pairs is None:
             pairs = request_pairs(request)
         code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason)
-        request.setResponseCode(code, phrase or None)
-        request.set_raw_head(headers, True)
-        if request.method != b"HEAD" and body:
+        start_response(request, code, phrase, headers)
+        if body:
             request.write(body)
-        elif code == 304:
-            request.write(b"")
         request.finish()
         return server.NOT_DONE_YET
-
-    def quick_hit(
-        self, looked: Looked, pairs: list[tuple[bytes, bytes]]
-    ) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes] | None:
-        """The answer for a request a fresh stored object serves, as
-        :func:`hit_answer` gives it, or None when the request needs the full
-        path (pass, miss, stale, hit-for-miss).  Counts the hit."""
-        found = looked.found
-        obj = found.obj if found is not None else None
-        if obj is None or obj.hit_for_miss:
-            return None
-        now = self.reactor.seconds()
-        if not obj.fresh(now):
-            return None
-        self.metrics.count("prexy_cache_total", result="hit")
-        return hit_answer(obj, now, pairs)
 
     # -- storing ---------------------------------------------------------------------
 
@@ -401,6 +431,7 @@ class CacheLayer:
         """The leader's exchange is over (stored or not)."""
         if ctx.claim_key is not None:
             self.store.release(ctx.claim_key, self.holder)
+            self.events.announce(ctx.claim_key)
             self.refreshing.discard(ctx.claim_key)
             ctx.claim_key = None
 
@@ -450,6 +481,4 @@ def hit_answer(
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:
     """The request's headers as (lower-case name, value) pairs."""
-    from prexy.proxy.headers import raw_header_dict
-
     return [(n, v) for n, vs in raw_header_dict(request.requestHeaders).items() for v in vs]

@@ -124,6 +124,11 @@ class Harness:
         self.site = ProxySite(self.resource, config.max_request_body, self.metrics, reactor=self.clock)
         self.site.log = lambda request: None  # type: ignore[method-assign]
 
+    def settle(self) -> None:
+        """Run what the reactor has due now (the rewriting's cooperative
+        turns are ``callLater(0)`` calls)."""
+        self.clock.advance(0)
+
     def client(self) -> tuple[Any, ClosingTransport]:
         """A new client connection to the proxy."""
         channel = self.site.buildProtocol(IPv4Address("TCP", "10.1.2.3", 5555))

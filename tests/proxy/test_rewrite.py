@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy import exchange
 from prexy.config import Config, SiteConfig, UpstreamURL
-from prexy.proxy.resource import _derived_etag
+from prexy.exchange import BodyPipeline, derived_etag
+from prexy.proxy import forward
 from prexy.substitution import parse_rules
 
 from .support import Harness, header, parse_response, site_runtime
@@ -38,6 +40,7 @@ def respond(h: Harness, head: bytes, body: bytes, request: bytes = b"GET / HTTP/
     step = max(1, len(body) // pieces)
     for i in range(0, len(body), step):
         conn.reply(body[i : i + step])
+    h.settle()
     return sent, client
 
 
@@ -96,7 +99,7 @@ class RewriteTests(SynchronousTestCase):
             PAGE,
         )
         _, headers, _ = parse_response(client.value())
-        derived = _derived_etag(b'"abc"', ruleset.digest)
+        derived = derived_etag(b'"abc"', ruleset.digest)
         self.assertEqual(header(headers, b"etag"), [derived])
         self.assertNotEqual(derived, b'"abc"')
         self.assertEqual(header(headers, b"last-modified"), [])
@@ -217,18 +220,16 @@ class FairnessTests(SynchronousTestCase):
     paused meanwhile, so other requests are not held up behind it."""
 
     def test_large_chunk_yields_between_slices(self) -> None:
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)  # yield after every slice
-        self.patch(resource, "MAX_SLICE", 16 * 1024)  # slices of at most 16 KB
+        self.patch(forward, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(exchange, "MAX_SLICE", 16 * 1024)  # slices of at most 16 KB
         h = harness()
         body = PAGE * 2000  # ~150 KB: several 16 KB slices
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         conn = h.conns[0]
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) + len(PAGE)))
         conn.reply(body)
-        # One slice done; the rest waits for a later reactor turn (a
-        # callLater(0): I/O of other connections runs first), upstream paused.
+        # The rewriting waits for later reactor turns (callLater(0): I/O of
+        # other connections runs first), upstream paused.
         self.assertTrue(conn.paused)
         first = len(client.value())
         self.assertLess(first, 20 * 1024)
@@ -244,6 +245,7 @@ class FairnessTests(SynchronousTestCase):
         self.assertGreaterEqual(len(turns), 5)  # one turn per 16 KB slice
         self.assertFalse(conn.paused)
         conn.reply(PAGE)
+        h.settle()
         status, headers, out = parse_response(client.value())
         self.assertEqual(out, REWRITTEN * 2001)
         self.assertLess(first, len(client.value()))
@@ -253,17 +255,15 @@ class FairnessTests(SynchronousTestCase):
         """Small upstream pieces queued for the scheduler are rewritten a
         slice at a time, joined, not one feed per piece (each feed has a
         fixed cost); the output is the same."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)
+        self.patch(forward, "WORK_BUDGET", 0.0)
         fed: list[int] = []
-        real = resource._Exchange._transform
+        real = BodyPipeline.feed
 
-        def spy(exchange, data, last=False):  # type: ignore[no-untyped-def]
+        def spy(pipeline, data, last=False):  # type: ignore[no-untyped-def]
             fed.append(len(data))
-            return real(exchange, data, last)
+            return real(pipeline, data, last)
 
-        self.patch(resource._Exchange, "_transform", spy)
+        self.patch(BodyPipeline, "feed", spy)
         h = harness()
         big = PAGE * 1000  # several slices: the scheduler is busy after the first
         piece = PAGE * 4
@@ -275,29 +275,26 @@ class FairnessTests(SynchronousTestCase):
             % (len(big) + len(piece) * pieces)
         )
         conn.reply(big)
-        self.assertTrue(h.resource.scheduler.scheduled)
-        for _ in range(pieces):  # arriving while the scheduler waits for its turn
+        self.assertTrue(h.resource.rewriting.busy)
+        for _ in range(pieces):  # arriving while the rewriting waits for its turn
             conn.reply(piece)
-        while h.resource.scheduler.scheduled:
-            h.clock.advance(0)
+        h.settle()
         self.assertEqual(parse_response(client.value())[2], REWRITTEN * (1000 + 4 * pieces))
         self.assertEqual(sum(fed), len(big) + len(piece) * pieces)
         self.assertLess(len(fed), pieces // 4)
-        self.assertTrue(all(n <= resource._FEED_SLICE for n in fed))
+        self.assertTrue(all(n <= exchange.FIRST_SLICE for n in fed))
 
     def test_chunks_of_one_read_arrive_in_one_piece(self) -> None:
         """The data of all the chunks an upstream read completes reaches
         the exchange in one piece; the output is the same."""
-        from prexy.proxy import resource
-
         pieces: list[int] = []
-        real = resource._Exchange.bodyData
+        real = forward.Exchange.bodyData
 
         def spy(exchange, data):  # type: ignore[no-untyped-def]
             pieces.append(len(data))
             return real(exchange, data)
 
-        self.patch(resource._Exchange, "bodyData", spy)
+        self.patch(forward.Exchange, "bodyData", spy)
         h = harness()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         chunks = b"".join(b"%x\r\n%s\r\n" % (len(PAGE), PAGE) for _ in range(50))
@@ -306,6 +303,7 @@ class FairnessTests(SynchronousTestCase):
             + chunks[: len(chunks) // 2]
         )
         h.conns[0].reply(chunks[len(chunks) // 2 :] + b"0\r\n\r\n")
+        h.settle()
         self.assertEqual(parse_response(client.value())[2], REWRITTEN * 50)
         self.assertEqual(len(pieces), 2)
         self.assertEqual(sum(pieces), len(PAGE) * 50)
@@ -313,13 +311,11 @@ class FairnessTests(SynchronousTestCase):
     def test_small_backlog_keeps_reading(self) -> None:
         """While less than BACKLOG_PAUSE waits to be rewritten, the upstream
         is not paused (no epoll churn per turn); the output is the same."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)
-        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         body = PAGE * 800  # ~60 KB, below BACKLOG_PAUSE
-        self.assertLess(len(body), resource.BACKLOG_PAUSE)
+        self.assertLess(len(body), forward.BACKLOG_PAUSE)
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         conn = h.conns[0]
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) * 4))
@@ -341,12 +337,10 @@ class FairnessTests(SynchronousTestCase):
         """A slice that seemed to take a second (a preemption) halves the
         next slice size instead of dropping it to the minimum for this and
         every later response of the rule set."""
-        from prexy.proxy import resource
-
         class SlowClock:
             now = 0.0
 
-            def perf_counter(self) -> float:
+            def __call__(self) -> float:
                 self.now += 1.0
                 return self.now
 
@@ -355,17 +349,16 @@ class FairnessTests(SynchronousTestCase):
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         conn = h.conns[0]
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(body))
-        self.patch(resource, "time", SlowClock())
+        h.resource.rewriting.timer = SlowClock()
         conn.reply(body[: 64 * 1024])
+        h.settle()
         digest = h.runtime.default.rules.digest
-        self.assertEqual(h.resource.slices[digest], resource._FEED_SLICE // 2)
+        self.assertEqual(h.resource.slices[digest], exchange.FIRST_SLICE // 2)
 
     def test_client_pause_survives_work_resume(self) -> None:
         """Finishing the backlog does not resume an upstream that a slow
         client paused."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)
+        self.patch(forward, "WORK_BUDGET", 0.0)
         h = harness()
         body = PAGE * 2000
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -431,10 +424,8 @@ class SchedulerTests(SynchronousTestCase):
     def test_two_heavy_responses_take_turns(self) -> None:
         """With a zero budget, each reactor turn rewrites one slice of one
         response, alternating between them; both end complete."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)
-        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         body = PAGE * 1000
         clients, conns = [], []
@@ -446,16 +437,14 @@ class SchedulerTests(SynchronousTestCase):
             conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(body))
             conn.reply(body)
         order = []
-        scheduler = h.resource.scheduler
-        real = resource._Exchange.work_one
+        real = forward.Exchange._work_one
 
         def spy(exchange):  # type: ignore[no-untyped-def]
             order.append(id(exchange))
             return real(exchange)
 
-        self.patch(resource._Exchange, "work_one", spy)
-        while scheduler.scheduled:
-            h.clock.advance(0)
+        self.patch(forward.Exchange, "_work_one", spy)
+        h.settle()
         self.assertGreater(len(order), 4)
         # Round robin: no exchange runs twice in a row while the other waits.
         first_done = max(i for i, x in enumerate(order) if x == order[0])
@@ -472,34 +461,25 @@ class WholeBodyTests(SynchronousTestCase):
     the head is sent, instead of through the scheduler's queue."""
 
     def _spy_work_one(self) -> list[object]:
-        from prexy.proxy import resource
-
         calls: list[object] = []
-        real = resource._Exchange.work_one
+        real = forward.Exchange._work_one
 
         def spy(exchange):  # type: ignore[no-untyped-def]
             calls.append(exchange)
             return real(exchange)
 
-        self.patch(resource._Exchange, "work_one", spy)
+        self.patch(forward.Exchange, "_work_one", spy)
         return calls
 
     def test_whole_body_skips_the_queue(self) -> None:
-        """Same bytes as when the body trickles in, in one write: chunked
-        (no Content-Length, as for every rewritten body), one chunk and the
-        last chunk, with the rewrite's timing in the head (no trailer); the
+        """Same bytes as when the body trickles in, all written while the
+        upstream's read is handled (no reactor turn): chunked (no
+        Content-Length, as for every rewritten body), one chunk and the last
+        chunk, with the rewrite's timing in the head (no trailer); the
         upstream connection is back in the pool."""
         h = harness()
         calls = self._spy_work_one()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        writes: list[bytes] = []
-        real_write = client.write
-
-        def write(data: bytes) -> None:
-            writes.append(data)
-            real_write(data)
-
-        client.write = write  # type: ignore[method-assign]
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
         )
@@ -512,7 +492,6 @@ class WholeBodyTests(SynchronousTestCase):
         [timing] = header(headers, b"server-timing")
         self.assertRegex(timing, rb'prexy;dur=[\d.]+, rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
         self.assertTrue(raw.endswith(b"\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(REWRITTEN), REWRITTEN)))
-        self.assertEqual(len(writes), 1)
         self.assertEqual(calls, [])
         self.assertEqual(h.pool.idle_connections(), 1)
         # The next request reuses that connection.
@@ -522,14 +501,12 @@ class WholeBodyTests(SynchronousTestCase):
     def test_a_few_slices_whole_skip_the_queue(self) -> None:
         """A body of several slices, within WHOLE_SECONDS of work at the
         rule set's speed, is still rewritten at once; one past that queues."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)
+        self.patch(forward, "WORK_BUDGET", 0.0)
         h = harness()
         calls = self._spy_work_one()
-        limit = int(resource._FEED_SLICE * resource.WHOLE_SECONDS / resource.SLICE_SECONDS)
+        limit = exchange.whole_limit(exchange.FIRST_SLICE)
         fits = PAGE * (limit // len(PAGE))
-        self.assertGreater(len(fits), 2 * resource._FEED_SLICE)
+        self.assertGreater(len(fits), 2 * exchange.FIRST_SLICE)
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(fits), fits)
@@ -542,8 +519,7 @@ class WholeBodyTests(SynchronousTestCase):
         h.conns[-1].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(over), over)
         )
-        while h.resource.scheduler.scheduled:
-            h.clock.advance(0)
+        h.settle()
         self.assertEqual(parse_response(client2.value())[2], REWRITTEN * (limit // len(PAGE) + 1))
         self.assertGreater(len(calls), 0)
 
@@ -562,10 +538,8 @@ class WholeBodyTests(SynchronousTestCase):
     def test_bodies_past_one_slice_or_behind_others_queue(self) -> None:
         """A body larger than the rule set's slice, or one arriving while
         other responses wait for the scheduler, goes through the queue."""
-        from prexy.proxy import resource
-
-        self.patch(resource, "WORK_BUDGET", 0.0)  # yield after every slice
-        self.patch(resource, "MAX_SLICE", 16 * 1024)
+        self.patch(forward, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         calls = self._spy_work_one()
         big = PAGE * 1000
@@ -573,16 +547,15 @@ class WholeBodyTests(SynchronousTestCase):
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)
         )
-        self.assertEqual(len(calls), 1)  # one slice, the rest in later turns
-        self.assertTrue(h.resource.scheduler.scheduled)
+        self.assertEqual(calls, [])  # rewritten in later reactor turns
+        self.assertEqual(h.resource.rewriting.busy, 1)
         # A small whole body now waits its turn behind the big one.
         _, client2 = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         h.conns[-1].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
         )
         self.assertEqual(client2.value(), b"")
-        while h.resource.scheduler.scheduled:
-            h.clock.advance(0)
+        h.settle()
         self.assertEqual(parse_response(client.value())[2], REWRITTEN * 1000)
         self.assertEqual(parse_response(client2.value())[2], REWRITTEN)
         self.assertEqual(len({id(c) for c in calls}), 2)
@@ -590,16 +563,14 @@ class WholeBodyTests(SynchronousTestCase):
     def test_whole_body_timeout_is_reported_in_the_head(self) -> None:
         """A scan that timed out on a whole body says so in the head's
         Server-Timing, and is counted."""
-        from prexy.proxy import resource
-
-        real = resource._Exchange._timed_transform
+        real = forward.Exchange._feed
 
         def timing_out(exchange, data, last):  # type: ignore[no-untyped-def]
             out = real(exchange, data, last)
-            exchange.transducer.timed_out = True
+            exchange.pipeline.transducer.timed_out = True
             return out
 
-        self.patch(resource._Exchange, "_timed_transform", timing_out)
+        self.patch(forward.Exchange, "_feed", timing_out)
         h = harness()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         h.conns[0].reply(

@@ -1,0 +1,467 @@
+"""One proxied exchange, without I/O: its named states, the decisions on the
+response head, the upstream request's headers, and the body pipeline.
+
+The Twisted side (``prexy.proxy.forward``) feeds it what happens (the
+upstream's head, body pieces, the end, a failure, the client leaving) and
+carries out what it decides; everything here is plain values and functions,
+tested without a network (``tests/test_exchange.py``).
+
+Lifecycle (``State``; ``Lifecycle.move`` refuses any other step)::
+
+    SENT --head--> STREAMING --body end--> DRAINING --rewritten--> DONE
+      |                |                      |
+      +-- answered ----+----------------------+--> DONE      (error page, hit, 304)
+      +-- client gone / upstream broke mid-body --> GONE / ABORTED
+
+``SENT``: the request is upstream, no head yet.  ``STREAMING``: the head
+went to the client and the body flows through the pipeline.  ``DRAINING``:
+the upstream body ended and what was received is still being rewritten.
+``DONE``, ``GONE`` (the client went away) and ``ABORTED`` (the client
+connection was reset: the upstream broke mid-body or the rewrite failed)
+are final.
+
+The body pipeline is decode -> transduce -> encode (``BodyPipeline``): a
+compressed upstream body is decoded before the transducer sees it and
+compressed again for clients that take gzip.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder
+from prexy.proxy.headers import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
+
+__all__ = [
+    "BodyPipeline",
+    "Lifecycle",
+    "PipelineError",
+    "ResponsePlan",
+    "State",
+    "derived_etag",
+    "plan_response",
+    "rewrite_timing",
+    "server_timing",
+    "upstream_if_none_match",
+    "upstream_request_headers",
+]
+
+
+class State(enum.Enum):
+    SENT = "sent"
+    STREAMING = "streaming"
+    DRAINING = "draining"
+    DONE = "done"
+    GONE = "gone"
+    ABORTED = "aborted"
+
+
+#: Which state may follow which.  The final states have no way out.
+TRANSITIONS: Mapping[State, frozenset[State]] = {
+    State.SENT: frozenset({State.STREAMING, State.DONE, State.GONE, State.ABORTED}),
+    State.STREAMING: frozenset({State.DRAINING, State.DONE, State.GONE, State.ABORTED}),
+    State.DRAINING: frozenset({State.DONE, State.GONE, State.ABORTED}),
+    State.DONE: frozenset(),
+    State.GONE: frozenset(),
+    State.ABORTED: frozenset(),
+}
+FINAL = frozenset({State.DONE, State.GONE, State.ABORTED})
+
+
+class IllegalTransition(Exception):
+    """An event arrived that the exchange's state does not allow."""
+
+
+class Lifecycle:
+    """The state of one exchange; moves only along ``TRANSITIONS``."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = State.SENT
+
+    def move(self, to: State) -> None:
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self.state.value} -> {to.value}")
+        self.state = to
+
+    @property
+    def over(self) -> bool:
+        """Nothing more goes to the client."""
+        return self.state in FINAL
+
+    @property
+    def head_sent(self) -> bool:
+        return self.state in (State.STREAMING, State.DRAINING)
+
+
+# -- the upstream request -------------------------------------------------------
+
+#: Request headers never forwarded besides hop-by-hop ones: the proxy frames
+#: the body itself, and sets Host and forwarding headers itself.
+REQUEST_DROP = HOP_BY_HOP | frozenset(
+    {b"host", b"content-length", b"expect", b"x-forwarded-for", b"x-forwarded-host",
+     b"x-forwarded-proto", b"via"}
+)
+#: When rewriting: the body must come as identity, and a client's validators
+#: name rewritten bytes (they go up translated, below).
+REQUEST_DROP_REWRITING = REQUEST_DROP | {b"accept-encoding", b"if-none-match"}
+#: Response headers the proxy sets itself.
+RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"via"}
+
+
+@attrs.frozen
+class Revalidation:
+    """A stale cached copy's validators, for a conditional fetch."""
+
+    etag: bytes | None
+    last_modified: bytes | None
+
+    @property
+    def conditional(self) -> bool:
+        return self.etag is not None or self.last_modified is not None
+
+
+def upstream_request_headers(
+    raw: Mapping[bytes, Sequence[bytes]],
+    *,
+    host_header: bytes,
+    client_host: bytes | None,
+    client_ip: bytes,
+    secure: bool,
+    rules_digest: str | None,
+    for_cache: bool = False,
+    revalidate: Revalidation | None = None,
+) -> list[tuple[bytes, bytes]]:
+    """The header pairs of the request sent upstream.
+
+    ``raw``: the client's headers by lower-case name.  ``rules_digest``: the
+    site's rule set when it rewrites (the body is asked for as identity and
+    derived validators are translated back).  ``for_cache``: the fetch fills
+    the cache, so the client's own conditionals are not forwarded (a full
+    answer is needed); ``revalidate`` then adds the stale copy's."""
+    rewriting = rules_digest is not None
+    out = forwardable(raw, REQUEST_DROP_REWRITING if rewriting else REQUEST_DROP)
+    out.append((b"Host", host_header))
+    if rules_digest is not None:
+        out += [(b"if-none-match", upstream_if_none_match(v, rules_digest)) for v in raw.get(b"if-none-match", ())]
+        out.append((b"Accept-Encoding", b"identity"))
+    if for_cache:
+        out = [(n, v) for n, v in out if n.lower() not in (b"if-none-match", b"if-modified-since")]
+        if revalidate is not None:
+            etag = revalidate.etag
+            if etag is not None and rules_digest is not None:
+                etag = upstream_if_none_match(etag, rules_digest)
+            if etag is not None:
+                out.append((b"If-None-Match", etag))
+            if revalidate.last_modified is not None:
+                out.append((b"If-Modified-Since", revalidate.last_modified))
+    out.append((b"X-Forwarded-For", append_forwarded_for(raw.get(b"x-forwarded-for"), client_ip)))
+    out.append((b"X-Forwarded-Proto", b"https" if secure else b"http"))
+    if client_host:
+        out.append((b"X-Forwarded-Host", client_host))
+    out.append((b"Via", append_via(raw.get(b"via"))))
+    return out
+
+
+# -- validators ------------------------------------------------------------------
+
+def etag_suffix(digest: str) -> bytes:
+    return b"-px" + digest[:8].encode("ascii")
+
+
+def derived_etag(etag: bytes, digest: str) -> bytes:
+    """A validator for the rewritten bytes: the upstream's entity tag with the
+    rule set's hash appended inside the quotes, weak or strong as it was, so
+    a changed rule set changes every validator and the original can be
+    recovered for conditional requests upstream."""
+    etag = etag.strip()
+    if etag.endswith(b'"') and len(etag) >= 2:
+        return etag[:-1] + etag_suffix(digest) + b'"'
+    return etag
+
+
+def upstream_if_none_match(value: bytes, digest: str) -> bytes:
+    """If-None-Match as the upstream knows it: derived tags of this rule set
+    back to the upstream's own; other tags unchanged."""
+    suffix = etag_suffix(digest) + b'"'
+    tags = []
+    for tag in value.split(b","):
+        tag = tag.strip()
+        if tag.endswith(suffix):
+            tag = tag[: -len(suffix)] + b'"'
+        tags.append(tag)
+    return b", ".join(tags)
+
+
+# -- the response head ----------------------------------------------------------
+
+class Head(Protocol):
+    """What the plan reads of an upstream response head."""
+
+    code: int
+    length: int | None
+    lnames: list[bytes]
+
+    def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]: ...
+
+    def header(self, lname: bytes) -> bytes | None: ...
+
+    def values(self, lname: bytes) -> list[bytes]: ...
+
+
+class Rules(Protocol):
+    """What the plan reads of a site's rule set."""
+
+    digest: str
+    keep_last_modified: bool
+
+    def applies_to_header(self, content_type: bytes | None) -> bool: ...
+
+
+def rewrite_coding(head: Head, rules: Rules | None) -> tuple[bool, bytes | None]:
+    """Whether the site's rules rewrite this response, and the content
+    coding to decode first (None for identity).  A coding the proxy cannot
+    decode passes through unrewritten."""
+    if rules is None or head.length == 0 or head.code in (204, 304):
+        return False, None
+    coding = None
+    encoding = head.header(b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        coding = encoding.strip().lower()
+        if coding not in DECODABLE:
+            return False, coding
+    return rules.applies_to_header(head.header(b"content-type")), coding
+
+
+@attrs.define
+class ResponsePlan:
+    """The client's response head for an upstream head: header pairs in
+    order and whether they carry the length (else the body is chunked)."""
+
+    headers: list[tuple[bytes, bytes]]
+    has_length: bool
+
+
+def plan_response(
+    head: Head,
+    *,
+    rules: Rules | None,
+    rewrite: bool,
+    decode: bool,
+    gzip_out: bool,
+    transduce: bool,
+    skipped: bool,
+    timing_in_trailer: bool,
+) -> ResponsePlan:
+    """Header rules of a proxied response.
+
+    ``rewrite``: the site's rules apply to this response; ``transduce``:
+    its body goes through the transducer; ``skipped``: this version is
+    known to match no rule, so it passes unscanned with its length (a HEAD
+    is neither: it gets a GET's head without the length).  ``decode``: its content coding is decoded first;
+    ``gzip_out``: and gzip-encoded again for this client.  Rewritten bytes
+    get derived validators (and no Last-Modified unless the rule set keeps
+    it); the rewrite's Server-Timing goes in a trailer when it is known
+    only at the end (``timing_in_trailer``).  Cache-Status, Via and
+    Server-Timing are added by the caller."""
+    headers = head.end_to_end(RESPONSE_DROP)
+    has_length = False
+    length = head.length
+    if rewrite and rules is not None:
+        if decode:
+            headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
+            if gzip_out:
+                headers.append((b"Content-Encoding", b"gzip"))
+            vary = [v for n, v in headers if n.lower() == b"vary"]
+            if not any(b"accept-encoding" in v.lower() or b"*" in v for v in vary):
+                headers.append((b"Vary", b"Accept-Encoding"))
+        drop_modified = not rules.keep_last_modified and head.header(b"last-modified") is not None
+        if drop_modified or head.header(b"etag") is not None:
+            digest = rules.digest
+            kept = []
+            for name, value in headers:
+                lname = name.lower()
+                if lname == b"etag":
+                    value = derived_etag(value, digest)
+                elif drop_modified and lname == b"last-modified":
+                    continue
+                kept.append((name, value))
+            headers = kept
+        if transduce and timing_in_trailer:
+            headers.append((b"Trailer", b"Server-Timing"))
+        elif skipped and length is not None:
+            headers.append((b"Content-Length", b"%d" % length))
+            has_length = True
+    elif length is not None and head.code not in (204, 304):
+        headers.append((b"Content-Length", b"%d" % length))
+        has_length = True
+    return ResponsePlan(headers, has_length)
+
+
+def via_value(head: Head) -> bytes:
+    via = head.values(b"via") if b"via" in head.lnames else None
+    return append_via(via) if via else VIA
+
+
+def server_timing(connect: float, first_byte: float, own: float, extra: bytes = b"") -> bytes:
+    """The head's Server-Timing: the upstream's connect and first-byte
+    times and the proxy's own (seconds in, milliseconds out)."""
+    timing = b"upstream-connect;dur=%.3f, upstream-first-byte;dur=%.3f, prexy;dur=%.3f" % (
+        connect * 1000, first_byte * 1000, max(0.0, own) * 1000
+    )
+    return timing + b", " + extra if extra else timing
+
+
+SKIPPED_TIMING = b'rewrite-skipped;desc="no rule matched this version before"'
+
+
+def rewrite_timing(transducer: Any, rules_run: int) -> bytes:
+    """The Server-Timing entries of a finished rewrite."""
+    timing = b"rewrite;dur=%.3f" % (transducer.scan_seconds * 1000)
+    timing += b', rewrite-rules;desc="%d matched of %d run"' % (len(transducer.rules_matched), rules_run)
+    if transducer.bailed_out:
+        timing += b', rewrite-bailout;desc="max_buffered_size reached"'
+    if transducer.timed_out:
+        timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
+    return timing
+
+
+# -- the body ----------------------------------------------------------------------
+
+class PipelineError(Exception):
+    """The body cannot go on: a corrupt compressed body (``decode``) or a
+    failure inside the rewrite."""
+
+    def __init__(self, message: str, decode: bool) -> None:
+        super().__init__(message)
+        self.decode = decode
+
+
+#: Largest piece given to the transducer in one feed (decoded bytes can
+#: outgrow a slice many times over).
+MAX_FEED = 256 * 1024
+
+
+class BodyPipeline:
+    """decode -> transduce -> encode, piece by piece.
+
+    ``feed(data, last)``: ``last`` when these are the body's last bytes
+    (the transducer then ends with them, so their output can go with the
+    end of the response); ``finish()`` ends whatever is still open."""
+
+    def __init__(self, transducer: Any, decoder: Decoder | None = None, encoder: GzipEncoder | None = None) -> None:
+        self.transducer = transducer
+        self.decoder = decoder
+        self.encoder = encoder
+        self.ended = False
+
+    def feed(self, data: bytes, last: bool = False) -> bytes:
+        transducer = self.transducer
+        try:
+            if self.decoder is not None:
+                data = self.decoder.feed(data)
+            if last:
+                out = transducer.finish(data)
+                self.ended = True
+            elif len(data) <= MAX_FEED:
+                out = transducer.feed(data)
+            else:
+                out = b"".join(transducer.feed(data[i : i + MAX_FEED]) for i in range(0, len(data), MAX_FEED))
+            if self.encoder is not None:
+                out = self.encoder.feed(out)
+        except DecodeError as exc:
+            raise PipelineError(str(exc), decode=True) from None
+        except Exception as exc:
+            raise PipelineError(f"substitution failed: {exc!r}", decode=False) from exc
+        return out
+
+    def finish(self) -> bytes:
+        transducer = self.transducer
+        try:
+            tail = b""
+            if self.decoder is not None:
+                tail = transducer.feed(self.decoder.finish())
+            if not self.ended:
+                tail += transducer.finish()
+                self.ended = True
+            if self.encoder is not None:
+                tail = self.encoder.feed(tail) + self.encoder.finish()
+        except DecodeError as exc:
+            raise PipelineError(str(exc), decode=True) from None
+        except Exception as exc:
+            raise PipelineError(f"substitution failed at end of body: {exc!r}", decode=False) from exc
+        return tail
+
+
+#: Slices adapt to the rule set's speed so one takes about SLICE_SECONDS,
+#: but never go below MIN_SLICE: a feed has a fixed cost (with 1000
+#: realistic rules about 45 us, bench/bench_transducer.py), so smaller
+#: slices measure slower per byte, which shrank them further, to 1 KiB
+#: (1000 rules: 262 of 280 bench requests of a 23 KB page streamed, 4.6 ms
+#: each, against 0.8 ms of rewriting in one piece).
+SLICE_SECONDS = 0.00025
+FIRST_SLICE = 16 * 1024
+MIN_SLICE, MAX_SLICE = 8 * 1024, 256 * 1024
+#: A body that came whole with its head is rewritten at once, before the
+#: head, when the rule set rewrites it in about this long, and nothing else
+#: waits to be rewritten.  Measured with the realistic bench sets
+#: (bench/realistic.py): at 0.25 ms (one slice) the 23 KB page was
+#: streamed in 273-280 of 280 requests at 10 to 1000 rules, 1.2-3.0 ms per
+#: request.
+WHOLE_SECONDS = 0.001
+
+
+def whole_limit(slice_size: int) -> int:
+    """Largest body rewritten before its head, for a rule set whose slices
+    are ``slice_size`` bytes."""
+    return int(slice_size * WHOLE_SECONDS / SLICE_SECONDS)
+
+
+def next_slice(size: int, nbytes: int, spent: float) -> int | None:
+    """The next slice size after rewriting ``nbytes`` in ``spent`` seconds
+    with slices of ``size``: what the rule set rewrites in ~SLICE_SECONDS,
+    at most halving or doubling per step, so that one slow measurement (a
+    preemption, a collection) does not shrink the slices of every later
+    response to a size where fixed costs dominate.  None when the slice
+    says nothing (a small one, or no measurable time)."""
+    if spent <= 0 or nbytes < max(MIN_SLICE, size // 2):
+        return None
+    estimate = nbytes * SLICE_SECONDS / spent
+    return int(min(MAX_SLICE, max(MIN_SLICE, size / 2, min(estimate, size * 2))))
+
+
+def take_slice(backlog: deque[bytes], size: int) -> bytes:
+    """Up to ``size`` bytes from the front of ``backlog``: a large piece is
+    split, small ones are joined (each feed has a fixed cost: 20-60 us with
+    the realistic bench sets, so feeding an upstream's 1 KiB chunks one by
+    one multiplied it)."""
+    data = backlog.popleft()
+    if len(data) > size:
+        backlog.appendleft(data[size:])
+        return data[:size]
+    if backlog and len(data) + len(backlog[0]) <= size:
+        parts = [data]
+        total = len(data)
+        while backlog and total + len(backlog[0]) <= size:
+            piece = backlog.popleft()
+            parts.append(piece)
+            total += len(piece)
+        return b"".join(parts)
+    return data
+
+
+def budget(timer: Callable[[], float], seconds: float) -> Callable[[], bool]:
+    """A termination predicate for ``task.Cooperator``: true once ``seconds``
+    have passed on ``timer`` since it was made."""
+    deadline = timer() + seconds
+
+    def spent() -> bool:
+        return timer() >= deadline
+
+    return spent

@@ -1,0 +1,539 @@
+"""One forwarded request on Twisted: the upstream's answer carried to the
+client through the body pipeline, with backpressure both ways.
+
+The decisions are the pure ``prexy.exchange`` (states, header rules,
+validators, Server-Timing, the pipeline); this module feeds it the upstream
+response's events and carries out what it decides on the twisted.web
+request.  Rewriting is cooperative: every response being rewritten is a
+task of one ``task.Cooperator`` per process (``Rewriting``), so light
+requests never queue behind a heavy rewrite.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import task
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from prexy.codec import Decoder, GzipEncoder, accepts_gzip
+from prexy.exchange import (
+    FIRST_SLICE,
+    SKIPPED_TIMING,
+    BodyPipeline,
+    Lifecycle,
+    PipelineError,
+    State,
+    budget,
+    next_slice,
+    plan_response,
+    rewrite_coding,
+    rewrite_timing,
+    server_timing,
+    take_slice,
+    via_value,
+    whole_limit,
+)
+from prexy.proxy.caching import CacheContext
+from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.request import DetachedRequest, abort_client, start_response
+from prexy.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
+from prexy.runtime import SiteRuntime
+from prexy.substitution.applicability import ResourceKey
+
+log = Logger()
+
+#: The longest the rewriting of all responses may hold the reactor in one
+#: turn before the other events get their turn (seconds).
+WORK_BUDGET = 0.0003
+#: A response whose rewriting is behind pauses its upstream once this many
+#: bytes wait (bounded memory; no pause/resume of the socket on every turn).
+BACKLOG_PAUSE = 128 * 1024
+
+
+class Rewriting:
+    """The process's rewriting work: one ``task.Cooperator`` whose turns
+    last at most WORK_BUDGET on ``timer`` and are scheduled on ``reactor``."""
+
+    def __init__(self, reactor: Any, timer: Callable[[], float]) -> None:
+        self.timer = timer
+        self.cooperator = task.Cooperator(
+            terminationPredicateFactory=lambda: budget(timer, WORK_BUDGET),
+            scheduler=lambda work: reactor.callLater(0, work),
+        )
+        #: Responses with rewriting queued.
+        self.busy = 0
+
+    def start(self, exchange: Exchange) -> None:
+        self.busy += 1
+        exchange.task = self.cooperator.cooperate(exchange.slices())
+
+        def over(result: object) -> None:
+            self.busy -= 1
+            exchange.work_drained()
+
+        exchange.task.whenDone().addBoth(over)
+
+
+class Exchange:
+    """One forwarded request, from the upstream's head to the last byte.
+
+    Also the upstream body's consumer (``bodyData``, ``bodyDone``,
+    ``bodyFailed``)."""
+
+    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
+        self.resource = resource
+        self.request = request
+        self.site = site
+        self.started = started
+        self.life = Lifecycle()
+        self.pending: Any = None
+        self.response: UpstreamResponse | None = None
+        self.ctx: CacheContext | None = None
+        self.upstream_target: bytes | None = None
+        self.pipeline: BodyPipeline | None = None
+        self.backlog: collections.deque[bytes] = collections.deque()
+        self.backlog_bytes = 0
+        self.task: Any = None
+        self.work_paused = False
+        self.slice = FIRST_SLICE
+        #: Body bytes still to come when the upstream gave a length (and
+        #: nothing is decoded): the last piece then ends the transducer.
+        self.expect: int | None = None
+        #: The transducer's last output, sent with the end of the response.
+        self.stash = b""
+        self.resource_key: ResourceKey | None = None
+        self.rules_run = 0
+        self.writer: Any = None  # cache writer while the body is stored
+        self.keep_chunks = True
+        self.producer_registered = False
+
+    # -- the upstream head -------------------------------------------------------
+
+    def on_head(self, response: UpstreamResponse) -> None:
+        try:
+            self.response_head(response)
+        except Exception:
+            self.internal_error(Failure())
+
+    def response_head(self, response: UpstreamResponse) -> None:
+        self.pending = None
+        request = self.request
+        if self.life.over:
+            response.abort()
+            return
+        self.response = response
+        resource = self.resource
+        ctx = self.ctx
+        if ctx is not None and ctx.revalidating and response.code == 304:
+            self._serve_revalidated(response)
+            return
+        rules = self.site.rules
+        rewrite, coding = rewrite_coding(response, rules)
+        transducer = None
+        skipped = False
+        if rewrite and rules is not None and request.method != b"HEAD":
+            self.resource_key = resource_key(self.site, request, response, self.upstream_target)
+            only = resource.applicability.rules_for(rules, self.resource_key)
+            if only is not None and not only and coding is None:
+                # This version of the resource matched no rule before: pass
+                # it through unscanned, with its length.
+                skipped = True
+                resource.metrics.count("prexy_rewrite_skipped_total")
+            else:
+                transducer = rules.new_transducer(only=only)
+                self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+                self.rules_run = len(rules.rules) if only is None else len(only)
+        whole: bytes | None = None
+        if (
+            transducer is not None
+            and coding is None
+            and ctx is None
+            and response.length is not None
+            and 0 < response.length <= whole_limit(self.slice)
+            and not resource.rewriting.busy
+        ):
+            # The whole body came with the head and is a millisecond of work
+            # at most: rewrite it before the head goes out, which can then
+            # give the rewrite's time.
+            body = response.take_body()
+            if body is not None:
+                resource.metrics.bytes_in += len(body)
+                self.pipeline = BodyPipeline(transducer)
+                whole = self._feed(body, True)
+                if whole is None:
+                    return  # the rewrite failed: the client was reset
+        decode = rewrite and coding is not None
+        gzip_out = decode and accepts_gzip(request.requestHeaders.getRawHeaders(b"accept-encoding"))
+        if transducer is not None and self.pipeline is None:
+            self.pipeline = BodyPipeline(
+                transducer, Decoder(coding) if decode and coding else None, GzipEncoder() if gzip_out else None
+            )
+        plan = plan_response(
+            response, rules=rules, rewrite=rewrite, decode=decode, gzip_out=gzip_out,
+            transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
+        )
+        headers = plan.headers
+        if ctx is not None:
+            headers.append((b"Cache-Status", self._cache_head(response, headers, rewrite)))
+        headers.append((b"Via", via_value(response)))
+        upstream_time = response.connect_seconds + response.first_byte_seconds
+        own = resource.reactor.seconds() - self.started - upstream_time
+        extra = b""
+        if skipped:
+            extra = SKIPPED_TIMING
+        elif whole is not None and transducer is not None:
+            own -= transducer.scan_seconds  # reported as rewrite;dur
+            extra = rewrite_timing(transducer, self.rules_run)
+        headers.append(
+            (b"Server-Timing", server_timing(response.connect_seconds, response.first_byte_seconds, own, extra))
+        )
+        start_response(request, response.code, response.phrase, headers)
+        resource.metrics.observe_upstream(upstream_time)
+        if whole is not None:
+            resource.metrics.bytes_out += len(whole)
+            self.stash = whole
+            self._complete(trailer=False)
+            return
+        self.life.move(State.STREAMING)
+        if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
+            response.deliverBody(self)  # nothing to stream: finishes at once
+            return
+        if self.pipeline is not None and self.pipeline.decoder is None:
+            self.expect = response.length
+        if not response.body_in_hand:
+            request.registerProducer(response.producer, True)
+            self.producer_registered = True
+        response.deliverBody(self)
+
+    # -- the cache ---------------------------------------------------------------------
+
+    def _cache_head(self, response: UpstreamResponse, headers: list[tuple[bytes, bytes]], rewrite: bool) -> bytes:
+        """Start storing (leader of a miss, or background refresh) and return
+        this response's Cache-Status."""
+        ctx = self.ctx
+        assert ctx is not None
+        cache = self.resource.cache
+        if (ctx.flight is not None or ctx.claim_key is not None) and self.request.method == b"GET":
+            length = None if rewrite else response.length
+            writer, status = cache.begin_store(
+                self.site, ctx, response.code, response.phrase, response.headers, headers, length
+            )
+            self.writer = writer
+            if writer is None and ctx.flight is not None:
+                site = self.site
+                resource = self.resource
+
+                def forward(waiter: Any) -> None:
+                    target, host = waiter.prexy_forward
+                    resource.forward(waiter, site, target, host, CacheContext("miss", "not-storable"))
+
+                ctx.flight.not_storable(forward)
+            return status
+        return ctx.status(response.code)
+
+    def _serve_revalidated(self, response: UpstreamResponse) -> None:
+        """Upstream said our stale copy is still good (304): refresh it and
+        answer the client and any waiters from it."""
+        cache = self.resource.cache
+        ctx = self.ctx
+        assert ctx is not None
+        obj = cache.refreshed(self.site, ctx, response.headers)
+        response.deliverBody(_Discard())
+        now = self.resource.reactor.seconds()
+        self.life.move(State.DONE)
+        if not isinstance(self.request, DetachedRequest) and not self.request.gone:
+            cache.serve(self.request, obj, now)
+        if ctx.flight is not None:
+            for waiter in ctx.flight.waiting():
+                if not waiter.gone and not waiter.finished:
+                    cache.serve(waiter, obj, now, collapsed=True)
+            ctx.flight.end()
+        cache.finished(ctx)
+
+    def _cache_data(self, out: bytes) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        writer = self.writer
+        if writer is not None and not writer.write(out):
+            self.writer = None
+            self.keep_chunks = False
+            self.resource.cache.too_large(self.site, ctx, self.response.code if self.response else 200)
+        if ctx.flight is not None:
+            ctx.flight.data(out, self.keep_chunks)
+
+    def _cache_done(self, ok: bool) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        self.ctx = None
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            if ok:
+                writer.commit()
+            else:
+                writer.abort()
+        if ctx.flight is not None:
+            if ok:
+                ctx.flight.done()
+            else:
+                ctx.flight.failed(ctx.stale)
+        self.resource.cache.finished(ctx)
+
+    def _out(self, data: bytes) -> None:
+        """Body bytes for the client (and the cache)."""
+        self.resource.metrics.bytes_out += len(data)
+        if self.ctx is not None:
+            self._cache_data(data)
+
+    # -- the body ------------------------------------------------------------------------
+
+    def bodyData(self, data: bytes) -> None:
+        if self.life.over:
+            return
+        self.resource.metrics.bytes_in += len(data)
+        if self.pipeline is None:
+            self._out(data)
+            self.request.write(data)
+            return
+        if self.expect is not None:
+            self.expect -= len(data)
+        self.backlog.append(data)
+        self.backlog_bytes += len(data)
+        if self.backlog_bytes >= BACKLOG_PAUSE and not self.work_paused and self.response is not None:
+            self.work_paused = True
+            self.response.pause_for_work()
+        if self.task is None:
+            self.resource.rewriting.start(self)
+
+    def slices(self) -> Any:
+        """The rewriting task: one slice of what has arrived per step."""
+        while self.backlog and not self.life.over:
+            self._work_one()
+            yield None
+
+    def _work_one(self) -> None:
+        backlog = self.backlog
+        data = take_slice(backlog, self.slice)
+        self.backlog_bytes -= len(data)
+        pipeline = self.pipeline
+        assert pipeline is not None
+        out = self._feed(data, self.expect == 0 and not backlog)
+        if out is None:
+            backlog.clear()
+            self.backlog_bytes = 0
+            return  # failed: the client was reset
+        if out:
+            self._out(out)
+            if pipeline.ended:
+                self.stash = out  # the body's last output: sent with the end
+            else:
+                self.request.write(out)
+
+    def _feed(self, data: bytes, last: bool) -> bytes | None:
+        """One slice through the pipeline, timed to size the next one; None
+        when it failed (the client is reset)."""
+        pipeline = self.pipeline
+        assert pipeline is not None
+        timer = self.resource.rewriting.timer
+        began = timer()
+        try:
+            out = pipeline.feed(data, last)
+        except PipelineError as exc:
+            self._pipeline_failed(exc)
+            return None
+        size = next_slice(self.slice, len(data), timer() - began)
+        if size is not None:
+            self.slice = size
+            if self.site.rules is not None:
+                self.resource.slices[self.site.rules.digest] = size
+        return out
+
+    def work_drained(self) -> None:
+        """The rewriting task ended: everything received so far is rewritten."""
+        self.task = None
+        if self.work_paused and self.response is not None:
+            self.work_paused = False
+            self.response.resume_after_work()
+        if self.life.state is State.DRAINING:
+            self._complete()
+
+    def bodyDone(self) -> None:
+        if self.life.over:
+            return
+        if self.task is not None:
+            self.life.move(State.DRAINING)
+        else:
+            self._complete()
+
+    def _complete(self, trailer: bool = True) -> None:
+        """Finish the response; ``trailer``: the rewrite's Server-Timing goes
+        in a trailer (False: it was in the head already)."""
+        request = self.request
+        pipeline = self.pipeline
+        tail = b""
+        if pipeline is not None:
+            try:
+                end = pipeline.finish()
+            except PipelineError as exc:
+                self._pipeline_failed(exc)
+                return
+            if end:
+                self._out(end)
+            tail, self.stash = self.stash + end, b""
+            transducer = pipeline.transducer
+            metrics = self.resource.metrics
+            if transducer.bailed_out:
+                metrics.count("prexy_rewrite_bailouts_total")
+            if transducer.timed_out:
+                metrics.count("prexy_rewrite_timeouts_total")
+            if trailer:
+                request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
+        self._unregister()
+        self.life.move(State.DONE)
+        self._cache_done(True)
+        if tail:
+            request.write(tail)
+        request.finish()
+        # After the last bytes left: the client does not wait for this.
+        if pipeline is not None and self.site.rules is not None:
+            self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
+
+    def bodyFailed(self, reason: Failure) -> None:
+        if self.life.over:
+            return
+        log.warn(
+            "upstream failed mid-body for {method} {uri}: {why}; resetting client connection",
+            method=self.request.method.decode("latin-1"),
+            uri=self.request.uri.decode("latin-1"),
+            why=reason.getErrorMessage(),
+        )
+        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
+        self.abort_client()
+
+    def _pipeline_failed(self, exc: PipelineError) -> None:
+        if exc.decode:
+            log.warn("{uri}: {error}; resetting client connection", uri=self.request.uri.decode("latin-1"), error=str(exc))
+        else:
+            log.failure("substitution failed; aborting the response", Failure(exc.__cause__ or exc))
+        self.abort_client()
+
+    def _unregister(self) -> None:
+        if self.producer_registered:
+            self.producer_registered = False
+            if self.request.channel is not None:
+                self.request.unregisterProducer()
+
+    def abort_client(self) -> None:
+        """Reset the client connection: its answer cannot be completed."""
+        self._unregister()
+        if not self.life.over:
+            self.life.move(State.ABORTED)
+        self._cache_done(False)
+        if self.response is not None:
+            self.response.abort()
+        abort_client(self.request)
+
+    # -- failures ------------------------------------------------------------------------
+
+    def upstream_failed(self, reason: Failure) -> None:
+        self.pending = None
+        if self.life.over or reason.check(CancelledError):
+            return
+        try:
+            self._upstream_failed(reason)
+        except Exception:
+            self.internal_error(Failure())
+
+    def _upstream_failed(self, reason: Failure) -> None:
+        request = self.request
+        status = reason.value.status if isinstance(reason.value, UpstreamError) else 502
+        kind = "timeout" if reason.check(UpstreamTimeout) else "connect" if status == 502 else "error"
+        self.resource.metrics.count("prexy_upstream_errors_total", kind=kind)
+        log.warn(
+            "{status} for {method} {uri}: upstream {upstream}: {why}",
+            status=status,
+            method=request.method.decode("latin-1"),
+            uri=request.uri.decode("latin-1"),
+            upstream=str(self.site.config.upstream),
+            why=reason.getErrorMessage(),
+        )
+        ctx = self.ctx
+        if ctx is not None:
+            stale = ctx.stale
+            self._cache_done(False)  # waiters get the stale copy or an error too
+            now = self.resource.reactor.seconds()
+            if stale is not None and stale.stale_usable_on_error(now):
+                self.life.move(State.DONE)
+                self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error")
+                return
+        phrase = b"Gateway Timeout" if status == 504 else b"Bad Gateway"
+        body = b"%d %s: %s\n" % (status, phrase, reason.getErrorMessage().encode("utf-8", "replace"))
+        self.life.move(State.DONE)
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
+        request.finish()
+
+    def internal_error(self, reason: Failure) -> None:
+        log.failure("internal error while proxying", reason)
+        if not self.life.over:
+            self.abort_client()
+
+    def client_gone(self, reason: Failure | None = None) -> None:
+        """The client disconnected before the response was complete."""
+        if self.life.over:
+            return
+        self.life.move(State.GONE)
+        self.producer_registered = False
+        self._cache_done(False)
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.cancel()
+        elif self.response is not None:
+            self.response.abort()
+
+
+class _Discard:
+    """A body consumer that drops what it gets (a 304 after revalidation)."""
+
+    def bodyData(self, data: bytes) -> None:
+        pass
+
+    def bodyDone(self) -> None:
+        pass
+
+    def bodyFailed(self, reason: Failure) -> None:
+        pass
+
+
+def resource_key(
+    site: SiteRuntime, request: Any, response: UpstreamResponse, exchange_target: bytes | None = None,
+) -> ResourceKey | None:
+    """The version of this resource, for the applicability memory (None when
+    the upstream gave no validator: then nothing is remembered)."""
+    etag = response.header(b"etag")
+    last_modified = response.header(b"last-modified")
+    if etag is None and last_modified is None:
+        return None
+    vary = response.header(b"vary")
+    variant = b""
+    if vary:
+        raw = raw_header_dict(request.requestHeaders)
+        names = [n.strip().lower() for n in vary.split(b",") if n.strip()]
+        variant = b"\n".join(b",".join(raw.get(n, ())) for n in names)
+    return ResourceKey.of_bytes(
+        site.name_bytes,
+        # The upstream target, not the client's URI: a URL map may point the
+        # same URI at another upstream file with an equal-looking ETag.
+        exchange_target or request.uri,
+        etag=etag,
+        last_modified=last_modified,
+        length=response.length,
+        variant=variant,
+    )

@@ -1,0 +1,288 @@
+"""The client side of the proxy on twisted.web: the request class and the site.
+
+Everything a response does goes through twisted.web's public request API
+(``setResponseCode``, ``responseHeaders``, ``write``, ``registerProducer``,
+``finish``, ``notifyFinish``), which Twisted's HTTP/2 stream implements
+too.  Two things twisted.web has no API for live here, each behind one
+function: response trailers (``ProxyRequest.finish``) and resetting the
+client connection (``abort_client``).
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from twisted.python.failure import Failure
+from twisted.web import server
+from twisted.web.http import HTTPChannel
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import INonQueuedRequestFactory
+from zope.interface import provider
+
+from prexy.metrics import Metrics
+
+#: Request bodies up to this size are spooled in memory, larger ones to disk.
+SPOOL_IN_MEMORY = 1024 * 1024
+
+
+def start_response(request: Any, code: int, phrase: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Set the status and the header pairs (in order, repeated names kept)."""
+    request.setResponseCode(code, phrase or None)
+    add = request.responseHeaders.addRawHeader
+    for name, value in headers:
+        add(name, value)
+
+
+def plain_answer(request: Any, code: int, body: bytes) -> None:
+    """Answer with a short text/plain body and finish."""
+    request.setResponseCode(code)
+    request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+    request.setHeader(b"Content-Length", b"%d" % len(body))
+    request.write(body)
+    request.finish()
+
+
+def abort_client(request: Any) -> None:
+    """Reset the client connection (never a clean end of a broken body)."""
+    channel = getattr(request, "channel", None)
+    transport = getattr(channel, "transport", None)
+    if transport is not None:
+        transport.abortConnection()
+
+
+@provider(INonQueuedRequestFactory)
+class ProxyRequest(server.Request):
+    """A request that spools its body with a size limit, skips twisted.web's
+    default headers (the upstream's Server, Date and Content-Type pass
+    through unchanged) and its argument parsing, and can end a chunked
+    response with trailer fields."""
+
+    defaultContentType = None
+    #: The client went away before the response was complete.
+    gone = False
+    _rejected = False
+    _body_seen = 0
+    _counted = False
+    #: The exchange serving this request (told when the client goes).
+    exchange: Any = None
+    #: (target, host) for forwarding later (a coalesced waiter).
+    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
+    site: ProxySite
+
+    def __init__(self, channel: Any) -> None:
+        super().__init__(channel)
+        self._trailers: list[tuple[bytes, bytes]] = []
+        self.proxy_site: ProxySite = channel.site
+
+    # -- the request body ----------------------------------------------------------
+
+    def gotLength(self, length: int | None) -> None:
+        limit = self.proxy_site.max_request_body
+        if length is not None and length > limit:
+            self._reject_too_large()
+            return
+        if length is not None and length <= SPOOL_IN_MEMORY:
+            self.content = io.BytesIO()
+        else:
+            self.content = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        self._body_seen += len(data)
+        if self._body_seen > self.proxy_site.max_request_body:
+            self._reject_too_large()
+            return
+        content: Any = self.content
+        content.write(data)
+
+    def _reject_too_large(self) -> None:
+        """413 before the body is read (twisted.web would read it whole)."""
+        self._rejected = True
+        self.content = io.BytesIO()
+        body = b"413 Payload Too Large: request body exceeds the configured limit\n"
+        transport: Any = self.channel.transport
+        transport.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.proxy_site.metrics.count("prexy_requests_total", status="413")
+        self.channel.loseConnection()
+
+    # -- processing -------------------------------------------------------------------
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """twisted.web's requestReceived without its argument parsing: a
+        proxy forwards the target and the body as bytes, so it never fills
+        ``args`` from the query (work for nothing on every request) or from
+        a form body (which twisted.web reads whole into memory, and answers
+        400 itself when a multipart body does not parse)."""
+        if self._rejected:
+            return  # already answered 413; the connection is closing
+        content: Any = self.content
+        content.seek(0, 0)
+        self.args = {}
+        self.method, self.uri = command, path
+        self.clientproto = version
+        self.path = path.split(b"?", 1)[0]
+        self.process()
+
+    def process(self) -> None:
+        """Render without twisted.web's default Server and Date headers."""
+        site = self.proxy_site
+        site.active_requests += 1
+        self._counted = True
+        self.site = site
+        self.prepath = []
+        self.postpath = []
+        try:
+            self.render(site.resource)
+        except BaseException:
+            self.processingFailed(Failure())
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.proxy_site.active_requests -= 1
+
+    def connectionLost(self, reason: Failure) -> None:
+        exchange = self.exchange
+        if not self.finished:
+            self.gone = True
+            self._uncount()
+        super().connectionLost(reason)
+        if exchange is not None and not self.finished:
+            exchange.client_gone(reason)
+
+    # -- the response -------------------------------------------------------------------
+
+    def add_trailer(self, name: bytes, value: bytes) -> None:
+        """A trailer field, sent after the last chunk (chunked responses
+        only; announce it with a ``Trailer`` header)."""
+        self._trailers.append((name, value))
+
+    def finish(self) -> None:
+        if not self.finished and not self.gone:
+            if not self.startedWriting:
+                self.write(b"")  # the head, so that framing is decided
+            if self._trailers and self.chunked:
+                # twisted.web ends a chunked body with an empty trailer
+                # section; write the last chunk with ours instead.
+                fields = b"".join(b"%s: %s\r\n" % pair for pair in self._trailers)
+                self.channel.write(b"0\r\n" + fields + b"\r\n")
+                self.chunked = False
+        self.exchange = None
+        self.proxy_site.served(self.channel)
+        self.proxy_site.metrics.count_status(self.code)
+        self._uncount()
+        super().finish()
+
+
+class DetachedRequest:
+    """Stands in for a client in a background refresh: the fetched body only
+    goes into the cache."""
+
+    channel = None
+    gone = False
+    startedWriting = False
+    finished = False
+    content = None
+    code = 200
+    exchange: Any = None
+
+    def __init__(self, original: Any) -> None:
+        self.method = b"GET"
+        self.uri = original.uri
+        self.requestHeaders = original.requestHeaders
+        self.responseHeaders = Headers()
+        self.clientproto = b"HTTP/1.1"
+        self.client = original.getClientAddress()
+        self.secure = original.isSecure()
+
+    def getClientAddress(self) -> Any:
+        return self.client
+
+    def isSecure(self) -> bool:
+        return self.secure
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        pass
+
+    def add_trailer(self, name: bytes, value: bytes) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.startedWriting = True
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        pass
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+class ProxySite(server.Site):
+    """The HTTP factory for the proxy: our request class, access log in
+    combined log format, request body limit, and the open connections for
+    a graceful stop."""
+
+    requestFactory = ProxyRequest  # type: ignore[assignment]
+    #: HTTP/1.1 only for now: twisted.web's default wraps the channel to
+    #: offer HTTP/2 when h2 is installed, which the proxy does not use yet.
+    protocol = HTTPChannel  # type: ignore[assignment]
+    noisy = False
+
+    def __init__(
+        self,
+        resource: Any,
+        max_request_body: int,
+        metrics: Metrics,
+        log_path: str | None = None,
+        reactor: Any = None,
+        timeout: float = 75.0,
+    ) -> None:
+        super().__init__(resource, logPath=log_path, timeout=timeout, reactor=reactor)
+        self.max_request_body = max_request_body
+        self.metrics = metrics
+        self.active_requests = 0
+        #: channel -> [accepted at, has answered a request]
+        self._channels: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        self._channels[protocol] = [self.reactor.seconds(), False]
+        return protocol
+
+    def served(self, channel: Any) -> None:
+        """A response on ``channel`` is complete."""
+        entry = self._channels.get(channel)
+        if entry is not None:
+            entry[1] = True
+
+    def open_connections(self) -> int:
+        """Client connections still open."""
+        return sum(1 for channel in list(self._channels) if getattr(channel.transport, "connected", False))
+
+    def close_idle_connections(self, fresh_grace: float = 2.0) -> None:
+        """Graceful shutdown: make busy connections close after their
+        response, close idle keep-alive ones, and give connections accepted
+        moments ago ``fresh_grace`` seconds to send their first request."""
+        now = self.reactor.seconds()
+        for channel, (created, served) in list(self._channels.items()):
+            transport = channel.transport
+            if transport is None:
+                continue
+            if channel.requests:
+                channel.persistent = False
+            elif served or now - created >= fresh_grace:
+                transport.loseConnection()

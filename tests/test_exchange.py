@@ -1,0 +1,400 @@
+"""The exchange core without I/O: its states, the head and request header
+rules, validators, Server-Timing, slicing and the body pipeline."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+from collections import deque
+from typing import Any
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy import exchange
+from prexy.codec import Decoder, GzipEncoder
+from prexy.exchange import (
+    FINAL,
+    TRANSITIONS,
+    BodyPipeline,
+    IllegalTransition,
+    Lifecycle,
+    PipelineError,
+    Revalidation,
+    State,
+    derived_etag,
+    next_slice,
+    plan_response,
+    rewrite_coding,
+    server_timing,
+    take_slice,
+    upstream_if_none_match,
+    upstream_request_headers,
+)
+from prexy.substitution import parse_rules
+
+DIGEST = "0123456789abcdef"
+
+
+@attrs.define
+class FakeHead:
+    """An upstream head as the plan reads it."""
+
+    code: int
+    headers: list[tuple[bytes, bytes]]
+    length: int | None
+    connection_names: frozenset[bytes] = frozenset()
+
+    @property
+    def lnames(self) -> list[bytes]:
+        return [n.lower() for n, _ in self.headers]
+
+    def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+        drop = drop | self.connection_names
+        return [(n, v) for n, v in self.headers if n.lower() not in drop]
+
+    def header(self, lname: bytes) -> bytes | None:
+        return next((v for n, v in self.headers if n.lower() == lname), None)
+
+    def values(self, lname: bytes) -> list[bytes]:
+        return [v for n, v in self.headers if n.lower() == lname]
+
+
+@attrs.define
+class FakeRules:
+    digest: str = DIGEST
+    keep_last_modified: bool = False
+    types: tuple[bytes, ...] = (b"text/html",)
+
+    def applies_to_header(self, content_type: bytes | None) -> bool:
+        return content_type is not None and content_type.split(b";")[0].strip() in self.types
+
+
+def names(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [n.lower() for n, _ in headers]
+
+
+class LifecycleTests(SynchronousTestCase):
+    def test_every_step_is_allowed_or_refused_per_the_table(self) -> None:
+        """From each state, exactly the steps in TRANSITIONS are taken; any
+        other raises and leaves the state unchanged."""
+        paths = {
+            State.SENT: [],
+            State.STREAMING: [State.STREAMING],
+            State.DRAINING: [State.STREAMING, State.DRAINING],
+            State.DONE: [State.DONE],
+            State.GONE: [State.GONE],
+            State.ABORTED: [State.ABORTED],
+        }
+        for start, path in paths.items():
+            for to in State:
+                life = Lifecycle()
+                for step in path:
+                    life.move(step)
+                self.assertIs(life.state, start)
+                if to in TRANSITIONS[start]:
+                    life.move(to)
+                    self.assertIs(life.state, to)
+                else:
+                    self.assertRaises(IllegalTransition, life.move, to)
+                    self.assertIs(life.state, start)
+
+    def test_final_states_are_over(self) -> None:
+        for state in State:
+            life = Lifecycle()
+            life.state = state
+            self.assertEqual(life.over, state in FINAL)
+            self.assertEqual(life.head_sent, state in (State.STREAMING, State.DRAINING))
+        for state in FINAL:
+            self.assertEqual(TRANSITIONS[state], frozenset())
+
+
+class RequestHeaderTests(SynchronousTestCase):
+    RAW = {
+        b"host": [b"clone.test"],
+        b"accept-encoding": [b"gzip, br"],
+        b"if-none-match": [b'"abc-px01234567"', b'"other"'],
+        b"connection": [b"keep-alive, x-secret"],
+        b"x-secret": [b"1"],
+        b"cookie": [b"a=1", b"b=2"],
+        b"x-forwarded-for": [b"1.2.3.4"],
+        b"via": [b"1.0 edge"],
+        b"content-length": [b"3"],
+    }
+
+    def headers(self, **kw: Any) -> list[tuple[bytes, bytes]]:
+        args: dict[str, Any] = dict(
+            host_header=b"origin.test", client_host=b"clone.test", client_ip=b"10.0.0.1",
+            secure=True, rules_digest=None,
+        )
+        args.update(kw)
+        return upstream_request_headers(self.RAW, **args)
+
+    def test_plain_site(self) -> None:
+        """Hop-by-hop, Connection-named and proxy-set headers are dropped;
+        Host, X-Forwarded-* and Via are the proxy's; repeats stay apart."""
+        out = self.headers()
+        self.assertEqual(
+            out,
+            [
+                (b"accept-encoding", b"gzip, br"),
+                (b"if-none-match", b'"abc-px01234567"'),
+                (b"if-none-match", b'"other"'),
+                (b"cookie", b"a=1"),
+                (b"cookie", b"b=2"),
+                (b"Host", b"origin.test"),
+                (b"X-Forwarded-For", b"1.2.3.4, 10.0.0.1"),
+                (b"X-Forwarded-Proto", b"https"),
+                (b"X-Forwarded-Host", b"clone.test"),
+                (b"Via", b"1.0 edge, 1.1 prexy"),
+            ],
+        )
+
+    def test_rewriting_site(self) -> None:
+        """A rewriting site asks for identity and sends the upstream's own
+        tags for the derived ones."""
+        out = self.headers(rules_digest=DIGEST)
+        self.assertIn((b"Accept-Encoding", b"identity"), out)
+        self.assertNotIn(b"gzip, br", [v for _, v in out])
+        self.assertEqual([v for n, v in out if n.lower() == b"if-none-match"], [b'"abc"', b'"other"'])
+
+    def test_cache_fetch_drops_client_conditionals_and_revalidates(self) -> None:
+        out = self.headers(for_cache=True)
+        self.assertNotIn(b"if-none-match", names(out))
+        stale = Revalidation(b'"v9"', b"Mon, 30 Nov 2026 00:00:00 GMT")
+        self.assertTrue(stale.conditional)
+        out = self.headers(for_cache=True, revalidate=stale)
+        self.assertIn((b"If-None-Match", b'"v9"'), out)
+        self.assertIn((b"If-Modified-Since", b"Mon, 30 Nov 2026 00:00:00 GMT"), out)
+        self.assertFalse(Revalidation(None, None).conditional)
+        # A stored derived tag goes up as the upstream's.
+        out = self.headers(for_cache=True, rules_digest=DIGEST, revalidate=Revalidation(derived_etag(b'"v9"', DIGEST), None))
+        self.assertIn((b"If-None-Match", b'"v9"'), out)
+
+    def test_no_host_no_forwarded_host(self) -> None:
+        out = upstream_request_headers(
+            {}, host_header=b"o", client_host=None, client_ip=b"unix", secure=False, rules_digest=None
+        )
+        self.assertEqual(
+            out,
+            [(b"Host", b"o"), (b"X-Forwarded-For", b"unix"), (b"X-Forwarded-Proto", b"http"), (b"Via", b"1.1 prexy")],
+        )
+
+
+class ValidatorTests(SynchronousTestCase):
+    @given(st.binary(min_size=0, max_size=20).filter(lambda b: b'"' not in b and b"," not in b), st.booleans())
+    def test_derived_tag_goes_back(self, opaque: bytes, weak: bool) -> None:
+        """A derived tag differs from the upstream's, keeps W/, and turns
+        back into it in If-None-Match; other tags pass unchanged."""
+        tag = (b"W/" if weak else b"") + b'"' + opaque.strip() + b'"'
+        derived = derived_etag(tag, DIGEST)
+        self.assertNotEqual(derived, tag)
+        self.assertEqual(derived.startswith(b"W/"), weak)
+        self.assertEqual(upstream_if_none_match(derived + b", " + b'"x"', DIGEST), tag + b', "x"')
+        self.assertEqual(upstream_if_none_match(derived_etag(tag, "f" * 16), DIGEST), derived_etag(tag, "f" * 16))
+
+    def test_unquoted_tag_is_kept(self) -> None:
+        self.assertEqual(derived_etag(b"bare", DIGEST), b"bare")
+
+
+class PlanTests(SynchronousTestCase):
+    def plan(self, head: FakeHead, **kw: Any) -> exchange.ResponsePlan:
+        args: dict[str, Any] = dict(
+            rules=FakeRules(), rewrite=True, decode=False, gzip_out=False, transduce=True, skipped=False,
+            timing_in_trailer=True,
+        )
+        args.update(kw)
+        return plan_response(head, **args)
+
+    def test_passed_through_keeps_length(self) -> None:
+        head = FakeHead(200, [(b"Content-Type", b"image/png"), (b"Content-Length", b"9"), (b"Via", b"x")], 9)
+        plan = self.plan(head, rules=None, rewrite=False, transduce=False)
+        self.assertEqual(plan.headers, [(b"Content-Type", b"image/png"), (b"Content-Length", b"9")])
+        self.assertTrue(plan.has_length)
+        for code in (204, 304):
+            plan = self.plan(FakeHead(code, [], 0), rules=None, rewrite=False, transduce=False)
+            self.assertEqual((plan.headers, plan.has_length), ([], False))
+
+    def test_rewritten_body(self) -> None:
+        """Rewritten: no length, derived ETag, no Last-Modified, the timing
+        announced as a trailer; with keep_last_modified it stays."""
+        head = FakeHead(
+            200,
+            [(b"Content-Type", b"text/html"), (b"ETag", b'"a"'), (b"Last-Modified", b"d"), (b"Content-Length", b"5"),
+             (b"Connection", b"x-hop"), (b"X-Hop", b"1")],
+            5,
+            frozenset({b"x-hop"}),
+        )
+        plan = self.plan(head)
+        self.assertEqual(
+            plan.headers,
+            [(b"Content-Type", b"text/html"), (b"ETag", derived_etag(b'"a"', DIGEST)), (b"Trailer", b"Server-Timing")],
+        )
+        self.assertFalse(plan.has_length)
+        kept = self.plan(head, rules=FakeRules(keep_last_modified=True), timing_in_trailer=False)
+        self.assertIn((b"Last-Modified", b"d"), kept.headers)
+        self.assertNotIn(b"trailer", names(kept.headers))
+
+    def test_skipped_and_head(self) -> None:
+        """A version known to match nothing keeps its length; HEAD gets a
+        GET's head without length or trailer."""
+        head = FakeHead(200, [(b"Content-Type", b"text/html"), (b"Content-Length", b"5")], 5)
+        skipped = self.plan(head, transduce=False, skipped=True)
+        self.assertEqual(skipped.headers[-1], (b"Content-Length", b"5"))
+        self.assertTrue(skipped.has_length)
+        for_head = self.plan(head, transduce=False)
+        self.assertEqual(for_head.headers, [(b"Content-Type", b"text/html")])
+        self.assertFalse(for_head.has_length)
+
+    def test_decoded_body(self) -> None:
+        """A decoded body loses its Content-Encoding, gets gzip again when
+        the client takes it, and Vary: Accept-Encoding unless Vary covers it."""
+        head = FakeHead(200, [(b"Content-Type", b"text/html"), (b"Content-Encoding", b"gzip")], None)
+        plain = self.plan(head, decode=True)
+        self.assertEqual(plain.headers, [(b"Content-Type", b"text/html"), (b"Vary", b"Accept-Encoding"), (b"Trailer", b"Server-Timing")])
+        zipped = self.plan(head, decode=True, gzip_out=True)
+        self.assertIn((b"Content-Encoding", b"gzip"), zipped.headers)
+        varied = FakeHead(200, [*head.headers, (b"Vary", b"accept-encoding, cookie")], None)
+        self.assertEqual(names(self.plan(varied, decode=True).headers).count(b"vary"), 1)
+        star = FakeHead(200, [*head.headers, (b"Vary", b"*")], None)
+        self.assertEqual(names(self.plan(star, decode=True).headers).count(b"vary"), 1)
+
+    def test_rewrite_coding(self) -> None:
+        rules = FakeRules()
+        html = [(b"Content-Type", b"text/html")]
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), rules), (True, None))
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), None), (False, None))
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 0), rules), (False, None))
+        self.assertEqual(rewrite_coding(FakeHead(304, html, None), rules), (False, None))
+        self.assertEqual(rewrite_coding(FakeHead(200, [(b"Content-Type", b"image/png")], 5), rules), (False, None))
+        gz = [*html, (b"Content-Encoding", b" GZIP ")]
+        self.assertEqual(rewrite_coding(FakeHead(200, gz, 5), rules), (True, b"gzip"))
+        br = [*html, (b"Content-Encoding", b"br")]
+        self.assertEqual(rewrite_coding(FakeHead(200, br, 5), rules), (False, b"br"))
+        ident = [*html, (b"Content-Encoding", b"identity")]
+        self.assertEqual(rewrite_coding(FakeHead(200, ident, 5), rules), (True, None))
+
+    def test_server_timing(self) -> None:
+        self.assertEqual(
+            server_timing(0.001, 0.0025, -1.0),
+            b"upstream-connect;dur=1.000, upstream-first-byte;dur=2.500, prexy;dur=0.000",
+        )
+        self.assertTrue(server_timing(0, 0, 0.0001, b"x").endswith(b"prexy;dur=0.100, x"))
+
+
+class SliceTests(SynchronousTestCase):
+    @given(st.lists(st.binary(min_size=1, max_size=5000), min_size=1, max_size=30), st.integers(1, 20000))
+    def test_take_slice_keeps_the_bytes(self, pieces: list[bytes], size: int) -> None:
+        """Slices never exceed the size unless one piece alone does not fit
+        (it is then split to the size), and together they are the input."""
+        backlog = deque(pieces)
+        out = []
+        while backlog:
+            piece = take_slice(backlog, size)
+            self.assertLessEqual(len(piece), size)
+            self.assertGreater(len(piece), 0)
+            out.append(piece)
+        self.assertEqual(b"".join(out), b"".join(pieces))
+
+    def test_next_slice(self) -> None:
+        fs = exchange.FIRST_SLICE
+        self.assertIsNone(next_slice(fs, fs, 0.0))
+        self.assertIsNone(next_slice(fs, exchange.MIN_SLICE - 1, 1.0))
+        self.assertEqual(next_slice(fs, fs, 1.0), fs // 2)  # at most halved
+        self.assertEqual(next_slice(fs, fs, 1e-9), 2 * fs)  # at most doubled
+        self.assertEqual(next_slice(exchange.MAX_SLICE, exchange.MAX_SLICE, 1e-9), exchange.MAX_SLICE)
+        self.assertEqual(next_slice(exchange.MIN_SLICE, exchange.MIN_SLICE, 1.0), exchange.MIN_SLICE)
+        just = fs * exchange.SLICE_SECONDS / (fs * 1.5)
+        self.assertEqual(next_slice(fs, fs, just), int(fs * 1.5))
+
+    def test_budget(self) -> None:
+        now = [0.0]
+        spent = exchange.budget(lambda: now[0], 0.5)
+        self.assertFalse(spent())
+        now[0] = 0.49
+        self.assertFalse(spent())
+        now[0] = 0.5
+        self.assertTrue(spent())
+
+
+RULES = parse_rules(b"replace_filter 'origin\\.test' 'clone.test' g;\n", "t.rules")
+PAGE = b"<a href='http://origin.test/'>origin.test</a> " * 300
+
+
+class PipelineTests(SynchronousTestCase):
+    def whole(self) -> bytes:
+        return RULES.new_transducer().finish(PAGE)
+
+    @settings(deadline=None)
+    @given(st.lists(st.integers(1, 3000), min_size=1, max_size=20), st.booleans())
+    def test_any_chunking_gives_the_whole_output(self, cuts: list[int], last_with_data: bool) -> None:
+        """Pieces fed in any sizes, ended by finish() or by a last feed,
+        give the bytes of one whole rewrite."""
+        pipeline = BodyPipeline(RULES.new_transducer())
+        out, pos = [], 0
+        for cut in itertools.cycle(cuts):
+            if pos >= len(PAGE):
+                break
+            piece = PAGE[pos : pos + cut]
+            pos += cut
+            last = last_with_data and pos >= len(PAGE)
+            out.append(pipeline.feed(piece, last))
+        self.assertEqual(pipeline.ended, last_with_data)
+        out.append(pipeline.finish())
+        self.assertTrue(pipeline.ended)
+        self.assertEqual(b"".join(out), self.whole())
+
+    @settings(deadline=None)
+    @given(st.integers(1, 4000), st.booleans())
+    def test_decode_and_encode(self, cut: int, encode: bool) -> None:
+        body = gzip.compress(PAGE)
+        pipeline = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"), GzipEncoder() if encode else None)
+        out = b"".join(pipeline.feed(body[i : i + cut]) for i in range(0, len(body), cut)) + pipeline.finish()
+        self.assertEqual(gzip.decompress(out) if encode else out, self.whole())
+
+    def test_feeds_larger_than_max_feed_are_split(self) -> None:
+        seen: list[int] = []
+        transducer = RULES.new_transducer()
+        real = transducer.feed
+
+        def feed(data: bytes) -> bytes:
+            seen.append(len(data))
+            return real(data)
+
+        transducer.feed = feed  # type: ignore[method-assign]
+        big = PAGE * 30
+        out = BodyPipeline(transducer).feed(big) + transducer.finish()
+        self.assertEqual(out, RULES.new_transducer().finish(big))
+        self.assertTrue(all(n <= exchange.MAX_FEED for n in seen))
+        self.assertGreater(len(seen), 1)
+
+    def test_failures(self) -> None:
+        """A corrupt or truncated gzip body and an error in the rewrite are
+        PipelineErrors that say which it was."""
+        bad = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"))
+        with self.assertRaises(PipelineError) as caught:
+            bad.feed(b"\x1f\x8b\x08\x00garbage-not-gzip-at-all")
+            bad.finish()
+        self.assertTrue(caught.exception.decode)
+        truncated = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"))
+        truncated.feed(gzip.compress(PAGE)[:50])
+        with self.assertRaises(PipelineError) as caught:
+            truncated.finish()
+        self.assertTrue(caught.exception.decode)
+
+        class Broken:
+            def feed(self, data: bytes) -> bytes:
+                raise ValueError("boom")
+
+            def finish(self, data: bytes = b"") -> bytes:
+                raise ValueError("boom at end")
+
+        with self.assertRaises(PipelineError) as caught:
+            BodyPipeline(Broken()).feed(b"x")
+        self.assertFalse(caught.exception.decode)
+        with self.assertRaises(PipelineError) as caught:
+            BodyPipeline(Broken()).finish()
+        self.assertFalse(caught.exception.decode)
+        self.assertIn("boom at end", str(caught.exception))
