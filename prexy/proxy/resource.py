@@ -45,7 +45,6 @@ from prexy.proxy.upstream import (
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeout,
-    send_now,
 )
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
@@ -197,7 +196,7 @@ class ProxyResource(Resource):
         if method != b"HEAD" and code not in _NO_BODY_CODES and body:
             seq.append(body)
             sent = len(body)
-        send_now(channel.transport, b"".join(seq))
+        channel.transport.write(b"".join(seq))
         channel._prexy_served = True
         self.metrics.count_status(code)
         channel.site.log(_QuickRecord(method, target, code, sent, channel.getPeer(), pairs))
@@ -1300,12 +1299,6 @@ class ProxyChannel(HTTPChannel):
     _secure: bool | None = None
     _peer: Any = None
     site: ProxySite  # set by Site.buildProtocol
-
-    def write(self, data: bytes) -> None:
-        send_now(self.transport, data)
-
-    def writeSequence(self, iovec: Any) -> None:
-        send_now(self.transport, b"".join(iovec))
 
     def getHost(self) -> Any:
         # twisted.web asks for every request; the socket's address never changes.
