@@ -26,10 +26,25 @@ from twisted.internet import protocol, reactor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's prexy
 
-from prexy.proxy.upstream import send_now  # noqa: E402
 from prexy.substitution.rules import load_rules  # noqa: E402
 
 _reactor: Any = reactor
+
+
+def send_now(transport: Any, data: bytes) -> None:
+    """Send ``data`` at once when the transport has nothing queued, else
+    write it.  Reads tcp.Connection's private buffers: fine for a floor
+    measurement, which is why Prexy itself no longer does it (it writes,
+    and the bytes leave on the reactor's next turn)."""
+    if transport.dataBuffer or transport._tempDataBuffer or transport.disconnecting or not transport.connected:
+        transport.write(data)
+        return
+    try:
+        sent = transport.socket.send(data)
+    except OSError:
+        sent = 0
+    if sent < len(data):
+        transport.write(data[sent:])
 
 
 class _Upstream(protocol.Protocol):

@@ -27,7 +27,6 @@ from typing import Protocol as TypingProtocol
 
 import attrs
 from twisted.internet import defer
-from twisted.internet import tcp as _tcp
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -35,6 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from prexy import http1
 from prexy.config import OriginKey, Timeouts
 
 # HostnameEndpoint encodes the host name with the idna codec, whose module
@@ -47,11 +47,7 @@ __all__ = ["OriginKey", "UpstreamPool", "UpstreamResponse"]
 
 log = Logger()
 
-MAX_HEADER_BYTES = 64 * 1024
-MAX_HEADER_COUNT = 200
-NO_BODY_STATUSES = frozenset({204, 304})
 _CONNECTION_DONE = Failure(ConnectionDone())
-_FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
@@ -179,13 +175,6 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class _Framing(enum.Enum):
-    NONE = 0
-    LENGTH = 1
-    CHUNKED = 2
-    CLOSE = 3
-
-
 @implementer(IPushProducer)
 class _TransportProducer:
     """Pauses/resumes the upstream socket on behalf of a slow client."""
@@ -204,7 +193,11 @@ class _TransportProducer:
 
 
 class UpstreamProtocol(Protocol):
-    """One HTTP/1.1 connection to an upstream; serves one request at a time."""
+    """One HTTP/1.1 connection to an upstream; serves one request at a time.
+
+    The framing is :class:`prexy.http1.ResponseReader`'s; this class turns
+    its events into calls on the pending request (the head) and on the body
+    consumer, and keeps the timers, the pool and the backpressure."""
 
     transport: Any  # a TCP or TLS transport: also a push producer with abortConnection
 
@@ -213,16 +206,15 @@ class UpstreamProtocol(Protocol):
         self._key = key
         self._clock = pool.reactor
         self.state = _State.CONNECTING
-        self._buffer = b""
+        self._reader = http1.ResponseReader()
         self._pending: PendingRequest | None = None
         self._consumer: BodyConsumer | None = None
-        self._pending_body: list[bytes] = []
-        self._body_complete = False
-        self._framing = _Framing.NONE
-        self._remaining = 0
-        self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        #: Body events that arrived before a consumer was attached.
+        self._queued: list[http1.Event] = []
+        #: Why the body cannot be delivered (the connection was lost before
+        #: a consumer was attached).
+        self._failure: Failure | None = None
         self._keep_alive = True
-        self._method = b"GET"
         self._timeout = 0.0
         self._phase = ""
         self._last_activity = 0.0
@@ -230,7 +222,6 @@ class UpstreamProtocol(Protocol):
         self.requests_served = 0
         self.idle_since = 0.0
         self.producer = _TransportProducer(self)
-        self._received_any = False
         self._sent_at = 0.0
         self._connect_seconds = 0.0
         self._body_writer: Any = None
@@ -258,13 +249,21 @@ class UpstreamProtocol(Protocol):
         if previous is _State.WAITING:
             err = UpstreamClosed(f"upstream closed the connection before answering: {reason.getErrorMessage()}")
             self._fail_response(Failure(err))
-        elif previous in (_State.BODY, _State.HEADERS_DONE):
-            if self._framing is _Framing.CLOSE and reason.check(ConnectionDone):
-                self._finish_body(reuse=False)
+        elif previous in (_State.BODY, _State.HEADERS_DONE) and not self._reader.done:
+            if self._reader.framing is http1.CLOSE and reason.check(ConnectionDone):
+                events = self._reader.connection_closed()  # the End of the body
+                if previous is _State.BODY:
+                    self._deliver(events)
+                else:
+                    self._queued += events
             else:
-                self._fail_body(
-                    Failure(UpstreamClosed(f"upstream closed mid-body: {reason.getErrorMessage()}"))
-                )
+                failure = Failure(UpstreamClosed(f"upstream closed mid-body: {reason.getErrorMessage()}"))
+                if previous is _State.BODY:
+                    self._fail_body(failure)
+                else:
+                    self._keep_alive = False
+                    self._queued = []
+                    self._failure = failure
 
     def closed(self) -> defer.Deferred[None]:
         """Fires when this connection is closed."""
@@ -296,36 +295,28 @@ class UpstreamProtocol(Protocol):
         """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
-        self._method = method
-        self._buffer = b""
-        self._received_any = False
+        self._reader = http1.ResponseReader(method)
         self._keep_alive = True
         self._consumer = None
-        self._pending_body = []
-        self._body_complete = False
+        self._queued = []
+        self._failure = None
         self._pause_reasons = set()
         self._connect_seconds = connect_seconds
         self._pending = pending
         pending.protocol = self
-        lines = [method, b" ", target, b" HTTP/1.1\r\n"]
-        for name, value in headers:
-            lines += [name, b": ", value, b"\r\n"]
-        if body is not None and body_length:
-            lines += [b"Content-Length: ", b"%d" % body_length, b"\r\n\r\n"]
-        elif method in (b"POST", b"PUT", b"PATCH"):
-            lines.append(b"Content-Length: 0\r\n\r\n")
-        else:
-            lines.append(b"\r\n")
-        head = b"".join(lines)
+        if body is None:
+            body_length = 0
+        head = http1.request_head(method, target, headers, body_length)
         self._sent_at = self._clock.seconds()
-        if body is not None and body_length:
-            if body_length <= 65536:
-                self.transport.write(head + body.read())
-            else:
-                self.transport.write(head)
-                self._stream_request_body(body)
+        if not body_length:
+            self.transport.write(head)
+        elif body_length <= 65536:
+            assert body is not None
+            self.transport.write(head + body.read())
         else:
-            send_now(self.transport, head)
+            assert body is not None
+            self.transport.write(head)
+            self._stream_request_body(body)
         self._start_timer(self._pool.timeouts.first_byte, "first byte")
 
     def _stream_request_body(self, body: IO[bytes]) -> None:
@@ -378,187 +369,96 @@ class UpstreamProtocol(Protocol):
         state = self.state
         if state is _State.BODY:
             self._last_activity = self._clock.seconds()
-            self._body_bytes(data)
-            return
-        if state is _State.WAITING:
-            self._received_any = True
-            self._buffer += data
-            self._parse_head()
-            return
-        if state is _State.IDLE:
+            self._deliver(self._reader.receive_data(data))
+        elif state is _State.WAITING:
+            events = self._reader.receive_data(data)
+            if events:
+                self._start_body(events)
+        elif state is _State.HEADERS_DONE:
+            self._queued += self._reader.receive_data(data)
+        elif state is _State.IDLE:
             # Bytes nobody asked for: the connection is out of sync.
             self._keep_alive = False
             self.transport.loseConnection()
 
-    def _parse_head(self) -> None:
-        while True:
-            buf = self._buffer
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEADER_BYTES:
-                    self._protocol_error("response header too large")
-                return
-            head = buf[:end]
-            self._buffer = buf[end + 4 :]
-            try:
-                response = self._parse_head_block(head)
-            except UpstreamProtocolError as exc:
-                self._protocol_error(str(exc))
-                return
-            if response is None:
-                continue  # 1xx interim response: wait for the real one
-            self._start_body(response)
+    def _start_body(self, events: list[http1.Event]) -> None:
+        head = events[0]
+        if not isinstance(head, http1.Head):
+            self._protocol_error(str(head))
             return
-
-    def _parse_head_block(self, head: bytes) -> UpstreamResponse | None:
-        lines = head.split(b"\r\n")
-        status_line = lines[0]
-        parts = status_line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise UpstreamProtocolError(f"bad status line {status_line[:80]!r}")
-        version = parts[0]
-        try:
-            code = int(parts[1])
-        except ValueError:
-            raise UpstreamProtocolError(f"bad status code {parts[1][:20]!r}") from None
-        if not 100 <= code <= 999:
-            raise UpstreamProtocolError(f"bad status code {code}")
-        if 100 <= code < 200 and code != 101:
-            return None
-        phrase = parts[2] if len(parts) > 2 else b""
-        if len(lines) > MAX_HEADER_COUNT:
-            raise UpstreamProtocolError("too many response headers")
-        crlf = len(lines) - 1
-        if head.count(b"\r") != crlf or head.count(b"\n") != crlf:
-            raise UpstreamProtocolError("bare CR or LF in a response header")
-        headers: list[tuple[bytes, bytes]] = []
-        lnames: list[bytes] = []
-        content_length: int | None = None
-        chunked = False
-        connection_close = version == b"HTTP/1.0"
-        connection_names: frozenset[bytes] = frozenset()
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if line[0] in (32, 9):  # no line is empty: the head ends at the first blank one
-                if not headers:
-                    raise UpstreamProtocolError("continuation line before any header")
-                name, value = headers[-1]
-                headers[-1] = (name, value + b" " + line.strip())
-                continue
-            if not colon or not name or name[-1] in (32, 9):
-                raise UpstreamProtocolError(f"bad header line {line[:80]!r}")
-            value = value.strip()
-            lname = name.lower()
-            if lname in _FRAMING_HEADERS:
-                if lname == b"content-length":
-                    try:
-                        length = int(value)
-                    except ValueError:
-                        raise UpstreamProtocolError(f"bad Content-Length {value[:40]!r}") from None
-                    if length < 0 or (content_length is not None and content_length != length):
-                        raise UpstreamProtocolError("conflicting or negative Content-Length")
-                    content_length = length
-                elif lname == b"transfer-encoding":
-                    codings = [c.strip().lower() for c in value.split(b",")]
-                    if codings[-1] == b"chunked":
-                        chunked = True
-                    else:
-                        raise UpstreamProtocolError(f"unsupported Transfer-Encoding {value[:40]!r}")
-                else:  # connection
-                    tokens = _connection_tokens(value)
-                    connection_names = connection_names | tokens if connection_names else tokens
-                    if b"close" in tokens:
-                        connection_close = True
-                    elif b"keep-alive" in tokens and version == b"HTTP/1.0":
-                        connection_close = False
-            headers.append((name, value))
-            lnames.append(lname)
-        if connection_close:
-            self._keep_alive = False
-        length_out: int | None
-        if self._method == b"HEAD" or code in NO_BODY_STATUSES or code == 101:
-            framing, length_out = _Framing.NONE, 0
-            if self._method == b"HEAD" and code not in NO_BODY_STATUSES:
-                length_out = content_length
-        elif chunked:
-            framing, length_out = _Framing.CHUNKED, None
-        elif content_length is not None:
-            framing, length_out = (_Framing.LENGTH if content_length else _Framing.NONE), content_length
-        else:
-            framing, length_out = _Framing.CLOSE, None
-            self._keep_alive = False
-        self._framing = framing
-        if framing is _Framing.LENGTH:
-            self._remaining = content_length if content_length is not None else 0
-        self._chunk_state = 0
-        now = self._clock.seconds()
-        return UpstreamResponse(
-            code=code,
-            phrase=phrase,
-            version=version,
-            headers=headers,
-            lnames=lnames,
-            connection_names=connection_names,
-            length=length_out,
-            connect_seconds=self._connect_seconds,
-            first_byte_seconds=now - self._sent_at,
-            protocol=self,
-        )
-
-    def _start_body(self, response: UpstreamResponse) -> None:
         self._cancel_timer()
         self.state = _State.HEADERS_DONE
-        rest, self._buffer = self._buffer, b""
+        response = UpstreamResponse(
+            code=head.code,
+            phrase=head.phrase,
+            version=head.version,
+            headers=head.headers,
+            lnames=head.lnames,
+            connection_names=head.connection_names,
+            length=head.length,
+            connect_seconds=self._connect_seconds,
+            first_byte_seconds=self._clock.seconds() - self._sent_at,
+            protocol=self,
+        )
+        # Body bytes that came with the head wait for a consumer.
+        self._queued = events[1:]
         pending, self._pending = self._pending, None
-        if self._framing is _Framing.NONE:
-            self._body_complete = True
-        elif rest:
-            # Body bytes that came with the head are kept until a consumer
-            # is attached.
-            self._pending_body.append(rest)
         assert pending is not None
         pending.head(response)
-        if self.state is _State.HEADERS_DONE and self._framing is not _Framing.NONE and not self._paused:
+        if self.state is _State.HEADERS_DONE and not self._reader.done and not self._paused:
             # Nobody consumes the body yet: hold the socket until deliverBody.
             # (Usually the consumer attached inside head(): no pause, which
             # saves two epoll_ctl calls per response.)
             self.transport.pauseProducing()
             self._paused = True
 
+    def _deliver(self, events: list[http1.Event]) -> None:
+        """Hand body events to the consumer, until it or the body is done."""
+        consumer = self._consumer
+        assert consumer is not None
+        for event in events:
+            kind = type(event)
+            if kind is http1.Data:
+                consumer.bodyData(event.data)  # type: ignore[union-attr]
+                if self._consumer is not consumer:
+                    return  # it gave up (or the connection went)
+            elif kind is http1.End:
+                self._finish_body(event.keep_alive and not self._reader.trailing_data)  # type: ignore[union-attr]
+                return
+            else:
+                self._protocol_error_body(str(event))
+                return
+
     def body_in_hand(self) -> bool:
         """See UpstreamResponse.body_in_hand."""
-        if self._framing is _Framing.NONE:
-            return True
-        return self._framing is _Framing.LENGTH and sum(map(len, self._pending_body)) >= self._remaining
+        return self._reader.framing in (http1.NONE, http1.LENGTH) and self._reader.done
 
     def take_body(self) -> bytes | None:
         """See UpstreamResponse.take_body."""
-        if self._framing is not _Framing.LENGTH or self._consumer is not None or not self.body_in_hand():
+        if self._reader.framing is not http1.LENGTH or self._consumer is not None or not self._reader.done:
             return None
-        data = b"".join(self._pending_body)
-        self._pending_body = []
-        remaining = self._remaining
-        if len(data) > remaining:
-            self._keep_alive = False  # trailing garbage
-            data = data[:remaining]
-        self._remaining = 0
-        self._finish_body(reuse=True)
-        return data
+        queued, self._queued = self._queued, []
+        data = [e.data for e in queued if isinstance(e, http1.Data)]
+        end = queued[-1]
+        assert isinstance(end, http1.End)
+        self._finish_body(end.keep_alive and not self._reader.trailing_data)
+        return data[0] if len(data) == 1 else b"".join(data)
 
     def deliverBody(self, consumer: BodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""
-        if self.state is _State.CLOSED and not self._body_complete:
-            consumer.bodyFailed(Failure(UpstreamClosed("upstream connection lost")))
+        failure, self._failure = self._failure, None
+        if failure is None and self.state is _State.CLOSED and not self._reader.done:
+            failure = Failure(UpstreamClosed("upstream connection lost"))
+        if failure is not None:
+            consumer.bodyFailed(failure)
             return
         self._consumer = consumer
-        if self._body_complete and not self._pending_body:
-            self._finish_body(reuse=True)
-            return
-        self.state = _State.BODY
-        pending, self._pending_body = self._pending_body, []
-        for chunk in pending:
-            self._body_bytes(chunk)
-            if self.state is not _State.BODY:
+        if self.state is not _State.CLOSED:
+            self.state = _State.BODY
+        queued, self._queued = self._queued, []
+        if queued:
+            self._deliver(queued)
+            if self._consumer is not consumer:
                 return
         if self._paused and not self._pause_reasons:
             self._paused = False
@@ -587,104 +487,9 @@ class UpstreamProtocol(Protocol):
             self._last_activity = self._clock.seconds()
             self.transport.resumeProducing()
 
-    def _body_bytes(self, data: bytes) -> None:
-        framing = self._framing
-        consumer = self._consumer
-        assert consumer is not None
-        if framing is _Framing.LENGTH:
-            remaining = self._remaining
-            if len(data) < remaining:
-                self._remaining = remaining - len(data)
-                consumer.bodyData(data)
-                return
-            if remaining:
-                consumer.bodyData(data[:remaining] if len(data) > remaining else data)
-            self._remaining = 0
-            if len(data) > remaining:
-                self._keep_alive = False  # trailing garbage
-            self._finish_body(reuse=True)
-        elif framing is _Framing.CHUNKED:
-            self._chunked_bytes(data)
-        elif framing is _Framing.CLOSE:
-            consumer.bodyData(data)
-
-    def _chunked_bytes(self, data: bytes) -> None:
-        """Decode chunked framing; the data of all the chunks complete in
-        ``data`` goes to the consumer in one ``bodyData`` (a site sending
-        1 KiB chunks otherwise cost one rewrite feed, with its fixed cost,
-        and one client write per chunk)."""
-        consumer = self._consumer
-        assert consumer is not None
-        buf = self._buffer + data if self._buffer else data
-        self._buffer = b""
-        pos = 0
-        size = len(buf)
-        pending: list[bytes] = []
-
-        def flush() -> bool:
-            """Hand over the pending data; False if the body ended meanwhile."""
-            if pending:
-                consumer.bodyData(pending[0] if len(pending) == 1 else b"".join(pending))
-                pending.clear()
-            return self.state is _State.BODY
-
-        while pos < size:
-            state = self._chunk_state
-            if state == 1:
-                take = min(self._remaining, size - pos)
-                pending.append(buf[pos : pos + take] if take != size or pos else buf)
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._chunk_state = 2
-                continue
-            eol = buf.find(b"\n", pos)
-            if eol < 0:
-                if not flush():
-                    return
-                if size - pos > 4096:
-                    self._protocol_error_body("chunk line too long")
-                    return
-                self._buffer = buf[pos:]
-                return
-            line = buf[pos:eol].rstrip(b"\r")
-            pos = eol + 1
-            if state == 0:
-                try:
-                    length = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    if flush():
-                        self._protocol_error_body(f"bad chunk size {line[:20]!r}")
-                    return
-                if length < 0:
-                    if flush():
-                        self._protocol_error_body("negative chunk size")
-                    return
-                if length == 0:
-                    self._chunk_state = 3
-                else:
-                    self._remaining = length
-                    self._chunk_state = 1
-            elif state == 2:
-                if line:
-                    if flush():
-                        self._protocol_error_body("missing CRLF after chunk")
-                    return
-                self._chunk_state = 0
-            else:  # trailers; an empty line ends the message
-                if not line:
-                    if not flush():
-                        return
-                    if pos < size:
-                        self._keep_alive = False
-                    self._finish_body(reuse=True)
-                    return
-        flush()
-
     def _finish_body(self, reuse: bool) -> None:
         self._cancel_timer()
         consumer, self._consumer = self._consumer, None
-        self._body_complete = True
         self.requests_served += 1
         if self.state is not _State.CLOSED:
             if self._paused:
@@ -712,7 +517,7 @@ class UpstreamProtocol(Protocol):
         if consumer is not None:
             consumer.bodyFailed(failure)
         else:
-            self._pending_body = []
+            self._queued = []
 
     def _protocol_error(self, why: str) -> None:
         self._fail_response(Failure(UpstreamProtocolError(why)))
@@ -728,7 +533,7 @@ class UpstreamProtocol(Protocol):
 
     @property
     def received_any(self) -> bool:
-        return self._received_any
+        return self._reader.received_any
 
 
 class _ProtocolFactory(Factory):
@@ -1012,50 +817,3 @@ def _rewind(body: IO[bytes] | None) -> bool:
     except (OSError, ValueError):
         return False
     return True
-
-
-_PLAIN_TCP = (_tcp.Client, _tcp.Server)
-
-
-_TOKENS: dict[bytes, frozenset[bytes]] = {}
-
-
-def _connection_tokens(value: bytes) -> frozenset[bytes]:
-    """The lower-case options of a Connection header value (the common
-    values are parsed once per process)."""
-    tokens = _TOKENS.get(value)
-    if tokens is None:
-        tokens = frozenset(t.strip().lower() for t in value.split(b","))
-        if len(_TOKENS) < 64:
-            _TOKENS[value] = tokens
-    return tokens
-
-
-def send_now(transport: Any, data: bytes) -> None:
-    """Write ``data``, sending it at once when the transport has nothing
-    queued (a plain TCP connection).
-
-    Twisted's ``write`` only queues: the bytes leave in the reactor's next
-    turn, after the rest of the current event is handled, and cost two
-    epoll_ctl calls to watch for writability.  A request head (or a
-    response) is what the other side waits for, so it is sent right away
-    when the socket takes it (it almost always does); what the socket does
-    not take, and any error, goes through ``write`` as usual, which also
-    applies backpressure to the transport's producer.
-    """
-    if (
-        type(transport) not in _PLAIN_TCP
-        or transport.TLS
-        or transport.dataBuffer
-        or transport._tempDataBuffer
-        or transport.disconnecting
-        or not transport.connected
-    ):
-        transport.write(data)
-        return
-    try:
-        sent = transport.socket.send(data)
-    except OSError:
-        sent = 0  # write() meets the error again and reports it properly
-    if sent < len(data):
-        transport.write(data[sent:])
