@@ -14,7 +14,7 @@ from twisted.trial.unittest import TestCase
 
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, free_port, free_port_block, wait_listening
+from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, wait_listening
 
 RULES = b"""
 replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
@@ -165,7 +165,7 @@ class CheckTests(TestCase):
     def run_twistd(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
-            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(), env=child_env(),
         )
 
     def test_check_good_and_bad(self) -> None:
