@@ -146,6 +146,17 @@ class Options(usage.Options):
         )
 
 
+def config_from_argv(argv: Sequence[str]) -> Config:
+    """The ``Config`` a ``twistd prexy`` command line gives, checked exactly as
+    at startup (rules and maps compiled); raises ``UsageError`` (or
+    ``SystemExit`` for ``--check``/``--reload``) when it does not load.  The
+    master calls this to validate a reload."""
+    options = Options()
+    options.parseOptions(list(argv))
+    config: Config = options.config
+    return config
+
+
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
@@ -439,5 +450,5 @@ def makeService(options: Options) -> service.IService:
         reactor.callWhenRunning(sd_notify, "READY=1")
         log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
     else:
-        MasterService(reactor, config, options.argv, workers).setServiceParent(top)
+        MasterService(reactor, config, options.argv, workers, config_from_argv).setServiceParent(top)
     return top

@@ -102,10 +102,14 @@ class WorkerPoolTests(TestCase):
 
     @defer.inlineCallbacks
     def test_both_workers_serve(self) -> Any:
-        """Connections are spread over both workers by the shared queue."""
+        """Connections are spread over both workers by the shared queue; the
+        workers are ``python -m prexy.worker`` processes."""
         child = yield self.start()
         workers = child.children()
         self.assertEqual(len(workers), 2)
+        for pid in workers:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                self.assertEqual(f.read().split(b"\0")[1:3], [b"-m", b"prexy.worker"])
         seen: set[int] = set()
         for _ in range(20):
             answers = yield defer.gatherResults([self.get() for _ in range(20)])
