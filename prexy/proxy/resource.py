@@ -49,6 +49,7 @@ from prexy.proxy.upstream import (
 )
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
+from prexy.substitution.transducer import Transducer
 
 log = Logger()
 
@@ -469,7 +470,7 @@ class _Exchange:
                 skipped = True
                 resource.metrics.count("prexy_rewrite_skipped_total")
             else:
-                self.transducer = rules.new_transducer(only=only)
+                self.transducer = Transducer(rules, only=only)
                 self._slice = resource.slices.get(rules.digest, _FEED_SLICE)
                 self.rules_run = len(rules.rules) if only is None else len(only)
         whole: bytes | None = None
