@@ -6,6 +6,7 @@ reachable through a site.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
@@ -15,6 +16,15 @@ from twisted.web import resource, server
 from prexy.metrics import render
 
 log = Logger()
+
+
+def _still_open(request: server.Request) -> Callable[[], bool]:
+    """A check, for an answer that comes later, that ``request`` may still
+    be answered: neither finished nor lost (``notifyFinish`` errs when the
+    client goes away first)."""
+    lost: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: lost.append(True))
+    return lambda: not request.finished and not lost
 
 
 class AdminResource(resource.Resource):
@@ -42,10 +52,11 @@ class AdminResource(resource.Resource):
                 request.setResponseCode(405)
                 request.setHeader(b"allow", b"POST")
                 return b"use POST /reload\n"
+            still_open = _still_open(request)
             d = defer.maybeDeferred(self.owner.reload)
 
             def answer(ok: bool) -> None:
-                if request.finished or request._disconnected:
+                if not still_open():
                     return
                 if ok:
                     request.write(b"reloaded\n")
@@ -91,10 +102,11 @@ class AdminResource(resource.Resource):
             return f"bad regex {regex!r}: {exc}\n".encode()
         from twisted.internet.threads import deferToThread
 
+        still_open = _still_open(request)
         d = deferToThread(store.ban, site, regex)
 
         def answer(count: int) -> None:
-            if not request.finished and not request._disconnected:
+            if still_open():
                 request.write(b"banned %d object(s)\n" % count)
                 request.finish()
 

@@ -97,12 +97,12 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 continue
             if message.get("ready"):
                 self.ready = True
-                self.master._worker_ready(self)
+                self.master.worker_ready(self)
             if "metrics" in message:
                 self.metrics = message["metrics"]
 
     def processEnded(self, reason: Any) -> None:
-        self.master._worker_ended(self, reason)
+        self.master.worker_ended(self, reason)
         self.ended.callback(None)
 
     def signal(self, name: str) -> None:
@@ -240,7 +240,7 @@ class MasterService(service.MultiService):
         self.workers.append(worker)
         return worker
 
-    def _worker_ready(self, worker: _WorkerProcess) -> None:
+    def worker_ready(self, worker: _WorkerProcess) -> None:
         log.info("worker {pid} (generation {g}) ready", pid=worker.pid, g=worker.generation)
         current = [w for w in self.workers if w.generation == self.generation]
         if worker.generation == self.generation and all(w.ready for w in current):
@@ -254,7 +254,7 @@ class MasterService(service.MultiService):
                 d.callback(True)
             sd_notify("READY=1")
 
-    def _worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
+    def worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
         if worker in self.workers:
             self.workers.remove(worker)
         if worker.metrics:
