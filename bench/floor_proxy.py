@@ -27,6 +27,7 @@ from twisted.internet import protocol, reactor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's prexy
 
 from prexy.substitution.rules import load_rules  # noqa: E402
+from prexy.substitution.transducer import Transducer  # noqa: E402
 
 _reactor: Any = reactor
 
@@ -66,7 +67,7 @@ class _Upstream(protocol.Protocol):
             return
         body = self.buffer[end + 4 : end + 4 + length]
         self.buffer = b""
-        out = self.ruleset.new_transducer().finish(body)
+        out = Transducer(self.ruleset).finish(body)
         client, self.client = self.client, None
         assert client is not None
         send_now(

@@ -6,6 +6,7 @@ reachable through a site.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
@@ -15,6 +16,15 @@ from twisted.web import resource, server
 from prexy.metrics import render
 
 log = Logger()
+
+
+def _still_open(request: server.Request) -> Callable[[], bool]:
+    """A check, for an answer that comes later, that ``request`` may still
+    be answered: neither finished nor lost (``notifyFinish`` errs when the
+    client goes away first)."""
+    lost: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: lost.append(True))
+    return lambda: not request.finished and not lost
 
 
 class AdminResource(resource.Resource):
@@ -42,11 +52,11 @@ class AdminResource(resource.Resource):
                 request.setResponseCode(405)
                 request.setHeader(b"allow", b"POST")
                 return b"use POST /reload\n"
-            gone = _watch(request)
+            still_open = _still_open(request)
             d = defer.maybeDeferred(self.owner.reload)
 
             def answer(ok: bool) -> None:
-                if request.finished or gone:
+                if not still_open():
                     return
                 if ok:
                     request.write(b"reloaded\n")
@@ -92,22 +102,14 @@ class AdminResource(resource.Resource):
             return f"bad regex {regex!r}: {exc}\n".encode()
         from twisted.internet.threads import deferToThread
 
-        gone = _watch(request)
+        still_open = _still_open(request)
         d = deferToThread(store.ban, site, regex)
 
         def answer(count: int) -> None:
-            if not request.finished and not gone:
+            if still_open():
                 request.write(b"banned %d object(s)\n" % count)
                 request.finish()
 
         d.addCallback(answer)
         d.addErrback(lambda f: log.failure("ban failed", f))
         return server.NOT_DONE_YET
-
-
-def _watch(request: server.Request) -> list[bool]:
-    """A list that becomes non-empty (true) when the client goes away before
-    the answer (``notifyFinish``)."""
-    gone: list[bool] = []
-    request.notifyFinish().addErrback(lambda failure: gone.append(True))
-    return gone

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from prexy.cache.policy import CachePolicy, PolicyError
+
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 
@@ -116,22 +118,16 @@ class MapConfig:
     keep_query: bool = True
 
 
-@attrs.frozen
-class CacheConfig:
-    """Per-site cache policy settings (the store itself is [cache])."""
-
-    default_ttl: float = 300.0
-    grace: float = 10.0
-    #: Seconds an expired object with validators is kept to revalidate it.
-    keep: float = 300.0
-    hit_for_miss_ttl: float = 120.0
-    #: Cookie-name globs that do not make a request uncacheable (analytics).
-    ignore_cookies: tuple[str, ...] = ("_ga*", "_gid", "_gat*", "_fbp", "_hj*")
-    #: Regular expressions on the request target that always pass.
-    pass_rules: tuple[str, ...] = ()
-    max_object_size: int = 8 * 1024 * 1024
-    #: Client addresses allowed to send PURGE.
-    purge_from: tuple[str, ...] = ("127.0.0.1", "::1")
+#: A site's cache keys in the file -> the ``CachePolicy`` field each sets.
+CACHE_KEYS = {
+    "cache_ttl": "default_ttl",
+    "cache_grace": "grace",
+    "cache_keep": "keep",
+    "cache_ignore_cookies": "ignore_cookies",
+    "cache_pass": "pass_rules",
+    "cache_max_object": "max_object_size",
+    "purge_from": "purge_from",
+}
 
 
 @attrs.frozen
@@ -145,7 +141,8 @@ class SiteConfig:
     host_header: str = "pass"
     rules: tuple[str, ...] = ()
     map: MapConfig | None = None
-    cache: CacheConfig | None = None
+    #: The site's cache settings (the store itself is [cache]); None: not cached.
+    cache: CachePolicy | None = None
     #: PEM file of the CA(s) to trust for an https upstream (default: the system's).
     upstream_ca: str | None = None
 
@@ -434,31 +431,28 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         if cache_on:
             if not kwargs.get("cache_size"):
                 err(f"{where}.cache", "needs a cache: set [cache] size")
+            # The file's types are checked here; the values by the policy,
+            # whose refusal names the field, mapped back to the file's key.
             ckw: dict[str, Any] = {}
-            for key, name in (("cache_ttl", "default_ttl"), ("cache_grace", "grace"), ("cache_keep", "keep")):
+            for key in ("cache_ttl", "cache_grace", "cache_keep"):
                 if key in table:
-                    value = typed(table, key, float, where)
-                    if value < 0:
-                        err(f"{where}.{key}", "must be 0 or more seconds")
-                    ckw[name] = value
-            for key, name in (("cache_ignore_cookies", "ignore_cookies"), ("cache_pass", "pass_rules"),
-                              ("purge_from", "purge_from")):
+                    ckw[CACHE_KEYS[key]] = typed(table, key, float, where)
+            for key in ("cache_ignore_cookies", "cache_pass", "purge_from"):
                 if key in table:
                     value = table[key]
                     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                         err(f"{where}.{key}", "must be a list of strings")
-                    ckw[name] = tuple(value)
-            for rx in ckw.get("pass_rules", ()):
-                try:
-                    re.compile(rx)
-                except re.error as exc:
-                    err(f"{where}.cache_pass", f"bad regular expression {rx!r}: {exc}")
+                    ckw[CACHE_KEYS[key]] = tuple(value)
             if "cache_max_object" in table:
                 try:
                     ckw["max_object_size"] = parse_size(table["cache_max_object"])
                 except ValueError as exc:
                     err(f"{where}.cache_max_object", str(exc))
-            cache_cfg = CacheConfig(**ckw)
+            try:
+                cache_cfg = CachePolicy(**ckw)
+            except PolicyError as exc:
+                key = next(k for k, field in CACHE_KEYS.items() if field == exc.field)
+                err(f"{where}.{key}", exc.reason)
         sites.append(
             SiteConfig(
                 name=name,
@@ -516,7 +510,7 @@ def single_site_config(
         host_header=host_header,
         rules=tuple(os.path.abspath(r) for r in rules),
         map=MapConfig(os.path.abspath(map_path)) if map_path else None,
-        cache=CacheConfig() if cache_size else None,
+        cache=CachePolicy() if cache_size else None,
     )
     return Config(
         listen=tuple(listen) or ("tcp:8080:interface=127.0.0.1",),

@@ -19,7 +19,8 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 from zope.interface import implementer
 
-from prexy.config import CacheConfig, Config, MapConfig, SiteConfig, UpstreamURL
+from prexy.cache.policy import CachePolicy
+from prexy.config import Config, MapConfig, SiteConfig, UpstreamURL
 from prexy.proxy.caching import default_cache_path
 
 log = Logger()
@@ -169,7 +170,7 @@ def demo_config(workers: int | None = None) -> Config:
         upstream=UpstreamURL.parse(ORIGIN_URL),
         rules=(rules,),
         map=MapConfig(os.path.join(FILES, "demo.map")),
-        cache=CacheConfig(),
+        cache=CachePolicy(),
     )
     return Config(
         listen=(PROXY,),

@@ -6,6 +6,9 @@ listening socket (or takes the one systemd passed), so the port never closes
 while workers come and go; workers adopt the file descriptors they inherit.
 A blocking listening fd would hang idle workers inside accept() and make them
 ignore SIGTERM (see shared/docs/findings.md), hence non-blocking.
+
+Without workers, :class:`ListeningService` listens on an endpoint itself and
+says on which port.
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ import socket
 from typing import Any
 
 import attrs
+from twisted.application import service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+log = Logger()
 
 
 class ListenError(Exception):
@@ -123,19 +133,23 @@ def bind(desc: str) -> tuple[ListenSpec, socket.socket]:
 
 
 def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
-    from twisted.internet.endpoints import _SystemdParser
-
-    activation: Any = _SystemdParser._sddaemon
-    if "name" in kw:
-        named = activation.inheritedNamedDescriptors()
-        if kw["name"] not in named:
-            raise ListenError(f"{desc}: systemd passed no socket named {kw['name']!r}")
-        return int(named[kw["name"]])
-    fds = activation.inheritedDescriptors()
-    index = int(kw.get("index", "0"))
-    if index >= len(fds):
-        raise ListenError(f"{desc}: systemd passed {len(fds)} socket(s), no index {index}")
-    return int(fds[index])
+    """The descriptor systemd passed for ``desc``, found by Twisted's own
+    ``systemd:`` endpoint parser: it reads LISTEN_FDS/LISTEN_FDNAMES once,
+    when twisted.internet.endpoints is imported, and removes them from the
+    environment, so nobody else can read them after it.  The endpoint it
+    makes is only asked for its descriptor (``fileno``), never listened on,
+    hence no reactor."""
+    if "name" not in kw and "index" not in kw:
+        desc += ":index=0"
+    try:
+        endpoint: Any = serverFromString(None, desc)
+    except KeyError:
+        raise ListenError(f"{desc}: systemd passed no socket named {kw.get('name')!r}") from None
+    except IndexError:
+        raise ListenError(f"{desc}: systemd passed no socket at index {kw.get('index', '0')}") from None
+    except (ValueError, AttributeError) as exc:
+        raise ListenError(f"{desc}: {exc}") from None
+    return int(endpoint.fileno)
 
 
 def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
@@ -172,3 +186,101 @@ def accept_one_per_wakeup(port: Any) -> None:
         return accept_burst()
 
     port.doRead = do_read
+
+
+class ListeningService(service.Service):
+    """Listens with ``factory`` on ``endpoint`` while running, and tells
+    (:meth:`when_listening`) the port it listens on.
+
+    Twisted's ``StreamServerEndpointService`` as ``strports.service`` makes
+    it, but with the port reachable through public API, and restartable:
+
+    * the first start listens (in ``privilegedStartService`` when the
+      parent calls it, so before twistd drops privileges); a listen that
+      fails there and then (a port in use) raises, so twistd refuses to
+      start with the error; a failure that comes later, or on a restart, is
+      logged (a cancelled listen is not);
+    * ``stopService`` cancels a listen still in progress, stops listening,
+      and returns a Deferred that fires once the port is closed; stopping
+      twice, or before starting, is harmless.
+    """
+
+    def __init__(self, endpoint: Any, factory: Any) -> None:
+        self.endpoint = endpoint
+        self.factory = factory
+        #: The listen in progress or done (None before a start, after a stop).
+        self._listening: defer.Deferred[Any] | None = None
+        #: Once it settled: the port, or None when the listen failed.
+        self._outcome: list[Any] = []
+        self._waiting: list[defer.Deferred[Any]] = []
+        self._raise_synchronously = True
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        self._listen()
+
+    def startService(self) -> None:
+        super().startService()
+        if self._listening is None:
+            self._listen()
+
+    def _listen(self) -> None:
+        self._outcome = []
+        raised: list[Failure] = []
+
+        def failed(failure: Failure) -> None:
+            if self._raise_synchronously:
+                raised.append(failure)
+            elif not failure.check(defer.CancelledError):
+                log.failure("cannot listen on {endpoint!r}", failure, endpoint=self.endpoint)
+            return None
+
+        listening = self.endpoint.listen(self.factory)
+        self._listening = listening
+        listening.addErrback(failed)
+        listening.addCallback(self._settled)
+        if raised:
+            raised[0].raiseException()
+        self._raise_synchronously = False
+
+    def _settled(self, port: Any) -> Any:
+        self._outcome = [port]
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(port)
+        return port
+
+    def when_listening(self) -> defer.Deferred[Any]:
+        """A Deferred firing with the listening port once the service
+        listens, or with None when the listen failed or was cancelled."""
+        if self._outcome:
+            return defer.succeed(self._outcome[0])
+        d: defer.Deferred[Any] = defer.Deferred()
+        self._waiting.append(d)
+        return d
+
+    def stopService(self) -> defer.Deferred[None]:
+        listening, self._listening = self._listening, None
+        if listening is None:
+            super().stopService()
+            return defer.succeed(None)
+        listening.cancel()
+
+        def stop_listening(port: Any) -> Any:
+            return port.stopListening() if port is not None else None
+
+        def stopped(result: Any) -> Any:
+            super(ListeningService, self).stopService()
+            return result
+
+        d = self.when_listening()
+        d.addCallback(stop_listening)
+        d.addBoth(stopped)
+        return d
+
+
+def listening_service(reactor: Any, description: str, factory: Any) -> ListeningService:
+    """A :class:`ListeningService` for an endpoint string (as
+    ``strports.service`` takes)."""
+    return ListeningService(serverFromString(reactor, description), factory)
+

@@ -28,9 +28,11 @@ class SiteRuntime:
     origin_key: Any = attrs.field(
         default=attrs.Factory(lambda self: _origin_key(self.config), takes_self=True), eq=False
     )
-    #: prexy.cache CachePolicy when the site is cached, else None.
+    #: The site's cache settings (its config's ``CachePolicy``) when it is
+    #: cached, else None.  Typed Any: the proxy reads it only where the site
+    #: is known to be cached.
     cache_policy: Any = attrs.field(
-        default=attrs.Factory(lambda self: _cache_policy(self.config), takes_self=True), eq=False
+        default=attrs.Factory(lambda self: self.config.cache, takes_self=True), eq=False
     )
     #: The site's name as bytes (part of every rule-applicability key).
     name_bytes: bytes = attrs.field(
@@ -46,23 +48,6 @@ class SiteRuntime:
     @property
     def name(self) -> str:
         return self.config.name
-
-
-def _cache_policy(config: SiteConfig) -> Any:
-    if config.cache is None:
-        return None
-    from prexy.cache.policy import CachePolicy
-
-    c = config.cache
-    return CachePolicy(
-        default_ttl=c.default_ttl,
-        grace=c.grace,
-        keep=c.keep,
-        hit_for_miss_ttl=c.hit_for_miss_ttl,
-        ignore_cookies=c.ignore_cookies,
-        pass_rules=c.pass_rules,
-        max_object_size=c.max_object_size,
-    )
 
 
 def _origin_key(config: SiteConfig) -> OriginKey:

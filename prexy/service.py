@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.application import service, strports
-from twisted.application.internet import StreamServerEndpointService
 from twisted.logger import Logger
 from twisted.python import usage
 
 from prexy.config import Config, ConfigError, load_config, parse_size, single_site_config
-from prexy.listen import ListenSpec, adopt
+from prexy.listen import ListeningService, ListenSpec, adopt, listening_service
 from prexy.runtime import Runtime, build_runtime
 
 log = Logger()
@@ -147,6 +146,17 @@ class Options(usage.Options):
         )
 
 
+def config_from_argv(argv: Sequence[str]) -> Config:
+    """The ``Config`` a ``twistd prexy`` command line gives, checked exactly as
+    at startup (rules and maps compiled); raises ``UsageError`` (or
+    ``SystemExit`` for ``--check``/``--reload``) when it does not load.  The
+    master calls this to validate a reload."""
+    options = Options()
+    options.parseOptions(list(argv))
+    config: Config = options.config
+    return config
+
+
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
@@ -233,7 +243,7 @@ class ProxyService(service.MultiService):
             self.site.log = self.access_log.log  # type: ignore[method-assign]
         if not inherited:
             for desc in config.listen_endpoints():
-                strports.service(desc, self.site, reactor=reactor).setServiceParent(self)
+                listening_service(reactor, desc, self.site).setServiceParent(self)
         if config.admin and not inherited:
             from twisted.web.server import Site
 
@@ -248,24 +258,16 @@ class ProxyService(service.MultiService):
         """The shared cache store, if any (for the admin endpoint's ban)."""
         return self.resource.cache.store if self.resource.cache is not None else None
 
+    def _listeners(self) -> list[ListeningService]:
+        """The services listening on the proxy endpoints (not the admin's)."""
+        return [c for c in self if isinstance(c, ListeningService) and c.factory is self.site]
+
     def listening_ports(self) -> Any:
-        """Deferred list of the listening ports of the proxy endpoints (once
-        they listen); the endpoint services keep their own results."""
+        """Deferred list of the listening ports of the proxy endpoints, once
+        every one listens (None for one whose listen failed)."""
         from twisted.internet import defer
 
-        waits = []
-        for child in self:
-            if isinstance(child, StreamServerEndpointService) and child.factory is self.site:
-                d: defer.Deferred[Any] = defer.Deferred()
-
-                def passthrough(port: Any, d: defer.Deferred[Any] = d) -> Any:
-                    d.callback(port)
-                    return port
-
-                waiting: Any = child._waitingForPort
-                waiting.addCallback(passthrough)
-                waits.append(d)
-        return defer.gatherResults(waits)
+        return defer.gatherResults([listener.when_listening() for listener in self._listeners()])
 
     @property
     def runtime(self) -> Runtime:
@@ -375,9 +377,8 @@ class ProxyService(service.MultiService):
         for port in self._adopted:
             port.stopListening()
         self._adopted = []
-        for child in list(self):
-            if isinstance(child, StreamServerEndpointService) and child.factory is self.site:
-                child.stopService()
+        for listener in self._listeners():
+            listener.stopService()
         self.site.close_idle_connections()
         started = self.reactor.seconds()
 
@@ -446,5 +447,5 @@ def makeService(options: Options) -> service.IService:
         reactor.callWhenRunning(sd_notify, "READY=1")
         log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
     else:
-        MasterService(reactor, config, options.argv, workers).setServiceParent(top)
+        MasterService(reactor, config, options.argv, workers, config_from_argv).setServiceParent(top)
     return top

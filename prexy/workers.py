@@ -13,8 +13,12 @@ workers and retires the old one once the new one is ready, so no request is
 refused or cut.  Workers report readiness and metrics over a pipe; the
 master's admin endpoint serves health, the summed metrics and reload.
 
-A worker runs ``python -m prexy.workers SPEC``: SPEC (JSON) carries the
-prexy command line, the inherited socket descriptors and the control pipe.
+A worker runs ``python -m prexy.worker SPEC`` (:mod:`prexy.worker`): SPEC
+(JSON) carries the prexy command line, the inherited socket descriptors and
+the control pipe.  This module is the master's side only: it knows the
+command line as an argument list and a function that turns one into a
+``Config`` (``twistd prexy``'s options, passed in by ``prexy.service``), so
+it does not import the service it supervises.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application import service, strports
@@ -39,7 +43,6 @@ log = Logger()
 
 CONTROL_FD = 3
 FIRST_SOCKET_FD = 4
-METRICS_INTERVAL = 1.0
 #: Restart backoff: a worker that lived less than this is "crashing".
 HEALTHY_AFTER = 10.0
 MAX_BACKOFF = 30.0
@@ -94,12 +97,12 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 continue
             if message.get("ready"):
                 self.ready = True
-                self.master._worker_ready(self)
+                self.master.worker_ready(self)
             if "metrics" in message:
                 self.metrics = message["metrics"]
 
     def processEnded(self, reason: Any) -> None:
-        self.master._worker_ended(self, reason)
+        self.master.worker_ended(self, reason)
         self.ended.callback(None)
 
     def signal(self, name: str) -> None:
@@ -111,13 +114,26 @@ class _WorkerProcess(protocol.ProcessProtocol):
 
 
 class MasterService(service.MultiService):
-    """Binds the sockets, runs and supervises the workers, reloads."""
+    """Binds the sockets, runs and supervises the workers, reloads.
 
-    def __init__(self, reactor: Any, config: Config, argv: Sequence[str], workers: int) -> None:
+    ``load(argv)`` turns the command line into a ``Config`` (raising
+    ``UsageError`` or ``SystemExit`` when it does not load): a reload calls
+    it to validate everything before it starts a new generation.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        argv: Sequence[str],
+        workers: int,
+        load: Callable[[Sequence[str]], Config],
+    ) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
         self.argv = list(argv)
+        self.load = load
         self.count = workers
         self.generation = 0
         self.workers: list[_WorkerProcess] = []
@@ -217,14 +233,14 @@ class MasterService(service.MultiService):
         self.reactor.spawnProcess(
             worker,
             sys.executable,
-            [sys.executable, "-m", "prexy.workers", spec_json],
+            [sys.executable, "-m", "prexy.worker", spec_json],
             env=env,
             childFDs=child_fds,
         )
         self.workers.append(worker)
         return worker
 
-    def _worker_ready(self, worker: _WorkerProcess) -> None:
+    def worker_ready(self, worker: _WorkerProcess) -> None:
         log.info("worker {pid} (generation {g}) ready", pid=worker.pid, g=worker.generation)
         current = [w for w in self.workers if w.generation == self.generation]
         if worker.generation == self.generation and all(w.ready for w in current):
@@ -238,7 +254,7 @@ class MasterService(service.MultiService):
                 d.callback(True)
             sd_notify("READY=1")
 
-    def _worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
+    def worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
         if worker in self.workers:
             self.workers.remove(worker)
         if worker.metrics:
@@ -269,20 +285,17 @@ class MasterService(service.MultiService):
         """Validate the configuration from the original command line; if it
         loads, start a new generation and retire the old one when it is ready.
         Returns a Deferred firing True (switched) or False (refused)."""
-        from prexy.service import Options
-
         sd_notify("RELOADING=1")
         try:
-            options = Options()
-            options.parseOptions(self.argv)
+            config = self.load(self.argv)
         except BaseException as exc:  # UsageError or SystemExit from a check
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
             sd_notify("READY=1")
             return defer.succeed(False)
-        if options.config.listen != self.config.listen:
+        if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
-        self.config = options.config
+        self.config = config
         if self._reloading is not None:
             # A reload already in progress: supersede it.
             self._reloading.callback(True)
@@ -318,76 +331,3 @@ class MasterService(service.MultiService):
             "prexy_worker_generation": float(self.generation),
         }
         return render(parts, extra)
-
-
-# -- worker side ------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM us if the master dies (Linux)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-def worker_main(spec_json: str) -> None:
-    """Entry point of a worker process."""
-    spec = json.loads(spec_json)
-    _die_with_parent()
-    if os.getppid() != spec["master_pid"]:
-        sys.exit(1)  # the master died before we got here
-    from twisted.internet import reactor as _reactor
-    from twisted.logger import globalLogBeginner, textFileLogObserver
-
-    reactor: Any = _reactor
-
-    from prexy.service import Options, ProxyService
-
-    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
-    options = Options()
-    options.parseOptions(spec["argv"])
-    inherited = [
-        (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
-    ]
-    control_fd = spec["control_fd"]
-    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited)
-
-    def send(message: dict[str, Any]) -> None:
-        try:
-            os.write(control_fd, (json.dumps(message) + "\n").encode())
-        except OSError:
-            # The master is gone: do not linger holding the port.
-            reactor.callFromThread(lambda: svc.drain_and_stop(0))
-
-    def report() -> None:
-        send({"metrics": svc.metrics.snapshot()})
-
-    def started() -> None:
-        svc.startService()
-        send({"ready": True, "pid": os.getpid()})
-        from twisted.internet.task import LoopingCall
-
-        LoopingCall(report).start(METRICS_INTERVAL, now=False)
-
-    def on_term(*_: Any) -> None:
-        reactor.callFromThread(lambda: svc.drain_and_stop(options.config.shutdown_timeout))
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload is the master's business
-    reactor.callWhenRunning(started)
-
-    def final_report() -> None:
-        report()
-
-    reactor.addSystemEventTrigger("before", "shutdown", final_report)
-    reactor.run(installSignalHandlers=False)
-
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1])

@@ -9,6 +9,7 @@ import tempfile
 import attrs
 import pytest
 
+from prexy.cache.policy import CachePolicy
 from prexy.config import (
     ConfigError,
     Timeouts,
@@ -70,6 +71,10 @@ def test_good_config_is_frozen_value(tmp: str) -> None:
         config.listen = ()  # type: ignore[misc]
 
 
+#: A cached site; the parametrized cases append one key (line 5).
+CACHED = "[cache]\nsize = '1M'\n[sites.a]\nupstream = 'http://x'\n"
+
+
 @pytest.mark.parametrize(
     "text, line, key, reason",
     [
@@ -85,6 +90,12 @@ def test_good_config_is_frozen_value(tmp: str) -> None:
         ("[sites.a]\n", 1, "sites.a", "missing key 'upstream'"),
         ("", None, "sites", "at least one"),
         ("[server\nlisten = 1\n", 1, None, "TOML syntax"),
+        (CACHED + "cache_ttl = -1\n", 5, "sites.a.cache_ttl", "must be 0 or more"),
+        (CACHED + "cache_keep = 'long'\n", 5, "sites.a.cache_keep", "must be a float"),
+        (CACHED + "cache_pass = ['(']\n", 5, "sites.a.cache_pass", "bad regular expression"),
+        (CACHED + "cache_ignore_cookies = ['']\n", 5, "sites.a.cache_ignore_cookies", "not a cookie name pattern"),
+        (CACHED + "purge_from = '127.0.0.1'\n", 5, "sites.a.purge_from", "list of strings"),
+        (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
     ],
 )
 def test_errors_name_file_line_key_reason(tmp: str, text: str, line: int | None, key: str | None, reason: str) -> None:
@@ -134,3 +145,18 @@ def test_single_site_command_line() -> None:
     assert config.site("default").upstream.port == 8001
     with pytest.raises(ConfigError, match="--upstream"):
         single_site_config(["tcp:9000"], "127.0.0.1:8001")
+
+
+def test_site_cache_keys_load_into_the_cache_policy(tmp: str) -> None:
+    """A site's cache keys become the cache core's own ``CachePolicy``; keys
+    left out keep its defaults (the documented ones)."""
+    config = parse_config(
+        CACHED + "cache_ttl = 60\ncache_pass = ['^/cart']\ncache_max_object = '1M'\n"
+        "[sites.b]\nupstream = 'http://y'\ncache = false\n",
+        os.path.join(tmp, "p.toml"),
+    )
+    assert config.site("a").cache == CachePolicy(default_ttl=60, pass_rules=("^/cart",), max_object_size=1024**2)
+    assert config.site("a").cache.keep == CachePolicy().keep == 300
+    assert config.site("b").cache is None
+    assert single_site_config(["tcp:9000"], "http://x", cache_size=1024).site("default").cache == CachePolicy()
+

@@ -34,6 +34,7 @@ from prexy.exchange import (
     upstream_request_headers,
 )
 from prexy.substitution import parse_rules
+from prexy.substitution.transducer import Transducer
 
 DIGEST = "0123456789abcdef"
 
@@ -325,14 +326,14 @@ PAGE = b"<a href='http://origin.test/'>origin.test</a> " * 300
 
 class PipelineTests(SynchronousTestCase):
     def whole(self) -> bytes:
-        return RULES.new_transducer().finish(PAGE)
+        return Transducer(RULES).finish(PAGE)
 
     @settings(deadline=None)
     @given(st.lists(st.integers(1, 3000), min_size=1, max_size=20), st.booleans())
     def test_any_chunking_gives_the_whole_output(self, cuts: list[int], last_with_data: bool) -> None:
         """Pieces fed in any sizes, ended by finish() or by a last feed,
         give the bytes of one whole rewrite."""
-        pipeline = BodyPipeline(RULES.new_transducer())
+        pipeline = BodyPipeline(Transducer(RULES))
         out, pos = [], 0
         for cut in itertools.cycle(cuts):
             if pos >= len(PAGE):
@@ -350,13 +351,13 @@ class PipelineTests(SynchronousTestCase):
     @given(st.integers(1, 4000), st.booleans())
     def test_decode_and_encode(self, cut: int, encode: bool) -> None:
         body = gzip.compress(PAGE)
-        pipeline = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"), GzipEncoder() if encode else None)
+        pipeline = BodyPipeline(Transducer(RULES), Decoder(b"gzip"), GzipEncoder() if encode else None)
         out = b"".join(pipeline.feed(body[i : i + cut]) for i in range(0, len(body), cut)) + pipeline.finish()
         self.assertEqual(gzip.decompress(out) if encode else out, self.whole())
 
     def test_feeds_larger_than_max_feed_are_split(self) -> None:
         seen: list[int] = []
-        transducer = RULES.new_transducer()
+        transducer = Transducer(RULES)
         real = transducer.feed
 
         def feed(data: bytes) -> bytes:
@@ -366,19 +367,19 @@ class PipelineTests(SynchronousTestCase):
         transducer.feed = feed  # type: ignore[method-assign]
         big = PAGE * 30
         out = BodyPipeline(transducer).feed(big) + transducer.finish()
-        self.assertEqual(out, RULES.new_transducer().finish(big))
+        self.assertEqual(out, Transducer(RULES).finish(big))
         self.assertTrue(all(n <= exchange.MAX_FEED for n in seen))
         self.assertGreater(len(seen), 1)
 
     def test_failures(self) -> None:
         """A corrupt or truncated gzip body and an error in the rewrite are
         PipelineErrors that say which it was."""
-        bad = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"))
+        bad = BodyPipeline(Transducer(RULES), Decoder(b"gzip"))
         with self.assertRaises(PipelineError) as caught:
             bad.feed(b"\x1f\x8b\x08\x00garbage-not-gzip-at-all")
             bad.finish()
         self.assertTrue(caught.exception.decode)
-        truncated = BodyPipeline(RULES.new_transducer(), Decoder(b"gzip"))
+        truncated = BodyPipeline(Transducer(RULES), Decoder(b"gzip"))
         truncated.feed(gzip.compress(PAGE)[:50])
         with self.assertRaises(PipelineError) as caught:
             truncated.finish()

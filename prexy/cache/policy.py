@@ -7,7 +7,8 @@ The defaults are Varnish's built-in VCL:
 * ``vcl_recv``: only GET and HEAD are looked up; a request with
   ``Authorization``, ``Cookie`` or (beyond Varnish, common practice)
   ``X-Requested-With`` passes.  Beyond Varnish, cookies whose names match
-  ``ignore_cookies`` globs (``_ga*``, ``_gid``) are ignored for this decision
+  ``ignore_cookies`` globs (by default the analytics cookies ``_ga*``,
+  ``_gid``, ``_gat*``, ``_fbp``, ``_hj*``) are ignored for this decision
   (they still go upstream).  Unsafe methods pass and invalidate the URL.
   Like Varnish, the client's own ``Cache-Control`` is ignored.
 * ``vcl_backend_response``: a response is stored when its status is
@@ -47,6 +48,7 @@ _blake2b = hashlib.blake2b
 __all__ = [
     "Action",
     "CachePolicy",
+    "PolicyError",
     "RequestDecision",
     "StoreAction",
     "StoreDecision",
@@ -73,11 +75,28 @@ LOOKUP_METHODS = frozenset({b"GET", b"HEAD"})
 UNSAFE_METHODS = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 
 
+#: Cookies that analytics scripts set on every page view: they do not make
+#: a request private (Google Analytics, Facebook pixel, Hotjar).
+DEFAULT_IGNORE_COOKIES = ("_ga*", "_gid", "_gat*", "_fbp", "_hj*")
+#: Client addresses allowed to send PURGE.
+DEFAULT_PURGE_FROM = ("127.0.0.1", "::1")
+
+
+class PolicyError(ValueError):
+    """A setting the policy refuses: ``field`` names it, ``reason`` says why
+    (the configuration loader turns both into its ``file:line: key``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
 def _globs(patterns: Iterable[str]) -> tuple[str, ...]:
     out = tuple(patterns)
     for p in out:
         if not isinstance(p, str) or not p:
-            raise ValueError(f"ignore_cookies: not a cookie name pattern: {p!r}")
+            raise PolicyError("ignore_cookies", f"not a cookie name pattern: {p!r}")
     return out
 
 
@@ -87,19 +106,30 @@ def _regexes(patterns: Iterable[str]) -> tuple[str, ...]:
         try:
             re.compile(p)
         except (re.error, TypeError) as exc:
-            raise ValueError(f"pass_rules: bad regular expression {p!r}: {exc}") from None
+            raise PolicyError("pass_rules", f"bad regular expression {p!r}: {exc}") from None
+    return out
+
+
+def _addresses(addresses: Iterable[str]) -> tuple[str, ...]:
+    out = tuple(addresses)
+    for a in out:
+        if not isinstance(a, str) or not a:
+            raise PolicyError("purge_from", f"not an address: {a!r}")
     return out
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+        raise PolicyError(attribute.name, f"must be 0 or more, got {value!r}")
 
 
 @attrs.frozen
 class CachePolicy:
-    """One site's cache policy; validated and compiled once, at creation.
+    """One site's cache settings; validated and compiled once, at creation.
 
+    This is also what a site's ``cache_*`` keys in the configuration file
+    load into (``SiteConfig.cache``): the defaults here are the file's
+    documented defaults.  A refused value raises :class:`PolicyError`.
     Change one field with ``attrs.evolve(policy, default_ttl=60)``.
     """
 
@@ -112,12 +142,13 @@ class CachePolicy:
     #: Seconds a stale object is still served while one fetch refreshes it
     #: (``stale-while-revalidate`` in a response overrides it).
     grace: float = attrs.field(default=10.0, validator=_non_negative)
-    #: Seconds a dead object is kept only to revalidate it conditionally.
-    keep: float = attrs.field(default=0.0, validator=_non_negative)
+    #: Seconds a dead object with validators is kept only to revalidate it
+    #: conditionally.
+    keep: float = attrs.field(default=300.0, validator=_non_negative)
     hit_for_miss_ttl: float = attrs.field(default=120.0, validator=_non_negative)
     #: Cookie-name globs (``fnmatch``, case-sensitive) ignored when deciding
     #: whether a request with cookies may be looked up.
-    ignore_cookies: tuple[str, ...] = attrs.field(default=(), converter=_globs)
+    ignore_cookies: tuple[str, ...] = attrs.field(default=DEFAULT_IGNORE_COOKIES, converter=_globs)
     #: Regular expressions (``re.search`` on the request target, latin-1);
     #: a match passes the request.
     pass_rules: tuple[str, ...] = attrs.field(default=(), converter=_regexes)
@@ -127,6 +158,8 @@ class CachePolicy:
     key_host: bool = True
     #: ... and the query string.
     key_query: bool = True
+    #: Client addresses allowed to send PURGE.
+    purge_from: tuple[str, ...] = attrs.field(default=DEFAULT_PURGE_FROM, converter=_addresses)
 
     _cookie_re: re.Pattern[str] | None = attrs.field(init=False, eq=False, repr=False)
     _pass_re: re.Pattern[str] | None = attrs.field(init=False, eq=False, repr=False)

@@ -44,6 +44,7 @@ from prexy.proxy.request import DetachedRequest, abort_client, start_response
 from prexy.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
+from prexy.substitution.transducer import Transducer
 
 log = Logger()
 
@@ -145,7 +146,7 @@ class Exchange:
                 skipped = True
                 resource.metrics.count("prexy_rewrite_skipped_total")
             else:
-                transducer = rules.new_transducer(only=only)
+                transducer = Transducer(rules, only=only)
                 self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
                 self.rules_run = len(rules.rules) if only is None else len(only)
         whole: bytes | None = None

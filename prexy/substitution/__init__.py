@@ -11,7 +11,7 @@ transducer (:mod:`.transducer`).  Typical use::
 
     ruleset = load_rules(["site.rules", "more.rules"])   # cached by content
     if ruleset.applies_to(content_type):                 # per response
-        t = ruleset.new_transducer()
+        t = Transducer(ruleset)
         for chunk in body:                               # slices of <= 64 KB
             write(t.feed(chunk))
         write(t.finish())

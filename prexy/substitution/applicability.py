@@ -4,7 +4,7 @@ Most responses of a site are the same files served again, and with many
 rules most rules match nothing in a given file.  After a body was rewritten
 to its end with every rule tried, the rules that matched are remembered for
 that exact *version* of the resource; the next response of that version
-runs only those rules (``RuleSet.new_transducer(only=...)``), and a version
+runs only those rules (``Transducer(ruleset, only=...)``), and a version
 no rule matches is passed through without scanning (its Content-Length can
 be kept).  The output is the same: a rule that never made a match in the
 body cannot change what the other rules do with the same bytes.
@@ -22,7 +22,7 @@ Twisted.  Typical use in the proxy::
 
     key = ResourceKey.of(site, url, etag=..., last_modified=..., length=...)
     only = memory.rules_for(ruleset, key)       # None: run every rule
-    t = ruleset.new_transducer(only=only)
+    t = Transducer(ruleset, only=only)
     ...feed, finish...
     memory.record(ruleset, key, t)              # after finish(), always
 """

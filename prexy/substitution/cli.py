@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import BinaryIO
 
 from prexy.substitution.rules import RulesError, load_rules
+from prexy.substitution.transducer import Transducer
 
 __all__ = ["main"]
 
@@ -79,7 +80,7 @@ def main(
         sink.flush()
         return 0
     source = stdin if stdin is not None else sys.stdin.buffer
-    transducer = ruleset.new_transducer()
+    transducer = Transducer(ruleset)
     while True:
         data = source.read(args.chunk_size)
         if not data:

@@ -273,8 +273,10 @@ def compile_rule(
 
 
 def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
-    """Parse and compile the rules file ``text``; raise RulesError if refused."""
+    """Parse and compile the rules file ``text``; raise RulesError if refused.
+    The rule set is warmed (``transducer.warm``) before it is returned."""
     from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.transducer import warm
 
     if isinstance(text, str):
         text = text.encode("utf-8")
@@ -353,8 +355,8 @@ def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
             keep = args[0].value == b"keep"
         else:
             raise fail(name_tok, f'unknown directive "{name.decode("latin-1")}"')
-    return RuleSet.build(
-        rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep
+    return warm(
+        RuleSet.build(rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep)
     )
 
 
@@ -393,6 +395,7 @@ def load_rules(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]])
     """
     from prexy.substitution import prefilter
     from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.transducer import warm
 
     if isinstance(paths, (str, os.PathLike)):
         path_list = [paths]
@@ -415,4 +418,4 @@ def load_rules(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]])
     ]
     if len(sets) == 1:
         return sets[0]
-    return _cached(("files", engine, digests), lambda: RuleSet.combine(sets))
+    return _cached(("files", engine, digests), lambda: warm(RuleSet.combine(sets)))

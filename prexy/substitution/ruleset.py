@@ -4,7 +4,8 @@ A :class:`RuleSet` is immutable.  It holds the rules in directive order, the
 media types the filter applies to, the buffer limit and the Last-Modified
 policy, a short stable ``digest`` (for derived ETags and cache keys), and the
 compiled scanner that every :class:`~prexy.substitution.transducer.Transducer`
-it creates shares.
+built on it shares (``Transducer(ruleset)``: the transducer module imports
+this one, never the other way round).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from prexy.substitution.byteclass import byte_class
 from prexy.substitution.dialect import (
     ParsedRegex,
     can_match_empty,
@@ -28,9 +30,6 @@ __all__ = ["Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
 
 DEFAULT_MAX_BUFFERED_SIZE = 8192
 DEFAULT_TYPES = frozenset({"text/html"})
-
-#: Seconds the warm-up rewrite of a new rule set may scan for.
-WARM_TIMEOUT = 0.2
 
 #: The assertions whose "previous byte" the module takes from its register
 #: at a restart (``\\A`` fails there, as it does anywhere past the start).
@@ -65,7 +64,7 @@ class RuleSet:
 
     Build with :meth:`build`, :meth:`combine`, or the loaders in
     ``prexy.substitution.rules``; create one transducer per response with
-    :meth:`new_transducer`.
+    ``Transducer(ruleset)``.
     """
 
     rules: tuple[Rule, ...]
@@ -112,21 +111,18 @@ class RuleSet:
         return built
 
     def warm(self) -> None:
-        """Do now what the first response would otherwise pay for: the
-        per-rule facts every transducer reads, and one rewrite of a short
-        body made of the rules' own leading bytes, which touches the
-        compiled scanners' memory once.  Measured with 1000 realistic rules
-        (bench/realistic.py): the first 20 KB page took 3.7 ms to rewrite
-        in a fresh process, the following ones 0.7-1.0 ms."""
+        """Compute now the per-rule facts every transducer reads, so that
+        the first response does not pay for them (``build`` calls this;
+        ``transducer.warm`` also rewrites a sample body, which the loaders
+        in ``prexy.substitution.rules`` do)."""
         _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing, self.rule0_last_class
+
+    def warm_sample(self) -> bytes:
+        """A short body made of the rules' own leading bytes: rewriting it
+        touches the compiled scanners' memory once (``transducer.warm``)."""
         if self.scanner is None:
-            return
-        sample = b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
-        # Under the scan timeout all the same: a rule on ``regex`` is one it
-        # bounds, but no build should ever wait on a sample.
-        t = self.new_transducer(timeout=WARM_TIMEOUT)
-        t.feed(sample[: len(sample) // 2])
-        t.finish(sample[len(sample) // 2 :])
+            return b""
+        return b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
 
     @classmethod
     def combine(cls, sets: Sequence[RuleSet]) -> RuleSet:
@@ -274,14 +270,12 @@ class RuleSet:
 
     @cached_property
     def rule0_last_class(self) -> int | None:
-        """The byte class (``transducer.NONE``/``NEWLINE``/``WORD``) every
+        """The byte class (``byteclass.NONE``/``NEWLINE``/``WORD``) every
         match of rule 0 ends with, when there is one and rule 0 cannot match
         empty: then the restart rule's register needs no tracking, only
         whether rule 0 has matched."""
         if not self.rules:
             return None
-        from prexy.substitution.transducer import byte_class
-
         tree = self.rules[0].parsed.tree
         if can_match_empty(tree):
             return None
@@ -295,20 +289,3 @@ class RuleSet:
         expansions remembered for those, shared by the transducers."""
         widths = self.scanner.widths if self.scanner is not None else []
         return [w is not None for w in widths], {}
-
-    def new_transducer(
-        self, *, timeout: float | None = 1.0, only: Iterable[int] | None = None
-    ) -> Transducer:
-        """A fresh transducer for one response body.
-
-        ``timeout`` bounds every regex scan call (seconds; a scan that takes
-        longer makes the rest of the body pass through, ``timed_out``).
-        ``only`` runs just the rules with these indexes, in their order, for
-        a caller that knows the others cannot match this body (issue 4's
-        applicability memory); the output is the same as with all rules
-        exactly when that is true.
-        """
-        return Transducer(self, timeout=timeout, only=only)
-
-
-from prexy.substitution.transducer import Transducer  # noqa: E402  (cycle)

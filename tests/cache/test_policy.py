@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prexy.cache.policy import (
     Action,
     CachePolicy,
+    PolicyError,
     StoreAction,
     accept_encoding_bucket,
     age_header,
@@ -32,6 +33,8 @@ from prexy.cache.policy import (
 
 NOW = 1_800_000_000.0
 DEFAULT = CachePolicy()
+#: Varnish's built-in VCL: every cookie makes a request pass.
+VARNISH = CachePolicy(ignore_cookies=())
 ANALYTICS = CachePolicy(ignore_cookies=("_ga*", "_gid"), pass_rules=(r"^/admin/", r"[?&]nocache="))
 
 
@@ -54,7 +57,9 @@ ANALYTICS = CachePolicy(ignore_cookies=("_ga*", "_gid"), pass_rules=(r"^/admin/"
         (DEFAULT, b"GET", b"/", [(b"Authorization", b"Basic eDp5")], Action.PASS, "authorization"),
         (DEFAULT, b"GET", b"/", [(b"authorization", b"")], Action.PASS, "authorization"),
         (DEFAULT, b"GET", b"/", [(b"Cookie", b"session=1")], Action.PASS, "cookie"),
-        (DEFAULT, b"GET", b"/", [(b"Cookie", b"_ga=GA1.2.3")], Action.PASS, "cookie"),
+        (VARNISH, b"GET", b"/", [(b"Cookie", b"_ga=GA1.2.3")], Action.PASS, "cookie"),
+        # By default the analytics cookies are ignored.
+        (DEFAULT, b"GET", b"/", [(b"Cookie", b"_ga=GA1.2.3; _fbp=fb.1; _hjSession=1")], Action.LOOKUP, ""),
         (DEFAULT, b"GET", b"/", [(b"X-Requested-With", b"XMLHttpRequest")], Action.PASS, "x-requested-with"),
         # Ignored cookies: only analytics cookies left -> still a lookup.
         (ANALYTICS, b"GET", b"/", [(b"Cookie", b"_ga=GA1.2.3; _gid=GA1.4")], Action.LOOKUP, ""),
@@ -96,8 +101,21 @@ def test_policy_validation() -> None:
         CachePolicy(default_ttl=-1)
     with pytest.raises(ValueError, match="ignore_cookies"):
         CachePolicy(ignore_cookies=("",))
+    with pytest.raises(PolicyError) as info:
+        CachePolicy(keep=-1)
+    assert (info.value.field, info.value.reason) == ("keep", "must be 0 or more, got -1")
     assert attrs.evolve(DEFAULT, default_ttl=60).default_ttl == 60
     assert CachePolicy(pass_rules=["^/x"]) == CachePolicy(pass_rules=("^/x",))
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    """The defaults are those README.md and conf/prexy.toml document for a
+    site's cache keys (``SiteConfig.cache`` is this same value)."""
+    assert (DEFAULT.default_ttl, DEFAULT.grace, DEFAULT.keep, DEFAULT.hit_for_miss_ttl) == (300, 10, 300, 120)
+    assert DEFAULT.max_object_size == 8 * 1024 * 1024
+    assert DEFAULT.ignore_cookies == ("_ga*", "_gid", "_gat*", "_fbp", "_hj*")
+    assert DEFAULT.pass_rules == ()
+    assert DEFAULT.purge_from == ("127.0.0.1", "::1")
 
 
 # -- responses --------------------------------------------------------------------

@@ -11,7 +11,8 @@ from typing import Any
 from twisted.internet import defer, reactor, task
 from twisted.trial.unittest import TestCase
 
-from prexy.config import CacheConfig, Config, SiteConfig, UpstreamURL
+from prexy.cache.policy import CachePolicy
+from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.runtime import build_runtime
 from prexy.service import ProxyService
 
@@ -63,7 +64,7 @@ class CacheTests(TestCase):
             sites=(
                 SiteConfig(
                     "t", UpstreamURL.parse(f"http://127.0.0.1:{self.origin_port.getHost().port}"),
-                    rules=rules, cache=CacheConfig(**cache),
+                    rules=rules, cache=CachePolicy(**cache),
                 ),
             ),
             default_site="t",

@@ -4,6 +4,7 @@ process, a real origin on loopback, real sockets."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from twisted.trial.unittest import TestCase
 
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, free_port, free_port_block, wait_listening
+from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, wait_listening
 
 RULES = b"""
 replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
@@ -165,7 +166,7 @@ class CheckTests(TestCase):
     def run_twistd(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
-            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(), env=child_env(),
         )
 
     def test_check_good_and_bad(self) -> None:
@@ -206,3 +207,16 @@ class CheckTests(TestCase):
         result = self.run_twistd("--config", bad)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("bad.toml:2: sites.a.upstream", result.stdout + result.stderr)
+
+    def test_port_in_use_refuses_to_start(self) -> None:
+        """In-process (--workers 0), a listen port already taken stops twistd
+        at start-up with the address and the reason."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            result = self.run_twistd(
+                "--workers", "0", "--listen", f"tcp:{port}:interface=127.0.0.1", "--upstream", "http://127.0.0.1:1"
+            )
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(f"Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use", result.stdout + result.stderr)

@@ -19,7 +19,15 @@ from twisted.trial.unittest import TestCase
 
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, body_of, free_port, free_port_block, wait_listening
+from .twistd_support import (
+    TWISTD,
+    Twistd,
+    body_of,
+    child_env,
+    free_port,
+    free_port_block,
+    wait_listening,
+)
 
 
 def wait(seconds: float) -> defer.Deferred[None]:
@@ -94,10 +102,14 @@ class WorkerPoolTests(TestCase):
 
     @defer.inlineCallbacks
     def test_both_workers_serve(self) -> Any:
-        """Connections are spread over both workers by the shared queue."""
+        """Connections are spread over both workers by the shared queue; the
+        workers are ``python -m prexy.worker`` processes."""
         child = yield self.start()
         workers = child.children()
         self.assertEqual(len(workers), 2)
+        for pid in workers:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                self.assertEqual(f.read().split(b"\0")[1:3], [b"-m", b"prexy.worker"])
         seen: set[int] = set()
         for _ in range(20):
             answers = yield defer.gatherResults([self.get() for _ in range(20)])
@@ -191,7 +203,9 @@ class WorkerPoolTests(TestCase):
                 "--listen", f"tcp:{self.port}:interface=127.0.0.1", "--upstream", self.upstream,
                 "--rules", self.rules, "--admin", f"tcp:{self.admin}:interface=127.0.0.1", "--reload"]
         self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
-        result = yield deferToThread(subprocess.run, args, capture_output=True, text=True, timeout=60)
+        result = yield deferToThread(
+            subprocess.run, args, capture_output=True, text=True, timeout=60, env=child_env()
+        )
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("reloaded", result.stdout)
         answer = yield self.get()
@@ -265,7 +279,7 @@ class SocketActivationTests(TestCase):
             [sys.executable, "-c", launcher, str(sock.fileno()), TWISTD, "-n", "--pidfile=", "prexy",
              "--listen", "systemd:domain=INET:index=0", "--workers", "2",
              "--upstream", f"http://127.0.0.1:{origin_port.getHost().port}"],
-            pass_fds=(sock.fileno(),), stdout=log, stderr=subprocess.STDOUT, cwd=log_dir,
+            pass_fds=(sock.fileno(),), stdout=log, stderr=subprocess.STDOUT, cwd=log_dir, env=child_env(),
         )
         sock.close()  # only the launched process holds it now
 

@@ -1,8 +1,9 @@
 """Run ``twistd -n prexy ...`` as a child process for end-to-end tests.
 
-The child is started with the interpreter running the tests, so it sees the
-same installed Prexy; its output goes to a file that tests read; it is
-always terminated at cleanup.
+The child is started with the interpreter running the tests and with this
+checkout first on ``PYTHONPATH`` (see :func:`child_env`), so it runs the code
+under test, not a copy of Prexy installed in the environment; its output
+goes to a file that tests read; it is always terminated at cleanup.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from twisted.internet import defer, reactor, task
@@ -22,6 +24,20 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 
 TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
+
+#: The checkout these tests belong to (holds ``prexy/`` and ``twisted/plugins``).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: ours, with this checkout first on
+    ``PYTHONPATH``.  Children run in temporary directories, where a bare
+    ``import prexy`` would find the copy installed in the environment (and
+    the workers a master spawns inherit this environment too)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
 
 
 def _bindable(port: int) -> bool:
@@ -57,15 +73,13 @@ class Twistd:
         self.dir = tempfile.mkdtemp(prefix="prexy-test-")
         self.log_path = os.path.join(self.dir, "out.log")
         self._log = open(self.log_path, "wb")
-        child_env = dict(os.environ)
-        child_env.update(env or {})
         self.process = subprocess.Popen(
             [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
             cwd=self.dir,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=child_env,
+            env=child_env(env),
         )
         # Even if a test's cleanup never runs (a broken reactor), the child
         # and its workers must not outlive the test run holding ports.

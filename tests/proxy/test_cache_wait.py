@@ -141,13 +141,14 @@ class SlowFollowerTests(SynchronousTestCase):
     own pace."""
 
     def test_slow_follower_holds_up_neither_the_fetch_nor_the_others(self) -> None:
-        from prexy.config import CacheConfig, Config, SiteConfig, UpstreamURL
+        from prexy.cache import CachePolicy
+        from prexy.config import Config, SiteConfig, UpstreamURL
 
         from .support import Harness, parse_response
 
         config = Config(
             listen=("tcp:0",),
-            sites=(SiteConfig("s", UpstreamURL.parse("http://origin.test"), cache=CacheConfig()),),
+            sites=(SiteConfig("s", UpstreamURL.parse("http://origin.test"), cache=CachePolicy()),),
             default_site="s",
         )
         h = Harness(config)

@@ -18,6 +18,7 @@ import pytest
 
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
 
 MB = 1_000_000
 FEED = 64 * 1024
@@ -47,7 +48,7 @@ SHAPES = [
 
 
 def _cpu(ruleset: RuleSet, body: bytes) -> tuple[bytes, float, bool]:
-    t = ruleset.new_transducer(timeout=1.0)
+    t = Transducer(ruleset, timeout=1.0)
     started = time.process_time()
     out = b"".join(t.feed(body[i : i + FEED]) for i in range(0, len(body), FEED)) + t.finish()
     return out, time.process_time() - started, t.timed_out
@@ -86,8 +87,8 @@ def test_adversarial_output_does_not_depend_on_feeding(pattern: bytes) -> None:
     ruleset = RuleSet.build([compile_rule(pattern, b"[$&]", "g")], max_buffered_size=10**9)
     for make in BODIES.values():
         body = make(60_000)
-        whole = ruleset.new_transducer(timeout=None).finish(body)
+        whole = Transducer(ruleset, timeout=None).finish(body)
         for size in (FEED, 997):
-            t = ruleset.new_transducer(timeout=None)
+            t = Transducer(ruleset, timeout=None)
             out = b"".join(t.feed(body[i : i + size]) for i in range(0, len(body), size)) + t.finish()
             assert out == whole, (make, size)

@@ -18,17 +18,18 @@ from hypothesis import strategies as st
 from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
 from tests.substitution.test_prefilter import bodies, compile_all, specs
 
 KEY = ResourceKey.of("site", "/page.html", etag='"abc"')
 
 
 def full(ruleset: RuleSet, body: bytes, only: frozenset[int] | None = None) -> bytes:
-    return ruleset.new_transducer(timeout=None, only=only).finish(body)
+    return Transducer(ruleset, timeout=None, only=only).finish(body)
 
 
 def pieces(ruleset: RuleSet, parts: list[bytes], only: frozenset[int] | None) -> bytes:
-    t = ruleset.new_transducer(timeout=None, only=only)
+    t = Transducer(ruleset, timeout=None, only=only)
     return b"".join(t.feed(p) for p in parts) + t.finish()
 
 
@@ -41,7 +42,7 @@ def test_remembered_rules_give_the_same_output(
     ruleset = RuleSet.build(compile_all(rule_specs), max_buffered_size=10**9)
     memory = ApplicabilityMemory(8)
     assert memory.rules_for(ruleset, KEY) is None
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     expected = t.finish(body)
     assert memory.record(ruleset, KEY, t)
     only = memory.rules_for(ruleset, KEY)
@@ -58,7 +59,7 @@ def test_remembered_rules_give_the_same_output(
     if not only:
         assert expected == body
     # A run with only those rules learns nothing new and loses nothing.
-    u = ruleset.new_transducer(timeout=None, only=only)
+    u = Transducer(ruleset, timeout=None, only=only)
     u.finish(body)
     memory.record(ruleset, KEY, u)
     assert memory.rules_for(ruleset, KEY) == only
@@ -76,7 +77,7 @@ def test_no_validator_is_never_remembered() -> None:
     assert ResourceKey.of("site", "/x") is None
     rs = two_rules()
     memory = ApplicabilityMemory()
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.finish(b"foo")
     assert not memory.record(rs, None, t)
     assert memory.rules_for(rs, None) is None
@@ -107,19 +108,19 @@ def test_incomplete_scans_are_not_remembered() -> None:
     """Unfinished, bailed-out or timed-out bodies teach nothing."""
     rs = two_rules()
     memory = ApplicabilityMemory()
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.feed(b"foo and more")
     assert not memory.record(rs, KEY, t)  # finish() not called
     tags = RuleSet.build(
         [compile_rule(b"foo", b"F", b"g"), compile_rule(b"<[^>]*>", b"T", b"g")],
         max_buffered_size=64,
     )
-    t = tags.new_transducer()
+    t = Transducer(tags)
     t.feed(b"<" + b"a" * 200)  # held past the 64-byte limit: bail-out
     t.finish(b"> foo")
     assert t.bailed_out
     assert not memory.record(tags, KEY, t)
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.finish(b"plain")
     t.timed_out = True
     assert not memory.record(rs, KEY, t)
@@ -130,16 +131,16 @@ def test_untried_rules_stay_possible() -> None:
     """A run restricted to some rules says nothing about the others."""
     rs = two_rules()
     memory = ApplicabilityMemory()
-    t = rs.new_transducer(only=[0])
+    t = Transducer(rs, only=[0])
     t.finish(b"nothing here")
     assert memory.record(rs, KEY, t)
     assert memory.rules_for(rs, KEY) == frozenset({1})
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.finish(b"nothing here")
     memory.record(rs, KEY, t)
     assert memory.rules_for(rs, KEY) == frozenset()
     # Passing through with no rule keeps what is known.
-    t = rs.new_transducer(only=frozenset())
+    t = Transducer(rs, only=frozenset())
     assert t.finish(b"nothing here") == b"nothing here"
     memory.record(rs, KEY, t)
     assert memory.rules_for(rs, KEY) == frozenset()
@@ -149,7 +150,7 @@ def test_new_rule_set_forgets() -> None:
     """Entries belong to the rule set's digest; a changed set starts afresh."""
     rs = two_rules()
     memory = ApplicabilityMemory()
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.finish(b"foo")
     memory.record(rs, KEY, t)
     assert memory.rules_for(rs, KEY) == frozenset({0})

@@ -14,6 +14,7 @@ import pytest
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
 
 from .conftest import SKIP_REASON, load_cases
 
@@ -51,7 +52,7 @@ def build(
 
 def run(ruleset: RuleSet, pieces: list[bytes], eof_with_last: bool = False) -> bytes:
     """Feed ``pieces``; the end of body comes with the last piece if asked."""
-    t = ruleset.new_transducer()
+    t = Transducer(ruleset)
     out = []
     for i, piece in enumerate(pieces):
         if eof_with_last and i == len(pieces) - 1:
@@ -115,7 +116,7 @@ def test_core_cases_with_recorded_limit(case: dict[str, Any]) -> None:
     """
     ruleset = build(case, case.get("max_buffered_size"))
     pieces = [_b(x) for x in case["bufs"]]
-    t = ruleset.new_transducer()
+    t = Transducer(ruleset)
     out = b"".join(t.feed(p) for p in pieces[:-1])
     if case["last_chunk_has_eof"]:
         out += t.finish(pieces[-1])

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from prexy.substitution import hsindex
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.scanner import RegexScanner
+from prexy.substitution.transducer import Transducer
 from tests.substitution.test_prefilter import bodies, compile_all, specs
 
 pytestmark = pytest.mark.skipif(not hsindex.AVAILABLE, reason="hyperscan is not installed")
@@ -177,6 +178,6 @@ def test_bail_outs_where_the_rule_by_rule_scanner_bails_out(
         k += 1
     outs = []
     for rs in (fast, slow):
-        t = rs.new_transducer(timeout=None)
+        t = Transducer(rs, timeout=None)
         outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
     assert outs[0] == outs[1]

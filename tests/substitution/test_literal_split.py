@@ -19,6 +19,7 @@ from prexy.substitution.dialect import parse_sregex, pure_literal
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
 
 ENGINES = [*FILTER_ENGINES, "none"]
 
@@ -40,7 +41,7 @@ def build(specs: list[tuple[str, str, str]], engine: str, split: bool = True) ->
 
 
 def run(rs: RuleSet, pieces: list[bytes]) -> bytes:
-    t = rs.new_transducer(timeout=None)
+    t = Transducer(rs, timeout=None)
     return b"".join(t.feed(p) for p in pieces) + t.finish()
 
 
@@ -113,5 +114,5 @@ def test_caseless_literal_of_non_letters() -> None:
                 assert rs.scanner is not None
                 rs.scanner.words = [None]
                 rs.scanner._finds = [None]
-            t = rs.new_transducer(timeout=None)
+            t = Transducer(rs, timeout=None)
             assert t.finish(b"\xc01 \xe01 \xc01") == b"X \xe01 X"

@@ -14,6 +14,7 @@ import pytest
 
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
 
 Spec = tuple[str, str, str]
 
@@ -26,7 +27,7 @@ def build(specs: list[Spec], limit: int | None = None) -> RuleSet:
 
 
 def feed(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     return b"".join(t.feed(p) for p in pieces) + t.finish()
 
 
@@ -135,7 +136,7 @@ def test_bail_out_count(
 ) -> None:
     """The module's count of held bytes, at the end of each buffer."""
     ruleset = build(specs, limit)
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     out = b"".join(t.feed(body[i : i + size]) for i in range(0, len(body), size)) + t.finish()
     assert t.bailed_out is bailed
     assert out == expected

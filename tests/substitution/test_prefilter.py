@@ -22,6 +22,7 @@ from prexy.substitution import prefilter
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.scanner import RegexScanner
+from prexy.substitution.transducer import Transducer
 from tests.substitution.test_streaming_properties import patterns
 
 ENGINES = list(prefilter.ENGINES)
@@ -89,7 +90,7 @@ def test_candidates_include_every_rule_that_matches(
 
 
 def feed(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     out = b"".join(t.feed(p) for p in pieces) + t.finish()
     assert not t.bailed_out and not t.timed_out
     return out
@@ -103,7 +104,7 @@ def test_every_engine_same_output(
     """Each engine, fed any way, gives the output of no prefilter fed whole."""
     rules = compile_all(rule_specs)
     expected = RuleSet.build(rules, max_buffered_size=10**9, engine="none")
-    want = expected.new_transducer(timeout=None).finish(body)
+    want = Transducer(expected, timeout=None).finish(body)
     points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
     ways = [
         [body],
@@ -226,7 +227,7 @@ def test_hold_back_without_the_prefix_trie(
     try:
         rules = compile_all(rule_specs)
         ruleset = RuleSet.build(rules, max_buffered_size=10**9)
-        want = ruleset.new_transducer(timeout=None).finish(body)
+        want = Transducer(ruleset, timeout=None).finish(body)
         points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
         assert feed(ruleset, [body[i : i + 1] for i in range(len(body))]) == want
         assert feed(ruleset, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == want

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from prexy.substitution.rules import RulesError, load_rules, parse_rules, parse_size, tokenize
+from prexy.substitution.transducer import Transducer
 
 
 def values(text: bytes) -> list[list[bytes]]:
@@ -48,7 +49,7 @@ def test_directives_build_ruleset() -> None:
     assert rs.applies_to("text/css; charset=utf-8")
     assert rs.applies_to("TEXT/HTML")
     assert not rs.applies_to("image/png")
-    t = rs.new_transducer()
+    t = Transducer(rs)
     out = t.feed(b"<a href=//www.example.com>ua-12-3</a>") + t.finish()
     assert out == b"<a href=//www.example.nl>ua-99999-9</a>"
 
@@ -167,7 +168,7 @@ def test_load_rules_combines_files_in_order(tmp_path: Path) -> None:
     assert rs.max_buffered_size == 1024
     assert rs.keep_last_modified is True
     assert "text/css" in rs.types
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"aab") + t.finish() == b"YX"
     assert load_rules(first).rules == load_rules([first]).rules
 
@@ -214,7 +215,7 @@ def test_bare_tokens_keep_variables_and_quotes() -> None:
     ]
     assert values(b"replace_filter a'b c\"d;") == [[b"replace_filter", b"a'b", b'c"d']]
     rs = parse_rules(b"replace_filter (UA-)\\d+ ${1}X g;")
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"UA-12") + t.finish() == b"UA-X"
 
 
@@ -246,7 +247,7 @@ def test_load_rules_shares_compiled_sets_by_content(tmp_path: Path) -> None:
     a.write_bytes(b"replace_filter 'foo' 'qux' g;\n")
     after = load_rules(a)
     assert after is not before
-    assert after.new_transducer().finish(b"foo") == b"qux"
+    assert Transducer(after).finish(b"foo") == b"qux"
     # A bad file is an error every time, never a cached set.
     a.write_bytes(b"replace_filter 'fo(o' 'x' g;\n")
     for _ in range(2):

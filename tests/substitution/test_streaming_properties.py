@@ -21,6 +21,7 @@ from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError
+from prexy.substitution.transducer import Transducer
 
 ATOMS = [
     "a",
@@ -97,11 +98,11 @@ bodies = st.text(alphabet="aabbc \nA-x1", max_size=40).map(lambda s: s.encode())
 
 def reference(ruleset: RuleSet, body: bytes) -> bytes:
     """The body given all at once with the end of body: nothing is held."""
-    return ruleset.new_transducer(timeout=None).finish(body)
+    return Transducer(ruleset, timeout=None).finish(body)
 
 
 def feed_in(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     out = b"".join(t.feed(p) for p in pieces) + t.finish()
     assert not t.bailed_out and not t.timed_out
     return out
@@ -133,7 +134,7 @@ def test_only_declared_errors(pattern: str, flags: str) -> None:
         rule = compile_rule(pattern.encode(), b"[$&]", flags)
     except (DialectError, TemplateError, ValueError):
         return
-    RuleSet.build([rule]).new_transducer().finish(b"ab a\nb")
+    Transducer(RuleSet.build([rule])).finish(b"ab a\nb")
 
 
 @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
@@ -154,7 +155,7 @@ def test_linear_engine_gives_regex_bytes(
     # Where regex may not finish (its scans are time-limited one by one, so
     # a body can take seconds), it is no reference.
     assume(not any(backtracking_risk(r.parsed.tree) for r in on_regex.rules))
-    t = on_regex.new_transducer(timeout=1.0)
+    t = Transducer(on_regex, timeout=1.0)
     expected = t.finish(body)
     assume(not t.timed_out)
     on_re2 = build(specs, engine, linear="all")
@@ -232,7 +233,7 @@ def test_long_holds_fed_in_small_pieces(parts: list[bytes], sizes: list[int], li
         pieces.append(body[i : i + size])
         i += size
         k += 1
-    t = ruleset.new_transducer(timeout=None)
+    t = Transducer(ruleset, timeout=None)
     out = b"".join(t.feed(p) for p in pieces) + t.finish()
     # The same pieces with deferral switched off.
     import prexy.substitution.transducer as transducer_module
@@ -240,7 +241,7 @@ def test_long_holds_fed_in_small_pieces(parts: list[bytes], sizes: list[int], li
     saved = transducer_module.DEFER_MIN
     transducer_module.DEFER_MIN = 10**12
     try:
-        u = ruleset.new_transducer(timeout=None)
+        u = Transducer(ruleset, timeout=None)
         plain = b"".join(u.feed(p) for p in pieces) + u.finish()
     finally:
         transducer_module.DEFER_MIN = saved
@@ -259,7 +260,7 @@ def test_tiny_pieces_do_not_rescan_quadratically() -> None:
     rs = RuleSet.build(
         [compile_rule(b"a", b"X", "g"), compile_rule(b"<[^>]*>", b"T", "g")], max_buffered_size=10**9
     )
-    t = rs.new_transducer()
+    t = Transducer(rs)
     started = time.process_time()
     out = [t.feed(b"<")]
     for _ in range(20000):

@@ -7,7 +7,7 @@ import pytest
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError, compile_template
-from prexy.substitution.transducer import HOLD_SLACK
+from prexy.substitution.transducer import HOLD_SLACK, Transducer
 
 
 def rules(
@@ -28,7 +28,7 @@ def rules(
 
 
 def rewrite(rs: RuleSet, *pieces: bytes) -> bytes:
-    t = rs.new_transducer()
+    t = Transducer(rs)
     return b"".join(t.feed(p) for p in pieces) + t.finish()
 
 
@@ -81,21 +81,21 @@ def test_template_refusals(bad: str) -> None:
 def test_anchor_waits_for_next_byte() -> None:
     """``a$`` at a chunk edge is decided by the next byte, not the edge."""
     rs = rules(("a$", "X", "g"))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"xa") == b"x"
     assert t.held == 1
     assert t.feed(b"b") == b"ab"
     assert t.feed(b"a") == b""
     assert t.feed(b"\n") == b"X\n"
     assert t.finish() == b""
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"xa") + t.finish() == b"xX"
 
 
 def test_only_possible_match_bytes_are_held() -> None:
     """Bytes that no rule can still match are written at once."""
     rs = rules(("www\\.example\\.com", "X", "g"))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"hello world, see www.exam") == b"hello world, see "
     assert t.feed(b"ple.com!") == b"X!"
     assert t.held == 0
@@ -104,7 +104,7 @@ def test_only_possible_match_bytes_are_held() -> None:
 def test_stats() -> None:
     """match_count, rules_matched and scan_seconds are kept."""
     rs = rules(("a", "X", "g"), ("b", "Y", "g"), ("z", "Z", "g"))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.feed(b"aab")
     t.finish()
     assert t.match_count == 3
@@ -115,7 +115,7 @@ def test_stats() -> None:
 def test_once_single_rule_passes_rest_through() -> None:
     """A single once-rule stops scanning after it fired."""
     rs = rules(("a", "X", ""))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"bab") == b"bXb"
     assert t.passing_through
     assert t.feed(b"aaa") == b"aaa"
@@ -124,11 +124,11 @@ def test_once_single_rule_passes_rest_through() -> None:
 def test_all_once_rules_fired_passes_through() -> None:
     """When every rule is once and all fired, the rest passes through."""
     rs = rules(("a", "X", ""), ("b", "Y", ""))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"ab") == b"XY"
     assert t.passing_through
     rs = rules(("a", "X", ""), ("b", "Y", "g"))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.feed(b"ab")
     assert not t.passing_through
 
@@ -136,7 +136,7 @@ def test_all_once_rules_fired_passes_through() -> None:
 def test_bail_out_flushes_and_stops() -> None:
     """Over the limit: held bytes go out unchanged, no more substitution."""
     rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
-    t = rs.new_transducer()
+    t = Transducer(rs)
     out = t.feed(b"a<bcdef")
     assert t.bailed_out
     assert out == b"X<bcdef"
@@ -153,15 +153,15 @@ def test_limit_counts_held_bytes_less_the_match_found_so_far() -> None:
     held still has a hard bound.
     """
     rs = rules(("a", "X", "g"), ("<[^>]*>", "T", "g"), limit=4)
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"x<abc") == b"x"  # 4 held, 3 count
     assert t.feed(b"d") == b""  # 4 count: at the limit
     assert not t.bailed_out
     assert t.feed(b">") == b"T"
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"x<abc") + t.feed(b"de") == b"x<Xbcde"
     assert t.bailed_out
-    t = rs.new_transducer()
+    t = Transducer(rs)
     t.feed(b"<" + b"a" * (HOLD_SLACK + 10))
     assert t.bailed_out
     assert t.held == 0
@@ -173,7 +173,7 @@ def test_timeout_passes_rest_through() -> None:
     The pattern is one ``regex`` cannot bound; it is forced onto ``regex``
     (``linear="none"``) so that the guard itself is what is tested."""
     rs = rules(("(x|x)+y", "X", "g"), linear="none")
-    t = rs.new_transducer(timeout=0.01)
+    t = Transducer(rs, timeout=0.01)
     out = t.feed(b"ab" + b"x" * 40 + b"z") + t.feed(b"ab") + t.finish()
     assert t.timed_out
     assert out.startswith(b"ab")
@@ -191,7 +191,7 @@ def test_timeout_inside_a_run_of_replacements_duplicates_nothing() -> None:
     body = b"a xy a " + b"x" * 40 + b"z"
     for specs in ((("a", "A", "g"), ("(x|x)+y", "X", "g")), (("(x|x)+y", "X", "g"),)):
         rs = rules(*specs, engine="anchor", linear="none")
-        t = rs.new_transducer(timeout=0.01)
+        t = Transducer(rs, timeout=0.01)
         out = t.finish(body)
         assert t.timed_out
         assert out == body
@@ -201,7 +201,7 @@ def test_large_body_in_slices_keeps_state_small() -> None:
     """Fed in 64 KB slices, nothing beyond a possible match is held."""
     rs = parse_rules(b"replace_filter 'word[0-9]+token' X g; replace_filter foo.com bar.nl g;")
     chunk = b"<p>some text with foo.com and word123token inside</p>\n" * 2000
-    t = rs.new_transducer()
+    t = Transducer(rs)
     out = []
     for i in range(0, len(chunk), 65536):
         out.append(t.feed(chunk[i : i + 65536]))
@@ -212,7 +212,7 @@ def test_large_body_in_slices_keeps_state_small() -> None:
 
 def test_feed_after_finish_is_an_error() -> None:
     """The transducer's life cycle is feed* then finish once."""
-    t = rules(("a", "b", "g")).new_transducer()
+    t = Transducer(rules(("a", "b", "g")))
     t.finish()
     with pytest.raises(RuntimeError):
         t.feed(b"a")
@@ -244,10 +244,10 @@ def test_stream_anchors() -> None:
 def test_lazy_match_is_released_without_waiting() -> None:
     """A lazy match that is complete does not wait for longer, lower-priority ones."""
     rs = rules(("<s>.*?</s>", "S", "g"))
-    t = rs.new_transducer()
+    t = Transducer(rs)
     assert t.feed(b"a<s>x</s>b<s>y</s>") == b"aSbS"
     assert t.held == 0
-    t = rules(("<s>.*</s>", "S", "g")).new_transducer()
+    t = Transducer(rules(("<s>.*</s>", "S", "g")))
     assert t.feed(b"a<s>x</s>b") == b"a"  # greedy: a later </s> could extend it
     assert t.finish() == b"Sb"
 
@@ -256,7 +256,7 @@ def test_feed_slices_bounds_each_step() -> None:
     """feed_slices yields one output per slice and adds up to feed()."""
     rs = rules(("ab", "X", "g"))
     body = b"xxab" * 1000
-    t = rs.new_transducer()
+    t = Transducer(rs)
     steps = list(t.feed_slices(body, 333))
     assert len(steps) == -(-len(body) // 333)
     assert b"".join(steps) + t.finish() == body.replace(b"ab", b"X")
@@ -266,7 +266,7 @@ def test_state_machine() -> None:
     """SCANNING until a once-rule, a bail-out or a timeout; FINISHED at the end."""
     from prexy.substitution.transducer import State
 
-    t = rules(("a", "X", "")).new_transducer()
+    t = Transducer(rules(("a", "X", "")))
     assert t.state is State.SCANNING
     t.feed(b"a")
     assert t.state is State.PASSING_THROUGH
@@ -278,7 +278,7 @@ def test_many_rules() -> None:
     """Hundreds of rules compile once and keep leftmost-then-rule-order semantics."""
     text = b"".join(b"replace_filter 'w%d[0-9]+t' 'R%d' g;\n" % (i, i) for i in range(300))
     rs = parse_rules(text + b"replace_filter 'w1' 'first' g;")
-    t = rs.new_transducer()
+    t = Transducer(rs)
     # Rule 1 (w1[0-9]+t) is earlier than rule 15 and 17; w2995t goes to rule 2.
     assert t.feed(b"w17t w15t w1 w2995t x29t") + t.finish() == b"R1 R1 first R2 x29t"
 
@@ -291,18 +291,18 @@ def test_only_some_rules() -> None:
     """
     rs = rules(("foo", "F", "g"), ("bar", "B", "g"), ("baz", "Z", "g"))
     body = b"foo bar foo"
-    full = rs.new_transducer()
-    some = rs.new_transducer(only=[1, 0])
+    full = Transducer(rs)
+    some = Transducer(rs, only=[1, 0])
     assert full.feed(body) + full.finish() == some.feed(body) + some.finish() == b"F B F"
     assert some.rules_matched == {0, 1}
-    one = rs.new_transducer(only=[1])
+    one = Transducer(rs, only=[1])
     assert one.feed(body) + one.finish() == b"foo B foo"
     assert one.rules_matched == {1}
-    none = rs.new_transducer(only=[])
+    none = Transducer(rs, only=[])
     assert none.passing_through
     assert none.feed(body) + none.finish() == body
     with pytest.raises(ValueError):
-        rs.new_transducer(only=[3])
+        Transducer(rs, only=[3])
 
 
 def test_captures_of_an_empty_last_iteration() -> None:

@@ -1,0 +1,92 @@
+"""A worker process of the pool: ``python -m prexy.worker SPEC``.
+
+The master (:mod:`prexy.workers`) spawns one per slot with SPEC, a JSON
+object: the prexy command line (``argv``, parsed again here exactly as
+``twistd prexy`` parsed it), the listening sockets it inherits (``sockets``:
+descriptor, family, endpoint description, TLS files), the control pipe
+(``control_fd``) and the master's pid.  The worker runs a ``ProxyService``
+on the inherited sockets, writes ``{"ready": true}`` and then its metrics
+every second to the pipe, drains on SIGTERM and exits when the master dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from prexy.listen import ListenSpec
+from prexy.service import Options, ProxyService
+
+#: Seconds between two metrics reports to the master.
+METRICS_INTERVAL = 1.0
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM us if the master dies (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_main(spec_json: str) -> None:
+    """Entry point of a worker process."""
+    spec = json.loads(spec_json)
+    _die_with_parent()
+    if os.getppid() != spec["master_pid"]:
+        sys.exit(1)  # the master died before we got here
+    from twisted.internet import reactor as _reactor
+    from twisted.logger import globalLogBeginner, textFileLogObserver
+
+    reactor: Any = _reactor
+
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
+    options = Options()
+    options.parseOptions(spec["argv"])
+    inherited = [
+        (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
+    ]
+    control_fd = spec["control_fd"]
+    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited)
+
+    def send(message: dict[str, Any]) -> None:
+        try:
+            os.write(control_fd, (json.dumps(message) + "\n").encode())
+        except OSError:
+            # The master is gone: do not linger holding the port.
+            reactor.callFromThread(lambda: svc.drain_and_stop(0))
+
+    def report() -> None:
+        send({"metrics": svc.metrics.snapshot()})
+
+    def started() -> None:
+        svc.startService()
+        send({"ready": True, "pid": os.getpid()})
+        from twisted.internet.task import LoopingCall
+
+        LoopingCall(report).start(METRICS_INTERVAL, now=False)
+
+    def on_term(*_: Any) -> None:
+        reactor.callFromThread(lambda: svc.drain_and_stop(options.config.shutdown_timeout))
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload is the master's business
+    reactor.callWhenRunning(started)
+
+    def final_report() -> None:
+        report()
+
+    reactor.addSystemEventTrigger("before", "shutdown", final_report)
+    reactor.run(installSignalHandlers=False)
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1])

@@ -1,0 +1,169 @@
+"""The house drawn from its imports: no prexy module imports itself back.
+
+Every module under ``prexy/`` is parsed (not imported) and every import of
+a prexy module it makes is an edge: module level, inside functions, under
+``if TYPE_CHECKING:``, relative or absolute.  ``from prexy.a import b``
+is an edge to ``prexy.a.b`` when that is a module, else to ``prexy.a``.
+Importing ``prexy.a.b`` runs ``prexy/a/__init__.py`` first, but that is
+the package's business, not an edge of the importer: a package's
+``__init__`` that gathers its submodules would otherwise make every
+submodule that imports a sibling look like a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import tempfile
+from pathlib import Path
+
+from twisted.trial.unittest import SynchronousTestCase
+
+import prexy
+
+ROOT = Path(prexy.__file__).resolve().parent
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package at ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The prexy modules that module ``name`` (its source in ``path``) imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.add(sub if sub in modules else source)
+    # "import prexy.a.b" names prexy.a.b; keep only modules that exist (the
+    # longest existing prefix, for "import prexy.a.b.attr"-like oddities).
+    out = set()
+    for target in found:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            out.add(target)
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    files = module_files(root)
+    names = set(files)
+    return {name: imports_of(name, path, names) for name, path in files.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component that has one (Tarjan),
+    each as a closed path ``[a, b, ..., a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+
+    def connect(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return [_cycle_in(graph, set(c), c[0]) for c in components]
+
+
+def _cycle_in(graph: dict[str, set[str]], component: set[str], start: str) -> list[str]:
+    """A shortest closed path from ``start`` back to it inside ``component``."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{start} is in a component without a cycle")
+
+
+class ImportGraphTests(SynchronousTestCase):
+    """Prexy's modules import each other along a directed acyclic graph."""
+
+    def test_no_cycle(self) -> None:
+        """No chain of imports leads from a prexy module back to itself."""
+        cycles = find_cycles(import_graph())
+        if cycles:
+            self.fail("import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles))
+
+    def test_cycle_report(self) -> None:
+        """The cycle finder reports one closed path per tangle, and none for
+        a graph without one."""
+        self.assertEqual(
+            find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}),
+            [["a", "b", "c", "a"]],
+        )
+        self.assertEqual(find_cycles({"a": {"b"}, "b": set()}), [])
+
+    def test_resolution(self) -> None:
+        """Relative imports, ``from pkg import submodule`` and imports inside
+        functions and TYPE_CHECKING blocks all become edges."""
+        top = tempfile.mkdtemp(prefix="prexy-imports-")
+        self.addCleanup(shutil.rmtree, top)
+        d = Path(top) / "pkg"
+        (d / "sub").mkdir(parents=True)
+        (d / "__init__.py").write_text("")
+        (d / "a.py").write_text(
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from pkg.b import X\n"
+            "def f():\n    from . import sub\n"
+        )
+        (d / "b.py").write_text("from .sub.c import thing\n")
+        (d / "sub" / "__init__.py").write_text("from .. import a\n")
+        (d / "sub" / "c.py").write_text("import pkg.sub\nfrom pkg import b\n")
+        graph = import_graph(d)
+        self.assertEqual(graph["pkg.a"], {"pkg.b", "pkg.sub"})
+        self.assertEqual(graph["pkg.b"], {"pkg.sub.c"})
+        self.assertEqual(graph["pkg.sub"], {"pkg.a"})
+        self.assertEqual(graph["pkg.sub.c"], {"pkg.sub", "pkg.b"})
+        self.assertEqual(find_cycles(graph), [["pkg.a", "pkg.sub", "pkg.a"]])
