@@ -1,4 +1,4 @@
-"""Shared fixtures for the substitution tests: conformance data and hypothesis.
+"""Shared data for the substitution tests: the conformance cases.
 
 The conformance cases live in ``shared/conformance`` beside the checkout
 (``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points.
