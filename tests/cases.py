@@ -60,12 +60,17 @@ def param(*values: Any, id: str) -> Any:  # noqa: A002 - pytest.param's name
 
 
 def parametrize(
-    names: str | tuple[str, ...], values: Mapping[str, Any] | Iterable[Any]
+    names: str | tuple[str, ...],
+    values: Mapping[str, Any] | Iterable[Any],
+    ids: Iterable[str] | None = None,
 ) -> Callable[[T], T]:
-    """Mark a test method to be expanded, by :func:`expand`, once per value."""
+    """Mark a test method to be expanded, by :func:`expand`, once per value
+    (``ids``, if given, name the values of a sequence in order)."""
     if isinstance(names, str):
         names = tuple(names.split(","))
     argnames = [n.strip() for n in names if n.strip()]
+    if ids is not None:
+        values = [param(*(v if len(argnames) > 1 else (v,)), id=i) for v, i in zip(values, ids, strict=True)]
     if isinstance(values, Mapping):
         items = [(case_id(k), v) for k, v in values.items()]
     else:
