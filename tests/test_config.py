@@ -4,10 +4,9 @@ file, the line, the key and the reason."""
 from __future__ import annotations
 
 import os
-import tempfile
 
 import attrs
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache.policy import CachePolicy
 from prexy.config import (
@@ -18,6 +17,7 @@ from prexy.config import (
     parse_size,
     single_site_config,
 )
+from tests.cases import expand, parametrize, tmp_dir
 
 
 def write(tmp: str, name: str, text: str) -> str:
@@ -25,12 +25,6 @@ def write(tmp: str, name: str, text: str) -> str:
     with open(path, "w") as f:
         f.write(text)
     return path
-
-
-@pytest.fixture
-def tmp() -> str:
-    with tempfile.TemporaryDirectory() as d:
-        yield d
 
 
 GOOD = """
@@ -54,109 +48,109 @@ upstream = "http://127.0.0.1:8001"
 """
 
 
-def test_good_config_is_frozen_value(tmp: str) -> None:
-    """A full config loads into nested frozen values with units converted and
-    relative file names resolved against the config's directory."""
-    write(tmp, "a.rules", "")
-    config = load_config(write(tmp, "prexy.toml", GOOD))
-    assert config.listen == ("tcp:8080:interface=127.0.0.1", "tcp6:8081")
-    assert config.max_request_body == 10 * 1024 * 1024
-    assert config.timeouts == Timeouts(connect=2.0, first_byte=30.5)
-    a = config.site("a")
-    assert a.hosts == ("a.example", "www.a.example")
-    assert (a.upstream.scheme, a.upstream.host, a.upstream.port, a.upstream.path) == ("https", "a.origin.test", 443, "/base")
-    assert a.rules == (os.path.join(tmp, "a.rules"),)
-    assert config.default_site == "b"
-    with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        config.listen = ()  # type: ignore[misc]
-
-
 #: A cached site; the parametrized cases append one key (line 5).
 CACHED = "[cache]\nsize = '1M'\n[sites.a]\nupstream = 'http://x'\n"
 
 
-@pytest.mark.parametrize(
-    "text, line, key, reason",
-    [
-        ("[sites.a]\nupstream = 'ftp://x'\n", 2, "sites.a.upstream", "http:// or https://"),
-        ("[server]\nlisten = []\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "non-empty"),
-        ("[server]\nlisten = ['bogus:1']\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "unsupported endpoint"),
-        ("[timeouts]\nconnect = 'soon'\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.connect", "must be a float"),
-        ("[sites.a]\nupstream = 'http://x'\nfrobnicate = 1\n", 3, "sites.a.frobnicate", "unknown key"),
-        ("[sites.a]\nupstream = 'http://x'\nrules = ['missing.rules']\n", 3, "sites.a.rules", "no such file"),
-        ("[server]\ndefault_site = 'zz'\n[sites.a]\nupstream = 'http://x'\n", 2, "server.default_site", "no site named"),
-        ("[server]\nmax_request_body = '12 parsecs'\n[sites.a]\nupstream = 'http://x'\n", 2, "server.max_request_body", "not a size"),
-        ("[sites.a]\nupstream = 'http://x'\nhosts=['h']\n[sites.b]\nupstream = 'http://y'\nhosts=['h']\n", 6, "sites.b.hosts", "already belongs"),
-        ("[sites.a]\n", 1, "sites.a", "missing key 'upstream'"),
-        ("", None, "sites", "at least one"),
-        ("[server\nlisten = 1\n", 1, None, "TOML syntax"),
-        (CACHED + "cache_ttl = -1\n", 5, "sites.a.cache_ttl", "must be 0 or more"),
-        (CACHED + "cache_keep = 'long'\n", 5, "sites.a.cache_keep", "must be a float"),
-        (CACHED + "cache_pass = ['(']\n", 5, "sites.a.cache_pass", "bad regular expression"),
-        (CACHED + "cache_ignore_cookies = ['']\n", 5, "sites.a.cache_ignore_cookies", "not a cookie name pattern"),
-        (CACHED + "purge_from = '127.0.0.1'\n", 5, "sites.a.purge_from", "list of strings"),
-        (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
-    ],
-)
-def test_errors_name_file_line_key_reason(tmp: str, text: str, line: int | None, key: str | None, reason: str) -> None:
-    """Each broken config is refused with where and why."""
-    path = write(tmp, "bad.toml", text)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    err = info.value
-    assert err.path == path
-    assert err.line == line
-    assert err.key == key
-    assert reason in err.reason
-    assert str(err).startswith(f"{path}:{line}:" if line else f"{path}:")
+@expand
+class ConfigTests(SynchronousTestCase):
+    def test_good_config_is_frozen_value(self) -> None:
+        """A full config loads into nested frozen values with units converted and
+        relative file names resolved against the config's directory."""
+        tmp = str(tmp_dir(self))
+        write(tmp, "a.rules", "")
+        config = load_config(write(tmp, "prexy.toml", GOOD))
+        assert config.listen == ("tcp:8080:interface=127.0.0.1", "tcp6:8081")
+        assert config.max_request_body == 10 * 1024 * 1024
+        assert config.timeouts == Timeouts(connect=2.0, first_byte=30.5)
+        a = config.site("a")
+        assert a.hosts == ("a.example", "www.a.example")
+        assert (a.upstream.scheme, a.upstream.host, a.upstream.port, a.upstream.path) == ("https", "a.origin.test", 443, "/base")
+        assert a.rules == (os.path.join(tmp, "a.rules"),)
+        assert config.default_site == "b"
+        with self.assertRaises(attrs.exceptions.FrozenInstanceError):
+            config.listen = ()  # type: ignore[misc]
 
-
-def test_ssl_listen_gets_configured_certificate(tmp: str) -> None:
-    """ssl: endpoints without privateKey= get the configured key and cert."""
-    cert = write(tmp, "c:ert.pem", "x")
-    key = write(tmp, "key.pem", "x")
-    config = parse_config(
-        f"[server]\nlisten=['ssl:8443']\ntls_certificate={cert!r}\ntls_key={key!r}\n[sites.a]\nupstream='http://x'\n",
-        os.path.join(tmp, "p.toml"),
+    @parametrize(
+        "text, line, key, reason",
+        [
+            ("[sites.a]\nupstream = 'ftp://x'\n", 2, "sites.a.upstream", "http:// or https://"),
+            ("[server]\nlisten = []\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "non-empty"),
+            ("[server]\nlisten = ['bogus:1']\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "unsupported endpoint"),
+            ("[timeouts]\nconnect = 'soon'\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.connect", "must be a float"),
+            ("[sites.a]\nupstream = 'http://x'\nfrobnicate = 1\n", 3, "sites.a.frobnicate", "unknown key"),
+            ("[sites.a]\nupstream = 'http://x'\nrules = ['missing.rules']\n", 3, "sites.a.rules", "no such file"),
+            ("[server]\ndefault_site = 'zz'\n[sites.a]\nupstream = 'http://x'\n", 2, "server.default_site", "no site named"),
+            ("[server]\nmax_request_body = '12 parsecs'\n[sites.a]\nupstream = 'http://x'\n", 2, "server.max_request_body", "not a size"),
+            ("[sites.a]\nupstream = 'http://x'\nhosts=['h']\n[sites.b]\nupstream = 'http://y'\nhosts=['h']\n", 6, "sites.b.hosts", "already belongs"),
+            ("[sites.a]\n", 1, "sites.a", "missing key 'upstream'"),
+            ("", None, "sites", "at least one"),
+            ("[server\nlisten = 1\n", 1, None, "TOML syntax"),
+            (CACHED + "cache_ttl = -1\n", 5, "sites.a.cache_ttl", "must be 0 or more"),
+            (CACHED + "cache_keep = 'long'\n", 5, "sites.a.cache_keep", "must be a float"),
+            (CACHED + "cache_pass = ['(']\n", 5, "sites.a.cache_pass", "bad regular expression"),
+            (CACHED + "cache_ignore_cookies = ['']\n", 5, "sites.a.cache_ignore_cookies", "not a cookie name pattern"),
+            (CACHED + "purge_from = '127.0.0.1'\n", 5, "sites.a.purge_from", "list of strings"),
+            (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
+        ],
     )
-    (desc,) = config.listen_endpoints()
-    assert desc.startswith("ssl:8443:privateKey=")
-    assert "c\\:ert.pem" in desc
+    def test_errors_name_file_line_key_reason(self, text: str, line: int | None, key: str | None, reason: str) -> None:
+        """Each broken config is refused with where and why."""
+        tmp = str(tmp_dir(self))
+        path = write(tmp, "bad.toml", text)
+        with self.assertRaises(ConfigError) as info:
+            load_config(path)
+        err = info.exception
+        assert err.path == path
+        assert err.line == line
+        assert err.key == key
+        assert reason in err.reason
+        assert str(err).startswith(f"{path}:{line}:" if line else f"{path}:")
 
+    def test_ssl_listen_gets_configured_certificate(self) -> None:
+        """ssl: endpoints without privateKey= get the configured key and cert."""
+        tmp = str(tmp_dir(self))
+        cert = write(tmp, "c:ert.pem", "x")
+        key = write(tmp, "key.pem", "x")
+        config = parse_config(
+            f"[server]\nlisten=['ssl:8443']\ntls_certificate={cert!r}\ntls_key={key!r}\n[sites.a]\nupstream='http://x'\n",
+            os.path.join(tmp, "p.toml"),
+        )
+        (desc,) = config.listen_endpoints()
+        assert desc.startswith("ssl:8443:privateKey=")
+        assert "c\\:ert.pem" in desc
 
-def test_ssl_listen_without_key_is_refused(tmp: str) -> None:
-    """An ssl: endpoint with no key anywhere is an error at load."""
-    with pytest.raises(ConfigError, match="tls_key"):
-        parse_config("[server]\nlisten=['ssl:8443']\n[sites.a]\nupstream='http://x'\n", os.path.join(tmp, "p.toml"))
+    def test_ssl_listen_without_key_is_refused(self) -> None:
+        """An ssl: endpoint with no key anywhere is an error at load."""
+        tmp = str(tmp_dir(self))
+        with self.assertRaisesRegex(ConfigError, "tls_key"):
+            parse_config("[server]\nlisten=['ssl:8443']\n[sites.a]\nupstream='http://x'\n", os.path.join(tmp, "p.toml"))
 
+    def test_sizes(self) -> None:
+        """nginx-style size units."""
+        assert [parse_size(x) for x in ("0", "8k", "8K", "1m", "2G", 5)] == [0, 8192, 8192, 1048576, 2 * 1024**3, 5]
+        for bad in ("-1", "1.5m", "1t", True):
+            with self.assertRaises(ValueError):
+                parse_size(bad)  # type: ignore[arg-type]
 
-def test_sizes() -> None:
-    """nginx-style size units."""
-    assert [parse_size(x) for x in ("0", "8k", "8K", "1m", "2G", 5)] == [0, 8192, 8192, 1048576, 2 * 1024**3, 5]
-    for bad in ("-1", "1.5m", "1t", True):
-        with pytest.raises(ValueError):
-            parse_size(bad)  # type: ignore[arg-type]
+    def test_single_site_command_line(self) -> None:
+        """--listen/--upstream make a one-site config; a bad URL is refused."""
+        config = single_site_config(["tcp:9000"], "http://127.0.0.1:8001")
+        assert config.listen == ("tcp:9000",)
+        assert config.site("default").upstream.port == 8001
+        with self.assertRaisesRegex(ConfigError, "--upstream"):
+            single_site_config(["tcp:9000"], "127.0.0.1:8001")
 
-
-def test_single_site_command_line() -> None:
-    """--listen/--upstream make a one-site config; a bad URL is refused."""
-    config = single_site_config(["tcp:9000"], "http://127.0.0.1:8001")
-    assert config.listen == ("tcp:9000",)
-    assert config.site("default").upstream.port == 8001
-    with pytest.raises(ConfigError, match="--upstream"):
-        single_site_config(["tcp:9000"], "127.0.0.1:8001")
-
-
-def test_site_cache_keys_load_into_the_cache_policy(tmp: str) -> None:
-    """A site's cache keys become the cache core's own ``CachePolicy``; keys
-    left out keep its defaults (the documented ones)."""
-    config = parse_config(
-        CACHED + "cache_ttl = 60\ncache_pass = ['^/cart']\ncache_max_object = '1M'\n"
-        "[sites.b]\nupstream = 'http://y'\ncache = false\n",
-        os.path.join(tmp, "p.toml"),
-    )
-    assert config.site("a").cache == CachePolicy(default_ttl=60, pass_rules=("^/cart",), max_object_size=1024**2)
-    assert config.site("a").cache.keep == CachePolicy().keep == 300
-    assert config.site("b").cache is None
-    assert single_site_config(["tcp:9000"], "http://x", cache_size=1024).site("default").cache == CachePolicy()
-
+    def test_site_cache_keys_load_into_the_cache_policy(self) -> None:
+        """A site's cache keys become the cache core's own ``CachePolicy``; keys
+        left out keep its defaults (the documented ones)."""
+        tmp = str(tmp_dir(self))
+        config = parse_config(
+            CACHED + "cache_ttl = 60\ncache_pass = ['^/cart']\ncache_max_object = '1M'\n"
+            "[sites.b]\nupstream = 'http://y'\ncache = false\n",
+            os.path.join(tmp, "p.toml"),
+        )
+        assert config.site("a").cache == CachePolicy(default_ttl=60, pass_rules=("^/cart",), max_object_size=1024**2)
+        assert config.site("a").cache.keep == CachePolicy().keep == 300
+        assert config.site("b").cache is None
+        assert single_site_config(["tcp:9000"], "http://x", cache_size=1024).site("default").cache == CachePolicy()

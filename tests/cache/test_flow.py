@@ -5,11 +5,8 @@ PURGE on an unsafe method, and a rule-set change."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import attrs
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache import (
     Action,
@@ -26,6 +23,7 @@ from prexy.cache import (
     response_decision,
     vary_key,
 )
+from tests.cases import tmp_dir
 
 NOW = 1_800_000_000.0
 SITE = "example"
@@ -105,93 +103,94 @@ class Proxy:
         return obj.status, headers, obj.body
 
 
-@pytest.fixture
-def proxy(tmp_path: Any) -> Iterator[Proxy]:
-    clock = Clock()
-    store = Store.open(str(tmp_path / "c"), 8 * 1024 * 1024, clock=clock)
-    yield Proxy(store, clock, Origin())
-    store.close()
+class FlowTests(SynchronousTestCase):
+    def make_proxy(self) -> Proxy:
+        """A proxy on a new 8 MiB store, closed after the test."""
+        clock = Clock()
+        store = Store.open(str(tmp_dir(self) / "c"), 8 * 1024 * 1024, clock=clock)
+        self.addCleanup(store.close)
+        return Proxy(store, clock, Origin())
 
+    def test_second_get_hits(self) -> None:
+        """The first GET is a stored uri-miss, the second a hit with Age and ttl, and HEAD hits too."""
+        proxy = self.make_proxy()
+        status, headers, body = proxy.request(b"/")
+        assert headers[b"Cache-Status"] == b"prexy; fwd=uri-miss; fwd-status=200; stored"
+        proxy.clock.now += 5
+        status, headers, body = proxy.request(b"/")
+        assert (status, body, proxy.origin.calls) == (200, b"<p>hello</p>", 1)
+        assert headers[b"Age"] == b"5" and headers[b"Cache-Status"] == b"prexy; hit; ttl=295"
+        proxy.request(b"/", method=b"HEAD")
+        assert proxy.origin.calls == 1
 
-def test_second_get_hits(proxy: Proxy) -> None:
-    """The first GET is a stored uri-miss, the second a hit with Age and ttl, and HEAD hits too."""
-    status, headers, body = proxy.request(b"/")
-    assert headers[b"Cache-Status"] == b"prexy; fwd=uri-miss; fwd-status=200; stored"
-    proxy.clock.now += 5
-    status, headers, body = proxy.request(b"/")
-    assert (status, body, proxy.origin.calls) == (200, b"<p>hello</p>", 1)
-    assert headers[b"Age"] == b"5" and headers[b"Cache-Status"] == b"prexy; hit; ttl=295"
-    proxy.request(b"/", method=b"HEAD")
-    assert proxy.origin.calls == 1
+    def test_private_never_shared(self) -> None:
+        """Cookie and Authorization requests pass; Set-Cookie / private answers are never served to another visitor."""
+        proxy = self.make_proxy()
+        proxy.request(b"/me", [(b"Cookie", b"session=alice")])
+        proxy.request(b"/me", [(b"Authorization", b"Basic YWxpY2U=")])
+        assert proxy.store.stats()["count"] == 0
+        proxy.origin.headers = [(b"Set-Cookie", b"session=alice"), (b"Content-Type", b"text/html")]
+        proxy.origin.body = b"alice's page"
+        proxy.request(b"/account")
+        proxy.origin.headers = [(b"Content-Type", b"text/html")]
+        proxy.origin.body = b"anonymous page"
+        _, headers, body = proxy.request(b"/account")
+        assert body == b"anonymous page"
+        assert headers[b"Cache-Status"] == b"prexy; fwd=miss; detail=hit-for-miss"
+        proxy.origin.headers = [(b"Cache-Control", b"private, max-age=60")]
+        proxy.origin.body = b"bob's page"
+        proxy.request(b"/private")
+        proxy.origin.body = b"carol's page"
+        assert proxy.request(b"/private")[2] == b"carol's page"
 
+    def test_ignored_cookies_still_hit(self) -> None:
+        """Analytics cookies do not make a request pass."""
+        proxy = self.make_proxy()
+        proxy.request(b"/", [(b"Cookie", b"_ga=GA1.1")])
+        _, headers, _ = proxy.request(b"/", [(b"Cookie", b"_ga=GA1.2; _ga_X=3")])
+        assert headers[b"Cache-Status"].startswith(b"prexy; hit")
+        assert proxy.origin.calls == 1
 
-def test_private_never_shared(proxy: Proxy) -> None:
-    """Cookie and Authorization requests pass; Set-Cookie / private answers are never served to another visitor."""
-    proxy.request(b"/me", [(b"Cookie", b"session=alice")])
-    proxy.request(b"/me", [(b"Authorization", b"Basic YWxpY2U=")])
-    assert proxy.store.stats()["count"] == 0
-    proxy.origin.headers = [(b"Set-Cookie", b"session=alice"), (b"Content-Type", b"text/html")]
-    proxy.origin.body = b"alice's page"
-    proxy.request(b"/account")
-    proxy.origin.headers = [(b"Content-Type", b"text/html")]
-    proxy.origin.body = b"anonymous page"
-    _, headers, body = proxy.request(b"/account")
-    assert body == b"anonymous page"
-    assert headers[b"Cache-Status"] == b"prexy; fwd=miss; detail=hit-for-miss"
-    proxy.origin.headers = [(b"Cache-Control", b"private, max-age=60")]
-    proxy.origin.body = b"bob's page"
-    proxy.request(b"/private")
-    proxy.origin.body = b"carol's page"
-    assert proxy.request(b"/private")[2] == b"carol's page"
+    def test_vary_buckets(self) -> None:
+        """With Vary: Accept-Encoding, each bucket is fetched once and then hits."""
+        proxy = self.make_proxy()
+        proxy.origin.headers = [(b"Vary", b"Accept-Encoding"), (b"Content-Type", b"text/html")]
+        chrome = [(b"Accept-Encoding", b"gzip, deflate, br")]
+        firefox = [(b"Accept-Encoding", b"br, gzip, deflate, zstd")]
+        curl: list[tuple[bytes, bytes]] = []
+        assert proxy.request(b"/v", chrome)[1][b"Cache-Status"].startswith(b"prexy; fwd=uri-miss")
+        assert proxy.request(b"/v", curl)[1][b"Cache-Status"].startswith(b"prexy; fwd=vary-miss")
+        assert proxy.request(b"/v", firefox)[1][b"Cache-Status"].startswith(b"prexy; hit")
+        assert proxy.request(b"/v", curl)[1][b"Cache-Status"].startswith(b"prexy; hit")
+        assert proxy.origin.calls == 2
 
+    def test_expiry_grace_and_conditional(self) -> None:
+        """Fresh for max-age, served in grace, refetched after; validators give 304 from the cache."""
+        proxy = self.make_proxy()
+        proxy.origin.headers = [(b"Cache-Control", b"max-age=10"), (b"ETag", b'"v1"')]
+        proxy.request(b"/t")
+        assert proxy.request(b"/t", [(b"If-None-Match", b'W/"v1"')])[0] == 304
+        proxy.clock.now += 12  # stale, within the 10 s grace
+        _, headers, _ = proxy.request(b"/t")
+        assert headers[b"Cache-Status"] == b"prexy; hit; ttl=-2"
+        proxy.clock.now += 10  # past grace
+        _, headers, _ = proxy.request(b"/t")
+        assert headers[b"Cache-Status"].startswith(b"prexy; fwd=")
+        assert proxy.origin.calls == 2
 
-def test_ignored_cookies_still_hit(proxy: Proxy) -> None:
-    """Analytics cookies do not make a request pass."""
-    proxy.request(b"/", [(b"Cookie", b"_ga=GA1.1")])
-    _, headers, _ = proxy.request(b"/", [(b"Cookie", b"_ga=GA1.2; _ga_X=3")])
-    assert headers[b"Cache-Status"].startswith(b"prexy; hit")
-    assert proxy.origin.calls == 1
+    def test_unsafe_method_invalidates(self) -> None:
+        """A POST to a URL purges every cached variant of it."""
+        proxy = self.make_proxy()
+        proxy.request(b"/form")
+        proxy.request(b"/form", method=b"POST")
+        _, headers, _ = proxy.request(b"/form")
+        assert headers[b"Cache-Status"].startswith(b"prexy; fwd=uri-miss")
 
-
-def test_vary_buckets(proxy: Proxy) -> None:
-    """With Vary: Accept-Encoding, each bucket is fetched once and then hits."""
-    proxy.origin.headers = [(b"Vary", b"Accept-Encoding"), (b"Content-Type", b"text/html")]
-    chrome = [(b"Accept-Encoding", b"gzip, deflate, br")]
-    firefox = [(b"Accept-Encoding", b"br, gzip, deflate, zstd")]
-    curl: list[tuple[bytes, bytes]] = []
-    assert proxy.request(b"/v", chrome)[1][b"Cache-Status"].startswith(b"prexy; fwd=uri-miss")
-    assert proxy.request(b"/v", curl)[1][b"Cache-Status"].startswith(b"prexy; fwd=vary-miss")
-    assert proxy.request(b"/v", firefox)[1][b"Cache-Status"].startswith(b"prexy; hit")
-    assert proxy.request(b"/v", curl)[1][b"Cache-Status"].startswith(b"prexy; hit")
-    assert proxy.origin.calls == 2
-
-
-def test_expiry_grace_and_conditional(proxy: Proxy) -> None:
-    """Fresh for max-age, served in grace, refetched after; validators give 304 from the cache."""
-    proxy.origin.headers = [(b"Cache-Control", b"max-age=10"), (b"ETag", b'"v1"')]
-    proxy.request(b"/t")
-    assert proxy.request(b"/t", [(b"If-None-Match", b'W/"v1"')])[0] == 304
-    proxy.clock.now += 12  # stale, within the 10 s grace
-    _, headers, _ = proxy.request(b"/t")
-    assert headers[b"Cache-Status"] == b"prexy; hit; ttl=-2"
-    proxy.clock.now += 10  # past grace
-    _, headers, _ = proxy.request(b"/t")
-    assert headers[b"Cache-Status"].startswith(b"prexy; fwd=")
-    assert proxy.origin.calls == 2
-
-
-def test_unsafe_method_invalidates(proxy: Proxy) -> None:
-    """A POST to a URL purges every cached variant of it."""
-    proxy.request(b"/form")
-    proxy.request(b"/form", method=b"POST")
-    _, headers, _ = proxy.request(b"/form")
-    assert headers[b"Cache-Status"].startswith(b"prexy; fwd=uri-miss")
-
-
-def test_rules_change_never_serves_old_rewrite(proxy: Proxy) -> None:
-    """A new rule-set version misses what the old one stored."""
-    proxy.request(b"/r")
-    proxy.rules = "rules-v2"
-    _, headers, _ = proxy.request(b"/r")
-    assert b"fwd=" in headers[b"Cache-Status"]
-    assert proxy.origin.calls == 2
+    def test_rules_change_never_serves_old_rewrite(self) -> None:
+        """A new rule-set version misses what the old one stored."""
+        proxy = self.make_proxy()
+        proxy.request(b"/r")
+        proxy.rules = "rules-v2"
+        _, headers, _ = proxy.request(b"/r")
+        assert b"fwd=" in headers[b"Cache-Status"]
+        assert proxy.origin.calls == 2

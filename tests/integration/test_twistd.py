@@ -15,7 +15,7 @@ from twisted.trial.unittest import TestCase
 
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, wait_listening
+from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block
 
 RULES = b"""
 replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
@@ -47,7 +47,7 @@ class TwistdTests(TestCase):
             "--listen", f"tcp:{port}:interface=127.0.0.1", *args, env=env
         )
         self.addCleanup(child.stop)
-        yield wait_listening(port, child)
+        yield child.ready()
         return child, port
 
     @defer.inlineCallbacks

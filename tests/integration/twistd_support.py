@@ -1,9 +1,14 @@
 """Run ``twistd -n prexy ...`` as a child process for end-to-end tests.
 
-The child is started with the interpreter running the tests and with this
-checkout first on ``PYTHONPATH`` (see :func:`child_env`), so it runs the code
-under test, not a copy of Prexy installed in the environment; its output
-goes to a file that tests read; it is always terminated at cleanup.
+The child is started with the interpreter running the tests, so it sees the
+same installed Prexy; its output goes to a file that tests read; it is
+always terminated at cleanup.
+
+Waits fire on events, never on polling: the child's ``sd_notify`` messages
+(``READY=1`` once it listens, and again after each reload or worker
+restart) arrive on a datagram socket given as ``NOTIFY_SOCKET``, as
+systemd's would, and its exit is reported by a thread blocked in
+``wait()``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer, reactor, task
-from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet import defer, reactor
+from twisted.internet.protocol import DatagramProtocol
 
 TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
 
@@ -66,6 +71,51 @@ def free_port() -> int:
     return free_port_block(1)
 
 
+class Notifications(DatagramProtocol):
+    """The receiving end of a child's ``NOTIFY_SOCKET``: one message a datagram."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._waiters: list[tuple[str, defer.Deferred[None]]] = []
+
+    def datagramReceived(self, data: bytes, addr: Any) -> None:
+        message = data.decode("utf-8", "replace")
+        self.messages.append(message)
+        waiting, self._waiters = self._waiters, []
+        for wanted, d in waiting:
+            if wanted in message.split("\n"):
+                d.callback(None)
+            else:
+                self._waiters.append((wanted, d))
+
+    def next(self, message: str) -> defer.Deferred[None]:
+        """Fires on the next datagram, from now on, that holds ``message``."""
+        d: defer.Deferred[None] = defer.Deferred()
+        self._waiters.append((message, d))
+        return d
+
+
+def listen_notify(directory: str) -> tuple[str, Notifications, Any]:
+    """A NOTIFY_SOCKET path in ``directory``, its protocol and its port."""
+    path = os.path.join(directory, "notify")
+    notifications = Notifications()
+    port = reactor.listenUNIXDatagram(path, notifications)
+    return path, notifications, port
+
+
+def exited(process: subprocess.Popen[bytes]) -> defer.Deferred[int]:
+    """Fires with the exit code when ``process`` ends (a daemon thread waits,
+    so a child left running never holds up the test run's exit)."""
+    d: defer.Deferred[int] = defer.Deferred()
+
+    def wait() -> None:
+        code = process.wait()
+        reactor.callFromThread(d.callback, code)
+
+    threading.Thread(target=wait, daemon=True).start()
+    return d
+
+
 class Twistd:
     """One ``twistd -n prexy`` child process."""
 
@@ -73,17 +123,57 @@ class Twistd:
         self.dir = tempfile.mkdtemp(prefix="prexy-test-")
         self.log_path = os.path.join(self.dir, "out.log")
         self._log = open(self.log_path, "wb")
+        notify_path, self.notifications, self._notify_port = listen_notify(self.dir)
+        environ = child_env({"NOTIFY_SOCKET": notify_path, **(env or {})})
         self.process = subprocess.Popen(
             [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
             cwd=self.dir,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=child_env(env),
+            env=environ,
         )
         # Even if a test's cleanup never runs (a broken reactor), the child
         # and its workers must not outlive the test run holding ports.
         atexit.register(self._kill)
+        self.exited = exited(self.process)
+        self._ready = self.notifications.next("READY=1")
+
+    def _wait(self, d: defer.Deferred[Any], what: str, seconds: float) -> defer.Deferred[Any]:
+        """``d``, failing with the output if the child exits first or after
+        ``seconds``."""
+        result: defer.Deferred[Any] = defer.Deferred()
+
+        def done(value: Any) -> Any:
+            if not result.called:
+                result.callback(value)
+            return value
+
+        def died(code: int) -> int:
+            if not result.called:
+                result.errback(AssertionError(f"twistd exited {code} before {what}:\n{self.output()}"))
+            return code
+
+        def late() -> None:
+            if not result.called:
+                result.errback(AssertionError(f"no {what} after {seconds} s; output:\n{self.output()}"))
+
+        d.addBoth(done)
+        self.exited.addCallback(died)
+        timer = reactor.callLater(seconds, late)
+        result.addBoth(lambda value: (timer.active() and timer.cancel(), value)[1])
+        return result
+
+    def ready(self, seconds: float = 20) -> defer.Deferred[None]:
+        """Fires when the child says READY=1 the first time: it listens (all
+        its workers are up)."""
+        return self._wait(self._ready, "READY=1", seconds)
+
+    def notified(self, message: str = "READY=1", seconds: float = 20) -> Any:
+        """Call before the action; yield the result after it: fires on the
+        child's next ``message`` (READY=1 after a reload, refused or not, and
+        after a dead worker is replaced)."""
+        return self._wait(self.notifications.next(message), message, seconds)
 
     def _kill(self) -> None:
         if self.process.poll() is None:
@@ -132,31 +222,17 @@ class Twistd:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+        return self._notify_port.stopListening()
 
-    @defer.inlineCallbacks
-    def wait_exit(self, seconds: float = 20) -> Any:
-        for _ in range(int(seconds / 0.05)):
-            if self.process.poll() is not None:
-                return self.process.returncode
-            yield task.deferLater(reactor, 0.05, lambda: None)
-        raise AssertionError(f"twistd did not exit; output:\n{self.output()}")
-
-
-@defer.inlineCallbacks
-def wait_listening(port: int, child: Twistd, seconds: float = 20) -> Any:
-    """Wait until something accepts on 127.0.0.1:port (or the child died)."""
-    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=1)
-    for _ in range(int(seconds / 0.1)):
-        if child.process.poll() is not None:
-            raise AssertionError(f"twistd exited {child.process.returncode}:\n{child.output()}")
-        try:
-            proto = yield endpoint.connect(Factory.forProtocol(Protocol))
-        except Exception:
-            yield task.deferLater(reactor, 0.1, lambda: None)
-            continue
-        proto.transport.loseConnection()
-        return None
-    raise AssertionError(f"nothing listens on {port}; output:\n{child.output()}")
+    def wait_exit(self, seconds: float = 20) -> defer.Deferred[int]:
+        """Fires with the exit code (fails after ``seconds``)."""
+        d: defer.Deferred[int] = defer.Deferred()
+        self.exited.addCallback(lambda code: (d.called or d.callback(code), code)[1])
+        timer = reactor.callLater(
+            seconds, lambda: d.called or d.errback(AssertionError(f"twistd did not exit; output:\n{self.output()}"))
+        )
+        d.addBoth(lambda value: (timer.active() and timer.cancel(), value)[1])
+        return d
 
 
 def body_of(raw: bytes) -> bytes:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution.cli import main
+from tests.cases import tmp_dir
 
 PAGE = b'<a href="http://www.example.com/x">UA-1234-5</a>\n' * 50
 
 
-@pytest.fixture
-def rules_file(tmp_path: Path) -> Path:
+def write_rules_file(tmp_path: Path) -> Path:
     path = tmp_path / "site.rules"
     path.write_bytes(
         b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
@@ -24,108 +25,111 @@ def rules_file(tmp_path: Path) -> Path:
     return path
 
 
-def run_main(argv: list[str], data: bytes) -> tuple[int, bytes]:
+def run_main(argv: list[str], data: bytes, stderr: io.StringIO | None = None) -> tuple[int, bytes]:
     out = io.BytesIO()
-    status = main(argv, stdin=io.BytesIO(data), stdout=out)
+    with contextlib.redirect_stderr(stderr if stderr is not None else sys.stderr):
+        status = main(argv, stdin=io.BytesIO(data), stdout=out)
     return status, out.getvalue()
 
 
-def test_rewrite_whole_and_chunked_agree(rules_file: Path) -> None:
-    """Any --chunk-size gives the same bytes as the whole input."""
-    expected = PAGE.replace(b"www.example.com", b"www.example.nl").replace(
-        b"UA-1234-5", b"UA-99999-9"
-    )
-    for size in ([], ["--chunk-size", "1"], ["--chunk-size", "7"], ["--chunk-size", "4096"]):
-        assert run_main(["--rules", str(rules_file), *size], PAGE) == (0, expected)
+class CliTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.tmp_path = tmp_dir(self)
+        self.rules_file = write_rules_file(self.tmp_path)
 
+    def test_rewrite_whole_and_chunked_agree(self) -> None:
+        """Any --chunk-size gives the same bytes as the whole input."""
+        expected = PAGE.replace(b"www.example.com", b"www.example.nl").replace(
+            b"UA-1234-5", b"UA-99999-9"
+        )
+        for size in ([], ["--chunk-size", "1"], ["--chunk-size", "7"], ["--chunk-size", "4096"]):
+            assert run_main(["--rules", str(self.rules_file), *size], PAGE) == (0, expected)
 
-def test_several_rules_files(rules_file: Path, tmp_path: Path) -> None:
-    """--rules may be repeated; files apply in order."""
-    more = tmp_path / "more.rules"
-    more.write_bytes(b"replace_filter href HREF g;")
-    status, out = run_main(["--rules", str(rules_file), "--rules", str(more)], PAGE)
-    assert status == 0
-    assert out.count(b"HREF=") == 50
+    def test_several_rules_files(self) -> None:
+        """--rules may be repeated; files apply in order."""
+        tmp_path = self.tmp_path
+        more = tmp_path / "more.rules"
+        more.write_bytes(b"replace_filter href HREF g;")
+        status, out = run_main(["--rules", str(self.rules_file), "--rules", str(more)], PAGE)
+        assert status == 0
+        assert out.count(b"HREF=") == 50
 
+    def test_bad_rules_file_exits_1_with_position(self) -> None:
+        """A load error is printed as file:line:col: reason and exits 1."""
+        tmp_path = self.tmp_path
+        bad = tmp_path / "bad.rules"
+        bad.write_bytes(b"# header\nreplace_filter 'a(' b g;\n")
+        stderr = io.StringIO()
+        status, out = run_main(["--rules", str(bad)], b"abc", stderr)
+        assert status == 1
+        assert out == b""
+        err = stderr.getvalue()
+        assert err.startswith(f"{bad}:2:")
+        assert "bad regex" in err
 
-def test_bad_rules_file_exits_1_with_position(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A load error is printed as file:line:col: reason and exits 1."""
-    bad = tmp_path / "bad.rules"
-    bad.write_bytes(b"# header\nreplace_filter 'a(' b g;\n")
-    status, out = run_main(["--rules", str(bad)], b"abc")
-    assert status == 1
-    assert out == b""
-    err = capsys.readouterr().err
-    assert err.startswith(f"{bad}:2:")
-    assert "bad regex" in err
+    def test_module_entry_point(self) -> None:
+        """``python -m prexy rewrite`` works as a real process."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "prexy", "rewrite", "--rules", str(self.rules_file), "--chunk-size", "3"],
+            input=b"see www.example.com",
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[2],
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == b"see www.example.nl"
 
+    def test_module_entry_point_bad_file(self) -> None:
+        """The process exits non-zero with the load error on stderr."""
+        tmp_path = self.tmp_path
+        bad = tmp_path / "bad.rules"
+        bad.write_bytes(b"replace_filter a b gx;")
+        proc = subprocess.run(
+            [sys.executable, "-m", "prexy", "rewrite", "--rules", str(bad)],
+            input=b"a",
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[2],
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 1
+        assert proc.stderr.decode().strip() == f"{bad}:1:20: unknown flag 'x' in \"gx\""
 
-def test_module_entry_point(rules_file: Path) -> None:
-    """``python -m prexy rewrite`` works as a real process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "prexy", "rewrite", "--rules", str(rules_file), "--chunk-size", "3"],
-        input=b"see www.example.com",
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[2],
-        check=False,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == b"see www.example.nl"
+    def test_core_imports_no_twisted(self) -> None:
+        """The substitution core is pure: importing it loads no Twisted module."""
+        code = (
+            "import sys, prexy.substitution, prexy.substitution.cli; "
+            "sys.exit(any(m == 'twisted' or m.startswith('twisted.') for m in sys.modules))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parents[2],
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 0
 
+    def test_explain_names_each_rules_engine(self) -> None:
+        """--explain prints, per rule, its file:line, the engine and why; a rule
+        ``regex`` cannot bound is on RE2, not refused."""
+        tmp_path = self.tmp_path
+        path = tmp_path / "mixed.rules"
+        path.write_bytes(
+            b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
+            b"replace_filter '\"(\\\\\\\\.|[^\"])*\"' 'S' g;\n"
+        )
+        status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
+        assert status == 0
+        lines = out.decode().splitlines()
+        assert len(lines) == 2
+        assert lines[0].startswith(f"{path}:1: 'www\\.example\\.com' g: regex: ")
+        assert lines[1].startswith(f"{path}:2: '\"(\\\\.|[^\"])*\"' g: re2: regex could backtrack: ")
+        status, out = run_main(["--rules", str(path)], b'a "x\\"y" b')
+        assert (status, out) == (0, b"a S b")
 
-def test_module_entry_point_bad_file(tmp_path: Path) -> None:
-    """The process exits non-zero with the load error on stderr."""
-    bad = tmp_path / "bad.rules"
-    bad.write_bytes(b"replace_filter a b gx;")
-    proc = subprocess.run(
-        [sys.executable, "-m", "prexy", "rewrite", "--rules", str(bad)],
-        input=b"a",
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[2],
-        check=False,
-        timeout=60,
-    )
-    assert proc.returncode == 1
-    assert proc.stderr.decode().strip() == f"{bad}:1:20: unknown flag 'x' in \"gx\""
-
-
-def test_core_imports_no_twisted() -> None:
-    """The substitution core is pure: importing it loads no Twisted module."""
-    code = (
-        "import sys, prexy.substitution, prexy.substitution.cli; "
-        "sys.exit(any(m == 'twisted' or m.startswith('twisted.') for m in sys.modules))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
-        check=False,
-        timeout=60,
-    )
-    assert proc.returncode == 0
-
-
-def test_explain_names_each_rules_engine(tmp_path: Path) -> None:
-    """--explain prints, per rule, its file:line, the engine and why; a rule
-    ``regex`` cannot bound is on RE2, not refused."""
-    path = tmp_path / "mixed.rules"
-    path.write_bytes(
-        b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
-        b"replace_filter '\"(\\\\\\\\.|[^\"])*\"' 'S' g;\n"
-    )
-    status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
-    assert status == 0
-    lines = out.decode().splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith(f"{path}:1: 'www\\.example\\.com' g: regex: ")
-    assert lines[1].startswith(f"{path}:2: '\"(\\\\.|[^\"])*\"' g: re2: regex could backtrack: ")
-    status, out = run_main(["--rules", str(path)], b'a "x\\"y" b')
-    assert (status, out) == (0, b"a S b")
-
-
-def test_bad_chunk_size_exits_2(rules_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A chunk size of zero or less is refused."""
-    assert run_main(["--rules", str(rules_file), "--chunk-size", "0"], b"x") == (2, b"")
-    assert "--chunk-size" in capsys.readouterr().err
+    def test_bad_chunk_size_exits_2(self) -> None:
+        """A chunk size of zero or less is refused."""
+        stderr = io.StringIO()
+        assert run_main(["--rules", str(self.rules_file), "--chunk-size", "0"], b"x", stderr) == (2, b"")
+        assert "--chunk-size" in stderr.getvalue()

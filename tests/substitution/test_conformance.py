@@ -9,27 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
+from tests.cases import expand, param, parametrize
 
-from .conftest import SKIP_REASON, load_cases
+from .shared import SKIP_REASON, load_cases
 
 #: Every prefilter engine available here, and none (each rule scans).
 ENGINES = [*FILTER_ENGINES, "none"]
 
 CASES = load_cases("replace_filter_cases.json")
-pytestmark = pytest.mark.skipif(CASES is None, reason=SKIP_REASON)
 
 
 def _cases(*categories: str) -> list[Any]:
     if CASES is None:
-        return [pytest.param(None, id="absent")]
+        return [param(None, id="absent")]
     return [
-        pytest.param(c, id=f"{c['file']}:{c['name']}") for c in CASES if c["category"] in categories
+        param(c, id=f"{c['file']}:{c['name']}") for c in CASES if c["category"] in categories
     ]
 
 
@@ -72,102 +72,102 @@ def body_or_passthrough(
     return run(ruleset, pieces, eof_with_last)
 
 
-@pytest.mark.parametrize("case", _cases("core", "passthrough", "eof_with_data"))
-@pytest.mark.parametrize("feeding", ["bufs", "chunks", "whole", "bytewise"])
-@pytest.mark.parametrize("engine", ENGINES)
-def test_case_any_chunking(case: dict[str, Any], feeding: str, engine: str) -> None:
-    """The expected body comes out however the body is cut into pieces.
-
-    The pieces are fed with the module's default buffer limit: these cases do
-    not depend on the limit (see test_core_cases_with_recorded_limit for the
-    limits recorded with them).  Every prefilter engine gives the same bytes.
-    """
-    body = _b("".join(case["chunks"]))
-    pieces = {
-        "bufs": [_b(x) for x in case["bufs"]],
-        "chunks": [_b(x) for x in case["chunks"]],
-        "whole": [body],
-        "bytewise": [body[i : i + 1] for i in range(len(body))],
-    }[feeding]
-    limit = case.get("max_buffered_size") if case["category"] == "eof_with_data" else None
-    eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
-    if case["category"] == "eof_with_data" and not eof_with_last:
-        limit = None
-    ruleset = build(case, limit, engine)
-    assert ruleset.applies_to(case["content_type"]) == case["filter_applies"]
-    assert body_or_passthrough(case, ruleset, pieces, eof_with_last) == _b(case["expected_body"])
-
-
-@pytest.mark.parametrize("case", _cases("max_buffered", "eof_with_data"))
-@pytest.mark.parametrize("engine", ENGINES)
-def test_case_with_recorded_limit(case: dict[str, Any], engine: str) -> None:
-    """With the recorded limit and buffers, the module's bail-out is reproduced."""
-    ruleset = build(case, case.get("max_buffered_size"), engine)
-    pieces = [_b(x) for x in case["bufs"]]
-    assert run(ruleset, pieces, case["last_chunk_has_eof"]) == _b(case["expected_body"])
-
-
-@pytest.mark.parametrize("case", _cases("core"))
-def test_core_cases_with_recorded_limit(case: dict[str, Any]) -> None:
-    """With the recorded bufs and (often tiny) limit, the module's output exactly.
-
-    This pins the buffer accounting: only held bytes before the match found
-    so far count against the limit, as in the module.
-    """
-    ruleset = build(case, case.get("max_buffered_size"))
-    pieces = [_b(x) for x in case["bufs"]]
-    t = Transducer(ruleset)
-    out = b"".join(t.feed(p) for p in pieces[:-1])
-    if case["last_chunk_has_eof"]:
-        out += t.finish(pieces[-1])
-    else:
-        out += t.feed(pieces[-1]) + t.finish()
-    assert out == _b(case["expected_body"])
-
-
-@pytest.mark.parametrize("case", _cases("sregex_quirk"))
-def test_sregex_quirk_documented(case: dict[str, Any]) -> None:
-    """``^\\s+|\\s+$`` inside one rule: sregex is not leftmost there, Prexy is.
-
-    On ``baby!\\n     \\nabc`` the module matches the second line's blanks as
-    ``^\\s+`` starting after the newline, where leftmost-first semantics (and
-    Perl) take ``\\s+$`` starting at the newline itself.  Prexy keeps the
-    documented leftmost semantics; this test pins the one difference.
-    """
-    ruleset = build(case, None)
-    body = _b("".join(case["chunks"]))
-    out = run(ruleset, [body])
-    expected = _b(case["expected_body"])
-    assert out != expected
-    assert out.replace(b"[\n     ]\n", b"\n[     \n]") == expected
-
-
 def nginx_quote(raw: bytes) -> bytes:
     """Quote ``raw`` so that nginx's tokenizer gives ``raw`` back."""
     return b"'" + raw.replace(b"\\", b"\\\\").replace(b"'", b"\\'") + b"'"
 
 
-@pytest.mark.parametrize("case", _cases("core", "passthrough", "eof_with_data"))
-def test_case_through_a_rules_file(case: dict[str, Any]) -> None:
-    """Written as an nginx rules file and loaded, each case gives the same body.
+@expand
+class ConformanceTests(SynchronousTestCase):
+    skip = SKIP_REASON if CASES is None else None
 
-    Cases run through ``twistd prexy --rules`` reach the transducer this way,
-    so this checks the token unescaping against the module's own inputs.
-    """
-    lines = [b"replace_filter_types " + b" ".join(_b(t) for t in case["types"]) + b";"]
-    for r in case["rules"]:
-        flags = (b" " + _b(r["flags"])) if r["flags"] else b""
-        lines.append(
-            b"replace_filter "
-            + nginx_quote(_b(r["pattern"]))
-            + b" "
-            + nginx_quote(_b(r["replacement"]))
-            + flags
-            + b";"
-        )
-    ruleset = parse_rules(b"\n".join(lines), "case.rules")
-    assert [r.pattern for r in ruleset.rules] == [_b(r["pattern"]) for r in case["rules"]]
-    assert [r.replacement for r in ruleset.rules] == [_b(r["replacement"]) for r in case["rules"]]
-    pieces = [_b(x) for x in case["chunks"]]
-    out = body_or_passthrough(case, ruleset, pieces, case["last_chunk_has_eof"])
-    assert out == _b(case["expected_body"])
+    @parametrize("case", _cases("core", "passthrough", "eof_with_data"))
+    @parametrize("feeding", ["bufs", "chunks", "whole", "bytewise"])
+    @parametrize("engine", ENGINES)
+    def test_case_any_chunking(self, case: dict[str, Any], feeding: str, engine: str) -> None:
+        """The expected body comes out however the body is cut into pieces.
+
+        The pieces are fed with the module's default buffer limit: these cases do
+        not depend on the limit (see test_core_cases_with_recorded_limit for the
+        limits recorded with them).  Every prefilter engine gives the same bytes.
+        """
+        body = _b("".join(case["chunks"]))
+        pieces = {
+            "bufs": [_b(x) for x in case["bufs"]],
+            "chunks": [_b(x) for x in case["chunks"]],
+            "whole": [body],
+            "bytewise": [body[i : i + 1] for i in range(len(body))],
+        }[feeding]
+        limit = case.get("max_buffered_size") if case["category"] == "eof_with_data" else None
+        eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
+        if case["category"] == "eof_with_data" and not eof_with_last:
+            limit = None
+        ruleset = build(case, limit, engine)
+        assert ruleset.applies_to(case["content_type"]) == case["filter_applies"]
+        assert body_or_passthrough(case, ruleset, pieces, eof_with_last) == _b(case["expected_body"])
+
+    @parametrize("case", _cases("max_buffered", "eof_with_data"))
+    @parametrize("engine", ENGINES)
+    def test_case_with_recorded_limit(self, case: dict[str, Any], engine: str) -> None:
+        """With the recorded limit and buffers, the module's bail-out is reproduced."""
+        ruleset = build(case, case.get("max_buffered_size"), engine)
+        pieces = [_b(x) for x in case["bufs"]]
+        assert run(ruleset, pieces, case["last_chunk_has_eof"]) == _b(case["expected_body"])
+
+    @parametrize("case", _cases("core"))
+    def test_core_cases_with_recorded_limit(self, case: dict[str, Any]) -> None:
+        """With the recorded bufs and (often tiny) limit, the module's output exactly.
+
+        This pins the buffer accounting: only held bytes before the match found
+        so far count against the limit, as in the module.
+        """
+        ruleset = build(case, case.get("max_buffered_size"))
+        pieces = [_b(x) for x in case["bufs"]]
+        t = Transducer(ruleset)
+        out = b"".join(t.feed(p) for p in pieces[:-1])
+        if case["last_chunk_has_eof"]:
+            out += t.finish(pieces[-1])
+        else:
+            out += t.feed(pieces[-1]) + t.finish()
+        assert out == _b(case["expected_body"])
+
+    @parametrize("case", _cases("sregex_quirk"))
+    def test_sregex_quirk_documented(self, case: dict[str, Any]) -> None:
+        """``^\\s+|\\s+$`` inside one rule: sregex is not leftmost there, Prexy is.
+
+        On ``baby!\\n     \\nabc`` the module matches the second line's blanks as
+        ``^\\s+`` starting after the newline, where leftmost-first semantics (and
+        Perl) take ``\\s+$`` starting at the newline itself.  Prexy keeps the
+        documented leftmost semantics; this test pins the one difference.
+        """
+        ruleset = build(case, None)
+        body = _b("".join(case["chunks"]))
+        out = run(ruleset, [body])
+        expected = _b(case["expected_body"])
+        assert out != expected
+        assert out.replace(b"[\n     ]\n", b"\n[     \n]") == expected
+
+    @parametrize("case", _cases("core", "passthrough", "eof_with_data"))
+    def test_case_through_a_rules_file(self, case: dict[str, Any]) -> None:
+        """Written as an nginx rules file and loaded, each case gives the same body.
+
+        Cases run through ``twistd prexy --rules`` reach the transducer this way,
+        so this checks the token unescaping against the module's own inputs.
+        """
+        lines = [b"replace_filter_types " + b" ".join(_b(t) for t in case["types"]) + b";"]
+        for r in case["rules"]:
+            flags = (b" " + _b(r["flags"])) if r["flags"] else b""
+            lines.append(
+                b"replace_filter "
+                + nginx_quote(_b(r["pattern"]))
+                + b" "
+                + nginx_quote(_b(r["replacement"]))
+                + flags
+                + b";"
+            )
+        ruleset = parse_rules(b"\n".join(lines), "case.rules")
+        assert [r.pattern for r in ruleset.rules] == [_b(r["pattern"]) for r in case["rules"]]
+        assert [r.replacement for r in ruleset.rules] == [_b(r["replacement"]) for r in case["rules"]]
+        pieces = [_b(x) for x in case["chunks"]]
+        out = body_or_passthrough(case, ruleset, pieces, case["last_chunk_has_eof"])
+        assert out == _b(case["expected_body"])

@@ -17,167 +17,164 @@ patterns.
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution import hsindex
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.scanner import RegexScanner
 from prexy.substitution.transducer import Transducer
+from tests.cases import expand, parametrize
 from tests.substitution.test_prefilter import bodies, compile_all, specs
 
-pytestmark = pytest.mark.skipif(not hsindex.AVAILABLE, reason="hyperscan is not installed")
 
+@expand
+class HsindexTests(SynchronousTestCase):
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
 
-@pytest.mark.parametrize(
-    ("pattern", "flags", "widths"),
-    [
-        (b"www\\.a\\.com", b"g", {9: None}),
-        (b"host", b"gi", {4: None}),
-        (b"G-[A-Z0-9]{10}", b"g", {12: None}),
-        (b"(https?://)a", b"g", {8: 1, 9: 1}),
-        (b"ab|cde", b"g", {2: 1, 3: 1}),
-    ],
-)
-def test_exact_rules(pattern: bytes, flags: bytes, widths: dict[int, int | None]) -> None:
-    """Fixed widths, and finite expansions with no prefix or suffix clash."""
-    got = hsindex.exact_widths(compile_rule(pattern, b"X", flags).parsed)
-    assert got is not None
-    assert {w: (None if seqs is None else len(seqs)) for w, seqs in got.items()} == widths
+    @parametrize(
+        ("pattern", "flags", "widths"),
+        [
+            (b"www\\.a\\.com", b"g", {9: None}),
+            (b"host", b"gi", {4: None}),
+            (b"G-[A-Z0-9]{10}", b"g", {12: None}),
+            (b"(https?://)a", b"g", {8: 1, 9: 1}),
+            (b"ab|cde", b"g", {2: 1, 3: 1}),
+        ],
+    )
+    def test_exact_rules(self, pattern: bytes, flags: bytes, widths: dict[int, int | None]) -> None:
+        """Fixed widths, and finite expansions with no prefix or suffix clash."""
+        got = hsindex.exact_widths(compile_rule(pattern, b"X", flags).parsed)
+        assert got is not None
+        assert {w: (None if seqs is None else len(seqs)) for w, seqs in got.items()} == widths
 
+    @parametrize(
+        "pattern",
+        [b"a|ab", b"ab|b", b"\\bhost", b"a+", b"x$", b"(a|b)c*", b"<t>[^<]*</t>"],
+    )
+    def test_not_exact_rules(self, pattern: bytes) -> None:
+        """Two ends for one start, two starts for one end, assertions, repeats."""
+        assert hsindex.exact_widths(compile_rule(pattern, b"X", b"g").parsed) is None
 
-@pytest.mark.parametrize(
-    "pattern",
-    [b"a|ab", b"ab|b", b"\\bhost", b"a+", b"x$", b"(a|b)c*", b"<t>[^<]*</t>"],
-)
-def test_not_exact_rules(pattern: bytes) -> None:
-    """Two ends for one start, two starts for one end, assertions, repeats."""
-    assert hsindex.exact_widths(compile_rule(pattern, b"X", b"g").parsed) is None
-
-
-@settings(max_examples=300, deadline=None)
-@given(specs, bodies)
-def test_reports_and_candidates_match_regex(rule_specs: list[tuple[str, str, str]], body: bytes) -> None:
-    """Exact rules: every (start, end) of a real match, and nothing else.
-    Other rules: from every scan position, each that has a match is a
-    candidate, with a hint at or before that match."""
-    rules = compile_all(rule_specs)
-    parsed = [r.parsed for r in rules]
-    plain = RegexScanner(parsed, "none")
-    index = hsindex.MatchIndex(parsed)
-    others = set(index.others)
-    for pos in {0, 1, len(body) // 2}:
-        if pos > len(body):
-            continue
-        events = index.events(body, pos, None)
-        reported = set(events.exact)
-        want = set()
-        for r in set(range(len(parsed))) - others:
-            assert hsindex.exact_widths(parsed[r]) is not None
-            for s in range(pos, len(body) + 1):
-                m = plain.patterns[r].match(body, s)
+    @settings(max_examples=300, deadline=None)
+    @given(specs, bodies)
+    def test_reports_and_candidates_match_regex(self, rule_specs: list[tuple[str, str, str]], body: bytes) -> None:
+        """Exact rules: every (start, end) of a real match, and nothing else.
+        Other rules: from every scan position, each that has a match is a
+        candidate, with a hint at or before that match."""
+        rules = compile_all(rule_specs)
+        parsed = [r.parsed for r in rules]
+        plain = RegexScanner(parsed, "none")
+        index = hsindex.MatchIndex(parsed)
+        others = set(index.others)
+        for pos in {0, 1, len(body) // 2}:
+            if pos > len(body):
+                continue
+            events = index.events(body, pos, None)
+            reported = set(events.exact)
+            want = set()
+            for r in set(range(len(parsed))) - others:
+                assert hsindex.exact_widths(parsed[r]) is not None
+                for s in range(pos, len(body) + 1):
+                    m = plain.patterns[r].match(body, s)
+                    if m is not None:
+                        want.add((s, r, m.end()))
+            assert reported == want
+            for r in others:
+                m = plain.patterns[r].search(body, pos)
                 if m is not None:
-                    want.add((s, r, m.end()))
-        assert reported == want
-        for r in others:
-            m = plain.patterns[r].search(body, pos)
-            if m is not None:
-                assert r in events.candidates, (r, pos)
-                assert pos <= events.candidates[r] <= m.start()
+                    assert r in events.candidates, (r, pos)
+                    assert pos <= events.candidates[r] <= m.start()
 
+    def test_only_active_rules_are_reported(self) -> None:
+        """With a mask, reports and candidates name active rules only."""
+        rules = [compile_rule(b"ab", b"X", b"g"), compile_rule(b"a[0-9]+", b"Y", b"g"), compile_rule(b"b", b"Z", b"g")]
+        index = hsindex.MatchIndex([r.parsed for r in rules])
+        body = b"ab a12 b"
+        everything = index.events(body, 0, None)
+        assert {r for _, r, _ in everything.exact} == {0, 2} and set(everything.candidates) == {1}
+        some = index.events(body, 0, [False, True, True])
+        assert {r for _, r, _ in some.exact} == {2} and set(some.candidates) == {1}
 
-def test_only_active_rules_are_reported() -> None:
-    """With a mask, reports and candidates name active rules only."""
-    rules = [compile_rule(b"ab", b"X", b"g"), compile_rule(b"a[0-9]+", b"Y", b"g"), compile_rule(b"b", b"Z", b"g")]
-    index = hsindex.MatchIndex([r.parsed for r in rules])
-    body = b"ab a12 b"
-    everything = index.events(body, 0, None)
-    assert {r for _, r, _ in everything.exact} == {0, 2} and set(everything.candidates) == {1}
-    some = index.events(body, 0, [False, True, True])
-    assert {r for _, r, _ in some.exact} == {2} and set(some.candidates) == {1}
+    @settings(max_examples=300, deadline=None)
+    @given(specs, bodies, st.integers(0, 40))
+    def test_hold_point_same_as_rule_by_rule(
+        self,
+        rule_specs: list[tuple[str, str, str]], body: bytes, lo: int
+    ) -> None:
+        """The index's hold cursor and the per-rule one hold from the same place."""
+        rules = compile_all(rule_specs)
+        parsed = [r.parsed for r in rules]
+        lo = min(lo, len(body))
+        fast = RegexScanner(parsed, "hyperscan")
+        slow = RegexScanner(parsed, "none")
+        active = range(len(parsed))
+        assert fast.index is not None
+        a = fast.hold_cursor(body, lo, None, active).hold_point(lo, None)
+        b = slow.hold_cursor(body, lo, None, active).hold_point(lo, None)
+        assert a == b or (a == len(body) and b is None) or (b == len(body) and a is None)
 
+    def test_tail_trie_names_rules_cut_by_the_end(self) -> None:
+        """A host name cut by the end of the buffer, in any case, is alive."""
+        rules = [compile_rule(b"www\\.abc\\.com", b"X", b"gi"), compile_rule(b"(https?://)abc", b"X", b"g")]
+        index = hsindex.MatchIndex([r.parsed for r in rules])
+        places = index.tail.places(b"see WWW.AB", 0)
+        alive = {at: index.tail.below[node] for at, node, ended in places if ended}
+        assert alive[4] == [0]
+        places = index.tail.places(b"see https:/", 0)
+        assert any(at == 4 and 1 in index.tail.below[node] for at, node, ended in places if ended)
+        assert index.tail.places(b"nothing here", 0) == []
 
-@settings(max_examples=300, deadline=None)
-@given(specs, bodies, st.integers(0, 40))
-def test_hold_point_same_as_rule_by_rule(
-    rule_specs: list[tuple[str, str, str]], body: bytes, lo: int
-) -> None:
-    """The index's hold cursor and the per-rule one hold from the same place."""
-    rules = compile_all(rule_specs)
-    parsed = [r.parsed for r in rules]
-    lo = min(lo, len(body))
-    fast = RegexScanner(parsed, "hyperscan")
-    slow = RegexScanner(parsed, "none")
-    active = range(len(parsed))
-    assert fast.index is not None
-    a = fast.hold_cursor(body, lo, None, active).hold_point(lo, None)
-    b = slow.hold_cursor(body, lo, None, active).hold_point(lo, None)
-    assert a == b or (a == len(body) and b is None) or (b == len(body) and a is None)
+    def test_literal_keys(self) -> None:
+        """Literal bytes, or literal bytes with letters of both cases (folded to
+        lower case); a letter of one case among folded ones, or a larger set,
+        is not a literal key."""
+        def keys(pattern: bytes, flags: bytes = b"g") -> list[tuple[bytes, bool]] | None:
+            seqs = hsindex.expand(compile_rule(pattern, b"X", flags).parsed.tree)
+            assert seqs is not None
+            return hsindex.literal_keys(seqs)
 
+        assert keys(b"(https?://)a\\.com") == [(b"http://a.com", False), (b"https://a.com", False)]
+        assert keys(b"WWW\\.A-1\\.com", b"gi") == [(b"www.a-1.com", True)]
+        assert keys(b"[Aa]b") is None
+        assert keys(b"G-[A-Z0-9]{3}") is None
 
-def test_tail_trie_names_rules_cut_by_the_end() -> None:
-    """A host name cut by the end of the buffer, in any case, is alive."""
-    rules = [compile_rule(b"www\\.abc\\.com", b"X", b"gi"), compile_rule(b"(https?://)abc", b"X", b"g")]
-    index = hsindex.MatchIndex([r.parsed for r in rules])
-    places = index.tail.places(b"see WWW.AB", 0)
-    alive = {at: index.tail.below[node] for at, node, ended in places if ended}
-    assert alive[4] == [0]
-    places = index.tail.places(b"see https:/", 0)
-    assert any(at == 4 and 1 in index.tail.below[node] for at, node, ended in places if ended)
-    assert index.tail.places(b"nothing here", 0) == []
+    def test_windows_avoid_what_many_keys_share(self) -> None:
+        """Each key is looked for by the window its fellow keys share least,
+        not by the base domain every host name has."""
+        hosts = [b"www.shop.com", b"img1.shop.com", b"img2.shop.com", b"cdn.shop.com"]
+        keys = [b"https://" + h for h in hosts] + hosts
+        for key, at in zip(keys, hsindex._windows(keys), strict=True):
+            window = key[at : at + hsindex.WINDOW]
+            assert b"shop.com" not in window or window.startswith((b"www.", b"img", b"cdn")), (key, window)
+            assert sum(window in k for k in keys) <= 3, (key, window)
 
+    @settings(max_examples=300, deadline=None)
+    @given(specs, bodies, st.lists(st.integers(1, 12), min_size=1, max_size=8), st.integers(0, 12))
+    def test_bail_outs_where_the_rule_by_rule_scanner_bails_out(
+        self,
+        rule_specs: list[tuple[str, str, str]], body: bytes, sizes: list[int], limit: int
+    ) -> None:
+        """With a small buffer limit, the index's scanner holds back exactly as
+        much as the rule-by-rule one: the same bytes come out of every chunking,
+        bail-outs included."""
+        from prexy.substitution.ruleset import RuleSet
 
-def test_literal_keys() -> None:
-    """Literal bytes, or literal bytes with letters of both cases (folded to
-    lower case); a letter of one case among folded ones, or a larger set,
-    is not a literal key."""
-    def keys(pattern: bytes, flags: bytes = b"g") -> list[tuple[bytes, bool]] | None:
-        seqs = hsindex.expand(compile_rule(pattern, b"X", flags).parsed.tree)
-        assert seqs is not None
-        return hsindex.literal_keys(seqs)
-
-    assert keys(b"(https?://)a\\.com") == [(b"http://a.com", False), (b"https://a.com", False)]
-    assert keys(b"WWW\\.A-1\\.com", b"gi") == [(b"www.a-1.com", True)]
-    assert keys(b"[Aa]b") is None
-    assert keys(b"G-[A-Z0-9]{3}") is None
-
-
-def test_windows_avoid_what_many_keys_share() -> None:
-    """Each key is looked for by the window its fellow keys share least,
-    not by the base domain every host name has."""
-    hosts = [b"www.shop.com", b"img1.shop.com", b"img2.shop.com", b"cdn.shop.com"]
-    keys = [b"https://" + h for h in hosts] + hosts
-    for key, at in zip(keys, hsindex._windows(keys), strict=True):
-        window = key[at : at + hsindex.WINDOW]
-        assert b"shop.com" not in window or window.startswith((b"www.", b"img", b"cdn")), (key, window)
-        assert sum(window in k for k in keys) <= 3, (key, window)
-
-
-@settings(max_examples=300, deadline=None)
-@given(specs, bodies, st.lists(st.integers(1, 12), min_size=1, max_size=8), st.integers(0, 12))
-def test_bail_outs_where_the_rule_by_rule_scanner_bails_out(
-    rule_specs: list[tuple[str, str, str]], body: bytes, sizes: list[int], limit: int
-) -> None:
-    """With a small buffer limit, the index's scanner holds back exactly as
-    much as the rule-by-rule one: the same bytes come out of every chunking,
-    bail-outs included."""
-    from prexy.substitution.ruleset import RuleSet
-
-    rules = compile_all(rule_specs)
-    fast = RuleSet.build(rules, max_buffered_size=limit, engine="hyperscan")
-    slow = RuleSet.build(rules, max_buffered_size=limit, engine="none")
-    assert fast.scanner is not None and fast.scanner.index is not None
-    pieces = []
-    at = 0
-    k = 0
-    while at < len(body):
-        step = sizes[k % len(sizes)]
-        pieces.append(body[at : at + step])
-        at += step
-        k += 1
-    outs = []
-    for rs in (fast, slow):
-        t = Transducer(rs, timeout=None)
-        outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
-    assert outs[0] == outs[1]
+        rules = compile_all(rule_specs)
+        fast = RuleSet.build(rules, max_buffered_size=limit, engine="hyperscan")
+        slow = RuleSet.build(rules, max_buffered_size=limit, engine="none")
+        assert fast.scanner is not None and fast.scanner.index is not None
+        pieces = []
+        at = 0
+        k = 0
+        while at < len(body):
+            step = sizes[k % len(sizes)]
+            pieces.append(body[at : at + step])
+            at += step
+            k += 1
+        outs = []
+        for rs in (fast, slow):
+            t = Transducer(rs, timeout=None)
+            outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
+        assert outs[0] == outs[1]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution import scanner
 from prexy.substitution.ruleset import RuleSet
+from tests.cases import expand, parametrize
 from tests.substitution import test_literal_split
 from tests.substitution.test_literal_split import ENGINES, run
 
@@ -48,112 +49,109 @@ rule_specs = st.lists(
 bodies = st.text(alphabet="aabbc. 0\n", max_size=80).map(str.encode)
 
 
-@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
-@given(
-    rule_specs, bodies, st.lists(st.integers(0, 80), max_size=5), st.sampled_from(ENGINES),
-    st.integers(1, 6), st.integers(1, 3),
-)
-def test_skip_equals_plain_scan(
-    specs: list[tuple[str, str, str]], body: bytes, cuts: list[int], engine: str, gap: int, probes: int,
-) -> None:
-    """Whole and in random pieces, with a tiny skip distance and probe
-    count: the same bytes as without the skip."""
-    expected = run(build(specs, "none", skip=False), [body])
-    rs = build(specs, engine)
-    saved = scanner.SKIP_GAP, scanner.LEAD_PROBES
-    scanner.SKIP_GAP, scanner.LEAD_PROBES = gap, probes
-    try:
+@expand
+class LeadSkipTests(SynchronousTestCase):
+    @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+    @given(
+        rule_specs, bodies, st.lists(st.integers(0, 80), max_size=5), st.sampled_from(ENGINES),
+        st.integers(1, 6), st.integers(1, 3),
+    )
+    def test_skip_equals_plain_scan(
+        self,
+        specs: list[tuple[str, str, str]], body: bytes, cuts: list[int], engine: str, gap: int, probes: int,
+    ) -> None:
+        """Whole and in random pieces, with a tiny skip distance and probe
+        count: the same bytes as without the skip."""
+        expected = run(build(specs, "none", skip=False), [body])
+        rs = build(specs, engine)
+        saved = scanner.SKIP_GAP, scanner.LEAD_PROBES
+        scanner.SKIP_GAP, scanner.LEAD_PROBES = gap, probes
+        try:
+            assert run(rs, [body]) == expected
+            points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+            assert run(rs, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == expected
+        finally:
+            scanner.SKIP_GAP, scanner.LEAD_PROBES = saved
+
+    @parametrize("engine", ENGINES)
+    def test_far_apart_matches_among_decoys(self, engine: str) -> None:
+        """Analytics ids far apart, with the rare byte (and near-misses of the
+        prefix) many times in between, as a real page has them."""
+        filler = b"<p>Use UTF-8. UA- UAx U-A- " * 200  # ~5.4 KB per block, decoys only
+        body = b"UA-1-2 " + filler + b"UA-33-4 " + filler * 2 + b"xUA-5-66" + filler + b" end"
+        specs = [("www\\.example\\.com", "www.example.org", "g"), ("UA-\\d+-\\d+", "UA-0-0", "g"),
+                 ("word[0-9]+token", "W", "g")]
+        expected = run(build(specs, "none", skip=False), [body])
+        assert expected.count(b"UA-0-0") == 3
+        rs = build(specs, engine)
+        assert rs.scanner is not None and rs.scanner._leads[1] is not None
         assert run(rs, [body]) == expected
-        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
-        assert run(rs, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == expected
-    finally:
-        scanner.SKIP_GAP, scanner.LEAD_PROBES = saved
+        assert run(rs, [body[i : i + 4096] for i in range(0, len(body), 4096)]) == expected
 
+    def test_lead_picks_the_rarest_byte(self) -> None:
+        lead = scanner._Lead(b"UA-")
+        assert lead.byte == ord("U") and lead.offset == 0
+        assert scanner._Lead(b"data-x").byte == ord("x")
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_far_apart_matches_among_decoys(engine: str) -> None:
-    """Analytics ids far apart, with the rare byte (and near-misses of the
-    prefix) many times in between, as a real page has them."""
-    filler = b"<p>Use UTF-8. UA- UAx U-A- " * 200  # ~5.4 KB per block, decoys only
-    body = b"UA-1-2 " + filler + b"UA-33-4 " + filler * 2 + b"xUA-5-66" + filler + b" end"
-    specs = [("www\\.example\\.com", "www.example.org", "g"), ("UA-\\d+-\\d+", "UA-0-0", "g"),
-             ("word[0-9]+token", "W", "g")]
-    expected = run(build(specs, "none", skip=False), [body])
-    assert expected.count(b"UA-0-0") == 3
-    rs = build(specs, engine)
-    assert rs.scanner is not None and rs.scanner._leads[1] is not None
-    assert run(rs, [body]) == expected
-    assert run(rs, [body[i : i + 4096] for i in range(0, len(body), 4096)]) == expected
+    @parametrize(
+        ("buf", "pos", "expected"),
+        [
+            (b"..UA-..UA-", 0, 2),
+            (b"..UA-..UA-", 3, 7),
+            (b"..UA-..UA-", 8, -1),
+            (b"UAUAUA", 0, -1),
+            (b"", 0, -1),
+        ],
+    )
+    def test_next_start(self, buf: bytes, pos: int, expected: int) -> None:
+        assert scanner._Lead(b"UA-").next_start(buf, pos) == expected
 
+    def test_next_start_settles_for_a_lower_bound(self) -> None:
+        """After LEAD_PROBES occurrences of the rare byte without the prefix it
+        returns a position no later than the next occurrence of the prefix."""
+        lead = scanner._Lead(b"UA-")
+        buf = b"U." * (scanner.LEAD_PROBES + 3) + b"UA-1"
+        at = lead.next_start(buf, 0)
+        assert 0 < at <= buf.index(b"UA-")
+        # Asked again from there, it gets closer and finally finds it.
+        while buf[at : at + 3] != b"UA-":
+            nxt = lead.next_start(buf, at)
+            assert at < nxt <= buf.index(b"UA-")
+            at = nxt
 
-def test_lead_picks_the_rarest_byte() -> None:
-    lead = scanner._Lead(b"UA-")
-    assert lead.byte == ord("U") and lead.offset == 0
-    assert scanner._Lead(b"data-x").byte == ord("x")
+    def test_lower_bound_is_just_past_the_last_false_hit(self) -> None:
+        lead = scanner._Lead(b"UA-")
+        saved = scanner.LEAD_PROBES
+        scanner.LEAD_PROBES = 1
+        try:
+            # One false hit at 1: the prefix may start right after it (it does).
+            assert lead.next_start(b"xUUA-1", 0) == 2
+            assert lead.next_start(b"xU.UA-1", 0) == 2
+        finally:
+            scanner.LEAD_PROBES = saved
 
-
-@pytest.mark.parametrize(
-    ("buf", "pos", "expected"),
-    [
-        (b"..UA-..UA-", 0, 2),
-        (b"..UA-..UA-", 3, 7),
-        (b"..UA-..UA-", 8, -1),
-        (b"UAUAUA", 0, -1),
-        (b"", 0, -1),
-    ],
-)
-def test_next_start(buf: bytes, pos: int, expected: int) -> None:
-    assert scanner._Lead(b"UA-").next_start(buf, pos) == expected
-
-
-def test_next_start_settles_for_a_lower_bound() -> None:
-    """After LEAD_PROBES occurrences of the rare byte without the prefix it
-    returns a position no later than the next occurrence of the prefix."""
-    lead = scanner._Lead(b"UA-")
-    buf = b"U." * (scanner.LEAD_PROBES + 3) + b"UA-1"
-    at = lead.next_start(buf, 0)
-    assert 0 < at <= buf.index(b"UA-")
-    # Asked again from there, it gets closer and finally finds it.
-    while buf[at : at + 3] != b"UA-":
-        nxt = lead.next_start(buf, at)
-        assert at < nxt <= buf.index(b"UA-")
-        at = nxt
-
-
-def test_lower_bound_is_just_past_the_last_false_hit() -> None:
-    lead = scanner._Lead(b"UA-")
-    saved = scanner.LEAD_PROBES
-    scanner.LEAD_PROBES = 1
-    try:
-        # One false hit at 1: the prefix may start right after it (it does).
-        assert lead.next_start(b"xUUA-1", 0) == 2
-        assert lead.next_start(b"xU.UA-1", 0) == 2
-    finally:
-        scanner.LEAD_PROBES = saved
-
-
-@pytest.mark.parametrize("gap", [1, 2, 3, 5])
-@pytest.mark.parametrize("engine", ENGINES)
-def test_skip_boundaries(gap: int, engine: str) -> None:
-    """The rare byte of ``ab+`` is ``b``, one byte into the prefix.  After a
-    match ending at ``e``, the running scan goes on if a ``b`` is in the
-    next ``gap`` bytes from ``e + 1``, and otherwise restarts at the next
-    occurrence of ``ab`` from ``e + gap``: matches right at both edges must
-    be found."""
-    specs = [("ab+", "X", "g"), ("zz", "Y", "g")]
-    bodies = [
-        b"abab" + b"c" * 10,  # a 'b' exactly at e + 1: the scan goes on
-        b"ab" + b"c" * gap + b"ab" + b"c" * 3,  # next match starts exactly at e + gap
-        b"ab" + b"c" * (gap - 1) + b"ab" + b"c" * 3,  # one byte inside the window
-        b"ab" + b"a" * (gap + 2) + b"bc",  # a's (the common byte) all the way
-    ]
-    saved = scanner.SKIP_GAP
-    try:
-        for body in bodies:
-            expected = run(build(specs, "none", skip=False), [body])
-            rs = build(specs, engine)
-            scanner.SKIP_GAP = gap
-            assert run(rs, [body]) == expected, body
+    @parametrize("gap", [1, 2, 3, 5])
+    @parametrize("engine", ENGINES)
+    def test_skip_boundaries(self, gap: int, engine: str) -> None:
+        """The rare byte of ``ab+`` is ``b``, one byte into the prefix.  After a
+        match ending at ``e``, the running scan goes on if a ``b`` is in the
+        next ``gap`` bytes from ``e + 1``, and otherwise restarts at the next
+        occurrence of ``ab`` from ``e + gap``: matches right at both edges must
+        be found."""
+        specs = [("ab+", "X", "g"), ("zz", "Y", "g")]
+        bodies = [
+            b"abab" + b"c" * 10,  # a 'b' exactly at e + 1: the scan goes on
+            b"ab" + b"c" * gap + b"ab" + b"c" * 3,  # next match starts exactly at e + gap
+            b"ab" + b"c" * (gap - 1) + b"ab" + b"c" * 3,  # one byte inside the window
+            b"ab" + b"a" * (gap + 2) + b"bc",  # a's (the common byte) all the way
+        ]
+        saved = scanner.SKIP_GAP
+        try:
+            for body in bodies:
+                expected = run(build(specs, "none", skip=False), [body])
+                rs = build(specs, engine)
+                scanner.SKIP_GAP = gap
+                assert run(rs, [body]) == expected, body
+                scanner.SKIP_GAP = saved
+        finally:
             scanner.SKIP_GAP = saved
-    finally:
-        scanner.SKIP_GAP = saved

@@ -10,11 +10,12 @@ checks its limit at the end of each buffer.
 
 from __future__ import annotations
 
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
+from tests.cases import expand, param, parametrize
 
 Spec = tuple[str, str, str]
 
@@ -68,35 +69,12 @@ def _chunkings(body: bytes) -> list[list[bytes]]:
     return ways
 
 
-@pytest.mark.parametrize(
-    ("specs", "body", "expected"),
-    [pytest.param(s, b, e, id=name) for name, s, b, e in RESTART_CASES],
-)
-def test_restart_rule(specs: list[Spec], body: str, expected: str) -> None:
-    """``^ \\b \\B`` right after a match see the class of rule 0's last
-    matched byte, at every chunking."""
-    ruleset = build(specs)
-    for pieces in _chunkings(body.encode("latin-1")):
-        assert feed(ruleset, pieces) == expected.encode("latin-1"), pieces
-
-
-def test_restart_rule_on_a_long_body() -> None:
-    """The rule holds across slices of a long body (matches right at the
-    ends of slices, restarts decided with the next slice)."""
-    specs = [("^[ \t]+", "", "g"), ("\\s*\n\\s*\n", "\n", "g")]
-    unit = "\n\n x\n  y\n"
-    body = (unit * 2000).encode()
-    ruleset = build(specs)
-    whole = feed(ruleset, [body])
-    # Rule 1 squeezes each blank line and the next line's space survives;
-    # rule 0 strips the space after a plain newline.
-    assert whole == ("\n x\ny" * 2000 + "\n").encode()
-    for size in (1, 7, 64, 4096):
-        assert feed(ruleset, [body[i : i + size] for i in range(0, len(body), size)]) == whole
-
-
 BODY_3A = b"<t>" + b"a\n " * 3400 + b"</t>\n q"
+
+
 BODY_3B = b"x//" + b"a" * 10000 + b"\ny"
+
+
 BODY_9 = b"x//" + b"a" * 8191 + b"\ny" + b"z" * 8
 
 
@@ -127,16 +105,44 @@ BAIL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("specs", "body", "size", "limit", "expected", "bailed"),
-    [pytest.param(*c[1:], id=c[0]) for c in BAIL_CASES],
-)
-def test_bail_out_count(
-    specs: list[Spec], body: bytes, size: int, limit: int | None, expected: bytes, bailed: bool
-) -> None:
-    """The module's count of held bytes, at the end of each buffer."""
-    ruleset = build(specs, limit)
-    t = Transducer(ruleset, timeout=None)
-    out = b"".join(t.feed(body[i : i + size]) for i in range(0, len(body), size)) + t.finish()
-    assert t.bailed_out is bailed
-    assert out == expected
+@expand
+class ModuleRulesTests(SynchronousTestCase):
+    @parametrize(
+        ("specs", "body", "expected"),
+        [param(s, b, e, id=name) for name, s, b, e in RESTART_CASES],
+    )
+    def test_restart_rule(self, specs: list[Spec], body: str, expected: str) -> None:
+        """``^ \\b \\B`` right after a match see the class of rule 0's last
+        matched byte, at every chunking."""
+        ruleset = build(specs)
+        for pieces in _chunkings(body.encode("latin-1")):
+            assert feed(ruleset, pieces) == expected.encode("latin-1"), pieces
+
+    def test_restart_rule_on_a_long_body(self) -> None:
+        """The rule holds across slices of a long body (matches right at the
+        ends of slices, restarts decided with the next slice)."""
+        specs = [("^[ \t]+", "", "g"), ("\\s*\n\\s*\n", "\n", "g")]
+        unit = "\n\n x\n  y\n"
+        body = (unit * 2000).encode()
+        ruleset = build(specs)
+        whole = feed(ruleset, [body])
+        # Rule 1 squeezes each blank line and the next line's space survives;
+        # rule 0 strips the space after a plain newline.
+        assert whole == ("\n x\ny" * 2000 + "\n").encode()
+        for size in (1, 7, 64, 4096):
+            assert feed(ruleset, [body[i : i + size] for i in range(0, len(body), size)]) == whole
+
+    @parametrize(
+        ("specs", "body", "size", "limit", "expected", "bailed"),
+        [param(*c[1:], id=c[0]) for c in BAIL_CASES],
+    )
+    def test_bail_out_count(
+        self,
+        specs: list[Spec], body: bytes, size: int, limit: int | None, expected: bytes, bailed: bool
+    ) -> None:
+        """The module's count of held bytes, at the end of each buffer."""
+        ruleset = build(specs, limit)
+        t = Transducer(ruleset, timeout=None)
+        out = b"".join(t.feed(body[i : i + size]) for i in range(0, len(body), size)) + t.finish()
+        assert t.bailed_out is bailed
+        assert out == expected

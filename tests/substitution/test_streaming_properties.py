@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution.dialect import DialectError, backtracking_risk, has_empty_loop
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
@@ -22,6 +22,7 @@ from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError
 from prexy.substitution.transducer import Transducer
+from tests.cases import expand, parametrize
 
 ATOMS = [
     "a",
@@ -108,165 +109,160 @@ def feed_in(ruleset: RuleSet, pieces: list[bytes]) -> bytes:
     return out
 
 
-@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
-@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
-def test_any_chunking_same_output(
-    specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
-) -> None:
-    """Whole, random pieces and bytewise feeding all give the reference output.
+@expand
+class StreamingPropertiesTests(SynchronousTestCase):
+    @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+    @given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
+    def test_any_chunking_same_output(
+        self,
+        specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
+    ) -> None:
+        """Whole, random pieces and bytewise feeding all give the reference output.
 
-    The reference is computed without a prefilter; every engine must agree.
-    """
-    ruleset = build(specs, engine)
-    expected = reference(build(specs, "none"), body)
-    assert feed_in(ruleset, [body]) == expected
-    assert feed_in(ruleset, [body[i : i + 1] for i in range(len(body))]) == expected
-    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
-    pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
-    assert feed_in(ruleset, pieces) == expected
+        The reference is computed without a prefilter; every engine must agree.
+        """
+        ruleset = build(specs, engine)
+        expected = reference(build(specs, "none"), body)
+        assert feed_in(ruleset, [body]) == expected
+        assert feed_in(ruleset, [body[i : i + 1] for i in range(len(body))]) == expected
+        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+        pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+        assert feed_in(ruleset, pieces) == expected
 
+    @settings(max_examples=200, deadline=None)
+    @given(patterns(), st.sampled_from(["g", "", "i", "gi", "x", "gg"]))
+    def test_only_declared_errors(self, pattern: str, flags: str) -> None:
+        """Compiling a rule raises nothing but the declared load errors."""
+        try:
+            rule = compile_rule(pattern.encode(), b"[$&]", flags)
+        except (DialectError, TemplateError, ValueError):
+            return
+        Transducer(RuleSet.build([rule])).finish(b"ab a\nb")
 
-@settings(max_examples=200, deadline=None)
-@given(patterns(), st.sampled_from(["g", "", "i", "gi", "x", "gg"]))
-def test_only_declared_errors(pattern: str, flags: str) -> None:
-    """Compiling a rule raises nothing but the declared load errors."""
-    try:
-        rule = compile_rule(pattern.encode(), b"[$&]", flags)
-    except (DialectError, TemplateError, ValueError):
-        return
-    Transducer(RuleSet.build([rule])).finish(b"ab a\nb")
+    @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
+    @given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
+    def test_linear_engine_gives_regex_bytes(
+        self,
+        specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
+    ) -> None:
+        """Every rule on RE2 gives the bytes every rule on ``regex`` gives
+        (wherever ``regex`` finishes within its time limit), whole, in random
+        pieces and byte by byte, with each prefilter engine.
 
+        Rule sets with a loop whose body can match empty are left out: there a
+        backtracker and a Pike VM choose different matches by design (see
+        ``dialect.has_empty_loop``; the next test pins one such case).  So are
+        those ``regex`` may not finish; RE2 runs them in the sregex suite."""
+        on_regex = build(specs, "none", linear="none")
+        assume(not any(has_empty_loop(r.parsed.tree) for r in on_regex.rules))
+        # Where regex may not finish (its scans are time-limited one by one, so
+        # a body can take seconds), it is no reference.
+        assume(not any(backtracking_risk(r.parsed.tree) for r in on_regex.rules))
+        t = Transducer(on_regex, timeout=1.0)
+        expected = t.finish(body)
+        assume(not t.timed_out)
+        on_re2 = build(specs, engine, linear="all")
+        assert all(why is not None for why in on_re2.scanner.linear)  # type: ignore[union-attr]
+        assert feed_in(on_re2, [body]) == expected
+        assert feed_in(on_re2, [body[i : i + 1] for i in range(len(body))]) == expected
+        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+        pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+        assert feed_in(on_re2, pieces) == expected
 
-@settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "400")), deadline=None)
-@given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
-def test_linear_engine_gives_regex_bytes(
-    specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
-) -> None:
-    """Every rule on RE2 gives the bytes every rule on ``regex`` gives
-    (wherever ``regex`` finishes within its time limit), whole, in random
-    pieces and byte by byte, with each prefilter engine.
+    def test_engines_part_on_loops_that_match_empty(self) -> None:
+        """The one shape where RE2 and ``regex`` differ: ``regex`` ends a loop at
+        an iteration that matched empty, RE2 drops that iteration."""
+        specs = [("(?:.*?\\n*)*", "[$&]", "g")]
+        assert reference(build(specs, "none", linear="none"), b"\n1") == b"[\n][]1[]"
+        assert reference(build(specs, "none", linear="all"), b"\n1") == b"[\n1][]"
 
-    Rule sets with a loop whose body can match empty are left out: there a
-    backtracker and a Pike VM choose different matches by design (see
-    ``dialect.has_empty_loop``; the next test pins one such case).  So are
-    those ``regex`` may not finish; RE2 runs them in the sregex suite."""
-    on_regex = build(specs, "none", linear="none")
-    assume(not any(has_empty_loop(r.parsed.tree) for r in on_regex.rules))
-    # Where regex may not finish (its scans are time-limited one by one, so
-    # a body can take seconds), it is no reference.
-    assume(not any(backtracking_risk(r.parsed.tree) for r in on_regex.rules))
-    t = Transducer(on_regex, timeout=1.0)
-    expected = t.finish(body)
-    assume(not t.timed_out)
-    on_re2 = build(specs, engine, linear="all")
-    assert all(why is not None for why in on_re2.scanner.linear)  # type: ignore[union-attr]
-    assert feed_in(on_re2, [body]) == expected
-    assert feed_in(on_re2, [body[i : i + 1] for i in range(len(body))]) == expected
-    points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
-    pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)]
-    assert feed_in(on_re2, pieces) == expected
-
-
-def test_engines_part_on_loops_that_match_empty() -> None:
-    """The one shape where RE2 and ``regex`` differ: ``regex`` ends a loop at
-    an iteration that matched empty, RE2 drops that iteration."""
-    specs = [("(?:.*?\\n*)*", "[$&]", "g")]
-    assert reference(build(specs, "none", linear="none"), b"\n1") == b"[\n][]1[]"
-    assert reference(build(specs, "none", linear="all"), b"\n1") == b"[\n1][]"
-
-
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        "(a|a)+$", "(a|ab)*c", "(\\w+\\d+)+", "(?:x|xy)+", "(a|)+", "(.*a){12}", "(.*?,){11}P",
-        "(<a.*?</a>\\s*)+", "(a|aa)*b", "(x+x+)+y", '"(\\\\.|[^"])*"', "(a+)+$", "(a+b+)+",
-        "(\\s*\\w+)+;", "(x\\w*)+y", "(<b>[^<]*</b>)+",
-    ],
-)
-def test_pathological_patterns_run_on_the_linear_engine(pattern: str) -> None:
-    """Shapes ``regex`` cannot bound load, and run on RE2 (decided at load)."""
-    rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
-    assert rs.scanner is not None
-    why = rs.scanner.linear[0]
-    assert why is not None and why.startswith("regex could backtrack")
-
-
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        "(foo|bar)+",
-        "word[0-9]+token",
-        ".*a",
-        "(UA-)\\d+-\\d+",
-        "<a[^>]*>.*?</a>",
-        "(<b>x</b>)+",
-    ],
-)
-def test_common_safe_shapes_stay_on_regex(pattern: str) -> None:
-    """Shapes ``regex`` runs in bounded time (no repeat inside an unbounded
-    repeat, disjoint alternatives) keep its literal fast paths."""
-    rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
-    assert rs.scanner is not None and rs.scanner.linear == [None]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.sampled_from([b"<", b">", b"a", b"b", b"ab", b"a" * 300, b"x" * 700]), max_size=40),
-    st.lists(st.integers(1, 97), min_size=1, max_size=20),
-    st.sampled_from([10**9, 2000, 300]),
-)
-def test_long_holds_fed_in_small_pieces(parts: list[bytes], sizes: list[int], limit: int) -> None:
-    """Long holds fed in tiny pieces (where rescans are deferred) change nothing.
-
-    With any limit, feeding in small pieces gives exactly the output of
-    scanning after every piece (the deferral keeps bail-out points too).
-    """
-    body = b"".join(parts)
-    specs = [("<[^>]*>", "T", "g"), ("a", "X", "g")]
-    ruleset = RuleSet.build(
-        [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs], max_buffered_size=limit
+    @parametrize(
+        "pattern",
+        [
+            "(a|a)+$", "(a|ab)*c", "(\\w+\\d+)+", "(?:x|xy)+", "(a|)+", "(.*a){12}", "(.*?,){11}P",
+            "(<a.*?</a>\\s*)+", "(a|aa)*b", "(x+x+)+y", '"(\\\\.|[^"])*"', "(a+)+$", "(a+b+)+",
+            "(\\s*\\w+)+;", "(x\\w*)+y", "(<b>[^<]*</b>)+",
+        ],
     )
-    pieces = []
-    i = k = 0
-    while i < len(body):
-        size = sizes[k % len(sizes)]
-        pieces.append(body[i : i + size])
-        i += size
-        k += 1
-    t = Transducer(ruleset, timeout=None)
-    out = b"".join(t.feed(p) for p in pieces) + t.finish()
-    # The same pieces with deferral switched off.
-    import prexy.substitution.transducer as transducer_module
+    def test_pathological_patterns_run_on_the_linear_engine(self, pattern: str) -> None:
+        """Shapes ``regex`` cannot bound load, and run on RE2 (decided at load)."""
+        rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
+        assert rs.scanner is not None
+        why = rs.scanner.linear[0]
+        assert why is not None and why.startswith("regex could backtrack")
 
-    saved = transducer_module.DEFER_MIN
-    transducer_module.DEFER_MIN = 10**12
-    try:
-        u = Transducer(ruleset, timeout=None)
-        plain = b"".join(u.feed(p) for p in pieces) + u.finish()
-    finally:
-        transducer_module.DEFER_MIN = saved
-    assert out == plain
-    assert t.bailed_out == u.bailed_out
-    if limit == 10**9:
-        assert out == reference(ruleset, body)
-
-
-def test_tiny_pieces_do_not_rescan_quadratically() -> None:
-    """A long hold fed one byte at a time stays cheap (deferred rescans)."""
-    import time
-
-    # No limit: 20,000 held bytes are over the module's count (the held
-    # bytes less the match found so far, an ``a``), and would bail out.
-    rs = RuleSet.build(
-        [compile_rule(b"a", b"X", "g"), compile_rule(b"<[^>]*>", b"T", "g")], max_buffered_size=10**9
+    @parametrize(
+        "pattern",
+        [
+            "(foo|bar)+",
+            "word[0-9]+token",
+            ".*a",
+            "(UA-)\\d+-\\d+",
+            "<a[^>]*>.*?</a>",
+            "(<b>x</b>)+",
+        ],
     )
-    t = Transducer(rs)
-    started = time.process_time()
-    out = [t.feed(b"<")]
-    for _ in range(20000):
-        out.append(t.feed(b"a"))
-    out.append(t.feed(b">") + t.finish())
-    assert time.process_time() - started < 10
-    assert b"".join(out) == b"T"
+    def test_common_safe_shapes_stay_on_regex(self, pattern: str) -> None:
+        """Shapes ``regex`` runs in bounded time (no repeat inside an unbounded
+        repeat, disjoint alternatives) keep its literal fast paths."""
+        rs = RuleSet.build([compile_rule(pattern.encode(), b"X", "g")])
+        assert rs.scanner is not None and rs.scanner.linear == [None]
 
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.sampled_from([b"<", b">", b"a", b"b", b"ab", b"a" * 300, b"x" * 700]), max_size=40),
+        st.lists(st.integers(1, 97), min_size=1, max_size=20),
+        st.sampled_from([10**9, 2000, 300]),
+    )
+    def test_long_holds_fed_in_small_pieces(self, parts: list[bytes], sizes: list[int], limit: int) -> None:
+        """Long holds fed in tiny pieces (where rescans are deferred) change nothing.
 
+        With any limit, feeding in small pieces gives exactly the output of
+        scanning after every piece (the deferral keeps bail-out points too).
+        """
+        body = b"".join(parts)
+        specs = [("<[^>]*>", "T", "g"), ("a", "X", "g")]
+        ruleset = RuleSet.build(
+            [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs], max_buffered_size=limit
+        )
+        pieces = []
+        i = k = 0
+        while i < len(body):
+            size = sizes[k % len(sizes)]
+            pieces.append(body[i : i + size])
+            i += size
+            k += 1
+        t = Transducer(ruleset, timeout=None)
+        out = b"".join(t.feed(p) for p in pieces) + t.finish()
+        # The same pieces with deferral switched off.
+        import prexy.substitution.transducer as transducer_module
+
+        saved = transducer_module.DEFER_MIN
+        transducer_module.DEFER_MIN = 10**12
+        try:
+            u = Transducer(ruleset, timeout=None)
+            plain = b"".join(u.feed(p) for p in pieces) + u.finish()
+        finally:
+            transducer_module.DEFER_MIN = saved
+        assert out == plain
+        assert t.bailed_out == u.bailed_out
+        if limit == 10**9:
+            assert out == reference(ruleset, body)
+
+    def test_tiny_pieces_do_not_rescan_quadratically(self) -> None:
+        """A long hold fed one byte at a time stays cheap (deferred rescans)."""
+        import time
+
+        # No limit: 20,000 held bytes are over the module's count (the held
+        # bytes less the match found so far, an ``a``), and would bail out.
+        rs = RuleSet.build(
+            [compile_rule(b"a", b"X", "g"), compile_rule(b"<[^>]*>", b"T", "g")], max_buffered_size=10**9
+        )
+        t = Transducer(rs)
+        started = time.process_time()
+        out = [t.feed(b"<")]
+        for _ in range(20000):
+            out.append(t.feed(b"a"))
+        out.append(t.feed(b">") + t.finish())
+        assert time.process_time() - started < 10
+        assert b"".join(out) == b"T"

@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.urlmap import UrlMap, load_map
 from prexy.urlmap.values import compile_value, render
+from tests.cases import expand, parametrize, tmp_dir
 from tests.urlmap.helpers import shared_dir, write_case_map
 
 SHARED = shared_dir()
@@ -25,10 +26,7 @@ CASES: list[dict[str, Any]] = (
     else []
 )
 
-pytestmark = pytest.mark.skipif(
-    SHARED is None,
-    reason="shared/conformance/map_cases.json not found (set PREXY_SHARED or put shared/ beside the repo)",
-)
+SKIP_REASON = "shared/conformance/map_cases.json not found (set PREXY_SHARED or put shared/ beside the repo)"
 
 
 def _case_id(case: dict[str, Any]) -> str:
@@ -56,18 +54,22 @@ def _evaluate(case: dict[str, Any], tmp_path: Path) -> str:
     return maps[case["map"]["variable"]].lookup(key, resolve)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_map_case(case: dict[str, Any], tmp_path: Path) -> None:
-    """The map gives nginx's observed value for the case's input."""
-    value = _evaluate(case, tmp_path)
-    template = case.get("return_template")
-    if template is not None:
-        assert value == case["expected_map_value"]
-        variable = case["map"]["variable"].lstrip("$")
-        value = render(compile_value(template), None, frozenset(), {variable: value}.get)
-    assert value == case["expected"]
+@expand
+class ConformanceTests(SynchronousTestCase):
+    skip = SKIP_REASON if SHARED is None else None
 
+    @parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+    def test_map_case(self, case: dict[str, Any]) -> None:
+        """The map gives nginx's observed value for the case's input."""
+        tmp_path = tmp_dir(self)
+        value = _evaluate(case, tmp_path)
+        template = case.get("return_template")
+        if template is not None:
+            assert value == case["expected_map_value"]
+            variable = case["map"]["variable"].lstrip("$")
+            value = render(compile_value(template), None, frozenset(), {variable: value}.get)
+        assert value == case["expected"]
 
-def test_all_cases_present() -> None:
-    """The shared file holds the 45 cases this suite is meant to run."""
-    assert len(CASES) == 45
+    def test_all_cases_present(self) -> None:
+        """The shared file holds the 45 cases this suite is meant to run."""
+        assert len(CASES) == 45

@@ -10,6 +10,8 @@ keys, hostname masks and regexes.  Skipped when no nginx binary is found
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import http.client
 import os
 import random
@@ -20,9 +22,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-import pytest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from prexy.urlmap import MapError, UrlMap, load_map
+from tests.cases import expand, parametrize
 
 
 def _find_nginx() -> str | None:
@@ -34,7 +37,6 @@ def _find_nginx() -> str | None:
 
 
 NGINX = _find_nginx()
-pytestmark = pytest.mark.skipif(NGINX is None, reason="no nginx binary (set PREXY_NGINX)")
 
 # PCRE features, each with keys to try; "$1" and "$n" show the captures
 CURATED: list[tuple[str, list[str]]] = [
@@ -163,20 +165,29 @@ def _nginx_test(workdir: str, maps: list[str]) -> subprocess.CompletedProcess[st
     )
 
 
-@pytest.fixture(scope="module")
-def workdir() -> Iterator[str]:
-    """A short temporary directory for nginx's files and socket; skips the module
-    when this nginx cannot even check a trivial configuration here."""
-    path = tempfile.mkdtemp(prefix="prexy-ng-")  # short: unix socket paths are limited
-    probe = _nginx_test(path, ["k v;\n"])
-    if probe.returncode != 0:
-        shutil.rmtree(path, ignore_errors=True)
-        pytest.skip(f"nginx cannot run here: {probe.stderr.strip()[:200]}")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+#: The one work directory of this module's tests, or why nginx cannot run.
+_WORKDIR: dict[str, str] = {}
 
 
-@pytest.fixture(scope="module")
+def workdir() -> str:
+    """A short temporary directory for nginx's files and socket, made once for
+    the module and removed at exit; skips the test when this nginx cannot even
+    check a trivial configuration here."""
+    if "skip" in _WORKDIR:
+        raise SkipTest(_WORKDIR["skip"])
+    if "path" not in _WORKDIR:
+        path = tempfile.mkdtemp(prefix="prexy-ng-")  # short: unix socket paths are limited
+        probe = _nginx_test(path, ["k v;\n"])
+        if probe.returncode != 0:
+            shutil.rmtree(path, ignore_errors=True)
+            _WORKDIR["skip"] = f"nginx cannot run here: {probe.stderr.strip()[:200]}"
+            raise SkipTest(_WORKDIR["skip"])
+        _WORKDIR["path"] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return _WORKDIR["path"]
+
+
+@contextlib.contextmanager
 def served(workdir: str) -> Iterator[tuple[list[str], Callable[[int, str], str]]]:
     """nginx serving the curated and random maps; yields the maps and an ask(i, key)."""
     assert NGINX is not None
@@ -223,51 +234,62 @@ def _load(workdir: str, index: int) -> UrlMap:
     return load_map(f"{workdir}/m{index}.map")
 
 
-def test_curated_pcre_features_match_nginx(
-    served: tuple[list[str], Callable[[int, str], str]], workdir: str
-) -> None:
-    """Each curated PCRE feature gives nginx's value (and captures) for its keys."""
-    _maps, ask = served
-    for index, (regex, keys) in enumerate(CURATED):
-        urlmap = _load(workdir, index)
-        for key in keys:
-            assert urlmap.lookup(key) == ask(index, key), (regex, key)
+@expand
+class NginxDifferentialTests(SynchronousTestCase):
+    skip = None if NGINX is not None else "no nginx binary (set PREXY_NGINX)"
 
+    def setUp(self) -> None:
+        self.workdir = workdir()
 
-def test_random_maps_match_nginx(
-    served: tuple[list[str], Callable[[int, str], str]], workdir: str
-) -> None:
-    """Seeded random maps (exact keys, hostname masks, regexes, defaults) answer
-    every key exactly as nginx does."""
-    maps, ask = served
-    r = random.Random(7)
-    compared = 0
-    for index in range(len(CURATED), len(maps)):
-        text = maps[index]
-        urlmap = _load(workdir, index)
-        exact = [ln.split()[0] for ln in text.splitlines()[1:] if ln and not ln.startswith(("~", '"', "*", "."))]
-        for _ in range(30):
-            if "hostnames;" in text and r.random() < 0.5:
-                key = _random_host(r) + r.choice(["", ".", "..", ".x"])
-            elif exact and r.random() < 0.3:
-                key = "".join(c.upper() if r.random() < 0.5 else c for c in r.choice(exact))
-            else:
-                key = _random_key(r)
-            assert urlmap.lookup(key) == ask(index, key), (text, key)
-            compared += 1
-    assert compared > 1000
+    def serve(self) -> tuple[list[str], Callable[[int, str], str]]:
+        """nginx serving the curated and random maps, stopped after the test."""
+        context = served(self.workdir)
+        value = context.__enter__()
+        self.addCleanup(context.__exit__, None, None, None)
+        return value
 
+    def test_curated_pcre_features_match_nginx(self) -> None:
+        """Each curated PCRE feature gives nginx's value (and captures) for its keys."""
+        workdir = self.workdir
+        _maps, ask = self.serve()
+        for index, (regex, keys) in enumerate(CURATED):
+            urlmap = _load(workdir, index)
+            for key in keys:
+                assert urlmap.lookup(key) == ask(index, key), (regex, key)
 
-@pytest.mark.parametrize("regex", ACCEPTANCE)
-def test_same_regexes_accepted(regex: str, workdir: str) -> None:
-    """A map entry nginx refuses, Prexy refuses at load; one nginx takes, Prexy takes."""
-    text = f"{regex} v;\n"
-    here = os.path.join(workdir, "accept")  # apart from the files nginx is serving
-    os.makedirs(here, exist_ok=True)
-    nginx_ok = _nginx_test(here, [text]).returncode == 0
-    try:
-        load_map(f"{here}/m0.map")
-        prexy_ok = True
-    except MapError:
-        prexy_ok = False
-    assert prexy_ok == nginx_ok, regex
+    def test_random_maps_match_nginx(self) -> None:
+        """Seeded random maps (exact keys, hostname masks, regexes, defaults) answer
+        every key exactly as nginx does."""
+        workdir = self.workdir
+        maps, ask = self.serve()
+        r = random.Random(7)
+        compared = 0
+        for index in range(len(CURATED), len(maps)):
+            text = maps[index]
+            urlmap = _load(workdir, index)
+            exact = [ln.split()[0] for ln in text.splitlines()[1:] if ln and not ln.startswith(("~", '"', "*", "."))]
+            for _ in range(30):
+                if "hostnames;" in text and r.random() < 0.5:
+                    key = _random_host(r) + r.choice(["", ".", "..", ".x"])
+                elif exact and r.random() < 0.3:
+                    key = "".join(c.upper() if r.random() < 0.5 else c for c in r.choice(exact))
+                else:
+                    key = _random_key(r)
+                assert urlmap.lookup(key) == ask(index, key), (text, key)
+                compared += 1
+        assert compared > 1000
+
+    @parametrize("regex", ACCEPTANCE)
+    def test_same_regexes_accepted(self, regex: str) -> None:
+        """A map entry nginx refuses, Prexy refuses at load; one nginx takes, Prexy takes."""
+        workdir = self.workdir
+        text = f"{regex} v;\n"
+        here = os.path.join(workdir, "accept")  # apart from the files nginx is serving
+        os.makedirs(here, exist_ok=True)
+        nginx_ok = _nginx_test(here, [text]).returncode == 0
+        try:
+            load_map(f"{here}/m0.map")
+            prexy_ok = True
+        except MapError:
+            prexy_ok = False
+        assert prexy_ok == nginx_ok, regex

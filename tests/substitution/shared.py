@@ -1,10 +1,11 @@
-"""Shared fixtures for the substitution tests: conformance data and hypothesis.
+"""Shared data for the substitution tests: the conformance cases.
 
 The conformance cases live in ``shared/conformance`` beside the checkout
 (``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points.
 Tests that need them are skipped, with the reason, when they are absent.
 Hypothesis settings are given per test (``PREXY_HYPOTHESIS_EXAMPLES`` raises
-the example count of the chunking property).
+the example count of the chunking property); the profiles are in
+``tests/__init__.py``.
 """
 
 from __future__ import annotations
