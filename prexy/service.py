@@ -224,8 +224,8 @@ class ProxyService(service.MultiService):
         self._adopted: list[Any] = []
         self._draining = False
         from prexy.metrics import Metrics
+        from prexy.proxy.pool import UpstreamPool
         from prexy.proxy.resource import ProxyResource, ProxySite
-        from prexy.proxy.upstream import UpstreamPool
 
         self.reactor = reactor
         self.config = config

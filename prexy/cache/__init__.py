@@ -142,12 +142,21 @@ from prexy.cache.policy import (
     vary_key,
     vary_names,
 )
-from prexy.cache.store import CachedObject, LookupResult, ObjectMeta, Store, StoreError, Writer
+from prexy.cache.store import (
+    CachedObject,
+    ICacheStore,
+    LookupResult,
+    ObjectMeta,
+    Store,
+    StoreError,
+    Writer,
+)
 
 __all__ = [
     "Action",
     "CachePolicy",
     "CachedObject",
+    "ICacheStore",
     "LookupResult",
     "ObjectMeta",
     "RequestDecision",

@@ -65,10 +65,11 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import lmdb
+from zope.interface import Interface, implementer
 
 from prexy.cache.policy import CachePolicy, cache_key, primary_key, vary_key
 
-__all__ = ["CachedObject", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
+__all__ = ["CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
 
 #: Changes when the record layout or the marshal version changes; a store
 #: written in another format is emptied on open.
@@ -285,6 +286,47 @@ class Writer:
         self._chunks = []
 
 
+class ICacheStore(Interface):
+    """The store as the proxy's cache layer (``prexy.proxy.caching``) uses
+    it: lookups, streamed and bodiless writes, fetch leases and purges.
+    Lifecycle, bans, expiry and statistics are :class:`Store`'s own."""
+
+    def lookup(
+        site: str,
+        method_class: bytes,
+        url: bytes,
+        ruleset_version: str | bytes,
+        request_headers: Iterable[tuple[bytes, bytes]],
+        policy: CachePolicy | None = None,
+    ) -> LookupResult:
+        """The variant a request selects (see :meth:`Store.lookup`)."""
+
+    def get(key: bytes) -> CachedObject | None:
+        """The object stored under ``key`` (stale ones too, until dead)."""
+
+    def writer(key: bytes, meta: ObjectMeta, limit: int | None = None) -> Writer:
+        """A :class:`Writer` for a response streaming in."""
+
+    def put_hit_for_miss(key: bytes, meta: ObjectMeta) -> bool:
+        """Stores a bodiless hit-for-miss marker built from ``meta``."""
+
+    def refresh(key: bytes, meta: ObjectMeta) -> bool:
+        """Replaces the meta data of a stored object, keeping its body."""
+
+    def claim(key: bytes, holder: bytes, lease: float) -> bool:
+        """Takes the right to fetch ``key`` for ``lease`` seconds."""
+
+    def release(key: bytes, holder: bytes) -> None:
+        """Gives up a lease taken with :meth:`claim`."""
+
+    def claimed(key: bytes) -> bool:
+        """Whether someone holds a running lease on ``key``."""
+
+    def purge_url(site: str, url: bytes) -> int:
+        """Removes every variant of one URL; how many objects went."""
+
+
+@implementer(ICacheStore)
 class Store:
     """The machine-wide cache.  Open one per process with :meth:`open`."""
 

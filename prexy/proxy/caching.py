@@ -27,8 +27,8 @@ from zope.interface import implementer
 from prexy.cache import (
     Action,
     CachedObject,
+    ICacheStore,
     ObjectMeta,
-    Store,
     Writer,
     age_header,
     cache_key,
@@ -224,7 +224,7 @@ class Looked:
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
-    def __init__(self, reactor: Any, store: Store, metrics: Any, events: Any = None) -> None:
+    def __init__(self, reactor: Any, store: ICacheStore, metrics: Any, events: Any = None) -> None:
         self.reactor = reactor
         self.store = store
         self.metrics = metrics

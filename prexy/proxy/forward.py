@@ -19,6 +19,7 @@ from twisted.internet import task
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from prexy.codec import Decoder, GzipEncoder, accepts_gzip
 from prexy.exchange import (
@@ -40,8 +41,9 @@ from prexy.exchange import (
 )
 from prexy.proxy.caching import CacheContext
 from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import DetachedRequest, abort_client, start_response
-from prexy.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
+from prexy.proxy.upstream import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
 from prexy.substitution.transducer import Transducer
@@ -80,6 +82,7 @@ class Rewriting:
         exchange.task.whenDone().addBoth(over)
 
 
+@implementer(IBodyConsumer)
 class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
 
@@ -92,7 +95,7 @@ class Exchange:
         self.site = site
         self.started = started
         self.life = Lifecycle()
-        self.pending: Any = None
+        self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
         self.ctx: CacheContext | None = None
         self.upstream_target: bytes | None = None
@@ -500,6 +503,7 @@ class Exchange:
             self.response.abort()
 
 
+@implementer(IBodyConsumer)
 class _Discard:
     """A body consumer that drops what it gets (a 304 after revalidation)."""
 

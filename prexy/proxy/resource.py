@@ -23,8 +23,8 @@ from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.metrics import Metrics
 from prexy.proxy.forward import Exchange, Rewriting
 from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.pool import IUpstreamPool
 from prexy.proxy.request import DetachedRequest, ProxyRequest, ProxySite, plain_answer
-from prexy.proxy.upstream import UpstreamPool
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory
 
@@ -43,7 +43,7 @@ class ProxyResource(Resource):
     isLeaf = True
 
     def __init__(
-        self, reactor: Any, pool: UpstreamPool, runtime: Runtime, metrics: Metrics, cache: Any = None,
+        self, reactor: Any, pool: IUpstreamPool, runtime: Runtime, metrics: Metrics, cache: Any = None,
         timer: Callable[[], float] | None = None,
     ) -> None:
         super().__init__()

@@ -1,12 +1,15 @@
-"""A lean, pooled HTTP/1.1 client for talking to upstream servers.
+"""One HTTP/1.1 connection to an upstream server, and its response.
 
 Twisted's ``Agent`` costs several hundred microseconds of CPU per request
 (URI parsing, IDNA, endpoint construction, a Deferred chain per phase).  A
 reverse proxy sends every request to a handful of known origins, so this
-module keeps one small protocol per connection, a pool of idle keep-alive
-connections per origin, and hands the response body to a consumer chunk by
-chunk.  The upstream transport is exposed as a push producer so the caller can
-pause the upstream socket while its own client is slow (backpressure).
+module keeps one small protocol per connection and hands the response body
+to a consumer chunk by chunk.  The upstream transport is exposed as a push
+producer so the caller can pause the upstream socket while its own client is
+slow (backpressure).  The pool of keep-alive connections and the request
+entry point are :mod:`prexy.proxy.pool`'s; a connection knows its pool and
+its request only through :class:`IConnectionOwner` and
+:class:`IPendingRequest`, so this module imports nothing from there.
 
 Lifecycle of one request on a connection (an explicit state machine):
 
@@ -14,41 +17,40 @@ Lifecycle of one request on a connection (an explicit state machine):
                       |                           |
                       +--error/timeout-----------> CLOSED
 
-Everything time-related goes through the reactor passed in.
+Everything time-related goes through the owner's reactor.
 """
 
 from __future__ import annotations
 
-import encodings.idna  # noqa: F401 - see below
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import IO, Any
-from typing import Protocol as TypingProtocol
 
 import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory, Protocol
-from twisted.logger import Logger
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import Attribute, Interface, implementer
 
 from prexy import http1
 from prexy.config import OriginKey, Timeouts
 
-# HostnameEndpoint encodes the host name with the idna codec, whose module
-# (with stringprep) was otherwise imported inside a worker's first request:
-# PYTHONPROFILEIMPORTTIME showed it as the only import after start.  It
-# takes about 1.5 ms here; importing it with this module moves that to
-# start-up.
-
-__all__ = ["OriginKey", "UpstreamPool", "UpstreamResponse"]
-
-log = Logger()
+__all__ = [
+    "IBodyConsumer",
+    "IConnectionOwner",
+    "IPendingRequest",
+    "UpstreamClosed",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamProtocol",
+    "UpstreamProtocolError",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+]
 
 _CONNECTION_DONE = Failure(ConnectionDone())
-IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
 class UpstreamError(Exception):
@@ -80,14 +82,51 @@ class UpstreamClosed(UpstreamError):
     """The upstream connection closed before the response was complete."""
 
 
-class BodyConsumer(TypingProtocol):
-    """What receives a response body, chunk by chunk."""
+class IBodyConsumer(Interface):
+    """What receives a response body, chunk by chunk: exactly one of
+    ``bodyDone`` or ``bodyFailed`` ends it."""
 
-    def bodyData(self, data: bytes) -> None: ...
+    def bodyData(data: bytes) -> None:
+        """The next piece of the body."""
 
-    def bodyDone(self) -> None: ...
+    def bodyDone() -> None:
+        """The body is complete."""
 
-    def bodyFailed(self, reason: Failure) -> None: ...
+    def bodyFailed(reason: Failure) -> None:
+        """The body cannot be completed (the upstream broke, timed out or
+        sent garbage)."""
+
+
+class IPendingRequest(Interface):
+    """The request a connection is sending: it hears of the response head
+    or of the failure before one, exactly once."""
+
+    def head(response: UpstreamResponse) -> None:
+        """The response head arrived; the body follows via ``deliverBody``."""
+
+    def failed(protocol: UpstreamProtocol, failure: Failure) -> None:
+        """No response head will come on ``protocol``."""
+
+
+class IConnectionOwner(Interface):
+    """What a connection needs of the pool that made it: a clock, the
+    timeouts, a sweeper that checks its timer, and a place to go back to."""
+
+    reactor: IReactorTime = Attribute("The clock every timer reads.")
+    timeouts: Timeouts = Attribute("The first-byte and idle timeouts.")
+
+    def watch(protocol: UpstreamProtocol) -> None:
+        """Call ``protocol.check_timeout(now)`` now and then, until unwatched."""
+
+    def unwatch(protocol: UpstreamProtocol) -> None:
+        """Stop checking ``protocol``'s timer (it need not be watched)."""
+
+    def release(protocol: UpstreamProtocol) -> None:
+        """``protocol`` finished a response and may be reused: keep it idle,
+        or close it with ``protocol.close()``."""
+
+    def forget(protocol: UpstreamProtocol) -> None:
+        """``protocol`` lost its connection: never hand it out again."""
 
 
 @attrs.define(eq=False)
@@ -143,7 +182,7 @@ class UpstreamResponse:
         """Every value of one header (lower-case name)."""
         return [pair[1] for pair, n in zip(self.headers, self.lnames, strict=True) if n == lname]
 
-    def deliverBody(self, consumer: BodyConsumer) -> None:
+    def deliverBody(self, consumer: IBodyConsumer) -> None:
         """Start delivering the body to ``consumer``."""
         self._protocol.deliverBody(consumer)
 
@@ -197,18 +236,19 @@ class UpstreamProtocol(Protocol):
 
     The framing is :class:`prexy.http1.ResponseReader`'s; this class turns
     its events into calls on the pending request (the head) and on the body
-    consumer, and keeps the timers, the pool and the backpressure."""
+    consumer, and keeps the timers and the backpressure; its owner (the
+    pool) sweeps the timers and keeps it while idle."""
 
     transport: Any  # a TCP or TLS transport: also a push producer with abortConnection
 
-    def __init__(self, pool: UpstreamPool, key: OriginKey) -> None:
-        self._pool = pool
-        self._key = key
-        self._clock = pool.reactor
+    def __init__(self, owner: IConnectionOwner, key: OriginKey) -> None:
+        self._owner = owner
+        self.key = key
+        self._clock = owner.reactor
         self.state = _State.CONNECTING
         self._reader = http1.ResponseReader()
-        self._pending: PendingRequest | None = None
-        self._consumer: BodyConsumer | None = None
+        self._pending: IPendingRequest | None = None
+        self._consumer: IBodyConsumer | None = None
         #: Body events that arrived before a consumer was attached.
         self._queued: list[http1.Event] = []
         #: Why the body cannot be delivered (the connection was lost before
@@ -244,8 +284,8 @@ class UpstreamProtocol(Protocol):
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
             waiter.callback(None)
-        self._pool._unwatch(self)
-        self._pool._forget(self)
+        self._owner.unwatch(self)
+        self._owner.forget(self)
         if previous is _State.WAITING:
             err = UpstreamClosed(f"upstream closed the connection before answering: {reason.getErrorMessage()}")
             self._fail_response(Failure(err))
@@ -274,6 +314,23 @@ class UpstreamProtocol(Protocol):
             self._close_waiters.append(d)
         return d
 
+    @property
+    def idle(self) -> bool:
+        """Connected, and not serving a request."""
+        return self.state is _State.IDLE
+
+    def close(self) -> None:
+        """Close the connection cleanly; it will not be reused."""
+        self.state = _State.CLOSED
+        self.transport.loseConnection()
+
+    def detach(self, pending: IPendingRequest) -> None:
+        """``pending`` gave up (its client went away): if it is still waiting
+        for its head here, tell it nothing more and drop the connection."""
+        if self._pending is pending:
+            self._pending = None
+            self.abort()
+
     def abort(self) -> None:
         """Drop the connection at once; it will not be reused."""
         self._keep_alive = False
@@ -284,7 +341,7 @@ class UpstreamProtocol(Protocol):
 
     def send(
         self,
-        pending: PendingRequest,
+        pending: IPendingRequest,
         method: bytes,
         target: bytes,
         headers: Sequence[tuple[bytes, bytes]],
@@ -303,7 +360,6 @@ class UpstreamProtocol(Protocol):
         self._pause_reasons = set()
         self._connect_seconds = connect_seconds
         self._pending = pending
-        pending.protocol = self
         if body is None:
             body_length = 0
         head = http1.request_head(method, target, headers, body_length)
@@ -317,7 +373,7 @@ class UpstreamProtocol(Protocol):
             assert body is not None
             self.transport.write(head)
             self._stream_request_body(body)
-        self._start_timer(self._pool.timeouts.first_byte, "first byte")
+        self._start_timer(self._owner.timeouts.first_byte, "first byte")
 
     def _stream_request_body(self, body: IO[bytes]) -> None:
         from twisted.protocols.basic import FileSender
@@ -336,18 +392,18 @@ class UpstreamProtocol(Protocol):
         self._phase = phase
         if seconds > 0:
             self._last_activity = self._clock.seconds()
-            self._pool._watch(self)
+            self._owner.watch(self)
         else:
-            self._pool._unwatch(self)
+            self._owner.unwatch(self)
 
     def _cancel_timer(self) -> None:
         self._timeout = 0.0
-        self._pool._unwatch(self)
+        self._owner.unwatch(self)
 
     def check_timeout(self, now: float) -> None:
         """Called by the pool's sweeper for watched connections."""
         if self._timeout <= 0 or self.state not in (_State.WAITING, _State.BODY):
-            self._pool._unwatch(self)
+            self._owner.unwatch(self)
             return
         if self._paused:
             # A slow client paused us: that is not upstream idleness.
@@ -444,7 +500,7 @@ class UpstreamProtocol(Protocol):
         self._finish_body(end.keep_alive and not self._reader.trailing_data)
         return data[0] if len(data) == 1 else b"".join(data)
 
-    def deliverBody(self, consumer: BodyConsumer) -> None:
+    def deliverBody(self, consumer: IBodyConsumer) -> None:
         """Attach the consumer; data flows from now on."""
         failure, self._failure = self._failure, None
         if failure is None and self.state is _State.CLOSED and not self._reader.done:
@@ -463,7 +519,7 @@ class UpstreamProtocol(Protocol):
         if self._paused and not self._pause_reasons:
             self._paused = False
             self.transport.resumeProducing()
-        self._start_timer(self._pool.timeouts.idle, "idle")
+        self._start_timer(self._owner.timeouts.idle, "idle")
 
     def pauseBody(self, reason: str = "client") -> None:
         """Stop reading the body: for a slow client ("client") or while the
@@ -499,10 +555,9 @@ class UpstreamProtocol(Protocol):
                 # Back to the pool before the consumer hears of it, so a
                 # request it starts at once can reuse this connection.
                 self.state = _State.IDLE
-                self._pool._release(self)
+                self._owner.release(self)
             else:
-                self.state = _State.CLOSED
-                self.transport.loseConnection()
+                self.close()
         if consumer is not None:
             consumer.bodyDone()
 
@@ -534,286 +589,3 @@ class UpstreamProtocol(Protocol):
     @property
     def received_any(self) -> bool:
         return self._reader.received_any
-
-
-class _ProtocolFactory(Factory):
-    noisy = False
-    def __init__(self, pool: UpstreamPool, key: OriginKey) -> None:
-        self._pool = pool
-        self._key = key
-
-    def buildProtocol(self, addr: Any) -> UpstreamProtocol:
-        return UpstreamProtocol(self._pool, self._key)
-
-
-EndpointFactory = Callable[[OriginKey, float], Any]
-
-
-class PendingRequest:
-    """One request on its way to an upstream, until its response head."""
-
-    def __init__(
-        self,
-        pool: UpstreamPool,
-        key: OriginKey,
-        method: bytes,
-        target: bytes,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: IO[bytes] | None,
-        body_length: int,
-        on_head: Callable[[UpstreamResponse], None],
-        on_error: Callable[[Failure], None],
-    ) -> None:
-        self.pool = pool
-        self.key = key
-        self.method = method
-        self.target = target
-        self.headers = headers
-        self.body = body
-        self.body_length = body_length
-        self.on_head = on_head
-        self.on_error = on_error
-        self.protocol: UpstreamProtocol | None = None
-        self.connecting: defer.Deferred[UpstreamProtocol] | None = None
-        self.reused = False
-        self.may_retry = False
-        self.cancelled = False
-
-    def attempt(self, allow_retry: bool) -> None:
-        pool = self.pool
-        protocol = pool._take_idle(self.key)
-        if protocol is not None:
-            self.reused = True
-            self.may_retry = allow_retry
-            protocol.send(self, self.method, self.target, self.headers, self.body, self.body_length, 0.0)
-            return
-        self.reused = False
-        started = pool.reactor.seconds()
-        d = self.connecting = pool._connect(self.key)
-
-        def connected(p: UpstreamProtocol) -> None:
-            self.connecting = None
-            if self.cancelled:
-                p.transport.loseConnection()
-                return
-            p.send(self, self.method, self.target, self.headers, self.body, self.body_length,
-                   pool.reactor.seconds() - started)
-
-        def failed(f: Failure) -> None:
-            self.connecting = None
-            if not self.cancelled:
-                self.on_error(f)
-
-        d.addCallbacks(connected, failed)
-
-    def head(self, response: UpstreamResponse) -> None:
-        if not self.cancelled:
-            self.on_head(response)
-
-    def failed(self, protocol: UpstreamProtocol, failure: Failure) -> None:
-        if self.cancelled:
-            return
-        if (
-            self.reused
-            and self.may_retry
-            and failure.check(UpstreamClosed)
-            and not protocol.received_any
-            and self.method in IDEMPOTENT_METHODS
-            and _rewind(self.body)
-        ):
-            self.attempt(False)
-            return
-        self.on_error(failure)
-
-    def cancel(self) -> None:
-        """The client went away: drop whatever is in progress, report nothing."""
-        self.cancelled = True
-        if self.connecting is not None:
-            self.connecting.cancel()
-        elif self.protocol is not None and self.protocol._pending is self:
-            self.protocol._pending = None
-            self.protocol.abort()
-
-
-class UpstreamPool:
-    """Keep-alive connections per origin, and the request entry point."""
-
-    def __init__(
-        self,
-        reactor: Any,
-        timeouts: Timeouts = Timeouts(),
-        max_idle_per_origin: int = 64,
-        endpoint_factory: EndpointFactory | None = None,
-    ) -> None:
-        self.reactor = reactor
-        self.timeouts = timeouts
-        self.max_idle_per_origin = max_idle_per_origin
-        self._idle: dict[OriginKey, list[UpstreamProtocol]] = {}
-        self._endpoint_factory = endpoint_factory or self.default_endpoint
-        self.connections_opened = 0
-        self._watched: dict[UpstreamProtocol, None] = {}
-        self._tls_cache: dict[OriginKey, Any] = {}
-        self._sweeper: Any = None
-        nonzero = [t for t in (timeouts.first_byte, timeouts.idle) if t > 0]
-        self._sweep_interval = min([1.0, *(t / 4 for t in nonzero)])
-
-    def _watch(self, protocol: UpstreamProtocol) -> None:
-        self._watched[protocol] = None
-        if self._sweeper is None:
-            from twisted.internet.task import LoopingCall
-
-            self._sweeper = LoopingCall(self._sweep)
-            self._sweeper.clock = self.reactor
-            self._sweeper.start(self._sweep_interval, now=False)
-
-    def _unwatch(self, protocol: UpstreamProtocol) -> None:
-        self._watched.pop(protocol, None)
-
-    def _sweep(self) -> None:
-        now = self.reactor.seconds()
-        for protocol in list(self._watched):
-            protocol.check_timeout(now)
-
-    def stop(self) -> defer.Deferred[None]:
-        """Stop the timeout sweeper and close idle connections (shutdown);
-        fires once they are closed (TLS closes take a round trip)."""
-        if self._sweeper is not None and self._sweeper.running:
-            self._sweeper.stop()
-        self._sweeper = None
-        return self.close_idle()
-
-    def default_endpoint(self, key: OriginKey, timeout: float) -> Any:
-        """The endpoint a connection to ``key`` uses when no factory was given."""
-        from twisted.internet.abstract import isIPAddress, isIPv6Address
-        from twisted.internet.endpoints import (
-            HostnameEndpoint,
-            TCP4ClientEndpoint,
-            TCP6ClientEndpoint,
-            wrapClientTLS,
-        )
-
-        endpoint: Any
-        # An address needs no name resolution (HostnameEndpoint resolves
-        # even 127.0.0.1 in the reactor's thread pool, a thread round trip
-        # per new connection).
-        if isIPAddress(key.host):
-            endpoint = TCP4ClientEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
-        elif isIPv6Address(key.host):
-            endpoint = TCP6ClientEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
-        else:
-            endpoint = HostnameEndpoint(self.reactor, key.host, key.port, timeout=timeout or 30)
-        if key.scheme == "https":
-            endpoint = wrapClientTLS(self._tls_options(key), endpoint)
-        return endpoint
-
-    def _tls_options(self, key: OriginKey) -> Any:
-        """Client TLS that verifies the upstream's certificate and host name
-        (service-identity), against the system CAs or the site's CA file."""
-        from twisted.internet.ssl import Certificate, optionsForClientTLS, platformTrust
-
-        options = self._tls_cache.get(key)
-        if options is None:
-            if key.ca_file:
-                with open(key.ca_file, "rb") as f:
-                    trust = Certificate.loadPEM(f.read())
-            else:
-                trust = platformTrust()
-            options = self._tls_cache[key] = optionsForClientTLS(key.host, trustRoot=trust)
-        return options
-
-    def request(
-        self,
-        key: OriginKey,
-        method: bytes,
-        target: bytes,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: IO[bytes] | None,
-        body_length: int,
-        on_head: Callable[[UpstreamResponse], None],
-        on_error: Callable[[Failure], None],
-    ) -> PendingRequest:
-        """Send a request to ``key``: ``on_head`` gets the response head, or
-        ``on_error`` the failure (exactly one of them, unless cancelled).
-
-        Plain callbacks rather than Deferreds: this is the per-request hot
-        path. A reused connection that the upstream closed while it sat idle
-        is retried once on a fresh connection when the method is idempotent.
-        """
-        pending = PendingRequest(self, key, method, target, headers, body, body_length, on_head, on_error)
-        pending.attempt(True)
-        return pending
-
-    def _connect(self, key: OriginKey) -> defer.Deferred[UpstreamProtocol]:
-        from twisted.internet.error import ConnectingCancelledError, DNSLookupError
-        from twisted.internet.error import TimeoutError as TxTimeout
-
-        timeout = self.timeouts.connect
-        endpoint = self._endpoint_factory(key, timeout)
-        self.connections_opened += 1
-        d = endpoint.connect(_ProtocolFactory(self, key))
-
-        def failed(f: Failure) -> Failure:
-            if f.check(defer.CancelledError, ConnectingCancelledError):
-                return f
-            if f.check(TxTimeout):
-                return Failure(UpstreamTimeout("connect", timeout))
-            if f.check(DNSLookupError):
-                return Failure(UpstreamConnectError(f"cannot resolve {key.host}: {f.getErrorMessage()}"))
-            return Failure(UpstreamConnectError(f"cannot connect to {key.host}:{key.port}: {f.getErrorMessage()}"))
-
-        d.addErrback(failed)
-        return d
-
-    def _take_idle(self, key: OriginKey) -> UpstreamProtocol | None:
-        idle = self._idle.get(key)
-        if not idle:
-            return None
-        limit = self.timeouts.pool_idle
-        now = self.reactor.seconds() if limit else 0.0
-        while idle:
-            protocol = idle.pop()
-            if protocol.state is not _State.IDLE:
-                continue
-            if limit and now - protocol.idle_since > limit:
-                protocol.transport.loseConnection()
-                continue
-            return protocol
-        return None
-
-    def _release(self, protocol: UpstreamProtocol) -> None:
-        idle = self._idle.setdefault(protocol._key, [])
-        if len(idle) >= self.max_idle_per_origin:
-            protocol.state = _State.CLOSED
-            protocol.transport.loseConnection()
-            return
-        protocol.idle_since = self.reactor.seconds()
-        idle.append(protocol)
-
-    def _forget(self, protocol: UpstreamProtocol) -> None:
-        idle = self._idle.get(protocol._key)
-        if idle and protocol in idle:
-            idle.remove(protocol)
-
-    def idle_connections(self) -> int:
-        """How many connections sit idle in the pool."""
-        return sum(len(v) for v in self._idle.values())
-
-    def close_idle(self) -> defer.Deferred[None]:
-        """Close every idle pooled connection; fires when all are closed."""
-        waits = []
-        for idle in self._idle.values():
-            for protocol in list(idle):
-                waits.append(protocol.closed())
-                protocol.transport.loseConnection()
-        self._idle.clear()
-        return defer.gatherResults(waits).addCallback(lambda _: None)
-
-
-def _rewind(body: IO[bytes] | None) -> bool:
-    if body is None:
-        return True
-    try:
-        body.seek(0)
-    except (OSError, ValueError):
-        return False
-    return True

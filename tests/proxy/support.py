@@ -18,8 +18,8 @@ from twisted.python.failure import Failure
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 from prexy.metrics import Metrics
+from prexy.proxy.pool import UpstreamPool
 from prexy.proxy.resource import ProxyResource, ProxySite
-from prexy.proxy.upstream import UpstreamPool
 from prexy.runtime import Runtime, SiteRuntime, build_runtime
 
 

@@ -9,7 +9,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import OriginKey, Timeouts
-from prexy.proxy.upstream import UpstreamPool
+from prexy.proxy.pool import UpstreamPool
 
 
 class DefaultEndpointTests(SynchronousTestCase):

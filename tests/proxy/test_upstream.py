@@ -1,4 +1,4 @@
-"""prexy.proxy.upstream on its own: the pool and protocol against scripted
+"""prexy.proxy.pool and prexy.proxy.upstream on their own, against scripted
 origins (in memory, MemoryReactorClock), for what the proxy tests do not
 reach: bodies that end before a consumer attaches, bytes after a response."""
 
@@ -12,7 +12,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import OriginKey, Timeouts
-from prexy.proxy.upstream import UpstreamPool, UpstreamResponse
+from prexy.proxy.pool import UpstreamPool
+from prexy.proxy.upstream import UpstreamResponse
 from tests.proxy.support import OriginConn
 
 KEY = OriginKey("http", "origin.test", 80)
