@@ -36,6 +36,7 @@ from zope.interface import Attribute, Interface, implementer
 
 from prexy import http1
 from prexy.config import OriginKey, Timeouts
+from prexy.proxy.sendnow import SendNow
 
 __all__ = [
     "IBodyConsumer",
@@ -273,6 +274,7 @@ class UpstreamProtocol(Protocol):
 
     def connectionMade(self) -> None:
         self.state = _State.IDLE
+        self._out = SendNow(self.transport)
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)
@@ -364,14 +366,15 @@ class UpstreamProtocol(Protocol):
             body_length = 0
         head = http1.request_head(method, target, headers, body_length)
         self._sent_at = self._clock.seconds()
+        out = self._out
         if not body_length:
-            self.transport.write(head)
+            out.write(head)
         elif body_length <= 65536:
             assert body is not None
-            self.transport.write(head + body.read())
+            out.write(head + body.read())
         else:
             assert body is not None
-            self.transport.write(head)
+            out.write(head)
             self._stream_request_body(body)
         self._start_timer(self._owner.timeouts.first_byte, "first byte")
 
@@ -380,7 +383,7 @@ class UpstreamProtocol(Protocol):
 
         sender = FileSender()
         self._body_writer = sender
-        sent = sender.beginFileTransfer(body, self.transport)
+        sent = sender.beginFileTransfer(body, self._out.hand_over())
         sent.addErrback(lambda f: None)
 
     # -- timers -------------------------------------------------------------------
