@@ -36,6 +36,7 @@ import attrs
 
 from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder
 from prexy.proxy.headers import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
+from prexy.substitution.applicability import ResourceKey
 
 __all__ = [
     "BodyPipeline",
@@ -330,6 +331,30 @@ def rewrite_timing(transducer: Any, rules_run: int) -> bytes:
     if transducer.timed_out:
         timing += b', rewrite-timeout;desc="scan timed out, rest passed unchanged"'
     return timing
+
+
+def resource_key(
+    site: bytes, head: Head, target: bytes, request_headers: Callable[[], Mapping[bytes, Sequence[bytes]]],
+) -> ResourceKey | None:
+    """The version of a resource, for the applicability memory: the site,
+    the upstream target (not the client's URI: a URL map may point the same
+    URI at another upstream file with an equal-looking ETag), the
+    validators, the length, and the request headers the response varies on
+    (``request_headers``: lower-case name -> values, read only then).  None
+    without ETag and Last-Modified: then nothing is remembered."""
+    etag = head.header(b"etag")
+    last_modified = head.header(b"last-modified")
+    if etag is None and last_modified is None:
+        return None
+    vary = head.header(b"vary")
+    variant = b""
+    if vary:
+        raw = request_headers()
+        names = [n.strip().lower() for n in vary.split(b",") if n.strip()]
+        variant = b"\n".join(b",".join(raw.get(n, ())) for n in names)
+    return ResourceKey.of_bytes(
+        site, target, etag=etag, last_modified=last_modified, length=head.length, variant=variant
+    )
 
 
 # -- the body ----------------------------------------------------------------------

@@ -399,3 +399,34 @@ class PipelineTests(SynchronousTestCase):
             BodyPipeline(Broken()).finish()
         self.assertFalse(caught.exception.decode)
         self.assertIn("boom at end", str(caught.exception))
+
+
+class ResourceKeyTests(SynchronousTestCase):
+    def test_validators_target_and_variant(self) -> None:
+        """No validator, no key; the key changes with the target, the ETag,
+        the length and the values of the headers named in Vary, which are
+        read only when there is a Vary."""
+        asked: list[int] = []
+
+        def headers(values: dict[bytes, list[bytes]]) -> Any:
+            def read() -> dict[bytes, list[bytes]]:
+                asked.append(1)
+                return values
+
+            return read
+
+        plain = FakeHead(200, [(b"Content-Type", b"text/html")], 5)
+        self.assertIsNone(exchange.resource_key(b"s", plain, b"/a", headers({})))
+        tagged = FakeHead(200, [(b"ETag", b'"1"')], 5)
+        key = exchange.resource_key(b"s", tagged, b"/a", headers({}))
+        self.assertEqual(asked, [])
+        self.assertIsNotNone(key)
+        self.assertEqual(key, exchange.resource_key(b"s", FakeHead(200, [(b"ETag", b'"1"')], 5), b"/a", headers({})))
+        self.assertNotEqual(key, exchange.resource_key(b"s", tagged, b"/b", headers({})))
+        self.assertNotEqual(key, exchange.resource_key(b"s", FakeHead(200, [(b"ETag", b'"2"')], 5), b"/a", headers({})))
+        self.assertNotEqual(key, exchange.resource_key(b"s", FakeHead(200, [(b"ETag", b'"1"')], 6), b"/a", headers({})))
+        varied = FakeHead(200, [(b"ETag", b'"1"'), (b"Vary", b"Accept-Language")], 5)
+        en = exchange.resource_key(b"s", varied, b"/a", headers({b"accept-language": [b"en"]}))
+        nl = exchange.resource_key(b"s", varied, b"/a", headers({b"accept-language": [b"nl"]}))
+        self.assertNotEqual(en, nl)
+        self.assertEqual(asked, [1, 1])

@@ -12,10 +12,8 @@ requests never queue behind a heavy rewrite.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import task
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -29,9 +27,9 @@ from prexy.exchange import (
     Lifecycle,
     PipelineError,
     State,
-    budget,
     next_slice,
     plan_response,
+    resource_key,
     rewrite_coding,
     rewrite_timing,
     server_timing,
@@ -50,36 +48,9 @@ from prexy.substitution.transducer import Transducer
 
 log = Logger()
 
-#: The longest the rewriting of all responses may hold the reactor in one
-#: turn before the other events get their turn (seconds).
-WORK_BUDGET = 0.0003
 #: A response whose rewriting is behind pauses its upstream once this many
 #: bytes wait (bounded memory; no pause/resume of the socket on every turn).
 BACKLOG_PAUSE = 128 * 1024
-
-
-class Rewriting:
-    """The process's rewriting work: one ``task.Cooperator`` whose turns
-    last at most WORK_BUDGET on ``timer`` and are scheduled on ``reactor``."""
-
-    def __init__(self, reactor: Any, timer: Callable[[], float]) -> None:
-        self.timer = timer
-        self.cooperator = task.Cooperator(
-            terminationPredicateFactory=lambda: budget(timer, WORK_BUDGET),
-            scheduler=lambda work: reactor.callLater(0, work),
-        )
-        #: Responses with rewriting queued.
-        self.busy = 0
-
-    def start(self, exchange: Exchange) -> None:
-        self.busy += 1
-        exchange.task = self.cooperator.cooperate(exchange.slices())
-
-        def over(result: object) -> None:
-            self.busy -= 1
-            exchange.work_drained()
-
-        exchange.task.whenDone().addBoth(over)
 
 
 @implementer(IBodyConsumer)
@@ -141,7 +112,10 @@ class Exchange:
         transducer = None
         skipped = False
         if rewrite and rules is not None and request.method != b"HEAD":
-            self.resource_key = resource_key(self.site, request, response, self.upstream_target)
+            self.resource_key = resource_key(
+                self.site.name_bytes, response, self.upstream_target or request.uri,
+                lambda: raw_header_dict(request.requestHeaders),
+            )
             only = resource.applicability.rules_for(rules, self.resource_key)
             if only is not None and not only and coding is None:
                 # This version of the resource matched no rule before: pass
@@ -515,30 +489,3 @@ class _Discard:
 
     def bodyFailed(self, reason: Failure) -> None:
         pass
-
-
-def resource_key(
-    site: SiteRuntime, request: Any, response: UpstreamResponse, exchange_target: bytes | None = None,
-) -> ResourceKey | None:
-    """The version of this resource, for the applicability memory (None when
-    the upstream gave no validator: then nothing is remembered)."""
-    etag = response.header(b"etag")
-    last_modified = response.header(b"last-modified")
-    if etag is None and last_modified is None:
-        return None
-    vary = response.header(b"vary")
-    variant = b""
-    if vary:
-        raw = raw_header_dict(request.requestHeaders)
-        names = [n.strip().lower() for n in vary.split(b",") if n.strip()]
-        variant = b"\n".join(b",".join(raw.get(n, ())) for n in names)
-    return ResourceKey.of_bytes(
-        site.name_bytes,
-        # The upstream target, not the client's URI: a URL map may point the
-        # same URI at another upstream file with an equal-looking ETag.
-        exchange_target or request.uri,
-        etag=etag,
-        last_modified=last_modified,
-        length=response.length,
-        variant=variant,
-    )

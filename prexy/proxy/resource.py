@@ -21,10 +21,11 @@ from twisted.web.resource import Resource
 
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.metrics import Metrics
-from prexy.proxy.forward import Exchange, Rewriting
+from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
 from prexy.proxy.request import DetachedRequest, ProxyRequest, ProxySite, plain_answer
+from prexy.proxy.rewriting import Rewriting
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory
 

@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from prexy import exchange
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.exchange import BodyPipeline, derived_etag
-from prexy.proxy import forward
+from prexy.proxy import forward, rewriting
 from prexy.substitution import parse_rules
 
 from .support import Harness, header, parse_response, site_runtime
@@ -220,7 +220,7 @@ class FairnessTests(SynchronousTestCase):
     paused meanwhile, so other requests are not held up behind it."""
 
     def test_large_chunk_yields_between_slices(self) -> None:
-        self.patch(forward, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(rewriting, "WORK_BUDGET", 0.0)  # yield after every slice
         self.patch(exchange, "MAX_SLICE", 16 * 1024)  # slices of at most 16 KB
         h = harness()
         body = PAGE * 2000  # ~150 KB: several 16 KB slices
@@ -255,7 +255,7 @@ class FairnessTests(SynchronousTestCase):
         """Small upstream pieces queued for the scheduler are rewritten a
         slice at a time, joined, not one feed per piece (each feed has a
         fixed cost); the output is the same."""
-        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(rewriting, "WORK_BUDGET", 0.0)
         fed: list[int] = []
         real = BodyPipeline.feed
 
@@ -311,7 +311,7 @@ class FairnessTests(SynchronousTestCase):
     def test_small_backlog_keeps_reading(self) -> None:
         """While less than BACKLOG_PAUSE waits to be rewritten, the upstream
         is not paused (no epoll churn per turn); the output is the same."""
-        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(rewriting, "WORK_BUDGET", 0.0)
         self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         body = PAGE * 800  # ~60 KB, below BACKLOG_PAUSE
@@ -358,7 +358,7 @@ class FairnessTests(SynchronousTestCase):
     def test_client_pause_survives_work_resume(self) -> None:
         """Finishing the backlog does not resume an upstream that a slow
         client paused."""
-        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(rewriting, "WORK_BUDGET", 0.0)
         h = harness()
         body = PAGE * 2000
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -424,7 +424,7 @@ class SchedulerTests(SynchronousTestCase):
     def test_two_heavy_responses_take_turns(self) -> None:
         """With a zero budget, each reactor turn rewrites one slice of one
         response, alternating between them; both end complete."""
-        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(rewriting, "WORK_BUDGET", 0.0)
         self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         body = PAGE * 1000
@@ -501,7 +501,7 @@ class WholeBodyTests(SynchronousTestCase):
     def test_a_few_slices_whole_skip_the_queue(self) -> None:
         """A body of several slices, within WHOLE_SECONDS of work at the
         rule set's speed, is still rewritten at once; one past that queues."""
-        self.patch(forward, "WORK_BUDGET", 0.0)
+        self.patch(rewriting, "WORK_BUDGET", 0.0)
         h = harness()
         calls = self._spy_work_one()
         limit = exchange.whole_limit(exchange.FIRST_SLICE)
@@ -538,7 +538,7 @@ class WholeBodyTests(SynchronousTestCase):
     def test_bodies_past_one_slice_or_behind_others_queue(self) -> None:
         """A body larger than the rule set's slice, or one arriving while
         other responses wait for the scheduler, goes through the queue."""
-        self.patch(forward, "WORK_BUDGET", 0.0)  # yield after every slice
+        self.patch(rewriting, "WORK_BUDGET", 0.0)  # yield after every slice
         self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         calls = self._spy_work_one()
