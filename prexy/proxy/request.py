@@ -24,6 +24,7 @@ from twisted.web.iweb import INonQueuedRequestFactory
 from zope.interface import provider
 
 from prexy.metrics import Metrics
+from prexy.proxy.sendnow import SendNow
 
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
@@ -105,8 +106,7 @@ class ProxyRequest(server.Request):
         self._rejected = True
         self.content = io.BytesIO()
         body = b"413 Payload Too Large: request body exceeds the configured limit\n"
-        transport: Any = self.channel.transport
-        transport.write(
+        self.channel.write(
             b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
         )
@@ -232,18 +232,58 @@ class DetachedRequest:
 
 
 class ProxyChannel(HTTPChannel):
-    """twisted.web's HTTP/1.1 channel, remembering its transport's addresses
-    and whether it is TLS, which twisted.web asks for on every request: a
-    new request object reads ``getPeer()`` and ``getHost()``, and
-    ``isSecure()`` is an interface lookup.  Measured on a loopback TCP
-    connection here (20,000 calls each, 2026-12-01, machine loaded):
-    getHost 3.3 us (a getsockname call), getPeer 1.0 us, the ISSLTransport
-    lookup 2.5 us per call; none of them changes while the connection
-    lives."""
+    """twisted.web's HTTP/1.1 channel, with two measured changes, both
+    through public methods:
+
+    - It remembers its transport's addresses and whether it is TLS, which
+      twisted.web asks for on every request (a new request reads
+      ``getPeer()`` and ``getHost()``; ``isSecure()`` is an interface
+      lookup).  Measured on a loopback TCP connection here (20,000 calls
+      each, 2026-12-01): getHost 3.3 us (a getsockname call), getPeer
+      1.0 us, the ISSLTransport lookup 2.5 us per call.
+    - Its writes (``writeHeaders``, ``write``, ``writeSequence``: every
+      byte a response sends) go through ``SendNow``, so an answer leaves in
+      the turn that produced it instead of the next one.  The channel's
+      other writes to its transport are a 100 Continue (a request that
+      expects one makes the connection queue from then on) and the 400 of
+      a head it cannot parse (the connection is closing, which queues too),
+      so bytes never overtake queued ones.  The A/B is in bench/README.md
+      ("Issue 16").
+    """
 
     _host: Any = None
     _peer: Any = None
     _secure: bool | None = None
+    _out: SendNow | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._out = SendNow(self.transport)
+
+    def allHeadersReceived(self) -> None:
+        out = self._out
+        if out is not None and self.requests and self.requests[-1].requestHeaders.hasHeader(b"expect"):
+            out.queued = True  # twisted.web writes its 100 Continue to the transport
+        super().allHeadersReceived()
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
+        seq = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                seq += (name, b": ", value, b"\r\n")
+        seq.append(b"\r\n")
+        self.writeSequence(seq)
+
+    def write(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            transport: Any = self.transport
+            transport.write(data)
+        else:
+            out.write(data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        self.write(b"".join(iovec))
 
     def getHost(self) -> Any:
         if self._host is None:

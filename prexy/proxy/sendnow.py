@@ -1,17 +1,18 @@
-"""Send a request to the upstream at once, not on the reactor's next turn.
+"""Send bytes at once, not on the reactor's next turn.
 
-The upstream side's one speed trick, behind this one seam.  Twisted's
+One speed trick, behind this one seam, used for the upstream requests
+(``UpstreamProtocol``) and the answers to clients (``ProxyChannel``).  Twisted's
 ``transport.write`` queues: the bytes leave in the next reactor iteration,
 which costs an ``epoll_ctl`` to watch the socket for writability, the
 iteration itself, and another ``epoll_ctl`` when the buffer has drained.
-An upstream request head is what the origin waits for, so it is sent in
-the same turn when the socket takes it.
+A request head is what the origin waits for, an answer what the client
+waits for: they are sent in the same turn when the socket takes them.
 
 Measured (strace -c on the worker, 12 B responses, wrk -c1, 2026-12-01):
 per proxied request 4 ``epoll_wait`` and 4 ``epoll_ctl`` calls with every
 write queued, 2 and 0 when both the upstream request and the response
-were sent at once (the code before issue 16).  This module does it for the
-upstream side, whose transport only ``UpstreamProtocol`` writes to, so it
+were sent at once (the code before issue 16).  The writer must be the
+transport's only one, or be told when another wrote (``queued``), so it
 knows whether anything is queued; numbers with and without it are in
 bench/README.md ("Issue 16").
 

@@ -10,6 +10,8 @@ from zope.interface import alsoProvides
 
 from prexy.proxy.sendnow import SendNow
 
+from .support import ClosingTransport
+
 
 class FakeSocket:
     def __init__(self, takes: list[int | Exception]) -> None:
@@ -36,6 +38,21 @@ class TCP(StringTransport):
 
     def getHandle(self) -> FakeSocket:
         return self.sock
+
+
+class ClosingTCP(ClosingTransport):
+    connected = True
+
+    def __init__(self, sock: FakeSocket) -> None:
+        super().__init__()
+        self.sock = sock
+        alsoProvides(self, ITCPTransport, ISystemHandle)
+
+    def getHandle(self) -> FakeSocket:
+        return self.sock
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        pass
 
 
 class SendNowTests(SynchronousTestCase):
@@ -79,3 +96,43 @@ class SendNowTests(SynchronousTestCase):
         self.assertIs(out.hand_over(), t)
         out.write(b"after")
         self.assertEqual((sock.sent, t.value()), (b"", b"after"))
+
+
+class ChannelWriteTests(SynchronousTestCase):
+    """ProxyChannel sends answers at once, except where twisted.web may
+    have queued bytes of its own on the transport."""
+
+    def client(self) -> tuple[object, ClosingTCP, FakeSocket]:
+        from twisted.internet.address import IPv4Address
+
+        from .support import Harness  # noqa: PLC0415
+
+        h = Harness()
+        self.h = h
+        sock = FakeSocket([])
+        channel = h.site.buildProtocol(IPv4Address("TCP", "10.1.2.3", 5555))
+        transport = ClosingTCP(sock)
+        transport.protocol = channel
+        channel.makeConnection(transport)
+        return channel, transport, sock
+
+    def test_answer_leaves_through_the_socket(self) -> None:
+        channel, transport, sock = self.client()
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[attr-defined]
+        self.h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+        self.assertTrue(sock.sent.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertTrue(sock.sent.endswith(b"\r\n\r\nhi"))
+        self.assertEqual(transport.value(), b"")
+
+    def test_after_100_continue_everything_queues_behind_it(self) -> None:
+        """twisted.web writes 100 Continue to the transport itself: the
+        answer must not overtake it, so it is queued behind it."""
+        channel, transport, sock = self.client()
+        channel.dataReceived(  # type: ignore[attr-defined]
+            b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc"
+        )
+        self.h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+        self.assertEqual(sock.sent, b"")
+        raw = transport.value()
+        self.assertTrue(raw.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), raw)
+        self.assertTrue(raw.endswith(b"hi"))
