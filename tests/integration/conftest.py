@@ -115,15 +115,3 @@ class Proxy:
 def proxy(cleanup: Cleanups) -> Proxy:
     return Proxy(cleanup)
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """While the tier is half converted: trial TestCases spin the reactor
-    themselves and fail once pytest-twisted's greenlet runs it, so they go
-    first.  Remove when no ``twisted.trial`` TestCase is left here."""
-    from twisted.trial.unittest import SynchronousTestCase
-
-    def is_trial(item: pytest.Item) -> bool:
-        cls = getattr(item, "cls", None)
-        return cls is not None and issubclass(cls, SynchronousTestCase)
-
-    items.sort(key=lambda item: not is_trial(item))
