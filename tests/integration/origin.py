@@ -10,8 +10,10 @@ producer, counting what it produced), ``/chunked`` (chunked text),
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.interfaces import IPullProducer
 from twisted.web import resource, server
 from zope.interface import implementer
@@ -57,11 +59,38 @@ class Origin(resource.Resource):
         self.peer_ports: list[int] = []
         self.hits: dict[bytes, int] = {}
         self.not_modified: dict[bytes, int] = {}
+        self._when: list[tuple[Callable[[], bool], defer.Deferred[None]]] = []
+
+    def when(self, condition: Callable[[], bool]) -> defer.Deferred[None]:
+        """Fires once ``condition()`` holds: checked now, after each request
+        is rendered and after each request's connection is lost."""
+        d: defer.Deferred[None] = defer.Deferred()
+        self._when.append((condition, d))
+        self._check()
+        return d
+
+    def _check(self) -> None:
+        waiting, self._when = self._when, []
+        for condition, d in waiting:
+            if condition():
+                d.callback(None)
+            else:
+                self._when.append((condition, d))
+
+    def _lost(self, request: server.Request) -> None:
+        self.lost.append(request.path)
+        self._check()
 
     def render(self, request: server.Request) -> Any:
+        try:
+            return self._render(request)
+        finally:
+            self._check()
+
+    def _render(self, request: server.Request) -> Any:
         self.requests.append(request)
         self.peer_ports.append(request.getClientAddress().port)
-        request.notifyFinish().addErrback(lambda _: self.lost.append(request.path))
+        request.notifyFinish().addErrback(lambda _: self._lost(request))
         path = request.path
         if path == b"/hello":
             request.setHeader(b"content-type", b"text/plain")

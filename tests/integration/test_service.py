@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import pytest_twisted
 from twisted.internet import defer, reactor, task
 from twisted.internet.protocol import ClientFactory, Protocol
-from twisted.trial.unittest import TestCase
 
-from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
-from prexy.runtime import build_runtime
+from prexy.config import Timeouts
 from prexy.service import ProxyService
 
+from .conftest import OriginServer, Proxy
 from .origin import Origin, origin_site
 
 
@@ -55,30 +56,25 @@ def wait(seconds: float) -> defer.Deferred[None]:
     return task.deferLater(reactor, seconds, lambda: None)
 
 
-class ServiceTests(TestCase):
-    timeout = 60
+class Served:
+    """The origin and the proxy in front of it (what setUp built)."""
 
-    @defer.inlineCallbacks
-    def setUp(self) -> Any:
-        self.origin = Origin()
-        self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        self.addCleanup(self.origin_port.stopListening)
-        yield self.start_proxy(f"http://127.0.0.1:{self.origin_port.getHost().port}")
+    def __init__(self, origin_server: OriginServer, proxy: Proxy) -> None:
+        self.origin_server = origin_server
+        self.origin = origin_server.origin
+        self.origin_port = origin_server.port
+        self.proxy = proxy
 
-    @defer.inlineCallbacks
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    @property
+    def service(self) -> ProxyService:
+        return self.proxy.service
+
     def start_proxy(self, upstream: str, timeouts: Timeouts = Timeouts(), rules: tuple[str, ...] = ()) -> Any:
-        config = Config(
-            listen=("tcp:0:interface=127.0.0.1",),
-            sites=(SiteConfig("t", UpstreamURL.parse(upstream), rules=rules),),
-            default_site="t",
-            timeouts=timeouts,
-            access_log=None,
-        )
-        self.service = ProxyService(reactor, config, build_runtime(config))
-        self.service.startService()
-        self.addCleanup(self.service.stopService)
-        ports = yield self.service.listening_ports()
-        self.port = ports[0].getHost().port
+        return self.proxy.start_site(upstream, timeouts, rules)
 
     @defer.inlineCallbacks
     def get(self, path: str, extra: bytes = b"") -> Any:
@@ -88,153 +84,145 @@ class ServiceTests(TestCase):
         yield connect(self.port, client)
         return bytes(client.data)
 
-    @defer.inlineCallbacks
-    def test_get_through_proxy(self) -> Any:
-        """A request goes through real sockets and comes back whole."""
-        raw = yield self.get("/hello")
-        self.assertTrue(raw.startswith(b"HTTP/1.1 200 OK\r\n"))
-        self.assertIn(b"Content-Length: 12\r\n", raw)
-        self.assertTrue(raw.endswith(b"\r\n\r\nhello world!"))
 
-    @defer.inlineCallbacks
-    def test_repeated_set_cookie(self) -> Any:
-        """Both Set-Cookie headers of the origin reach the client."""
-        raw = yield self.get("/cookies")
-        self.assertEqual(raw.count(b"Set-Cookie:"), 2)
-
-    @defer.inlineCallbacks
-    def test_large_body_streams_and_matches(self) -> Any:
-        """A 20 MiB body arrives complete with its Content-Length."""
-        raw = yield self.get("/big?mb=20")
-        head, _, body = raw.partition(b"\r\n\r\n")
-        self.assertIn(b"Content-Length: 20971520", head)
-        self.assertEqual(len(body), 20 * 1024 * 1024)
-
-    @defer.inlineCallbacks
-    def test_slow_reader_bounds_bytes_in_flight(self) -> Any:
-        """A client that stops reading makes the proxy pause the upstream: the
-        origin produces only what the socket buffers hold, not the body."""
-        client = RawClient(b"GET /big?mb=200 HTTP/1.1\r\nHost: t\r\n\r\n", read_limit=256 * 1024)
-        connect(self.port, client)
-        yield wait(1.5)
-        produced_early = self.origin.produced
-        yield wait(1.0)
-        self.assertLess(len(client.data), 32 * 1024 * 1024)
-        # Nothing more is produced once the buffers are full...
-        self.assertLess(self.origin.produced - produced_early, 1024 * 1024)
-        # ...and what is in flight stays far below the body size.
-        self.assertLess(self.origin.produced, 40 * 1024 * 1024)
-        client.transport.abortConnection()
-        yield client.closed
-
-    @defer.inlineCallbacks
-    def test_upstream_reset_mid_body_resets_client(self) -> Any:
-        """An origin that dies mid-body makes the client connection end
-        without a complete body."""
-        raw = yield self.get("/reset")
-        head, _, body = raw.partition(b"\r\n\r\n")
-        self.assertIn(b"Content-Length: 1000", head)
-        self.assertLess(len(body), 1000)
-
-    @defer.inlineCallbacks
-    def test_refused_upstream_is_502(self) -> Any:
-        """Nothing listening upstream: 502 with a plain body."""
-        port = reactor.listenTCP(0, origin_site(Origin()), interface="127.0.0.1")
-        dead = port.getHost().port
-        yield port.stopListening()
-        yield self.service.stopService()
-        yield self.start_proxy(f"http://127.0.0.1:{dead}")
-        raw = yield self.get("/hello")
-        self.assertTrue(raw.startswith(b"HTTP/1.1 502 "), raw[:100])
-
-    @defer.inlineCallbacks
-    def test_stalled_upstream_is_504(self) -> Any:
-        """An origin that never answers: 504 after the first-byte timeout."""
-        yield self.service.stopService()
-        yield self.start_proxy(
-            f"http://127.0.0.1:{self.origin_port.getHost().port}", Timeouts(first_byte=0.5)
-        )
-        raw = yield self.get("/stall")
-        self.assertTrue(raw.startswith(b"HTTP/1.1 504 "), raw[:100])
-
-    @defer.inlineCallbacks
-    def test_client_disconnect_cancels_upstream(self) -> Any:
-        """A client that leaves while the origin thinks: the origin sees its
-        request's connection go away."""
-        client = RawClient(b"GET /stall HTTP/1.1\r\nHost: t\r\n\r\n")
-        connect(self.port, client)
-        for _ in range(50):
-            if self.origin.requests:
-                break
-            yield wait(0.05)
-        client.transport.loseConnection()
-        yield client.closed
-        for _ in range(50):
-            if b"/stall" in self.origin.lost:
-                break
-            yield wait(0.05)
-        self.assertIn(b"/stall", self.origin.lost)
-
-    @defer.inlineCallbacks
-    def test_keep_alive_both_ways(self) -> Any:
-        """Two requests on one client connection; one upstream connection."""
-        client = RawClient(
-            b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\nGET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-        )
-        yield connect(self.port, client)
-        self.assertEqual(bytes(client.data).count(b"hello world!"), 2)
-        self.assertEqual(len(set(self.origin.peer_ports)), 1)
+@pytest.fixture
+def served(origin_server: OriginServer, proxy: Proxy) -> Served:
+    s = Served(origin_server, proxy)
+    pytest_twisted.blockon(s.start_proxy(origin_server.url))
+    return s
 
 
-class MapWatchTests(TestCase):
+@pytest_twisted.inlineCallbacks
+def test_get_through_proxy(served: Served) -> Any:
+    """A request goes through real sockets and comes back whole."""
+    raw = yield served.get("/hello")
+    assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Content-Length: 12\r\n" in raw
+    assert raw.endswith(b"\r\n\r\nhello world!")
+
+
+@pytest_twisted.inlineCallbacks
+def test_repeated_set_cookie(served: Served) -> Any:
+    """Both Set-Cookie headers of the origin reach the client."""
+    raw = yield served.get("/cookies")
+    assert raw.count(b"Set-Cookie:") == 2
+
+
+@pytest_twisted.inlineCallbacks
+def test_large_body_streams_and_matches(served: Served) -> Any:
+    """A 20 MiB body arrives complete with its Content-Length."""
+    raw = yield served.get("/big?mb=20")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Content-Length: 20971520" in head
+    assert len(body) == 20 * 1024 * 1024
+
+
+@pytest_twisted.inlineCallbacks
+def test_slow_reader_bounds_bytes_in_flight(served: Served) -> Any:
+    """A client that stops reading makes the proxy pause the upstream: the
+    origin produces only what the socket buffers hold, not the body."""
+    client = RawClient(b"GET /big?mb=200 HTTP/1.1\r\nHost: t\r\n\r\n", read_limit=256 * 1024)
+    connect(served.port, client)
+    yield wait(1.5)
+    produced_early = served.origin.produced
+    yield wait(1.0)
+    assert len(client.data) < 32 * 1024 * 1024
+    # Nothing more is produced once the buffers are full...
+    assert served.origin.produced - produced_early < 1024 * 1024
+    # ...and what is in flight stays far below the body size.
+    assert served.origin.produced < 40 * 1024 * 1024
+    client.transport.abortConnection()
+    yield client.closed
+
+
+@pytest_twisted.inlineCallbacks
+def test_upstream_reset_mid_body_resets_client(served: Served) -> Any:
+    """An origin that dies mid-body makes the client connection end
+    without a complete body."""
+    raw = yield served.get("/reset")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Content-Length: 1000" in head
+    assert len(body) < 1000
+
+
+@pytest_twisted.inlineCallbacks
+def test_refused_upstream_is_502(served: Served) -> Any:
+    """Nothing listening upstream: 502 with a plain body."""
+    port = reactor.listenTCP(0, origin_site(Origin()), interface="127.0.0.1")
+    dead = port.getHost().port
+    yield port.stopListening()
+    yield served.service.stopService()
+    yield served.start_proxy(f"http://127.0.0.1:{dead}")
+    raw = yield served.get("/hello")
+    assert raw.startswith(b"HTTP/1.1 502 "), raw[:100]
+
+
+@pytest_twisted.inlineCallbacks
+def test_stalled_upstream_is_504(served: Served) -> Any:
+    """An origin that never answers: 504 after the first-byte timeout."""
+    yield served.service.stopService()
+    yield served.start_proxy(f"http://127.0.0.1:{served.origin_port.getHost().port}", Timeouts(first_byte=0.5))
+    raw = yield served.get("/stall")
+    assert raw.startswith(b"HTTP/1.1 504 "), raw[:100]
+
+
+@pytest_twisted.inlineCallbacks
+def test_client_disconnect_cancels_upstream(served: Served) -> Any:
+    """A client that leaves while the origin thinks: the origin sees its
+    request's connection go away."""
+    client = RawClient(b"GET /stall HTTP/1.1\r\nHost: t\r\n\r\n")
+    connect(served.port, client)
+    yield served.origin.when(lambda: bool(served.origin.requests)).addTimeout(5, reactor)
+    client.transport.loseConnection()
+    yield client.closed
+    yield served.origin.when(lambda: b"/stall" in served.origin.lost).addTimeout(5, reactor)
+    assert b"/stall" in served.origin.lost
+
+
+@pytest_twisted.inlineCallbacks
+def test_keep_alive_both_ways(served: Served) -> Any:
+    """Two requests on one client connection; one upstream connection."""
+    client = RawClient(
+        b"GET /hello HTTP/1.1\r\nHost: t\r\n\r\nGET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    yield connect(served.port, client)
+    assert bytes(client.data).count(b"hello world!") == 2
+    assert len(set(served.origin.peer_ports)) == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_changed_map_is_picked_up(origin_server: OriginServer, proxy: Proxy, logged_errors: list[Any]) -> Any:
     """A map file whose modification time changes is reloaded (validated
     first); a broken one keeps the old map."""
+    import os
+    import tempfile
 
-    timeout = 30
+    map_path = os.path.join(tempfile.mkdtemp(prefix="prexy-map-"), "old.map")
+    with open(map_path, "w") as f:
+        f.write("/old /new-one;\n")
+    from prexy.config import MapConfig
+
+    yield proxy.start_site(origin_server.url, map=MapConfig(map_path))
+    service = proxy.service
 
     @defer.inlineCallbacks
-    def test_changed_map_is_picked_up(self) -> Any:
-        import os
-        import tempfile
+    def location() -> Any:
+        client = RawClient(b"GET /old HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        yield connect(proxy.port, client)
+        for line in bytes(client.data).split(b"\r\n"):
+            if line.startswith(b"Location: "):
+                return line[10:]
+        return None
 
-        origin = Origin()
-        origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
-        self.addCleanup(origin_port.stopListening)
-        map_path = os.path.join(tempfile.mkdtemp(prefix="prexy-map-"), "old.map")
-        with open(map_path, "w") as f:
-            f.write("/old /new-one;\n")
-        from prexy.config import MapConfig
-
-        config = Config(
-            listen=("tcp:0:interface=127.0.0.1",),
-            sites=(SiteConfig("t", UpstreamURL.parse(f"http://127.0.0.1:{origin_port.getHost().port}"),
-                              map=MapConfig(map_path)),),
-            default_site="t",
-            access_log=None,
-        )
-        service = ProxyService(reactor, config, build_runtime(config))
-        service.startService()
-        self.addCleanup(service.stopService)
-        (port,) = yield service.listening_ports()
-
-        @defer.inlineCallbacks
-        def location() -> Any:
-            client = RawClient(b"GET /old HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            yield connect(port.getHost().port, client)
-            for line in bytes(client.data).split(b"\r\n"):
-                if line.startswith(b"Location: "):
-                    return line[10:]
-            return None
-
-        self.assertEqual((yield location()), b"http://t/new-one")
-        with open(map_path, "w") as f:
-            f.write("/old /new-two;\n")
-        os.utime(map_path, (1, 1))  # a different mtime, whatever the clock
-        yield service.check_maps()
-        self.assertEqual((yield location()), b"http://t/new-two")
-        with open(map_path, "w") as f:
-            f.write("~^/(broken /x;\n")
-        os.utime(map_path, (2, 2))
-        yield service.check_maps()
-        self.assertEqual((yield location()), b"http://t/new-two")
-        self.assertEqual(len(self.flushLoggedErrors()), 0)
+    assert (yield location()) == b"http://t/new-one"
+    with open(map_path, "w") as f:
+        f.write("/old /new-two;\n")
+    os.utime(map_path, (1, 1))  # a different mtime, whatever the clock
+    yield service.check_maps()
+    assert (yield location()) == b"http://t/new-two"
+    with open(map_path, "w") as f:
+        f.write("~^/(broken /x;\n")
+    os.utime(map_path, (2, 2))
+    yield service.check_maps()
+    assert (yield location()) == b"http://t/new-two"
+    assert len(logged_errors) == 0

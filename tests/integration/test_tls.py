@@ -9,6 +9,8 @@ import os
 import tempfile
 from typing import Any
 
+import pytest
+import pytest_twisted
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -16,12 +18,10 @@ from cryptography.x509.oid import NameOID
 from twisted.internet import defer, reactor, ssl
 from twisted.internet.endpoints import SSL4ClientEndpoint
 from twisted.internet.protocol import Factory
-from twisted.trial.unittest import TestCase
 
 from prexy.config import Config, SiteConfig, UpstreamURL, parse_config
-from prexy.runtime import build_runtime
-from prexy.service import ProxyService
 
+from .conftest import Cleanups, Proxy
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
 
@@ -62,77 +62,79 @@ def make_pki(directory: str) -> dict[str, str]:
     return paths
 
 
-class TLSTests(TestCase):
-    timeout = 60
+class TLSOrigin:
+    """A CA, a certificate for localhost, and an origin serving it."""
 
-    def setUp(self) -> None:
+    def __init__(self, cleanup: Cleanups) -> None:
         self.dir = tempfile.mkdtemp(prefix="prexy-tls-")
         self.pki = make_pki(self.dir)
         with open(self.pki["key"]) as k, open(self.pki["cert"]) as c:
             server_cert = ssl.PrivateCertificate.loadPEM(k.read() + c.read())
         self.origin = Origin()
-        self.tls_port = reactor.listenSSL(
-            0, origin_site(self.origin), server_cert.options(), interface="127.0.0.1"
-        )
-        self.addCleanup(self.tls_port.stopListening)
+        self.tls_port = reactor.listenSSL(0, origin_site(self.origin), server_cert.options(), interface="127.0.0.1")
+        cleanup(self.tls_port.stopListening)
 
-    @defer.inlineCallbacks
-    def proxy(self, upstream: str, ca: str | None) -> Any:
-        config = Config(
-            listen=("tcp:0:interface=127.0.0.1",),
-            sites=(SiteConfig("t", UpstreamURL.parse(upstream), upstream_ca=ca),),
-            default_site="t",
-            access_log=None,
-        )
-        svc = ProxyService(reactor, config, build_runtime(config))
-        svc.startService()
-        self.addCleanup(svc.stopService)
-        (port,) = yield svc.listening_ports()
-        client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        yield connect(port.getHost().port, client)
-        return bytes(client.data)
 
-    @defer.inlineCallbacks
-    def test_verified_upstream(self) -> Any:
-        """With the site's CA, an https upstream whose name matches works."""
-        answer = yield self.proxy(f"https://localhost:{self.tls_port.getHost().port}", self.pki["ca"])
-        self.assertTrue(answer.endswith(b"hello world!"), answer[:200])
+@pytest.fixture
+def tls(cleanup: Cleanups) -> TLSOrigin:
+    return TLSOrigin(cleanup)
 
-    @defer.inlineCallbacks
-    def test_untrusted_upstream_is_502(self) -> Any:
-        """A certificate from a CA nobody trusts: 502, no request reaches it."""
-        answer = yield self.proxy(f"https://localhost:{self.tls_port.getHost().port}", None)
-        self.assertTrue(answer.startswith(b"HTTP/1.1 502"), answer[:200])
-        self.assertEqual(self.origin.requests, [])
 
-    @defer.inlineCallbacks
-    def test_wrong_host_name_is_502(self) -> Any:
-        """A trusted certificate for another name (localhost vs 127.0.0.1): 502."""
-        answer = yield self.proxy(f"https://127.0.0.1:{self.tls_port.getHost().port}", self.pki["ca"])
-        self.assertTrue(answer.startswith(b"HTTP/1.1 502"), answer[:200])
-        self.assertEqual(self.origin.requests, [])
+@defer.inlineCallbacks
+def through_proxy(proxy: Proxy, upstream: str, ca: str | None) -> Any:
+    config = Config(
+        listen=("tcp:0:interface=127.0.0.1",),
+        sites=(SiteConfig("t", UpstreamURL.parse(upstream), upstream_ca=ca),),
+        default_site="t",
+        access_log=None,
+    )
+    yield proxy.start(config)
+    client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    yield connect(proxy.port, client)
+    return bytes(client.data)
 
-    @defer.inlineCallbacks
-    def test_ssl_listen_with_config_certificate(self) -> Any:
-        """An ssl: listen endpoint uses tls_certificate/tls_key from the config."""
-        plain = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        self.addCleanup(plain.stopListening)
-        text = (
-            f"[server]\nlisten = ['ssl:0:interface=127.0.0.1']\naccess_log = 'off'\n"
-            f"tls_certificate = {self.pki['cert']!r}\ntls_key = {self.pki['key']!r}\n"
-            f"[sites.t]\nupstream = 'http://127.0.0.1:{plain.getHost().port}'\n"
-        )
-        config = parse_config(text, os.path.join(self.dir, "p.toml"))
-        svc = ProxyService(reactor, config, build_runtime(config))
-        svc.startService()
-        self.addCleanup(svc.stopService)
-        (port,) = yield svc.listening_ports()
-        with open(self.pki["ca"], "rb") as f:
-            trust = ssl.Certificate.loadPEM(f.read())
-        endpoint = SSL4ClientEndpoint(
-            reactor, "127.0.0.1", port.getHost().port, ssl.optionsForClientTLS("localhost", trustRoot=trust)
-        )
-        client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        yield endpoint.connect(Factory.forProtocol(lambda: client))
-        yield client.closed
-        self.assertTrue(bytes(client.data).endswith(b"hello world!"), bytes(client.data)[:200])
+
+@pytest_twisted.inlineCallbacks
+def test_verified_upstream(tls: TLSOrigin, proxy: Proxy) -> Any:
+    """With the site's CA, an https upstream whose name matches works."""
+    answer = yield through_proxy(proxy, f"https://localhost:{tls.tls_port.getHost().port}", tls.pki["ca"])
+    assert answer.endswith(b"hello world!"), answer[:200]
+
+
+@pytest_twisted.inlineCallbacks
+def test_untrusted_upstream_is_502(tls: TLSOrigin, proxy: Proxy) -> Any:
+    """A certificate from a CA nobody trusts: 502, no request reaches it."""
+    answer = yield through_proxy(proxy, f"https://localhost:{tls.tls_port.getHost().port}", None)
+    assert answer.startswith(b"HTTP/1.1 502"), answer[:200]
+    assert tls.origin.requests == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_wrong_host_name_is_502(tls: TLSOrigin, proxy: Proxy) -> Any:
+    """A trusted certificate for another name (localhost vs 127.0.0.1): 502."""
+    answer = yield through_proxy(proxy, f"https://127.0.0.1:{tls.tls_port.getHost().port}", tls.pki["ca"])
+    assert answer.startswith(b"HTTP/1.1 502"), answer[:200]
+    assert tls.origin.requests == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_ssl_listen_with_config_certificate(tls: TLSOrigin, proxy: Proxy, cleanup: Cleanups) -> Any:
+    """An ssl: listen endpoint uses tls_certificate/tls_key from the config."""
+    plain = reactor.listenTCP(0, origin_site(tls.origin), interface="127.0.0.1")
+    cleanup(plain.stopListening)
+    text = (
+        f"[server]\nlisten = ['ssl:0:interface=127.0.0.1']\naccess_log = 'off'\n"
+        f"tls_certificate = {tls.pki['cert']!r}\ntls_key = {tls.pki['key']!r}\n"
+        f"[sites.t]\nupstream = 'http://127.0.0.1:{plain.getHost().port}'\n"
+    )
+    config = parse_config(text, os.path.join(tls.dir, "p.toml"))
+    yield proxy.start(config)
+    with open(tls.pki["ca"], "rb") as f:
+        trust = ssl.Certificate.loadPEM(f.read())
+    endpoint = SSL4ClientEndpoint(
+        reactor, "127.0.0.1", proxy.port, ssl.optionsForClientTLS("localhost", trustRoot=trust)
+    )
+    client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    yield endpoint.connect(Factory.forProtocol(lambda: client))
+    yield client.closed
+    assert bytes(client.data).endswith(b"hello world!"), bytes(client.data)[:200]

@@ -4,15 +4,18 @@ process, a real origin on loopback, real sockets."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
+import pytest
+import pytest_twisted
 from twisted.internet import defer, reactor, task
-from twisted.trial.unittest import TestCase
 
+from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
 from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block
@@ -30,13 +33,13 @@ def write(directory: str, name: str, data: bytes) -> str:
     return path
 
 
-class TwistdTests(TestCase):
-    timeout = 120
-
-    def setUp(self) -> None:
+class TestTwistd:
+    @pytest.fixture(autouse=True)
+    def served(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
         self.origin = Origin()
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        self.addCleanup(self.origin_port.stopListening)
+        cleanup(self.origin_port.stopListening)
         self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
         self.dir = tempfile.mkdtemp(prefix="prexy-files-")
 
@@ -46,7 +49,7 @@ class TwistdTests(TestCase):
         child = Twistd(*args, env=env) if "--demo" in args else Twistd(
             "--listen", f"tcp:{port}:interface=127.0.0.1", *args, env=env
         )
-        self.addCleanup(child.stop)
+        self.cleanup(child.stop)
         yield child.ready()
         return child, port
 
@@ -68,51 +71,51 @@ class TwistdTests(TestCase):
             body = out
         return head, body
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_rules_rewrite_through_twistd(self) -> Any:
         """--upstream with --rules: the page comes back rewritten."""
         rules = write(self.dir, "site.rules", RULES)
         child, port = yield self.start("--upstream", self.upstream, "--rules", rules)
         head, body = yield self.fetch(port, "/html")
-        self.assertIn(b"http://clone.test/x", body)
-        self.assertIn(b"UA-99999-9", body)
-        self.assertNotIn(b"original-shop", body)
-        self.assertIn(b"Server-Timing:", head)
+        assert b"http://clone.test/x" in body
+        assert b"UA-99999-9" in body
+        assert b"original-shop" not in body
+        assert b"Server-Timing:" in head
         # The upstream's length is dropped: the rewritten body is chunked.
-        self.assertNotIn(b"Content-Length", head)
-        self.assertIn(b"Transfer-Encoding: chunked", head)
+        assert b"Content-Length" not in head
+        assert b"Transfer-Encoding: chunked" in head
         # The small page comes with its head (one write by the origin), so
         # it is rewritten before the head goes out, with the rewrite's timing.
-        self.assertRegex(head, rb"Server-Timing: [^\r]*rewrite;dur=[\d.]+, rewrite-rules;desc=\"2 matched of 2 run\"")
+        assert re.search(rb"Server-Timing: [^\r]*rewrite;dur=[\d.]+, rewrite-rules;desc=\"2 matched of 2 run\"", head)
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_map_redirect_through_twistd(self) -> Any:
         """--map: an old URL is redirected without touching the origin."""
         map_file = write(self.dir, "old.map", b"/old/page  /new/page;\n~^/item/(\\d+)$  /items/$1;\n")
         child, port = yield self.start("--upstream", self.upstream, "--map", map_file)
         head, _ = yield self.fetch(port, "/item/42")
-        self.assertTrue(head.startswith(b"HTTP/1.1 301"))
-        self.assertIn(b"Location: http://t/items/42", head)
-        self.assertEqual(self.origin.requests, [])
+        assert head.startswith(b"HTTP/1.1 301")
+        assert b"Location: http://t/items/42" in head
+        assert self.origin.requests == []
         head, body = yield self.fetch(port, "/hello")
-        self.assertEqual(body, b"hello world!")
+        assert body == b"hello world!"
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_demo(self) -> Any:
         """--demo starts its origin and Prexy; the page is rewritten and the
         demo map redirects."""
         base = free_port_block(3)
         child, port = yield self.start("--demo", env={"PREXY_DEMO_PORT": str(base)}, port=base)
         head, body = yield self.fetch(base, "/")
-        self.assertIn(b"UA-99999-9", body)
-        self.assertIn(b"Cloned Shop", body)
+        assert b"UA-99999-9" in body
+        assert b"Cloned Shop" in body
         # Links point at the demo's own port, whichever it is.
-        self.assertIn(b"http://127.0.0.1:%d/style.css" % base, body)
+        assert b"http://127.0.0.1:%d/style.css" % base in body
         head, _ = yield self.fetch(base, "/blog/2024/summer-sale")
-        self.assertIn(b"Location: http://t/news/summer-sale.html", head)
-        self.assertIn("Prexy demo is running", child.output())
+        assert b"Location: http://t/news/summer-sale.html" in head
+        assert "Prexy demo is running" in child.output()
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_gzip_upstream_rewritten(self) -> Any:
         """Compressed answers from an upstream that ignores identity are
         decoded, rewritten and compressed again."""
@@ -125,15 +128,15 @@ class TwistdTests(TestCase):
         site = Site(EncodingResourceWrapper(Origin(), [GzipEncoderFactory()]))
         site.log = lambda r: None  # type: ignore[method-assign]
         gz_port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(gz_port.stopListening)
+        self.cleanup(gz_port.stopListening)
         child.stop()
         child, port = yield self.start("--upstream", f"http://127.0.0.1:{gz_port.getHost().port}", "--rules", rules)
         head, body = yield self.fetch(port, "/html", b"Accept-Encoding: gzip\r\n")
         # The proxy asked for identity, so twisted's encoder did not compress:
-        self.assertNotIn(b"Content-Encoding", head)
-        self.assertIn(b"UA-99999-9", body)
+        assert b"Content-Encoding" not in head
+        assert b"UA-99999-9" in body
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_slow_client_memory_bounded(self) -> Any:
         """A slow client reading a huge rewritten body: the proxy's memory
         stays flat (< 20 MB growth) because the upstream is paused."""
@@ -153,14 +156,14 @@ class TwistdTests(TestCase):
                 client.transport.pauseProducing()
             received = len(client.data)
             peak = max(peak, child.rss_kib())
-        self.assertGreater(received, 0)
-        self.assertLess(self.origin.produced, 200 * 1024 * 1024)
-        self.assertLess(peak - before, 20 * 1024, f"RSS grew from {before} to {peak} KiB")
+        assert received > 0
+        assert self.origin.produced < 200 * 1024 * 1024
+        assert peak - before < 20 * 1024, f"RSS grew from {before} to {peak} KiB"
         client.transport.abortConnection()
         yield client.closed
 
 
-class CheckTests(TestCase):
+class TestCheck:
     """``--check`` exits 0 or 1 like ``nginx -t``; a broken config does not start."""
 
     def run_twistd(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -174,19 +177,19 @@ class CheckTests(TestCase):
         write(d, "ok.rules", RULES)
         good = write(d, "good.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['ok.rules']\n")
         result = self.run_twistd("--config", good, "--check")
-        self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("is ok", result.stdout)
+        assert result.returncode == 0, result.stderr
+        assert "is ok" in result.stdout
 
         bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\n\ntimeout = 3\n")
         result = self.run_twistd("--config", bad, "--check")
-        self.assertEqual(result.returncode, 1)
-        self.assertIn(f"{bad}:4: sites.a.timeout: unknown key", result.stderr)
+        assert result.returncode == 1
+        assert f"{bad}:4: sites.a.timeout: unknown key" in result.stderr
 
         write(d, "broken.rules", b"replace_filter 'a' 'b' gx;\n")
         bad_rules = write(d, "badrules.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['broken.rules']\n")
         result = self.run_twistd("--config", bad_rules, "--check")
-        self.assertEqual(result.returncode, 1)
-        self.assertIn(os.path.join(d, "broken.rules") + ":1:", result.stderr)
+        assert result.returncode == 1
+        assert os.path.join(d, "broken.rules") + ":1:" in result.stderr
 
     def test_check_lists_rules_on_the_linear_engine(self) -> None:
         """A pattern ``regex`` cannot bound is accepted, and ``--check``
@@ -195,18 +198,18 @@ class CheckTests(TestCase):
         write(d, "mixed.rules", b"replace_filter 'foo' 'bar' g;\nreplace_filter '(a|aa)*b' 'X' g;\n")
         config = write(d, "mixed.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['mixed.rules']\n")
         result = self.run_twistd("--config", config, "--check")
-        self.assertEqual(result.returncode, 0, result.stderr)
+        assert result.returncode == 0, result.stderr
         lines = [x for x in result.stdout.splitlines() if "runs on" in x]
-        self.assertEqual(len(lines), 1, result.stdout)
-        self.assertIn(os.path.join(d, "mixed.rules") + ":2: '(a|aa)*b' runs on re2: regex could backtrack", lines[0])
+        assert len(lines) == 1, result.stdout
+        assert os.path.join(d, "mixed.rules") + ":2: '(a|aa)*b' runs on re2: regex could backtrack" in lines[0]
 
     def test_broken_config_refuses_to_start(self) -> None:
         """Without --check, a broken config stops twistd with the reason."""
         d = tempfile.mkdtemp(prefix="prexy-check-")
         bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'gopher://x'\n")
         result = self.run_twistd("--config", bad)
-        self.assertNotEqual(result.returncode, 0)
-        self.assertIn("bad.toml:2: sites.a.upstream", result.stdout + result.stderr)
+        assert result.returncode != 0
+        assert "bad.toml:2: sites.a.upstream" in result.stdout + result.stderr
 
     def test_port_in_use_refuses_to_start(self) -> None:
         """In-process (--workers 0), a listen port already taken stops twistd
@@ -218,5 +221,5 @@ class CheckTests(TestCase):
             result = self.run_twistd(
                 "--workers", "0", "--listen", f"tcp:{port}:interface=127.0.0.1", "--upstream", "http://127.0.0.1:1"
             )
-        self.assertEqual(result.returncode, 1)
-        self.assertIn(f"Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use", result.stdout + result.stderr)
+        assert result.returncode == 1
+        assert f"Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use" in result.stdout + result.stderr

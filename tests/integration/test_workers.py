@@ -13,10 +13,12 @@ import sys
 import tempfile
 from typing import Any
 
+import pytest
+import pytest_twisted
 from twisted.internet import defer, reactor, task
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
 
+from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
 from .twistd_support import (
@@ -61,13 +63,13 @@ def socket_owners(pids: list[int]) -> dict[int, int]:
     return owners
 
 
-class WorkerPoolTests(TestCase):
-    timeout = 120
-
-    def setUp(self) -> Any:
+class TestWorkerPool:
+    @pytest.fixture(autouse=True)
+    def served(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
         self.origin = Origin()
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        self.addCleanup(self.origin_port.stopListening)
+        cleanup(self.origin_port.stopListening)
         self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
         self.dir = tempfile.mkdtemp(prefix="prexy-workers-")
         self.rules = os.path.join(self.dir, "site.rules")
@@ -85,7 +87,7 @@ class WorkerPoolTests(TestCase):
             "--listen", f"tcp:{self.port}:interface=127.0.0.1", "--upstream", self.upstream,
             "--rules", self.rules, "--workers", "2", "--admin", f"tcp:{self.admin}:interface=127.0.0.1", *extra,
         )
-        self.addCleanup(child.stop)
+        self.cleanup(child.stop)
         yield child.ready()  # READY=1 once both workers are ready
         self.child = child
         return child
@@ -96,27 +98,27 @@ class WorkerPoolTests(TestCase):
         yield connect(port or self.port, client)
         return bytes(client.data)
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_both_workers_serve(self) -> Any:
         """Connections are spread over both workers by the shared queue; the
         workers are ``python -m prexy.worker`` processes."""
         child = yield self.start()
         workers = child.children()
-        self.assertEqual(len(workers), 2)
+        assert len(workers) == 2
         for pid in workers:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                self.assertEqual(f.read().split(b"\0")[1:3], [b"-m", b"prexy.worker"])
+                assert f.read().split(b"\0")[1:3] == [b"-m", b"prexy.worker"]
         seen: set[int] = set()
         for _ in range(20):
             answers = yield defer.gatherResults([self.get() for _ in range(20)])
-            self.assertTrue(all(body_of(a) == b"HELLO world!" for a in answers))
+            assert all(body_of(a) == b"HELLO world!" for a in answers)
             owners = socket_owners(workers)
             seen |= {owners[p] for p in self.origin.peer_ports if p in owners}
             if len(seen) == 2:
                 break
-        self.assertEqual(seen, set(workers))
+        assert seen == set(workers)
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_killed_worker_comes_back(self) -> Any:
         """SIGKILL of a worker: new requests keep succeeding on the other one,
         and the master starts a replacement."""
@@ -126,15 +128,15 @@ class WorkerPoolTests(TestCase):
         os.kill(victim, signal.SIGKILL)
         for _ in range(10):
             answer = yield self.get()
-            self.assertEqual(body_of(answer), b"HELLO world!", answer[:200])
+            assert body_of(answer) == b"HELLO world!", answer[:200]
         yield replaced
         now = child.children()
-        self.assertEqual(len(now), 2)
-        self.assertNotIn(victim, now)
-        self.assertIn(survivor, now)
-        self.assertIn("restarting", child.output())
+        assert len(now) == 2
+        assert victim not in now
+        assert survivor in now
+        assert "restarting" in child.output()
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_reload_with_broken_rules_keeps_old(self) -> Any:
         """SIGHUP with a broken rules file: logged with file and line, the old
         rules keep serving, the workers are not replaced."""
@@ -144,12 +146,12 @@ class WorkerPoolTests(TestCase):
         refused = child.notified("READY=1")  # sent after the refusal is logged
         os.kill(child.process.pid, signal.SIGHUP)
         yield refused
-        self.assertIn(f"reload refused, keeping the running configuration: {self.rules}:1:", child.output())
+        assert f"reload refused, keeping the running configuration: {self.rules}:1:" in child.output()
         answer = yield self.get()
-        self.assertEqual(body_of(answer), b"HELLO world!")
-        self.assertEqual(sorted(child.children()), sorted(before))
+        assert body_of(answer) == b"HELLO world!"
+        assert sorted(child.children()) == sorted(before)
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_reload_under_load_loses_nothing(self) -> Any:
         """SIGHUP with good rules while requests keep coming: every request
         succeeds, and afterwards the new rules are in force."""
@@ -182,13 +184,13 @@ class WorkerPoolTests(TestCase):
         yield wait(0.5)
         stop[0] = True
         yield defer.gatherResults(loops)
-        self.assertEqual(failures, [])
-        self.assertGreater(counts[0], 20)
-        self.assertFalse(set(child.children()) & before)
+        assert failures == []
+        assert counts[0] > 20
+        assert not set(child.children()) & before
         answer = yield self.get()
-        self.assertEqual(body_of(answer), b"BYE world!")
+        assert body_of(answer) == b"BYE world!"
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_reload_command_through_admin(self) -> Any:
         """``twistd prexy ... --reload`` asks the running master over its admin
         endpoint; a refused reload says why (409)."""
@@ -200,37 +202,38 @@ class WorkerPoolTests(TestCase):
         result = yield deferToThread(
             subprocess.run, args, capture_output=True, text=True, timeout=60, env=child_env()
         )
-        self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("reloaded", result.stdout)
+        assert result.returncode == 0, result.stderr
+        assert "reloaded" in result.stdout
         answer = yield self.get()
-        self.assertEqual(body_of(answer), b"BYE world!")
+        assert body_of(answer) == b"BYE world!"
         # A file that breaks after --reload checked it locally: the master refuses.
         client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         self.write_rules(b"replace_filter 'x' 'y' q;\n")
         yield connect(self.admin, client)
-        self.assertTrue(bytes(client.data).startswith(b"HTTP/1.1 409"), bytes(client.data)[:200])
-        self.assertIn(self.rules.encode() + b":1:", bytes(client.data))
+        assert bytes(client.data).startswith(b"HTTP/1.1 409"), bytes(client.data)[:200]
+        assert self.rules.encode() + b":1:" in bytes(client.data)
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_sigterm_drains(self) -> Any:
         """SIGTERM lets a request in flight finish, then everything exits and
         no worker is left holding the port."""
         child = yield self.start()
         workers = child.children()
         slow = self.get("/slow?s=1")
-        yield wait(0.3)
+        # The request is in flight once the origin has it.
+        yield self.origin.when(lambda: any(r.path == b"/slow" for r in self.origin.requests)).addTimeout(20, reactor)
         child.process.send_signal(signal.SIGTERM)
         answer = yield slow
-        self.assertTrue(answer.startswith(b"HTTP/1.1 200"), answer[:100])
-        self.assertEqual(body_of(answer), b"slow answer")
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        assert body_of(answer) == b"slow answer"
         code = yield child.wait_exit(20)
         # twistd ends by re-raising the signal it stopped on (systemd reads
         # that as a clean stop).
-        self.assertIn(code, (0, -signal.SIGTERM))
+        assert code in (0, -signal.SIGTERM)
         for pid in workers:
-            self.assertFalse(os.path.exists(f"/proc/{pid}/status") and "zombie" not in open(f"/proc/{pid}/status").read())
+            assert not (os.path.exists(f"/proc/{pid}/status") and "zombie" not in open(f"/proc/{pid}/status").read())
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_metrics_summed_over_workers(self) -> Any:
         """The master's /metrics counts the requests of both workers."""
         yield self.start()
@@ -239,20 +242,22 @@ class WorkerPoolTests(TestCase):
         client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         yield connect(self.admin, client)
         text = bytes(client.data).decode()
-        self.assertIn('prexy_requests_total{status="200"} 30', text)
-        self.assertIn("prexy_workers 2.0", text)
+        assert 'prexy_requests_total{status="200"} 30' in text
+        assert "prexy_workers 2.0" in text
 
 
-class SocketActivationTests(TestCase):
+class TestSocketActivation:
     """A systemd-like launcher: bind, pass fd 3 with LISTEN_FDS/LISTEN_PID, exec."""
 
-    timeout = 60
+    @pytest.fixture(autouse=True)
+    def _cleanup(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_systemd_socket(self) -> Any:
         origin = Origin()
         origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
-        self.addCleanup(origin_port.stopListening)
+        self.cleanup(origin_port.stopListening)
         port = free_port_block(1)
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -270,7 +275,7 @@ class SocketActivationTests(TestCase):
         log_dir = tempfile.mkdtemp(prefix="prexy-sd-")
         log = open(os.path.join(log_dir, "out.log"), "wb")
         notify_path, notifications, notify_port = listen_notify(log_dir)
-        self.addCleanup(notify_port.stopListening)
+        self.cleanup(notify_port.stopListening)
         ready = notifications.next("READY=1")
         proc = subprocess.Popen(
             [sys.executable, "-c", launcher, str(sock.fileno()), TWISTD, "-n", "--pidfile=", "prexy",
@@ -292,27 +297,29 @@ class SocketActivationTests(TestCase):
             log.close()
 
         atexit.register(lambda: proc.poll() is None and proc.kill())
-        self.addCleanup(cleanup)
+        self.cleanup(cleanup)
         # As systemd would: READY=1 on NOTIFY_SOCKET once the workers serve.
         yield ready.addTimeout(30, reactor)
         client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         yield connect(port, client)
         answer = bytes(client.data)
-        self.assertTrue(answer.endswith(b"hello world!"), open(os.path.join(log_dir, "out.log")).read()[-2000:])
+        assert answer.endswith(b"hello world!"), open(os.path.join(log_dir, "out.log")).read()[-2000:]
 
 
-class SharedCacheTests(TestCase):
+class TestSharedCache:
     """The cache store is one per machine: with two workers an object
     fetched by one is a hit in the other, and PURGE or a ban through the
     master's admin endpoint reach both."""
 
-    timeout = 90
+    @pytest.fixture(autouse=True)
+    def _cleanup(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
 
-    @defer.inlineCallbacks
+    @pytest_twisted.inlineCallbacks
     def test_cache_shared_by_workers(self) -> Any:
         origin = Origin()
         origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
-        self.addCleanup(origin_port.stopListening)
+        self.cleanup(origin_port.stopListening)
         port, admin = free_port(), free_port()
         store = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "store")
         config = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "prexy.toml")
@@ -323,10 +330,10 @@ class SharedCacheTests(TestCase):
                 f"[sites.t]\nupstream = 'http://127.0.0.1:{origin_port.getHost().port}'\n"
             )
         child = Twistd("--config", config)
-        self.addCleanup(child.stop)
+        self.cleanup(child.stop)
         yield child.ready()  # both workers are ready
         workers = child.children()
-        self.assertEqual(len(workers), 2)
+        assert len(workers) == 2
 
         @defer.inlineCallbacks
         def get(path: bytes, method: bytes = b"GET") -> Any:
@@ -339,22 +346,22 @@ class SharedCacheTests(TestCase):
         for _ in range(10):
             batch = yield defer.gatherResults([get(b"/c/shared") for _ in range(10)])
             answers += batch
-        self.assertTrue(all(body_of(a) == b"page /c/shared #1 lang=-" for a in answers))
-        self.assertEqual(origin.hits[b"/c/shared"], 1)
+        assert all(body_of(a) == b"page /c/shared #1 lang=-" for a in answers)
+        assert origin.hits[b"/c/shared"] == 1
         hits = sum(1 for a in answers if b"Cache-Status: prexy; hit" in a)
-        self.assertGreaterEqual(hits, 90)
+        assert hits >= 90
 
         purged = yield get(b"/c/shared", b"PURGE")
-        self.assertIn(b"purged 1", purged)
+        assert b"purged 1" in purged
         for _ in range(4):
             yield get(b"/c/shared")
-        self.assertEqual(origin.hits[b"/c/shared"], 2)
+        assert origin.hits[b"/c/shared"] == 2
 
         ban = RawClient(
             b"POST /ban?regex=%5E.*/c/shared HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         yield connect(admin, ban)
-        self.assertIn(b"banned 1", bytes(ban.data))
+        assert b"banned 1" in bytes(ban.data)
         for _ in range(4):
             yield get(b"/c/shared")
-        self.assertEqual(origin.hits[b"/c/shared"], 3)
+        assert origin.hits[b"/c/shared"] == 3
