@@ -40,7 +40,7 @@ from prexy.exchange import (
 from prexy.proxy.caching import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import DetachedRequest, abort_client, start_response
+from prexy.proxy.request import DetachedRequest, abort_client, plain_answer, start_response
 from prexy.proxy.upstream import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
@@ -452,11 +452,7 @@ class Exchange:
         phrase = b"Gateway Timeout" if status == 504 else b"Bad Gateway"
         body = b"%d %s: %s\n" % (status, phrase, reason.getErrorMessage().encode("utf-8", "replace"))
         self.life.move(State.DONE)
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
+        plain_answer(request, status, body)
 
     def internal_error(self, reason: Failure) -> None:
         log.failure("internal error while proxying", reason)
