@@ -62,7 +62,8 @@ class AdversarialTests(SynchronousTestCase):
         [param(p, b, id=f"{p.decode()}-{b}") for p, names in SHAPES for b in names],
     )
     def test_linear_time_on_adversarial_bodies(self, pattern: bytes, body: str) -> None:
-        """5 MB at >= 10 MB/s, 5 MB within 6x of 1 MB, no scan timeout."""
+        """5 MB at >= 10 MB/s, 5 MB within 8x of 1 MB (linear: a backtracking
+        blow-up is 25x and more), no scan timeout."""
         ruleset = RuleSet.build([compile_rule(pattern, b"[$&]", "g")])
         assert ruleset.scanner is not None and ruleset.scanner.linear[0] is not None
         make = BODIES[body]
@@ -79,8 +80,11 @@ class AdversarialTests(SynchronousTestCase):
         assert len(large) / max(t5, 1e-9) >= 10 * MB, f"{len(large) / t5 / MB:.1f} MB/s"
         # Growth is measured where there is time to measure: below 50 ms for
         # 5 MB (over 100 MB/s) a few ms of noise decide the ratio.
+        # 8x, not 6x: `(a+)+$` on lines of 999 `a` (a match per line, 5 MB
+        # of output joined) measured 5.05-5.81x here and 7.5x once in CI on
+        # 2026-12-01; the output's size, not the scan, grows the cost.
         if t5 > 0.05:
-            assert t5 <= 6 * t1, f"1 MB {t1 * 1000:.0f} ms, 5 MB {t5 * 1000:.0f} ms"
+            assert t5 <= 8 * t1, f"1 MB {t1 * 1000:.0f} ms, 5 MB {t5 * 1000:.0f} ms"
 
     @parametrize("pattern", [p for p, _ in SHAPES])
     def test_adversarial_output_does_not_depend_on_feeding(self, pattern: bytes) -> None:
