@@ -100,12 +100,34 @@ class OriginKey:
 
 @attrs.frozen
 class Timeouts:
-    """Upstream timeouts in seconds; 0 disables one."""
+    """Timeouts in seconds; 0 disables one.  The first four are the
+    upstream's, the last two the client's (nginx's ``client_header_timeout``
+    and ``client_body_timeout``, with nginx's defaults)."""
 
     connect: float = 10.0
     first_byte: float = 60.0
     idle: float = 60.0
     pool_idle: float = 30.0
+    #: From a request head's first byte (a new connection: from its accept)
+    #: to the head's end; then 408 and close.
+    client_header: float = 60.0
+    #: The longest silence between two reads of a request body; then 408
+    #: and close.
+    client_body: float = 60.0
+
+
+@attrs.frozen
+class Limits:
+    """Sizes of request and response heads, in bytes.  nginx's defaults
+    (``large_client_header_buffers 4 8k``) allow lines of 8 KiB; a longer
+    request line gets 414, a longer header line or a longer head 431."""
+
+    max_request_line: int = 8 * 1024
+    max_header_line: int = 8 * 1024
+    #: The whole request head: request line, header lines and line ends.
+    max_request_head: int = 64 * 1024
+    #: The whole response head from an upstream; larger is a 502.
+    max_response_head: int = 64 * 1024
 
 
 @attrs.frozen
@@ -145,6 +167,8 @@ class SiteConfig:
     cache: CachePolicy | None = None
     #: PEM file of the CA(s) to trust for an https upstream (default: the system's).
     upstream_ca: str | None = None
+    #: Forward TRACE requests (off: 405, as nginx answers).
+    allow_trace: bool = False
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -162,6 +186,7 @@ class Config:
     sites: tuple[SiteConfig, ...]
     default_site: str
     timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
     max_request_body: int = 64 * 1024 * 1024
     access_log: str | None = "-"
     admin: str | None = None
@@ -276,7 +301,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
         return value
 
-    _known(data, ("server", "timeouts", "cache", "sites"), "", err)
+    _known(data, ("server", "timeouts", "limits", "cache", "sites"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -335,7 +360,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     timeouts = data.get("timeouts", {})
     if not isinstance(timeouts, dict):
         err("timeouts", "must be a table")
-    _known(timeouts, ("connect", "first_byte", "idle", "pool_idle"), "timeouts", err)
+    _known(timeouts, [f.name for f in attrs.fields(Timeouts)], "timeouts", err)
     tvalues = {}
     for key in timeouts:
         value = typed(timeouts, key, float, "timeouts")
@@ -343,6 +368,23 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"timeouts.{key}", "must be 0 (off) or more seconds")
         tvalues[key] = value
     kwargs["timeouts"] = Timeouts(**tvalues)
+
+    limits = data.get("limits", {})
+    if not isinstance(limits, dict):
+        err("limits", "must be a table")
+    _known(limits, [f.name for f in attrs.fields(Limits)], "limits", err)
+    lvalues = {}
+    for key in limits:
+        try:
+            lvalues[key] = parse_size(limits[key])
+        except ValueError as exc:
+            err(f"limits.{key}", str(exc))
+        if lvalues[key] < 256:
+            err(f"limits.{key}", "must be at least 256 bytes")
+    lim = Limits(**lvalues)
+    if lim.max_request_head < max(lim.max_request_line, lim.max_header_line):
+        err("limits.max_request_head", "must be at least max_request_line and max_header_line")
+    kwargs["limits"] = lim
 
     cache = data.get("cache", {})
     if not isinstance(cache, dict):
@@ -370,7 +412,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             table,
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
-             "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from"),
+             "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
+             "allow_trace"),
             where,
             err,
         )
@@ -389,6 +432,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r}")
             seen_hosts[h] = name
         host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
+        allow_trace = typed(table, "allow_trace", bool, where) if "allow_trace" in table else False
         upstream_ca = None
         if "upstream_ca" in table:
             upstream_ca = rel(typed(table, "upstream_ca", str, where))
@@ -463,6 +507,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 map=map_cfg,
                 cache=cache_cfg,
                 upstream_ca=upstream_ca,
+                allow_trace=allow_trace,
             )
         )
     if "default_site" in server:

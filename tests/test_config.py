@@ -92,6 +92,12 @@ class ConfigTests(SynchronousTestCase):
             (CACHED + "cache_ignore_cookies = ['']\n", 5, "sites.a.cache_ignore_cookies", "not a cookie name pattern"),
             (CACHED + "purge_from = '127.0.0.1'\n", 5, "sites.a.purge_from", "list of strings"),
             (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
+            ("[limits]\nmax_request_line = 'wide'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_line", "not a size"),
+            ("[limits]\nmax_header_line = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_line", "at least 256"),
+            ("[limits]\nmax_request_head = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_head", "at least max_request_line"),
+            ("[limits]\nmax_body = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_body", "unknown key"),
+            ("[timeouts]\nclient_header = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.client_header", "0 (off) or more"),
+            ("[sites.a]\nupstream = 'http://x'\nallow_trace = 'yes'\n", 3, "sites.a.allow_trace", "must be a bool"),
         ],
     )
     def test_errors_name_file_line_key_reason(self, text: str, line: int | None, key: str | None, reason: str) -> None:
