@@ -31,6 +31,33 @@ def _escape(value: bytes) -> str:
     return value.decode("ascii")
 
 
+class LogBudget:
+    """At most ``lines`` log lines per ``window`` seconds, for lines an
+    outsider can cause (a refused request head): past that they are only
+    counted, and the next line that may be written says how many were left
+    out.  ``now`` is passed in."""
+
+    def __init__(self, lines: int = 10, window: float = 1.0) -> None:
+        self.lines = lines
+        self.window = window
+        self._window_start = float("-inf")
+        self._used = 0
+        self.suppressed = 0
+
+    def take(self, now: float) -> int | None:
+        """None: do not log.  Else log, and say how many lines were left
+        out since the last one written."""
+        if now - self._window_start >= self.window:
+            self._window_start = now
+            self._used = 0
+        if self._used >= self.lines:
+            self.suppressed += 1
+            return None
+        self._used += 1
+        left_out, self.suppressed = self.suppressed, 0
+        return left_out
+
+
 def clf_time(seconds: float) -> str:
     """``[30/Nov/2026:04:22:05 +0000]`` for a UNIX time (UTC)."""
     t = time.gmtime(seconds)

@@ -232,7 +232,10 @@ class ProxyService(service.MultiService):
         self.metrics = Metrics()
         self.pool = UpstreamPool(reactor, config.timeouts)
         self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics, timer=time.perf_counter)
-        self.site = ProxySite(self.resource, config.max_request_body, self.metrics, reactor=reactor)
+        self.site = ProxySite(
+            self.resource, config.max_request_body, self.metrics, reactor=reactor,
+            limits=config.limits, timeouts=config.timeouts,
+        )
         self.access_log = None
         if config.access_log is None:
             self.site.log = lambda request: None  # type: ignore[method-assign]
@@ -287,6 +290,9 @@ class ProxyService(service.MultiService):
             log.warn("reload: listen endpoints changed; they take effect on restart")
         self.config = config
         self.resource.runtime = runtime
+        self.site.max_request_body = config.max_request_body
+        self.site.limits = config.limits
+        self.site.timeouts = config.timeouts
         log.info("reloaded configuration: {n} site(s)", n=len(runtime.sites))
         return True
 

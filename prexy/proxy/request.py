@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.http import HTTPChannel
@@ -23,8 +24,13 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import INonQueuedRequestFactory
 from zope.interface import provider
 
+from prexy.accesslog import LogBudget
+from prexy.config import Limits, Timeouts
 from prexy.metrics import Metrics
 from prexy.proxy.sendnow import SendNow
+from prexy.requesthead import PENDING, Head, HeadGate, Passed, Refusal
+
+_log = Logger("prexy")
 
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
@@ -72,6 +78,8 @@ class ProxyRequest(server.Request):
     exchange: Any = None
     #: (target, host) for forwarding later (a coalesced waiter).
     prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
+    #: What the channel's head check found (``prexy.requesthead``).
+    head: Head | None = None
     site: ProxySite
 
     def __init__(self, channel: Any) -> None:
@@ -123,6 +131,13 @@ class ProxyRequest(server.Request):
         400 itself when a multipart body does not parse)."""
         if self._rejected:
             return  # already answered 413; the connection is closing
+        head = self.head
+        if head is not None:
+            # The target in origin-form; an absolute-form target's authority
+            # wins over the Host header (RFC 9112 3.2.2).
+            path = head.target
+            if head.replace_host and head.host is not None:
+                self.requestHeaders.setRawHeaders(b"host", [head.host])
         content: Any = self.content
         content.seek(0, 0)
         self.args = {}
@@ -232,9 +247,18 @@ class DetachedRequest:
 
 
 class ProxyChannel(HTTPChannel):
-    """twisted.web's HTTP/1.1 channel, with two measured changes, both
-    through public methods:
+    """twisted.web's HTTP/1.1 channel, with a gate in front of its parser
+    and two measured changes, all through public methods:
 
+    - Each request head is held and checked by ``prexy.requesthead`` before
+      twisted.web parses it: a head that breaks the rules gets its 4xx/5xx
+      with ``Connection: close`` and nothing of it reaches twisted.web.  A
+      head must arrive whole within ``timeouts.client_header`` (from the
+      accept for a connection's first request, from the head's first byte
+      after that), and a request body may pause at most
+      ``timeouts.client_body`` between two reads; either way the client
+      gets a 408.  One timer per connection, armed only while a head is
+      incomplete, and the channel's own idle timer for the body.
     - It remembers its transport's addresses and whether it is TLS, which
       twisted.web asks for on every request (a new request reads
       ``getPeer()`` and ``getHost()``; ``isSecure()`` is an interface
@@ -245,9 +269,9 @@ class ProxyChannel(HTTPChannel):
       byte a response sends) go through ``SendNow``, so an answer leaves in
       the turn that produced it instead of the next one.  The channel's
       other writes to its transport are a 100 Continue (a request that
-      expects one makes the connection queue from then on) and the 400 of
-      a head it cannot parse (the connection is closing, which queues too),
-      so bytes never overtake queued ones.  The A/B is in bench/README.md
+      expects one makes the connection queue from then on) and the answer
+      to a refused head (the connection is closing, which queues too), so
+      bytes never overtake queued ones.  The A/B is in bench/README.md
       ("Issue 16").
     """
 
@@ -255,16 +279,123 @@ class ProxyChannel(HTTPChannel):
     _peer: Any = None
     _secure: bool | None = None
     _out: SendNow | None = None
+    _gate: HeadGate | None = None
+    _head: Head | None = None
+    _head_timer: Any = None
+    _refused = False
+    _in_body = False
+    site: ProxySite
 
     def connectionMade(self) -> None:
         super().connectionMade()
         self._out = SendNow(self.transport)
+        site = self.site
+        limits = site.limits
+        self._gate = HeadGate(limits)
+        # twisted.web's own limits stay above the gate's, so the gate
+        # answers first (and with the right status).
+        self.MAX_LENGTH = limits.max_request_head + 4
+        self.totalHeadersSize = limits.max_request_head + 4
+        self.maxHeaders = limits.max_request_head
+        self._arm_head_timer()
+
+    # -- the head gate -----------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        gate = self._gate
+        if gate is None or gate.open:
+            super().dataReceived(data)
+            return
+        if self._refused:
+            return
+        result = gate.feed(data)
+        if result is PENDING:
+            self.resetTimeout()
+            if self._head_timer is None:
+                self._arm_head_timer()
+            return
+        if isinstance(result, Refusal):
+            self.refuse(result)
+            return
+        assert isinstance(result, Passed)
+        self._cancel_head_timer()
+        self._head = result.head
+        super().dataReceived(result.data)
+
+    def _arm_head_timer(self) -> None:
+        seconds = self.site.timeouts.client_header
+        if seconds > 0:
+            self._head_timer = self.callLater(seconds, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        timer, self._head_timer = self._head_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        gate = self._gate
+        if gate is not None and gate.started:
+            self.refuse(Refusal(408, "request head not received in time (client_header timeout)"))
+        else:
+            # Nothing of a request came: close without an answer, as nginx does.
+            self._refused = True
+            self.loseConnection()
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer a head (or a stalled body) that will not be served, and
+        close the connection."""
+        self._refused = True
+        self._cancel_head_timer()
+        self.setTimeout(None)
+        transport: Any = self.transport
+        if transport is None:
+            return
+        transport.write(refusal_answer(refusal))
+        self.site.refused(self, refusal)
+        self.loseConnection()
 
     def allHeadersReceived(self) -> None:
+        request = self.requests[-1]
+        head = self._head
+        request.head = head
         out = self._out
-        if out is not None and self.requests and self.requests[-1].requestHeaders.hasHeader(b"expect"):
+        if out is not None and request.requestHeaders.hasHeader(b"expect"):
             out.queued = True  # twisted.web writes its 100 Continue to the transport
+        if head is not None and head.has_body:
+            body_timeout = self.site.timeouts.client_body
+            if body_timeout > 0:
+                self._in_body = True
+                self._idle = self.timeOut
+                self.setTimeout(body_timeout)
         super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        if self._in_body:
+            # twisted.web saves the timeout in force now and restores it
+            # after the request: make that the keep-alive idle one again.
+            self._in_body = False
+            self.timeOut = self._idle
+        super().allContentReceived()
+
+    def timeoutConnection(self) -> None:
+        if self._in_body:
+            self.refuse(Refusal(408, "request body stalled (client_body timeout)"))
+            return
+        super().timeoutConnection()
+
+    def requestDone(self, request: Any) -> None:
+        gate = self._gate
+        if gate is not None:
+            gate.reset()  # the next head (perhaps buffered already) is checked anew
+        self._head = None
+        super().requestDone(request)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self._cancel_head_timer()
+        super().connectionLost(reason)
+
+    # -- writes ----------------------------------------------------------------------
 
     def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
         seq = [version, b" ", code, b" ", reason, b"\r\n"]
@@ -301,6 +432,22 @@ class ProxyChannel(HTTPChannel):
         return self._secure
 
 
+PHRASES = {
+    400: b"Bad Request", 405: b"Method Not Allowed", 408: b"Request Timeout", 414: b"URI Too Long",
+    431: b"Request Header Fields Too Large", 501: b"Not Implemented", 505: b"HTTP Version Not Supported",
+}
+
+
+def refusal_answer(refusal: Refusal) -> bytes:
+    """The whole response to a refused head: status, reason, and close."""
+    phrase = PHRASES.get(refusal.status, b"Bad Request")
+    body = b"%d %s: %s\n" % (refusal.status, phrase, refusal.reason.encode("ascii", "replace"))
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (refusal.status, phrase, len(body), body)
+    )
+
+
 class ProxySite(server.Site):
     """The HTTP factory for the proxy: our request class, access log in
     combined log format, request body limit, and the open connections for
@@ -320,10 +467,17 @@ class ProxySite(server.Site):
         log_path: str | None = None,
         reactor: Any = None,
         timeout: float = 75.0,
+        limits: Limits = Limits(),
+        timeouts: Timeouts = Timeouts(),
     ) -> None:
         super().__init__(resource, logPath=log_path, timeout=timeout, reactor=reactor)
         self.max_request_body = max_request_body
         self.metrics = metrics
+        #: Head sizes and client deadlines for new connections (a reload
+        #: replaces them).
+        self.limits = limits
+        self.timeouts = timeouts
+        self._refusals_log = LogBudget()
         self.active_requests = 0
         #: channel -> [accepted at, has answered a request]
         self._channels: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
@@ -332,6 +486,20 @@ class ProxySite(server.Site):
         protocol = super().buildProtocol(addr)
         self._channels[protocol] = [self.reactor.seconds(), False]
         return protocol
+
+    def refused(self, channel: Any, refusal: Refusal) -> None:
+        """A head was refused: count it, and log one line (at most ten a
+        second; the rest are counted in the next line)."""
+        self.metrics.count_status(refusal.status)
+        left_out = self._refusals_log.take(self.reactor.seconds())
+        if left_out is None:
+            return
+        peer = getattr(channel.getPeer(), "host", "unix")
+        more = f" ({left_out} more not logged)" if left_out else ""
+        _log.info(
+            "refused a request from {peer}: {status} {reason}{more}",
+            peer=peer, status=refusal.status, reason=refusal.reason, more=more,
+        )
 
     def served(self, channel: Any) -> None:
         """A response on ``channel`` is complete."""

@@ -71,6 +71,10 @@ class ProxyResource(Resource):
             plain_answer(request, 400, b"Bad Request: unsupported request target\n")
             return server.NOT_DONE_YET
         client_target = target
+        if request.method == b"TRACE" and not site.config.allow_trace:
+            # TRACE echoes the request, credentials included (nginx: 405).
+            plain_answer(request, 405, b"405 Method Not Allowed: TRACE is not allowed on this site\n")
+            return server.NOT_DONE_YET
 
         if site.urlmap is not None:
             action, result = self._apply_map(request, site, target)
@@ -80,7 +84,10 @@ class ProxyResource(Resource):
                 target = result
 
         ctx = None
-        if site.cache_policy is not None and self.cache is not None:
+        head = getattr(request, "head", None)
+        # A request with a body is never answered from the cache, nor does
+        # its answer go into it: the body may change the answer.
+        if site.cache_policy is not None and self.cache is not None and not (head is not None and head.has_body):
             request.prexy_forward = (target, host)
             pairs = [(n, v) for n, vs in raw.items() for v in vs]
             answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)

@@ -264,7 +264,8 @@ class TestCache:
     @pytest_twisted.inlineCallbacks
     def test_hits_of_every_shape(self) -> Any:
         """Hits for GET, HEAD, a 304 for a matching If-None-Match, a Vary
-        variant, tracking cookies, and a head with an obs-fold line: each is
+        variant, tracking cookies, and a head with repeated fields and a tab
+        in a value (an obs-fold line is a 400 now, test_strict): each is
         a hit, the same bytes every time (but Age), and the origin saw only
         the two fetches that filled the cache."""
         cases = [
@@ -273,7 +274,7 @@ class TestCache:
             (b"GET", b"/c/q", b'If-None-Match: "q-v1"\r\n'),
             (b"GET", b"/c/q?vary=Accept-Language", b"Accept-Language: nl\r\n"),
             (b"GET", b"/c/q", b"Cookie: _ga=1\r\nUser-Agent: t/1\r\nReferer: http://r/\r\n"),
-            (b"GET", b"/c/q", b"X-Folded: a\r\n b\r\n"),
+            (b"GET", b"/c/q", b"X-Rep: a\r\nX-Rep: b\r\nX-Tab: a\tb\r\n"),
         ]
         yield self.get("/c/q")
         yield self.get("/c/q?vary=Accept-Language", b"Accept-Language: nl\r\n")
