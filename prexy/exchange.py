@@ -16,7 +16,9 @@ Lifecycle (``State``; ``Lifecycle.move`` refuses any other step)::
 ``SENT``: the request is upstream, no head yet.  ``STREAMING``: the head
 went to the client and the body flows through the pipeline.  ``DRAINING``:
 the upstream body ended and what was received is still being rewritten.
-``DONE``, ``GONE`` (the client went away) and ``ABORTED`` (the client
+``DONE``, ``GONE`` (the client went away and nobody else wants the fetch;
+one that followers or the cache still want goes on through the same states
+without a client, ``prexy.cache.flow.wanted``) and ``ABORTED`` (the client
 connection was reset: the upstream broke mid-body or the rewrite failed)
 are final.
 

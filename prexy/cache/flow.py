@@ -1,6 +1,8 @@
 """The cache's part in one request, without I/O: which way a request goes
-(``route``), and the coalescing flight that streams one upstream fetch to
-every request that asked for the same object meanwhile (``Flight``).
+(``route``), the coalescing flight that streams one upstream fetch to
+every request that asked for the same object meanwhile (``Flight``), and
+whether a fetch goes on once the client that made it went away
+(``wanted``).
 
 A flight's followers each read the body at their own pace: the flight
 keeps the body's chunks (it keeps them anyway while the object may still
@@ -79,6 +81,46 @@ def route(
     if fetching:
         return Routed(Route.FOLLOW, fwd, obj=obj)
     return Routed(Route.CLAIM, fwd, obj=obj)
+
+
+class Wanted(enum.Enum):
+    """Who still wants a fetch whose own client went away (``wanted``)."""
+
+    #: Nobody: cancel the upstream request.
+    NOBODY = "nobody"
+    #: Requests of this process follow its flight.
+    FOLLOWERS = "followers"
+    #: Its answer is being stored (or, before the head, is to be).
+    STORE = "store"
+
+
+def wanted(*, followers: int, head: bool, claimed: bool, storing: bool) -> Wanted:
+    """Whether an upstream fetch goes on without the client that made it.
+
+    ``followers``: requests still following its flight; ``head``: the
+    upstream's head arrived; ``claimed``: it is the fetch of a miss, holding
+    the key's claim in the shared store; ``storing``: its body is being
+    stored (the head was cacheable and the body is within max_object_size
+    so far).
+
+    Followers keep it going: one client hanging up must not cut the answer
+    of the others.  So does the store, as in Varnish (the fetch of a
+    cacheable object always completes, whatever its clients do) and nginx
+    (``ngx_http_upstream_check_broken_connection`` keeps reading an upstream
+    whose client closed while the response is ``cacheable``, before its head
+    too): the next request is a hit, and the requests of other workers that
+    wait on the claim are answered by this one fetch instead of each making
+    its own.  Before the head, a claimed fetch goes on for that reason: URLs
+    known not to be storable carry a hit-for-miss marker and never claim, so
+    a claimed answer is usually stored.  Otherwise, and as soon as the head
+    or the body's size says nothing will be stored, nobody wants it: the
+    upstream request is cancelled rather than read for no one."""
+    if followers > 0:
+        return Wanted.FOLLOWERS
+    # Before the head only the claim tells; from the head on, the store does.
+    if (head and storing) or (not head and claimed):
+        return Wanted.STORE
+    return Wanted.NOBODY
 
 
 class Follower(Protocol):

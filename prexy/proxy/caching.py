@@ -11,12 +11,15 @@ neither the origin nor the rules.
 A miss makes one upstream request per key: later requests for the same key
 in this worker attach to the in-flight ``Flight`` and are served as the body
 streams in; other workers see the store's claim on the key and wait for the
-object to appear.
+object to appear.  The client that made the fetch hanging up cuts nobody's
+answer: the fetch goes on while followers wait or the answer is being
+stored, and is cancelled once neither holds (``flow.wanted``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -83,6 +86,18 @@ class CacheContext:
     def status(self, code: int | None = None, stored: bool = False) -> bytes:
         return cache_status_header(fwd=self.fwd, fwd_status=code, stored=stored, detail=self.detail)
 
+    def wanted(self, head: bool, storing: bool) -> flow.Wanted:
+        """Who still wants this request's fetch, now that its own client is
+        gone (``flow.wanted``): ``head``, the upstream's head arrived;
+        ``storing``, its body is being stored."""
+        flight = self.flight
+        return flow.wanted(
+            followers=flight.following() if flight is not None else 0,
+            head=head,
+            claimed=self.claim_key is not None,
+            storing=storing,
+        )
+
 
 @implementer(IPushProducer)
 class _Follower:
@@ -106,7 +121,7 @@ class _Follower:
         abort_client(self.request)
 
     def client_gone(self, reason: object = None) -> None:
-        self.flight.core.detach(self)
+        self.flight.left(self)
 
     def pauseProducing(self) -> None:
         self.flight.core.pause(self)
@@ -115,7 +130,7 @@ class _Follower:
         self.flight.core.resume(self)
 
     def stopProducing(self) -> None:
-        self.flight.core.detach(self)
+        self.flight.left(self)
 
 
 class Flight:
@@ -128,6 +143,9 @@ class Flight:
         self.key = key
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        #: Told when a follower goes away: the leader's exchange, once its
+        #: own client went and the fetch goes on for whoever is left.
+        self.on_leave: Callable[[], object] | None = None
 
     @property
     def open(self) -> bool:
@@ -169,6 +187,16 @@ class Flight:
         request.registerProducer(follower, True)
         return True
 
+    def left(self, follower: _Follower) -> None:
+        """A follower's client went away."""
+        self.core.detach(follower)
+        if self.on_leave is not None:
+            self.on_leave()
+
+    def following(self) -> int:
+        """How many requests follow this fetch now."""
+        return len(self.core.followers())
+
     def data(self, chunk: bytes, keep: bool) -> None:
         self.core.data(chunk, keep)
 
@@ -205,6 +233,7 @@ class Flight:
 
     def end(self) -> None:
         """No more followers: later requests look in the store."""
+        self.on_leave = None
         if self.layer.inflight.get(self.key) is self:
             del self.layer.inflight[self.key]
 

@@ -15,10 +15,12 @@ import collections
 from typing import Any
 
 from twisted.internet.defer import CancelledError
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from prexy.cache import flow
 from prexy.codec import Decoder, GzipEncoder, accepts_gzip
 from prexy.exchange import (
     FIRST_SLICE,
@@ -184,7 +186,9 @@ class Exchange:
         if self.pipeline is not None and self.pipeline.decoder is None:
             self.expect = response.length
         if not response.body_in_hand:
-            request.registerProducer(response.producer, True)
+            if self._unwanted():
+                return
+            request.registerProducer(_ClientProducer(self, response.producer), True)
             self.producer_registered = True
         response.deliverBody(self)
 
@@ -271,7 +275,7 @@ class Exchange:
     # -- the body ------------------------------------------------------------------------
 
     def bodyData(self, data: bytes) -> None:
-        if self.life.over:
+        if self.life.over or (self.writer is None and self.ctx is not None and self._unwanted()):
             return
         self.resource.metrics.bytes_in += len(data)
         if self.pipeline is None:
@@ -362,6 +366,8 @@ class Exchange:
                 return
             if end:
                 self._out(end)
+                if self.life.over:
+                    return  # the last follower left with it, and nothing is stored
             tail, self.stash = self.stash + end, b""
             transducer = pipeline.transducer
             metrics = self.resource.metrics
@@ -460,17 +466,75 @@ class Exchange:
             self.abort_client()
 
     def client_gone(self, reason: Failure | None = None) -> None:
-        """The client disconnected before the response was complete."""
-        if self.life.over:
+        """The client disconnected before the response was complete: the
+        fetch goes on without it while others want it (``flow.wanted``),
+        else it is cancelled."""
+        if self.life.over or self.detached:
             return
+        self.producer_registered = False
+        ctx = self.ctx
+        wanted = flow.Wanted.NOBODY if ctx is None else ctx.wanted(self.response is not None, self.writer is not None)
+        if ctx is None or wanted is flow.Wanted.NOBODY:
+            self._cancel()
+            return
+        self.request.exchange = None
+        self.request = DetachedRequest(self.request)
+        if self.response is not None and self.life.state is State.STREAMING:
+            self.response.producer.resumeProducing()  # the gone client's pause
+        if ctx.flight is not None:
+            ctx.flight.on_leave = self._unwanted
+        self.resource.metrics.count("prexy_cache_fetch_without_client_total", wanted=wanted.value)
+
+    @property
+    def detached(self) -> bool:
+        """No client of its own: a background refresh, or a fetch that went
+        on after its client left."""
+        return isinstance(self.request, DetachedRequest)
+
+    def _unwanted(self) -> bool:
+        """Cancel a fetch without a client once nobody wants it; True when
+        it is over."""
+        ctx = self.ctx
+        if self.life.over or ctx is None or not self.detached:
+            return self.life.over
+        if ctx.wanted(self.response is not None, self.writer is not None) is flow.Wanted.NOBODY:
+            self._cancel()
+        return self.life.over
+
+    def _cancel(self) -> None:
+        """Stop the upstream request: nobody wants its answer."""
+        streaming = self.life.state is State.STREAMING  # DRAINING: the upstream is done
         self.life.move(State.GONE)
         self.producer_registered = False
         self._cache_done(False)
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.cancel()
-        elif self.response is not None:
+        elif self.response is not None and streaming:
             self.response.abort()
+
+
+@implementer(IPushProducer)
+class _ClientProducer:
+    """What the client's connection pauses and resumes: the upstream socket,
+    while the body comes from it (once it ended, the connection may serve
+    another request).  Its end is the client going away, for the exchange
+    to decide on, not an abort of a fetch that others may still want."""
+
+    def __init__(self, exchange: Exchange, upstream: IPushProducer) -> None:
+        self.exchange = exchange
+        self.upstream = upstream
+
+    def pauseProducing(self) -> None:
+        if self.exchange.life.state is State.STREAMING:
+            self.upstream.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        if self.exchange.life.state is State.STREAMING:
+            self.upstream.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.exchange.client_gone()
 
 
 @implementer(IBodyConsumer)
