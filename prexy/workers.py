@@ -183,6 +183,13 @@ class MasterService(service.MultiService):
     def stopService(self) -> Any:
         """Forward SIGTERM, wait for the workers to drain, then close."""
         self.stopping = True
+        # Stop listening at once: the master's copy of each listening
+        # socket would keep it open (the kernel accepting into the backlog)
+        # until the last worker exits, so new connections would hang and be
+        # reset instead of being refused and retried on another node.  The
+        # workers close their copies as they start draining.
+        for _spec, sock in self.sockets:
+            sock.close()
         sd_notify("STOPPING=1")
         live = [w for w in self.workers]
         for w in live:

@@ -234,6 +234,45 @@ class TestWorkerPool:
             assert not (os.path.exists(f"/proc/{pid}/status") and "zombie" not in open(f"/proc/{pid}/status").read())
 
     @pytest_twisted.inlineCallbacks
+    def test_sigterm_stops_listening_at_once(self) -> Any:
+        """While a request drains, new connections are refused at once (a
+        load balancer tries another node) instead of being accepted into a
+        backlog nobody reads and reset seconds later."""
+        child = yield self.start()
+        slow = self.get("/slow?s=3")
+        yield self.origin.when(lambda: any(r.path == b"/slow" for r in self.origin.requests)).addTimeout(20, reactor)
+        stopping = child.notified("STOPPING=1")
+        child.process.send_signal(signal.SIGTERM)
+        yield stopping
+        signalled = reactor.seconds()
+
+        def attempt() -> str:
+            with socket.socket() as s:
+                s.settimeout(1)
+                try:
+                    s.connect(("127.0.0.1", self.port))
+                    s.sendall(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+                    return "answered" if s.recv(100) else "closed"
+                except ConnectionRefusedError:
+                    return "refused"
+                except OSError as e:
+                    return f"error {e}"
+
+        # The workers close their copies when the master's SIGTERM reaches
+        # them; each attempt blocks at most 1 s, so this takes a few tries.
+        outcomes = []
+        while reactor.seconds() - signalled < 2.5:
+            outcome = yield deferToThread(attempt)
+            outcomes.append(outcome)
+            if outcome == "refused":
+                break
+        assert outcomes[-1] == "refused", outcomes
+        assert reactor.seconds() - signalled < 2.5
+        answer = yield slow  # the request in flight still completes
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        yield child.wait_exit(20)
+
+    @pytest_twisted.inlineCallbacks
     def test_metrics_summed_over_workers(self) -> Any:
         """The master's /metrics counts the requests of both workers."""
         yield self.start()
