@@ -39,6 +39,7 @@ a head that is refused reaches twisted.web.  It imports no Twisted.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import attrs
 
@@ -58,9 +59,10 @@ class Refusal:
     reason: str
 
 
-@attrs.frozen
-class Head:
-    """What a head that passed says, for the proxy to act on."""
+class Head(NamedTuple):
+    """What a head that passed says, for the proxy to act on.  (A named
+    tuple: made once per request, it costs a quarter of a frozen attrs
+    class.)"""
 
     method: bytes
     #: The target in origin-form (an absolute-form target's path and query).
@@ -95,9 +97,15 @@ _DIGITS = re.compile(rb"[0-9]*")
 _SCHEME = re.compile(rb"(?i:https?)://")
 
 
+#: The shape of nearly every Host: labels of letters, digits and '-', a port.
+_PLAIN_HOST = re.compile(rb"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?(?::[0-9]{0,5})?")
+
+
 def check_host(value: bytes) -> str | None:
     """Why ``value`` cannot be a Host (an authority: host and optional
     port), or None when it can."""
+    if _PLAIN_HOST.fullmatch(value):
+        return None
     if not value:
         return "empty Host"
     if value.startswith(b"["):
@@ -228,30 +236,108 @@ class HeadReader:
         if self._request is None:
             return Refusal(400, "empty request head")
         method, target, authority, version = self._request
-        hosts, length, coding = self._hosts, self._length, self._coding
-        if len(hosts) > 1:
-            return Refusal(400, "more than one Host header")
-        host = hosts[0] if hosts else None
-        if host is not None:
-            why = check_host(host)
-            if why is not None:
-                return Refusal(400, why)
-        elif version == b"HTTP/1.1":
-            return Refusal(400, "HTTP/1.1 request without Host")
-        framing, size = NO_BODY, 0
-        if coding is not None:
-            if version == b"HTTP/1.0":
-                return Refusal(400, "Transfer-Encoding on an HTTP/1.0 request")
-            if coding.lower() != b"chunked":
-                return Refusal(501, "only the chunked transfer coding is supported")
-            if length is not None:
-                return Refusal(400, "Transfer-Encoding beside Content-Length")
-            framing = CHUNKED
-        elif length is not None:
-            framing, size = LENGTH, int(length)
-        route = authority if authority is not None else host
-        replace = authority is not None and (host is None or host.lower() != authority.lower())
-        return Head(method, target, route, version, replace, framing, size)
+        return conclude(method, target, authority, version, self._hosts, self._length, self._coding)
+
+
+def conclude(
+    method: bytes, target: bytes, authority: bytes | None, version: bytes,
+    hosts: list[bytes], length: bytes | None, coding: bytes | None,
+) -> Head | Refusal:
+    """The checks of a head as a whole, once its lines passed: Host, and
+    the body's framing."""
+    if len(hosts) > 1:
+        return Refusal(400, "more than one Host header")
+    host = hosts[0] if hosts else None
+    if host is not None:
+        why = check_host(host)
+        if why is not None:
+            return Refusal(400, why)
+    elif version == b"HTTP/1.1":
+        return Refusal(400, "HTTP/1.1 request without Host")
+    framing, size = NO_BODY, 0
+    if coding is not None:
+        if version == b"HTTP/1.0":
+            return Refusal(400, "Transfer-Encoding on an HTTP/1.0 request")
+        if coding.lower() != b"chunked":
+            return Refusal(501, "only the chunked transfer coding is supported")
+        if length is not None:
+            return Refusal(400, "Transfer-Encoding beside Content-Length")
+        framing = CHUNKED
+    elif length is not None:
+        framing, size = LENGTH, int(length)
+    route = authority if authority is not None else host
+    replace = authority is not None and (host is None or host.lower() != authority.lower())
+    return Head(method, target, route, version, replace, framing, size)
+
+
+#: A whole head in the shape almost every client sends, checked by one
+#: regular expression (see ``fast_head``): the same grammar as
+#: ``HeadReader``'s line by line.
+_FAST_HEAD = re.compile(
+    rb"([A-Z_-]{1,32}) (/[!\x22$-~]*|[hH][tT][tT][pP][sS]?://[!\x22$-~]*) HTTP/1\.([01])\r\n"
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*)\r\n"
+)
+
+
+def _values(block: bytes, low: bytes, key: bytes) -> list[bytes] | None:
+    """The values of the fields named ``key`` (``b"host:"``) in a block of
+    field lines (``low`` is the block lower-cased), or None for none."""
+    if low.startswith(key):
+        at = 0
+    else:
+        at = low.find(b"\n" + key) + 1
+        if not at:
+            return None
+    out = []
+    while True:
+        start = at + len(key)
+        end = block.index(b"\r", start)
+        out.append(block[start:end].strip(b" \t"))
+        at = low.find(b"\n" + key, end) + 1
+        if not at:
+            return out
+
+
+def fast_head(data: bytes, start: int, end: int) -> Head | Refusal | None:
+    """The verdict on the head ``data[start:end]`` (its final empty line
+    included) when it has the common shape, else None (for ``HeadReader``
+    to read it line by line).  It gives what ``HeadReader`` gives on the
+    same head (the tests compare the two), about ten times as fast:
+    measured 2026-12-02, a 499-byte browser head 46.6 -> 4.9 us, wrk's
+    57-byte head 13.5 -> 2.6 us (CPU per proxied request here: ~265 us)."""
+    m = _FAST_HEAD.match(data, start, end)
+    if m is None or m.end() != end:
+        return None
+    method, target, minor, block = m.groups()
+    if method == b"CONNECT":
+        return None
+    authority = None
+    if target[:1] == b"/":
+        if b"%" in target or b"." in target:
+            checked = check_target(method, target)
+            if isinstance(checked, Refusal):
+                return checked
+    else:
+        checked = check_target(method, target)
+        if isinstance(checked, Refusal):
+            return checked
+        target, authority = checked
+    low = block.lower()
+    length = coding = None
+    lengths = _values(block, low, b"content-length:")
+    if lengths is not None:
+        if len(lengths) > 1:
+            return Refusal(400, "Content-Length given twice")
+        length = lengths[0]
+        if not length.isdigit():
+            return Refusal(400, "Content-Length is not a number")
+    codings = _values(block, low, b"transfer-encoding:")
+    if codings is not None:
+        if len(codings) > 1:
+            return Refusal(400, "Transfer-Encoding given twice")
+        coding = codings[0]
+    hosts = _values(block, low, b"host:") or []
+    return conclude(method, target, authority, b"HTTP/1." + minor, hosts, length, coding)
 
 
 def parse_head(lines: list[bytes], limits: Limits) -> Head | Refusal:
@@ -270,8 +356,7 @@ class Pending:
     """The head is not complete yet; its bytes so far are held."""
 
 
-@attrs.frozen
-class Passed:
+class Passed(NamedTuple):
     """A head passed: ``data`` is all bytes held and given, for the HTTP
     parser (the head, and whatever followed it)."""
 
@@ -294,16 +379,20 @@ class HeadGate:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
+        #: Heads up to this size may take the one-expression path: no line
+        #: of theirs can be over a line limit.
+        self._fast_limit = min(limits.max_request_line, limits.max_header_line, limits.max_request_head)
         self.reset()
 
     def reset(self) -> None:
-        self._buf = bytearray()
+        #: The bytes held while a head is incomplete (None: nothing held).
+        self._buf: bytearray | None = None
         #: Where the current (incomplete) line starts in ``_buf``.
         self._pos = 0
-        #: Where the head starts (after one skipped empty line).
+        #: Where the head starts (after the empty lines skipped).
         self._start = 0
         self._lines = 0
-        self._reader = HeadReader(self.limits)
+        self._reader: HeadReader | None = None
         #: A head has passed and the gate is open until ``reset``.
         self.open = False
         #: Bytes of the current head have arrived (its deadline runs).
@@ -314,11 +403,28 @@ class HeadGate:
             return PENDING
         self.started = True
         held = self._buf
+        if held is None:
+            # A whole head in one read, the common case: one expression.
+            start = 0
+            while data.startswith(b"\r\n", start):
+                start += 2
+            end = data.find(b"\r\n\r\n", start) + 4
+            if 4 <= end - start <= self._fast_limit:
+                result = fast_head(data, start, end)
+                if result is not None:
+                    if isinstance(result, Refusal):
+                        return result
+                    self.open = True
+                    return Passed(result, data[start:] if start else data)
+            held = self._buf = bytearray()
+            self._reader = HeadReader(self.limits)
         if held:
             held += data
             buf: bytes | bytearray = held
         else:
             buf = data
+        reader = self._reader
+        assert reader is not None
         limits = self.limits
         lines = self._lines
         pos = self._pos
@@ -335,7 +441,7 @@ class HeadGate:
             pos = i + 1
             if not line:
                 if lines:
-                    result = self._reader.end()
+                    result = reader.end()
                     if isinstance(result, Refusal):
                         return result
                     # Empty lines before the request line are skipped
@@ -351,7 +457,7 @@ class HeadGate:
                     return Refusal(431, "header line too long")
             elif len(line) > limits.max_request_line:
                 return Refusal(414, "request line too long")
-            refusal = self._reader.line(line)
+            refusal = reader.line(line)
             if refusal is not None:
                 return refusal
             lines += 1
