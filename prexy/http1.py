@@ -13,8 +13,30 @@ them to a socket):
   returns the events the bytes completed, in order: one :class:`Head`,
   :class:`Data` pieces of the body, one :class:`End`, or a
   :class:`ResponseError` (then nothing more).  Interim 1xx responses other
-  than 101 are skipped.  The events do not depend on how the bytes were cut
-  into reads, except that body data is split where the reads split it.
+  than 101 are skipped; a 101 is an :class:`UnsolicitedUpgrade` unless the
+  reader was told the request asked to upgrade.  The events do not depend
+  on how the bytes were cut into reads, except that body data is split
+  where the reads split it.
+
+What the reader refuses (a ResponseError, status 502; the connection must
+not be reused) and what it lets through on purpose:
+
+- numbers are ASCII digits only, never what ``int()`` also takes (a sign,
+  ``_``, surrounding whitespace, ``0x``): the status code is 3 digits
+  (100-999), a Content-Length 1*DIGIT (RFC 9110 8.6), a chunk size
+  1*HEXDIG (RFC 9112 7.1), then optional whitespace and ``;`` extensions,
+  which are ignored;
+- the version is ``HTTP/1.`` and one digit (1.0 closes unless keep-alive,
+  any other is read as 1.1);
+- a NUL anywhere in the head, a CR or LF in the head that is not part of
+  a CRLF, and a CR in a chunk line other than one right before its LF;
+- a head (interim 1xx heads included) over ``max_head`` bytes, however it
+  is cut into reads;
+- accepted: a repeated equal Content-Length, Transfer-Encoding beside
+  Content-Length (chunked wins), obs-fold continuation lines (joined with
+  one space; framing headers are decided on their first line), chunk lines
+  ending in LF alone, any version 1.x, a HEAD response's Content-Length
+  without its body.
 
 The body framings are one small class each, in the manner of h11's
 ``_readers.py``: :class:`_LengthReader`,
@@ -33,16 +55,17 @@ runs on the shared 2-core build machine)::
 h11 is out (10x slower).  httptools would save about 6 us of a ~1 ms
 20 KB request, but it cannot read the responses the proxy reads today: it
 refuses a repeated equal Content-Length, Transfer-Encoding beside
-Content-Length (chunked must win), obs-fold, LF-only chunk lines, ``0x``
-and ``+`` sizes and versions other than 1.0/1.1 (only some have a
-"dangerous leniency" switch), and it cannot be told that a response
-answers HEAD (it would wait for the Content-Length bytes).  Keeping the
+Content-Length (chunked must win), obs-fold, LF-only chunk lines and
+versions other than 1.0/1.1 (only some have a "dangerous leniency"
+switch), and it cannot be told that a response answers HEAD (it would
+wait for the Content-Length bytes).  Keeping the
 acceptance rules exact was the brief; chunked bodies with small chunks are
 where a switch would pay (8x), so that is the case to revisit.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 __all__ = [
@@ -62,23 +85,26 @@ __all__ = [
     "ResponseError",
     "ResponseIncomplete",
     "ResponseReader",
+    "UnsolicitedUpgrade",
     "chunk",
     "request_head",
 ]
 
-#: The most bytes a response head may take, status line and blank line
-#: included.
+#: The most bytes a response head may take by default (a reader's
+#: ``max_head``): status line and blank line included, with the interim 1xx
+#: heads before it.
 MAX_HEADER_BYTES = 64 * 1024
 #: The most lines a response head may have, status line included (and the
 #: most trailer fields a chunked body may end with).
 MAX_HEADER_COUNT = 200
 #: The longest line of chunked framing (a size line, a trailer field).
 MAX_CHUNK_LINE = 4096
-#: Final statuses that never have a body (1xx other than 101 are skipped).
+#: Final statuses that never have a body (1xx other than 101 are skipped;
+#: a 101 has none either).
 NO_BODY_STATUSES = frozenset({204, 304})
 
 #: Body framings, as the Head reports them.
-NONE = "none"  # no body: HEAD, 204, 304, 101, Content-Length: 0
+NONE = "none"  # no body: HEAD, 204, 304, an asked-for 101, Content-Length: 0
 LENGTH = "length"  # Content-Length bytes
 CHUNKED = "chunked"  # Transfer-Encoding: chunked
 CLOSE = "close"  # until the connection closes
@@ -145,6 +171,12 @@ class ResponseError(Exception):
 
 class ResponseIncomplete(ResponseError):
     """The connection closed before the response was complete."""
+
+
+class UnsolicitedUpgrade(ResponseError):
+    """A ``101 Switching Protocols`` to a request that did not ask to
+    upgrade: the upstream may have stopped speaking HTTP on the connection,
+    so the connection must be closed, and the client gets a 502."""
 
 
 class Head:
@@ -237,6 +269,11 @@ _NO_TRAILERS: list[tuple[bytes, bytes]] = []
 # -- the head ---------------------------------------------------------------------
 
 _FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+#: HTTP/1.DIGIT (a prefix check alone took "HTTP/1.0junk" for 1.1).
+_VERSIONS = frozenset(b"HTTP/1.%d" % minor for minor in range(10))
+#: A status code is 3DIGIT, 100 to 999; int() also took "+200", "2_00",
+#: "\t200" and "0200".  One lookup instead of a check and int().
+_CODES = {b"%d" % code: code for code in range(100, 1000)}
 _TOKENS: dict[bytes, frozenset[bytes]] = {}
 
 
@@ -251,28 +288,30 @@ def _connection_tokens(value: bytes) -> frozenset[bytes]:
     return tokens
 
 
-def _parse_head(head: bytes, method: bytes) -> Head | None:
+def _parse_head(head: bytes, method: bytes, upgrade: bool) -> Head | None:
     """One head block (without its blank line); None for a skipped 1xx."""
     lines = head.split(b"\r\n")
     status_line = lines[0]
     parts = status_line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise ResponseError(f"bad status line {status_line[:80]!r}")
     version = parts[0]
-    try:
-        code = int(parts[1])
-    except ValueError:
-        raise ResponseError(f"bad status code {parts[1][:20]!r}") from None
-    if not 100 <= code <= 999:
-        raise ResponseError(f"bad status code {code}")
-    if 100 <= code < 200 and code != 101:
-        return None  # interim: the real response follows
+    if len(parts) < 2 or version not in _VERSIONS:
+        raise ResponseError(f"bad status line {status_line[:80]!r}")
+    code = _CODES.get(parts[1])
+    if code is None:
+        raise ResponseError(f"bad status code {parts[1][:20]!r}")
+    if code < 200:
+        if code != 101:
+            return None  # interim: the real response follows
+        if not upgrade:
+            raise UnsolicitedUpgrade("101 Switching Protocols to a request that did not ask to upgrade")
     phrase = parts[2] if len(parts) > 2 else b""
     if len(lines) > MAX_HEADER_COUNT:
         raise ResponseError("too many response headers")
     crlf = len(lines) - 1
     if head.count(b"\r") != crlf or head.count(b"\n") != crlf:
         raise ResponseError("bare CR or LF in a response header")
+    if 0 in head:  # a NUL; an int is one memchr (b"\x00" in head took 8x as long)
+        raise ResponseError("NUL in a response header")
     headers: list[tuple[bytes, bytes]] = []
     lnames: list[bytes] = []
     content_length: int | None = None
@@ -293,12 +332,15 @@ def _parse_head(head: bytes, method: bytes) -> Head | None:
         lname = name.lower()
         if lname in _FRAMING_HEADERS:  # decided on this line alone, before any fold
             if lname == b"content-length":
+                # 1*DIGIT (RFC 9110 8.6): int() also takes "+5" and "1_1".
+                if not value.isdigit():
+                    raise ResponseError(f"bad Content-Length {value[:40]!r}")
                 try:
                     length = int(value)
-                except ValueError:
+                except ValueError:  # more digits than int() converts
                     raise ResponseError(f"bad Content-Length {value[:40]!r}") from None
-                if length < 0 or (content_length is not None and content_length != length):
-                    raise ResponseError("conflicting or negative Content-Length")
+                if content_length is not None and content_length != length:
+                    raise ResponseError("conflicting Content-Length")
                 content_length = length
             elif lname == b"transfer-encoding":
                 if value.split(b",")[-1].strip().lower() == b"chunked":
@@ -315,7 +357,9 @@ def _parse_head(head: bytes, method: bytes) -> Head | None:
         headers.append((name, value))
         lnames.append(lname)
     length_out: int | None
-    if method == b"HEAD" or code in NO_BODY_STATUSES or code == 101:
+    if code == 101:  # asked for: the connection now speaks another protocol
+        framing, length_out, close = NONE, 0, True
+    elif method == b"HEAD" or code in NO_BODY_STATUSES:
         framing, length_out = NONE, 0
         if method == b"HEAD" and code not in NO_BODY_STATUSES:
             length_out = content_length
@@ -371,13 +415,20 @@ class _CloseReader:
 
 _SIZE, _DATA, _DATA_END, _TRAILERS = range(4)
 
+#: A chunk-size line without its line end: 1*HEXDIG, then optional
+#: whitespace (BWS before ";", or trailing) and extensions, which are
+#: ignored (RFC 9112 7.1).  int(x, 16) alone also took "0x5", "+5", "5_0"
+#: and " 5".
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(?:;[^\r]*)?")
+_HEXDIG = b"0123456789ABCDEFabcdef"
+
 
 class _ChunkedReader:
     """Chunked framing; the data of all the chunks complete in one read is
     handed over as one Data (a site sending 1 KiB chunks otherwise costs
     the proxy one rewrite feed, with its fixed cost, and one client write
-    per chunk).  Lines may end in LF alone; a size line's extensions are
-    ignored."""
+    per chunk).  Lines may end in LF alone (or CRLF, not CR CR LF); a size
+    line's extensions are ignored."""
 
     def __init__(self, keep_alive: bool) -> None:
         self.keep_alive = keep_alive
@@ -411,15 +462,17 @@ class _ChunkedReader:
                     break
                 if eol - pos > MAX_CHUNK_LINE:
                     raise ResponseError("chunk line too long")
-                line = buf[pos:eol].rstrip(b"\r")
+                # One CR of the line end (rstrip took "5\r\r\n" as "5").
+                line = buf[pos : eol - 1] if eol > pos and buf[eol - 1] == 13 else buf[pos:eol]
                 pos = eol + 1
                 if state == _SIZE:
-                    try:
-                        length = int(line.split(b";", 1)[0].strip(), 16)
-                    except ValueError:
-                        raise ResponseError(f"bad chunk size {line[:20]!r}") from None
-                    if length < 0:
-                        raise ResponseError("negative chunk size")
+                    if line and not line.translate(None, _HEXDIG):  # only hex digits: the usual line
+                        length = int(line, 16)
+                    else:
+                        match = _CHUNK_SIZE.fullmatch(line)
+                        if match is None:
+                            raise ResponseError(f"bad chunk size {line[:20]!r}")
+                        length = int(match[1], 16)
                     if length:
                         self.remaining = length
                         self.state = _DATA
@@ -465,13 +518,28 @@ class ResponseReader:
     came after the response are in :attr:`trailing_data` (a pipelined
     response, or garbage); after a :class:`ResponseError`, further calls
     return nothing.
+
+    ``max_head`` bounds the bytes before the body: the final head and any
+    interim 1xx heads before it, blank lines included, whether they arrive
+    whole or in pieces.  ``upgrade`` says the request asked to switch
+    protocols (it carried ``Upgrade``): only then is a 101 a response (the
+    final one, without a body and with keep_alive False; the new
+    protocol's first bytes are in :attr:`trailing_data`), otherwise it is
+    an :class:`UnsolicitedUpgrade`.
     """
 
-    __slots__ = ("method", "_state", "_buffer", "_scan", "_body", "framing", "trailing_data", "received_any")
+    __slots__ = (
+        "method", "max_head", "upgrade", "_state", "_buffer", "_scan", "_consumed", "_body", "framing",
+        "trailing_data", "received_any",
+    )
 
-    def __init__(self, method: bytes = b"GET") -> None:
+    def __init__(self, method: bytes = b"GET", max_head: int = MAX_HEADER_BYTES, upgrade: bool = False) -> None:
         self.method = method
+        self.max_head = max_head
+        self.upgrade = upgrade
         self._state = _HEAD
+        #: Bytes of the interim heads already read.
+        self._consumed = 0
         self._buffer = bytearray()
         self._scan = 0
         self._body: _LengthReader | _ChunkedReader | _CloseReader | None = None
@@ -527,11 +595,12 @@ class ResponseReader:
                     self._wait(buffer)
                     return
             while True:
-                if end + 4 > MAX_HEADER_BYTES:
-                    raise ResponseError("response header too large")
-                head = _parse_head(buf[:end], self.method)
+                if self._consumed + end + 4 > self.max_head:
+                    raise ResponseError(f"response head over {self.max_head} bytes")
+                head = _parse_head(buf[:end], self.method, self.upgrade)
                 if head is not None:
                     break
+                self._consumed += end + 4
                 buf = buf[end + 4 :]  # a 1xx: on to the next head
                 end = buf.find(b"\r\n\r\n")
                 if end < 0:
@@ -573,9 +642,10 @@ class ResponseReader:
                 self.trailing_data = left
 
     def _wait(self, buffer: bytearray) -> None:
-        """No complete head yet: remember where to look next time."""
-        if len(buffer) >= MAX_HEADER_BYTES:
-            raise ResponseError("response header too large")
+        """No complete head yet: remember where to look next time (a head
+        that ends later is at least one byte longer than ``buffer``)."""
+        if self._consumed + len(buffer) >= self.max_head:
+            raise ResponseError(f"response head over {self.max_head} bytes")
         self._scan = max(0, len(buffer) - 3)
 
     def connection_closed(self) -> list[Event]:

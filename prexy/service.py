@@ -230,7 +230,7 @@ class ProxyService(service.MultiService):
         self.reactor = reactor
         self.config = config
         self.metrics = Metrics()
-        self.pool = UpstreamPool(reactor, config.timeouts)
+        self.pool = UpstreamPool(reactor, config.timeouts, limits=config.limits)
         self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics, timer=time.perf_counter)
         self.site = ProxySite(
             self.resource, config.max_request_body, self.metrics, reactor=reactor,
@@ -293,6 +293,7 @@ class ProxyService(service.MultiService):
         self.site.max_request_body = config.max_request_body
         self.site.limits = config.limits
         self.site.timeouts = config.timeouts
+        self.pool.limits = config.limits
         log.info("reloaded configuration: {n} site(s)", n=len(runtime.sites))
         return True
 

@@ -36,6 +36,7 @@ from prexy.http1 import (
     ResponseError,
     ResponseIncomplete,
     ResponseReader,
+    UnsolicitedUpgrade,
     chunk,
     request_head,
 )
@@ -57,8 +58,12 @@ def merged(events: list[Any]) -> list[Any]:
     return out
 
 
-def read(pieces: list[bytes], method: bytes = b"GET", close: bool = False) -> tuple[list[Any], bytes]:
-    reader = ResponseReader(method)
+def read(
+    pieces: list[bytes], method: bytes = b"GET", close: bool = False, **options: Any
+) -> tuple[list[Any], bytes]:
+    """The merged events and trailing data of ``pieces``; ``options`` are
+    the reader's (``max_head``, ``upgrade``)."""
+    reader = ResponseReader(method, **options)
     events: list[Any] = []
     for piece in pieces:
         events += reader.receive_data(piece)
@@ -93,28 +98,28 @@ def head(
 class CaseMixin(SynchronousTestCase):
     def check(
         self, raw: bytes, expected: list[Any], method: bytes = b"GET", close: bool = False,
-        trailing: bool = True,
+        trailing: bool = True, **options: Any,
     ) -> None:
         """``raw`` gives ``expected`` whole and byte by byte; followed by a
         pipelined response or garbage, the same events and those bytes as
         trailing data (unless the message ends only with the connection,
-        or at an error)."""
-        self.assertEqual(read([raw], method, close), (expected, b""))
+        or at an error).  ``options`` go to the reader."""
+        self.assertEqual(read([raw], method, close, **options), (expected, b""))
         bytewise = [raw[i : i + 1] for i in range(len(raw))]
-        self.assertEqual(read(bytewise, method, close)[0], expected)
+        self.assertEqual(read(bytewise, method, close, **options)[0], expected)
         if trailing and not close and isinstance(expected[-1], End):
             for extra in (NEXT, GARBAGE):
-                self.assertEqual(read([raw + extra], method), (expected, extra))
-                self.assertEqual(read([*bytewise, extra], method), (expected, extra))
+                self.assertEqual(read([raw + extra], method, **options), (expected, extra))
+                self.assertEqual(read([*bytewise, extra], method, **options), (expected, extra))
 
-    def error(self, raw: bytes, method: bytes = b"GET", close: bool = False) -> ResponseError:
+    def error(self, raw: bytes, method: bytes = b"GET", close: bool = False, **options: Any) -> ResponseError:
         """``raw`` ends in a ResponseError (502), whole and byte by byte,
         and trailing data changes nothing."""
-        events, _ = read([raw], method, close)
+        events, _ = read([raw], method, close, **options)
         self.assertIsInstance(events[-1], ResponseError)
         self.assertEqual(events[-1].status, 502)
-        self.check(raw, events, method, close)
-        self.assertEqual(read([raw + GARBAGE], method, close)[0][: len(events)], events)
+        self.check(raw, events, method, close, **options)
+        self.assertEqual(read([raw + GARBAGE], method, close, **options)[0][: len(events)], events)
         return events[-1]
 
 
@@ -157,6 +162,22 @@ class LengthTests(CaseMixin):
                 self.error(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\n")
         self.error(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab")
 
+    def test_only_ascii_digits(self) -> None:
+        """1*DIGIT (RFC 9110 8.6): what int() also takes is refused, for GET
+        and HEAD (the framing is checked even without a body)."""
+        for value in (b"+5", b"1_1", b"-0", b"+0", b"0x5", b"5 5", b"5\t5", b"1e3", b"\xd9\xa5", b"9" * 5000):
+            for method in (b"GET", b"HEAD"):
+                with self.subTest(value=value[:20], method=method):
+                    self.error(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\nhello", method)
+
+    def test_leading_zeros_and_whitespace(self) -> None:
+        """Leading zeros are still digits; whitespace around a field value
+        is not part of it."""
+        self.check(
+            b"HTTP/1.1 200 OK\r\nContent-Length: \t005 \r\n\r\nhello",
+            [head(headers=[(b"Content-Length", b"005")], length=5), Data(b"hello"), End(True, [])],
+        )
+
     def test_cut_short(self) -> None:
         events, _ = read([b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel"], close=True)
         self.assertEqual(events[1], Data(b"hel"))
@@ -187,12 +208,29 @@ class ChunkedTests(CaseMixin):
         )
         self.assertEqual(events[1:], [Data(b"abcd"), End(True, [])])
 
-    def test_lf_only_and_odd_sizes(self) -> None:
-        """As before: LF alone ends a framing line; int() reads the size."""
-        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\nab\n 1 ; x\r\nc\r\r\n0\n\n"
+    def test_lf_only_whitespace_and_extensions(self) -> None:
+        """LF alone ends a framing line; hex digits in either case, leading
+        zeros, whitespace before ";" (BWS) or at the end, and extensions
+        (ignored) are accepted."""
+        raw = (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"02\nab\n1 \t; x=\"y z\"\r\nc\r\nA;\r\n0123456789\n1 \r\nd\n0;last\n\n"
+        )
         events, _ = read([raw])
-        self.assertEqual(events[1:], [Data(b"abc"), End(True, [])])
+        self.assertEqual(events[1:], [Data(b"abc0123456789d"), End(True, [])])
         self.check(raw, events)
+
+    def test_sizes_only_hex_digits(self) -> None:
+        """1*HEXDIG (RFC 9112 7.1): what int(x, 16) also takes is refused
+        ("0x0" would even end the body early), and so is a CR that is not
+        the line end's."""
+        start = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for size in (b"0x5", b"0X5", b"+5", b"-5", b"5_0", b" 5", b"\t5", b"5 5", b"0x0", b"", b";x", b"5\r", b"\xd9\xa5"):
+            with self.subTest(size=size):
+                self.error(start + size + b"\r\nhello\r\n0\r\n\r\n")
+        for body in (b"5\r\nhello\r\r\n0\r\n\r\n", b"5;a\rb\r\nhello\r\n0\r\n\r\n"):
+            with self.subTest(body=body):
+                self.error(start + body)
 
     def test_transfer_encoding_wins_over_length(self) -> None:
         hs = [(b"Content-Length", b"100"), (b"Transfer-Encoding", b"gzip, chunked")]
@@ -257,16 +295,38 @@ class NoBodyTests(CaseMixin):
         )
         self.check(b"HTTP/1.1 200 OK\r\n\r\n", [head(length=None, framing=NONE), End(True, [])], method=b"HEAD")
 
-    def test_204_304_101(self) -> None:
-        for code in (204, 304, 101):
+    def test_204_304(self) -> None:
+        for code in (204, 304):
             for method in (b"GET", b"HEAD"):
                 with self.subTest(code=code, method=method):
-                    length = 5 if method == b"HEAD" and code == 101 else 0
                     self.check(
                         b"HTTP/1.1 %d X\r\nContent-Length: 5\r\n\r\n" % code,
-                        [head(code, [(b"Content-Length", b"5")], length, NONE, phrase=b"X"), End(True, [])],
+                        [head(code, [(b"Content-Length", b"5")], 0, NONE, phrase=b"X"), End(True, [])],
                         method=method,
                     )
+
+    def test_unsolicited_101(self) -> None:
+        """A 101 to a request that did not ask to upgrade is a 502 (it used
+        to be forwarded, and the connection pooled as if it still spoke
+        HTTP), after interim responses too."""
+        switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        for raw in (switch, switch + b"\x81\x05hello", b"HTTP/1.1 100 Continue\r\n\r\n" + switch):
+            for method in (b"GET", b"HEAD", b"POST"):
+                with self.subTest(raw=raw, method=method):
+                    self.assertIsInstance(self.error(raw, method), UnsolicitedUpgrade)
+
+    def test_101_when_asked(self) -> None:
+        """The seam for upgrades: told that the request asked to upgrade,
+        the reader takes a 101 as the final response, with no body and no
+        reuse; what follows is the new protocol's, in trailing_data."""
+        hs = [(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade")]
+        raw = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        expected = [
+            head(101, hs, 0, NONE, False, b"Switching Protocols", connection_names=frozenset({b"upgrade"})),
+            End(False, []),
+        ]
+        self.check(raw, expected, upgrade=True)
+        self.assertEqual(read([raw + b"\x81\x05hello"], upgrade=True), (expected, b"\x81\x05hello"))
 
     def test_interim_responses_skipped(self) -> None:
         raw = (
@@ -337,6 +397,40 @@ class HeadTests(CaseMixin):
             with self.subTest(raw=raw):
                 self.error(raw)
 
+    def test_status_code_is_three_ascii_digits(self) -> None:
+        """int() also takes a sign, "_", whitespace and leading zeros."""
+        for code in (b"+200", b"2_00", b"\t200", b"200\t", b"0200", b"+20", b"020", b"099", b"20", b"\xd9\xa2\xd9\xa0\xd9\xa0"):
+            with self.subTest(code=code):
+                self.error(b"HTTP/1.1 " + code + b" OK\r\nContent-Length: 0\r\n\r\n")
+        for number in (100, 103, 200, 599, 999):
+            with self.subTest(number=number):
+                events, _ = read([b"HTTP/1.1 %d X\r\n\r\nHTTP/1.1 204 X\r\n\r\n" % number])
+                self.assertIsInstance(events[0], Head)
+
+    def test_version(self) -> None:
+        """HTTP/1.DIGIT: another minor version reads as 1.1, anything else
+        after "HTTP/1." is refused (a prefix check read "HTTP/1.0x" as 1.1)."""
+        events, _ = read([b"HTTP/1.2 200 OK\r\nContent-Length: 0\r\n\r\n"])
+        self.assertEqual(events[0].version, b"HTTP/1.2")
+        for version in (b"HTTP/1.", b"HTTP/1.0x", b"HTTP/1.10", b"HTTP/1.x", b"HTTP/1.\xd9\xa1", b"http/1.1"):
+            with self.subTest(version=version):
+                self.error(version + b" 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    def test_nul_refused(self) -> None:
+        """A NUL in a header name, value, continuation line or the status
+        line is invalid (RFC 9110 5.5); other controls pass, as before."""
+        for raw in (
+            b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX\x00A: b\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A: a\r\n \x00\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\x00\r\n\r\n",
+            b"HTTP/1.1 200 O\x00K\r\nContent-Length: 0\r\n\r\n",
+        ):
+            with self.subTest(raw=raw):
+                self.error(raw)
+        events, _ = read([b"HTTP/1.1 200 OK\r\nX-A: a\x01\x7fb\r\nContent-Length: 0\r\n\r\n"])
+        self.assertEqual(events[0].headers[0], (b"X-A", b"a\x01\x7fb"))
+
     def test_header_limits(self) -> None:
         many = b"".join(b"X-%d: y\r\n" % i for i in range(MAX_HEADER_COUNT - 1))
         self.assertIsInstance(read([b"HTTP/1.1 204 OK\r\n" + many + b"\r\n"])[0][0], Head)
@@ -351,6 +445,45 @@ class HeadTests(CaseMixin):
             self.assertIsInstance(read(pieces)[0][-1], ResponseError)
         # An endless head is refused once it is over the limit.
         self.assertIsInstance(read([b"HTTP/1.1 200 OK\r\n", b"X" * MAX_HEADER_BYTES])[0][-1], ResponseError)
+        # 100 KB, whole or in pieces.
+        big = b"HTTP/1.1 200 OK\r\nX: " + b"y" * 100_000 + b"\r\nContent-Length: 0\r\n\r\n"
+        for pieces in ([big], cut(big, list(range(0, len(big), 4096)))):
+            self.assertIsInstance(read(pieces)[0][-1], ResponseError)
+
+    def test_max_head_is_a_parameter(self) -> None:
+        """max_head bounds the head exactly, status line and blank line
+        included, whole, byte by byte, and however it is cut."""
+        start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: "
+        for limit in (300, 4096, 70_000):
+            fits = start + b"y" * (limit - len(start) - 4) + b"\r\n\r\n"
+            over = start + b"y" * (limit - len(start) - 3) + b"\r\n\r\n"
+            self.assertEqual((len(fits), len(over)), (limit, limit + 1))
+            with self.subTest(limit=limit):
+                hs = [(b"Content-Length", b"2"), (b"X", fits[len(start) : -4])]
+                expected = [head(headers=hs, length=2), Data(b"ok"), End(True, [])]
+                if limit < 5000:  # byte by byte is slow for the long one
+                    self.check(fits + b"ok", expected, max_head=limit)
+                    self.error(over + b"ok", max_head=limit)
+                for pieces in ([fits + b"ok"], cut(fits + b"ok", list(range(0, limit, 97))), [fits, b"ok"]):
+                    self.assertEqual(read(pieces, max_head=limit)[0], expected)
+                for pieces in ([over + b"ok"], cut(over + b"ok", list(range(0, limit, 97))), [over[:-4], over[-4:]]):
+                    self.assertIsInstance(read(pieces, max_head=limit)[0][-1], ResponseError)
+
+    def test_max_head_counts_interim_heads(self) -> None:
+        """The limit is on all the bytes before the body: 1xx heads count
+        (each of them used to get the whole limit again, without end)."""
+        interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+        final = b"HTTP/1.1 204 No Content\r\n\r\n"
+        limit = 4 * len(interim) + len(final)
+        expected = [head(204, [], 0, NONE, phrase=b"No Content"), End(True, [])]
+        self.check(interim * 4 + final, expected, max_head=limit)
+        self.error(interim * 5 + final, max_head=limit)
+        self.error(interim * 4 + final.replace(b"204", b"204 ", 1), max_head=limit)
+        # The default limit, with heads that are each well under it.
+        big = b"HTTP/1.1 103 Early Hints\r\nLink: " + b"l" * 40_000 + b"\r\n\r\n"
+        for pieces in ([big * 2 + final], cut(big * 2 + final, list(range(0, 2 * len(big), 4096)))):
+            self.assertIsInstance(read(pieces)[0][-1], ResponseError)
+        self.assertIsInstance(read([big + final])[0][0], Head)
 
     def test_closed_before_head(self) -> None:
         for raw in (b"", b"HTTP/1.1 200 OK\r\n"):
@@ -428,7 +561,8 @@ def twisted_reads(raw: bytes) -> tuple[int, bytes, dict[bytes, list[bytes]], byt
 
 
 class GeneratedTests(SynchronousTestCase):
-    """Random cuts, mutations, and Twisted's parser as an oracle."""
+    """Random cuts, mutations, generated numbers, and Twisted's parser as an
+    oracle."""
 
     @settings(max_examples=150, deadline=None)
     @given(responses(), st.lists(st.integers(0, 2000), max_size=12), st.sampled_from([b"", NEXT, GARBAGE]))
@@ -469,6 +603,21 @@ class GeneratedTests(SynchronousTestCase):
             self.assertIsInstance(events[0], (Head, ResponseError))
         if close and events:
             self.assertIsInstance(events[-1], (End, ResponseError))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(alphabet="0123456789abcdefABxX+-_ \t;=", max_size=8))
+    def test_numbers_are_digits(self, text: str) -> None:
+        """A Content-Length is accepted exactly when it is ASCII digits
+        (around them, whitespace); a chunk size exactly when it is hex
+        digits, then perhaps whitespace, then perhaps ";" and anything."""
+        value = text.encode()
+        events, _ = read([b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\n"])
+        self.assertEqual(isinstance(events[0], Head), value.strip(b" \t").isdigit())
+        size, _, _ = value.partition(b";")
+        valid = bool(size.rstrip(b" \t")) and all(c in b"0123456789abcdefABCDEF" for c in size.rstrip(b" \t"))
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + value + b"\r\n"
+        events, _ = read([raw])
+        self.assertEqual(not isinstance(events[-1], ResponseError), valid, events)
 
     @settings(max_examples=150, deadline=None)
     @given(responses(), st.sampled_from([b"", NEXT]))

@@ -22,7 +22,7 @@ from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
-from prexy.config import OriginKey, Timeouts
+from prexy.config import Limits, OriginKey, Timeouts
 from prexy.proxy.upstream import (
     IConnectionOwner,
     IPendingRequest,
@@ -184,9 +184,12 @@ class UpstreamPool:
         timeouts: Timeouts = Timeouts(),
         max_idle_per_origin: int = 64,
         endpoint_factory: EndpointFactory | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         self.reactor = reactor
         self.timeouts = timeouts
+        #: Read at each request (``max_response_head``): a reload may swap it.
+        self.limits = limits
         self.max_idle_per_origin = max_idle_per_origin
         self._idle: dict[OriginKey, list[UpstreamProtocol]] = {}
         self._endpoint_factory = endpoint_factory or self.default_endpoint

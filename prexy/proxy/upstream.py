@@ -35,7 +35,7 @@ from twisted.python.failure import Failure
 from zope.interface import Attribute, Interface, implementer
 
 from prexy import http1
-from prexy.config import OriginKey, Timeouts
+from prexy.config import Limits, OriginKey, Timeouts
 from prexy.proxy.sendnow import SendNow
 
 __all__ = [
@@ -111,10 +111,12 @@ class IPendingRequest(Interface):
 
 class IConnectionOwner(Interface):
     """What a connection needs of the pool that made it: a clock, the
-    timeouts, a sweeper that checks its timer, and a place to go back to."""
+    timeouts and limits, a sweeper that checks its timer, and a place to go
+    back to."""
 
     reactor: IReactorTime = Attribute("The clock every timer reads.")
     timeouts: Timeouts = Attribute("The first-byte and idle timeouts.")
+    limits: Limits = Attribute("Sizes; a response head over max_response_head is a 502.")
 
     def watch(protocol: UpstreamProtocol) -> None:
         """Call ``protocol.check_timeout(now)`` now and then, until unwatched."""
@@ -354,7 +356,11 @@ class UpstreamProtocol(Protocol):
         """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
-        self._reader = http1.ResponseReader(method)
+        # upgrade=False: Prexy removes Upgrade from every request it sends
+        # (hop-by-hop, and no upgrade support yet), so a 101 is always an
+        # UnsolicitedUpgrade: a 502, and this connection is aborted.  When
+        # upgrades come, pass whether this request carried Upgrade.
+        self._reader = http1.ResponseReader(method, self._owner.limits.max_response_head, upgrade=False)
         self._keep_alive = True
         self._consumer = None
         self._queued = []
@@ -441,10 +447,15 @@ class UpstreamProtocol(Protocol):
             self.transport.loseConnection()
 
     def _start_body(self, events: list[http1.Event]) -> None:
-        head = events[0]
-        if not isinstance(head, http1.Head):
-            self._protocol_error(str(head))
+        last = events[-1]  # an error is always the last event
+        if isinstance(last, http1.ResponseError):
+            # A bad head, or a body that came with its head and is already
+            # broken (a bad chunk size): nothing has reached the client, so
+            # it gets a 502 rather than a head and then a reset.
+            self._protocol_error(str(last))
             return
+        head = events[0]
+        assert isinstance(head, http1.Head)
         self._cancel_timer()
         self.state = _State.HEADERS_DONE
         response = UpstreamResponse(

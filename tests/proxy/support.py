@@ -119,7 +119,9 @@ class Harness:
         self.config = config
         self.runtime = runtime or build_runtime(config)
         self.metrics = Metrics()
-        self.pool = UpstreamPool(self.clock, config.timeouts, endpoint_factory=lambda k, t: FakeEndpoint(self))
+        self.pool = UpstreamPool(
+            self.clock, config.timeouts, endpoint_factory=lambda k, t: FakeEndpoint(self), limits=config.limits
+        )
         self.resource = ProxyResource(self.clock, self.pool, self.runtime, self.metrics)
         self.site = ProxySite(self.resource, config.max_request_body, self.metrics, reactor=self.clock)
         self.site.log = lambda request: None  # type: ignore[method-assign]
