@@ -115,6 +115,25 @@ class TestCache:
         assert self.origin.hits[b"/c/p"] == 4
 
     @pytest_twisted.inlineCallbacks
+    def test_get_with_a_body_passes(self) -> Any:
+        """A GET with a body is neither answered from the cache nor stored
+        (its answer may depend on the body): the bodiless GET after it is a
+        miss, and it does not get the other's answer."""
+        client = RawClient(b"GET /c/b HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc")
+        yield connect(self.port, client)
+        with_body = bytes(client.data)
+        assert with_body.startswith(b"HTTP/1.1 200"), with_body[:200]
+        assert header(with_body, b"cache-status") is None or b"stored" not in header(with_body, b"cache-status")
+        plain = yield self.get("/c/b")
+        assert b"miss" in header(plain, b"cache-status")
+        again = yield self.get("/c/b")
+        assert b"hit" in header(again, b"cache-status")
+        client = RawClient(b"GET /c/b HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc")
+        yield connect(self.port, client)
+        assert header(bytes(client.data), b"cache-status") is None or b"hit" not in header(bytes(client.data), b"cache-status")
+        assert self.origin.hits[b"/c/b"] == 3
+
+    @pytest_twisted.inlineCallbacks
     def test_private_responses_never_shared(self) -> Any:
         """Set-Cookie and Cache-Control: private answers are not stored: each
         visitor gets their own."""
