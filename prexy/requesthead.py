@@ -485,3 +485,58 @@ class HeadGate:
             held += buf
         self._pos = pos
         return PENDING
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class ChunkedCheck:
+    """Follows the framing of a chunked request body beside twisted.web's
+    decoder, only to refuse at once what that decoder would wait on until
+    the body deadline: a chunk-size or trailer line ended by a bare LF (400,
+    as a bare LF in a head is), a chunk size that is not hex digits, and a
+    chunk-size line over 4 KiB.  Chunk data is skipped by count, not read.
+    ``done`` once the last chunk and its trailer section have passed; what
+    follows is not looked at."""
+
+    MAX_LINE = 4096
+
+    def __init__(self) -> None:
+        self._left = 0
+        self._line = b""
+        self._trailer = False
+        self.done = False
+
+    def feed(self, data: bytes) -> Refusal | None:
+        pos, n = 0, len(data)
+        while pos < n and not self.done:
+            if self._left:
+                take = min(self._left, n - pos)
+                self._left -= take
+                pos += take
+                continue
+            i = data.find(b"\n", pos)
+            if i < 0:
+                self._line += data[pos:]
+                if len(self._line) > self.MAX_LINE:
+                    return Refusal(400, "chunk-size line too long")
+                return None
+            line, self._line = self._line + data[pos:i], b""
+            pos = i + 1
+            if not line.endswith(b"\r"):
+                return Refusal(400, "bare LF in a chunked body")
+            line = line[:-1]
+            if len(line) > self.MAX_LINE:
+                return Refusal(400, "chunk-size line too long")
+            if self._trailer:
+                self.done = not line
+                continue
+            size = line.split(b";", 1)[0].rstrip(b" \t")
+            if not size or not _HEX.issuperset(size):
+                return Refusal(400, "chunk size is not hex digits")
+            length = int(size, 16)
+            if length:
+                self._left = length + 2  # the data and its CRLF (twisted.web checks the CRLF)
+            else:
+                self._trailer = True
+        return None

@@ -23,6 +23,7 @@ from prexy.requesthead import (
     LENGTH,
     NO_BODY,
     PENDING,
+    ChunkedCheck,
     Head,
     HeadGate,
     Passed,
@@ -359,3 +360,49 @@ class TwistedDifferentialTests(SynchronousTestCase):
         self.assertEqual((method, target), (head.method, head.target if not head.replace_host else target))
         if head.host is not None and not head.replace_host:
             self.assertEqual(headers[b"host"], [head.host])
+
+
+#: (name, chunked body, expected: "done", "more" (waits, fine) or a status)
+CHUNKED_CASES = [
+    ("one chunk", b"5\r\nhello\r\n0\r\n\r\n", "done"),
+    ("extensions and BWS", b"5 ;a=b\r\nhello\r\n0;x\r\n\r\n", "done"),
+    ("trailer", b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n", "done"),
+    ("upper-case hex", b"A\r\n0123456789\r\n0\r\n\r\n", "done"),
+    ("data holding LF", b"3\r\na\nb\r\n0\r\n\r\n", "done"),
+    ("not finished", b"5\r\nhel", "more"),
+    ("LF-only size line", b"3\nabc\r\n0\r\n\r\n", 400),
+    ("LF-only last chunk", b"3\r\nabc\r\n0\n\n", 400),
+    ("LF-only trailer end", b"0\r\n\n", 400),
+    ("0x size", b"0x3\r\nabc\r\n0\r\n\r\n", 400),
+    ("signed size", b"+3\r\nabc\r\n0\r\n\r\n", 400),
+    ("empty size", b"\r\nabc\r\n0\r\n\r\n", 400),
+    ("long size line", b"3;" + b"x" * 5000 + b"\r\n", 400),
+]
+
+
+@expand
+class ChunkedCheckTests(SynchronousTestCase):
+    """The chunked-body framing check, whole, byte by byte and with the
+    next request behind it."""
+
+    def outcome(self, body: bytes, step: int) -> str | int:
+        check = ChunkedCheck()
+        for i in range(0, len(body), step):
+            refusal = check.feed(body[i : i + step])
+            if refusal is not None:
+                return refusal.status
+        return "done" if check.done else "more"
+
+    @parametrize("name, body, expected", CHUNKED_CASES)
+    def test_whole(self, name: str, body: bytes, expected: str | int) -> None:
+        self.assertEqual(self.outcome(body, len(body)), expected, name)
+
+    @parametrize("name, body, expected", CHUNKED_CASES)
+    def test_byte_by_byte(self, name: str, body: bytes, expected: str | int) -> None:
+        self.assertEqual(self.outcome(body, 1), expected, name)
+
+    @parametrize("name, body, expected", CHUNKED_CASES)
+    def test_next_request_behind_is_not_read(self, name: str, body: bytes, expected: str | int) -> None:
+        if expected == "more":
+            return  # an unfinished body goes on into what follows
+        self.assertEqual(self.outcome(body + b"GET / HTTP/1.1\n\n", len(body) + 17), expected, name)

@@ -28,7 +28,7 @@ from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
 from prexy.metrics import Metrics
 from prexy.proxy.sendnow import SendNow
-from prexy.requesthead import PENDING, Head, HeadGate, Passed, Refusal
+from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
 
 _log = Logger("prexy")
 
@@ -284,6 +284,8 @@ class ProxyChannel(HTTPChannel):
     _head_timer: Any = None
     _refused = False
     _in_body = False
+    #: The framing check of a chunked request body being received.
+    _chunks: ChunkedCheck | None = None
     site: ProxySite
 
     def connectionMade(self) -> None:
@@ -302,11 +304,14 @@ class ProxyChannel(HTTPChannel):
     # -- the head gate -----------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered and closing: read nothing more
         gate = self._gate
         if gate is None or gate.open:
+            chunks = self._chunks
+            if chunks is not None and self._check_chunks(chunks, data):
+                return
             super().dataReceived(data)
-            return
-        if self._refused:
             return
         result = gate.feed(data)
         if result is PENDING:
@@ -319,8 +324,24 @@ class ProxyChannel(HTTPChannel):
             return
         assert isinstance(result, Passed)
         self._cancel_head_timer()
-        self._head = result.head
-        super().dataReceived(result.data)
+        head = self._head = result.head
+        data = result.data
+        if head.framing == CHUNKED:
+            chunks = self._chunks = ChunkedCheck()
+            if self._check_chunks(chunks, data[data.find(b"\r\n\r\n") + 4 :]):
+                return
+        super().dataReceived(data)
+
+    def _check_chunks(self, chunks: ChunkedCheck, data: bytes) -> bool:
+        """Whether a chunked body's framing made the channel refuse it."""
+        refusal = chunks.feed(data)
+        if chunks.done:
+            self._chunks = None
+        if refusal is None:
+            return False
+        self._chunks = None
+        self.refuse(refusal)
+        return True
 
     def _arm_head_timer(self) -> None:
         seconds = self.site.timeouts.client_header
@@ -389,6 +410,7 @@ class ProxyChannel(HTTPChannel):
         if gate is not None:
             gate.reset()  # the next head (perhaps buffered already) is checked anew
         self._head = None
+        self._chunks = None
         super().requestDone(request)
 
     def connectionLost(self, reason: Failure | None = None) -> None:

@@ -108,6 +108,10 @@ STRICTER: dict[str, tuple[bytes, str]] = {
     "bad name": (b"GET /hello HTTP/1.1\r\n" + H + b"X(A): b\r\n\r\n", "nginx drops it; a proxy must not guess"),
     "control byte in a value": (b"GET /hello HTTP/1.1\r\n" + H + b"X-A: b\x01c\r\n\r\n", "RFC 9110 5.5"),
     "LF-only": (b"GET /hello HTTP/1.1\nHost: a\n\n", "bare LF line ends split differently on other hops"),
+    "LF-only chunked body": (
+        b"POST /echo HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n",
+        "as in a head; twisted.web's decoder would wait for a CRLF",
+    ),
     "Host with userinfo": (b"GET /hello HTTP/1.1\r\nHost: u@a\r\n\r\n", "not a host (RFC 3986 3.2.2)"),
     "Host with a backslash": (b"GET /hello HTTP/1.1\r\nHost: a\\b\r\n\r\n", "not a host (RFC 3986 3.2.2)"),
     "Host with a bad port": (b"GET /hello HTTP/1.1\r\nHost: a:x\r\n\r\n", "a port is digits"),

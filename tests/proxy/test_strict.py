@@ -107,6 +107,22 @@ class RefusedHeadTests(SynchronousTestCase):
     def test_lf_only_is_answered_not_left_waiting(self) -> None:
         self.refused(b"GET / HTTP/1.1\nHost: a\n\n", 400)
 
+    def test_lf_only_chunked_body_is_answered_at_once(self) -> None:
+        """twisted.web's decoder waits for a CRLF that never comes."""
+        self.refused(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n", 400)
+
+    def test_chunked_body_byte_by_byte_is_forwarded(self) -> None:
+        h = Harness()
+        channel, client = h.client()
+        raw = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3;x\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        for i in range(len(raw)):
+            channel.dataReceived(raw[i : i + 1])
+        self.assertEqual(len(h.conns), 1)
+        sent = h.conns[0].sent()
+        self.assertTrue(sent.endswith(b"\r\n\r\nabcde") or b"abc" in sent, sent)
+        h.conns[0].reply(OK)
+        self.assertTrue(client.value().startswith(b"HTTP/1.1 200 OK"))
+
     def test_http2_preface_is_505(self) -> None:
         self.refused(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505)
 
