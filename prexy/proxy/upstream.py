@@ -110,9 +110,8 @@ class IPendingRequest(Interface):
 
 
 class IConnectionOwner(Interface):
-    """What a connection needs of the pool that made it: a clock, the
-    timeouts and limits, a sweeper that checks its timer, and a place to go
-    back to."""
+    """What a connection needs of the pool that made it: a clock, timeouts
+    and limits, a sweeper that checks its timer, a place to go back to."""
 
     reactor: IReactorTime = Attribute("The clock every timer reads.")
     timeouts: Timeouts = Attribute("The first-byte and idle timeouts.")
@@ -356,10 +355,7 @@ class UpstreamProtocol(Protocol):
         """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
-        # upgrade=False: Prexy removes Upgrade from every request it sends
-        # (hop-by-hop, and no upgrade support yet), so a 101 is always an
-        # UnsolicitedUpgrade: a 502, and this connection is aborted.  When
-        # upgrades come, pass whether this request carried Upgrade.
+        # Upgrade is never sent (hop-by-hop; no upgrades yet): a 101 is a 502.
         self._reader = http1.ResponseReader(method, self._owner.limits.max_response_head, upgrade=False)
         self._keep_alive = True
         self._consumer = None
@@ -449,9 +445,8 @@ class UpstreamProtocol(Protocol):
     def _start_body(self, events: list[http1.Event]) -> None:
         last = events[-1]  # an error is always the last event
         if isinstance(last, http1.ResponseError):
-            # A bad head, or a body that came with its head and is already
-            # broken (a bad chunk size): nothing has reached the client, so
-            # it gets a 502 rather than a head and then a reset.
+            # A bad head, or a body broken in the read that brought its head:
+            # nothing reached the client yet, so a 502 rather than a reset.
             self._protocol_error(str(last))
             return
         head = events[0]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,9 +33,8 @@ from twisted.internet.protocol import ClientFactory, Protocol
 from prexy.config import Limits
 from prexy.requesthead import HeadGate, Passed
 
-from .conftest import Cleanups
-from .origin import Origin, origin_site
-from .twistd_support import Twistd, free_port, free_port_block
+from .conftest import Cleanups, OriginServer
+from .twistd_support import Twistd, free_port, free_port_block, stop_process
 
 H = b"Host: a\r\n"
 
@@ -214,13 +212,7 @@ http {{
         )
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 @defer.inlineCallbacks
@@ -253,12 +245,11 @@ def classify(answer: Answer, reached: int) -> str:
 
 class TestStrict:
     @pytest.fixture(autouse=True)
-    def served(self, cleanup: Cleanups) -> None:
+    def served(self, cleanup: Cleanups, origin_server: OriginServer) -> None:
         self.cleanup = cleanup
-        self.origin = Origin()
-        self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        cleanup(self.origin_port.stopListening)
-        self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
+        self.origin = origin_server.origin
+        self.origin_port = origin_server.port
+        self.upstream = origin_server.url
         self.dir = tempfile.mkdtemp(prefix="prexy-strict-")
 
     @defer.inlineCallbacks

@@ -71,6 +71,17 @@ def free_port() -> int:
     return free_port_block(1)
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s; returns once it has exited."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class Notifications(DatagramProtocol):
     """The receiving end of a child's ``NOTIFY_SOCKET``: one message a datagram."""
 
@@ -214,13 +225,7 @@ class Twistd:
         return total
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self._log.close()
         return self._notify_port.stopListening()
 
