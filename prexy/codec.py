@@ -1,63 +1,273 @@
-"""Streaming content codings around the transducer: gzip/deflate in, gzip out.
+"""Streaming content codings around the transducer: every common upstream
+coding in, gzip out.
 
 Upstreams are asked for ``identity``, but some compress anyway; their bodies
 are decoded chunk by chunk before substitution (compressed bytes never reach
 the transducer) and compressed again, chunk by chunk, for clients that accept
-gzip.  Pure stdlib zlib, no Twisted.
+gzip.  Decoders: gzip (``x-gzip``), deflate (zlib-wrapped or raw), br
+(``brotli``) and zstd (``zstandard``); a stacked ``Content-Encoding`` (``gzip,
+br``: gzip first, then br) is decoded by a chain, last coding first.  Every
+decoder has the same interface (``feed`` / ``finish``, ``DecodeError`` on a
+corrupt or truncated body).  Encoders sit behind one seam too
+(``encoder_for``); only gzip is offered to clients for now.  No Twisted.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
-#: Codings we can decode before rewriting.
-DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
+import brotli
+import zstandard
+
+__all__ = [
+    "DECODABLE",
+    "BrotliDecoder",
+    "Codec",
+    "DecodeError",
+    "Decoder",
+    "DecoderChain",
+    "GzipEncoder",
+    "ZstdDecoder",
+    "accepts_gzip",
+    "coding_label",
+    "decoder_for",
+    "encoder_for",
+    "parse_codings",
+    "unknown_coding",
+]
 
 
 class DecodeError(Exception):
-    """The upstream's compressed body is corrupt."""
+    """The upstream's compressed body is corrupt or truncated; ``coding``
+    names the coding that failed."""
+
+    def __init__(self, message: str, coding: bytes) -> None:
+        super().__init__(message)
+        self.coding = coding
+
+
+class Codec(Protocol):
+    """One streaming coding step: bytes in, bytes out."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+#: Bytes a deflate body is given to show its wrapping: a zlib header that
+#: fails within them means raw deflate.
+DEFLATE_PROBE = 64
 
 
 class Decoder:
-    """Incremental gzip or deflate decoder."""
+    """Incremental gzip or deflate decoder (zlib).
+
+    "deflate" is meant to be zlib-wrapped, but some servers send raw deflate:
+    it is decoded as zlib, and if that fails within the first
+    ``DEFLATE_PROBE`` bytes before any output, decoded again as raw."""
 
     def __init__(self, coding: bytes) -> None:
         self.coding = coding.lower()
         if self.coding in (b"gzip", b"x-gzip"):
             self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            self._raw_fallback = False
+            self._probe: bytearray | None = None
         elif self.coding == b"deflate":
-            # "deflate" is meant to be zlib-wrapped, but some servers send raw
-            # deflate: decide on the first bytes.
             self._d = zlib.decompressobj(zlib.MAX_WBITS)
-            self._raw_fallback = True
+            self._probe = bytearray()
         else:
             raise ValueError(f"cannot decode {coding!r}")
         self._started = False
 
+    def _error(self, what: str) -> DecodeError:
+        return DecodeError(f"bad {self.coding.decode()} body: {what}", self.coding)
+
     def feed(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        self._started = True
+        probe = self._probe
+        if probe is not None:
+            probe += data
+            try:
+                out = self._d.decompress(data)
+            except zlib.error:
+                self._probe = None
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+                data = bytes(probe)
+            else:
+                if out or len(probe) > DEFLATE_PROBE:
+                    self._probe = None
+                return out + self._after_end()
         try:
-            if not self._started and self._raw_fallback:
-                self._started = True
-                try:
-                    probe = zlib.decompressobj(zlib.MAX_WBITS)
-                    probe.decompress(data[:64])
-                except zlib.error:
-                    self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-            self._started = True
-            return self._d.decompress(data)
+            return self._d.decompress(data) + self._after_end()
         except zlib.error as exc:
-            raise DecodeError(f"bad {self.coding.decode()} body: {exc}") from None
+            raise self._error(str(exc)) from None
+
+    def _after_end(self) -> bytes:
+        """Bytes past the end of the stream: the next member of a gzip body
+        (RFC 1952 allows several), anything else an error (a corrupt
+        deflate body can end early: its rest must not vanish silently)."""
+        out = []
+        while self._d.eof and self._d.unused_data:
+            rest = self._d.unused_data
+            if self._probe is not None or self.coding == b"deflate":
+                raise DecodeError(f"bad {self.coding.decode()} body: data after its end", self.coding)
+            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out.append(self._d.decompress(rest))
+        return b"".join(out)
 
     def finish(self) -> bytes:
         try:
             tail = self._d.flush()
         except zlib.error as exc:
-            raise DecodeError(f"bad {self.coding.decode()} body: {exc}") from None
-        if self._started and not self._d.eof and self.coding != b"deflate":
-            raise DecodeError(f"truncated {self.coding.decode()} body")
+            raise self._error(str(exc)) from None
+        if self._started and not self._d.eof:
+            raise DecodeError(f"truncated {self.coding.decode()} body", self.coding)
         return tail
+
+
+class BrotliDecoder:
+    """Incremental br decoder (``brotli.Decompressor``)."""
+
+    coding = b"br"
+
+    def __init__(self) -> None:
+        self._d = brotli.Decompressor()
+        self._started = False
+
+    def feed(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        self._started = True
+        try:
+            return self._d.process(data)
+        except brotli.error as exc:
+            raise DecodeError(f"bad br body: {exc}", b"br") from None
+
+    def finish(self) -> bytes:
+        if self._started and not self._d.is_finished():
+            raise DecodeError("truncated br body", b"br")
+        return b""
+
+
+#: Largest zstd window accepted: RFC 9659 caps it at 8 MB for HTTP, so one
+#: response cannot make the decoder hold more.
+ZSTD_MAX_WINDOW = 8 * 1024 * 1024
+
+
+class ZstdDecoder:
+    """Incremental zstd decoder (``zstandard`` decompressobj); a body of
+    several frames is decoded frame after frame."""
+
+    coding = b"zstd"
+
+    def __init__(self) -> None:
+        self._z = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+        self._d = self._z.decompressobj()
+        #: The current frame has begun and not ended.
+        self._open = False
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        try:
+            while data:
+                if self._d.eof:
+                    self._d = self._z.decompressobj()
+                self._open = True
+                out.append(self._d.decompress(data))
+                data = b""
+                if self._d.eof:
+                    self._open = False
+                    data = self._d.unused_data
+        except zstandard.ZstdError as exc:
+            raise DecodeError(f"bad zstd body: {exc}", b"zstd") from None
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        if self._open:
+            raise DecodeError("truncated zstd body", b"zstd")
+        return b""
+
+
+class DecoderChain:
+    """Stacked codings: each decoder's output is the next one's input
+    (``decoders`` in decoding order, the last-applied coding first)."""
+
+    def __init__(self, decoders: Sequence[Codec]) -> None:
+        self.decoders = tuple(decoders)
+
+    def feed(self, data: bytes) -> bytes:
+        for decoder in self.decoders:
+            if not data:
+                break
+            data = decoder.feed(data)
+        return data
+
+    def finish(self) -> bytes:
+        tail = b""
+        for decoder in self.decoders:
+            tail = decoder.feed(tail) + decoder.finish()
+        return tail
+
+
+def _zlib(coding: bytes) -> Callable[[], Codec]:
+    return lambda: Decoder(coding)
+
+
+#: Coding -> a new decoder for it.
+DECODERS: dict[bytes, Callable[[], Codec]] = {
+    b"gzip": _zlib(b"gzip"),
+    b"x-gzip": _zlib(b"x-gzip"),
+    b"deflate": _zlib(b"deflate"),
+    b"br": BrotliDecoder,
+    b"zstd": ZstdDecoder,
+}
+#: Codings we can decode before rewriting.
+DECODABLE = frozenset(DECODERS)
+
+
+def parse_codings(values: Iterable[bytes]) -> tuple[bytes, ...]:
+    """The codings of Content-Encoding header values, lower-case, in the
+    order they were applied; ``identity`` and empty entries dropped."""
+    codings = []
+    for value in values:
+        for item in value.split(b","):
+            coding = item.strip().lower()
+            if coding and coding != b"identity":
+                codings.append(coding)
+    return tuple(codings)
+
+
+def unknown_coding(codings: Sequence[bytes]) -> bytes | None:
+    """The first of ``codings`` we cannot decode, or None."""
+    for coding in codings:
+        if coding not in DECODABLE:
+            return coding
+    return None
+
+
+_TOKEN = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+.^_`|~-")
+MAX_CODING_LABEL = 32
+
+
+def coding_label(coding: bytes) -> str:
+    """A coding as a metric label: a short HTTP token as it is, anything
+    else ``invalid`` (labels must not carry quotes, and an upstream's
+    garbage must not make a new series per response)."""
+    if 0 < len(coding) <= MAX_CODING_LABEL and all(c in _TOKEN for c in coding.lower()):
+        return coding.lower().decode("ascii")
+    return "invalid"
+
+
+def decoder_for(codings: Sequence[bytes]) -> Codec:
+    """A decoder for a body with ``codings`` (as ``parse_codings`` gives
+    them, every one decodable): one decoder, or a chain, last coding first."""
+    if not codings:
+        raise ValueError("no coding to decode")
+    decoders = [DECODERS[c]() for c in reversed(codings)]
+    return decoders[0] if len(decoders) == 1 else DecoderChain(decoders)
 
 
 class GzipEncoder:
@@ -74,6 +284,15 @@ class GzipEncoder:
 
     def finish(self) -> bytes:
         return self._c.flush(zlib.Z_FINISH)
+
+
+#: Coding -> a new encoder for it: the codings Prexy can send to clients.
+ENCODERS: dict[bytes, Callable[[], Codec]] = {b"gzip": GzipEncoder}
+
+
+def encoder_for(coding: bytes | None) -> Codec | None:
+    """An encoder for the client's coding (None: identity)."""
+    return None if coding is None else ENCODERS[coding]()
 
 
 def accepts_gzip(accept_encoding: Sequence[bytes] | None) -> bool:

@@ -24,7 +24,9 @@ are final.
 
 The body pipeline is decode -> transduce -> encode (``BodyPipeline``): a
 compressed upstream body is decoded before the transducer sees it and
-compressed again for clients that take gzip.
+compressed again for clients that take gzip.  Every coding of
+``prexy.codec.DECODABLE`` is decoded, stacked ones too; a body with any
+other passes untouched.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from prexy.codec import DECODABLE, DecodeError, Decoder, GzipEncoder
+from prexy.codec import Codec, DecodeError, parse_codings, unknown_coding
 from prexy.proxy.headers import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
 from prexy.substitution.applicability import ResourceKey
 
@@ -227,19 +229,22 @@ class Rules(Protocol):
     def applies_to_header(self, content_type: bytes | None) -> bool: ...
 
 
-def rewrite_coding(head: Head, rules: Rules | None) -> tuple[bool, bytes | None]:
-    """Whether the site's rules rewrite this response, and the content
-    coding to decode first (None for identity).  A coding the proxy cannot
-    decode passes through unrewritten."""
+def rewrite_coding(head: Head, rules: Rules | None) -> tuple[bool, tuple[bytes, ...], bytes | None]:
+    """Whether the site's rules rewrite this response, the content codings
+    to decode first (as applied, ``prexy.codec.parse_codings``; empty for
+    identity), and the coding that kept the rules off a response they
+    would rewrite (None if none did).  A body with a coding the proxy
+    cannot decode, alone or stacked with others, passes through
+    unrewritten."""
     if rules is None or head.length == 0 or head.code in (204, 304):
-        return False, None
-    coding = None
-    encoding = head.header(b"content-encoding")
-    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
-        coding = encoding.strip().lower()
-        if coding not in DECODABLE:
-            return False, coding
-    return rules.applies_to_header(head.header(b"content-type")), coding
+        return False, (), None
+    codings = parse_codings(head.values(b"content-encoding")) if b"content-encoding" in head.lnames else ()
+    if not rules.applies_to_header(head.header(b"content-type")):
+        return False, codings, None
+    unknown = unknown_coding(codings)
+    if unknown is not None:
+        return False, codings, unknown
+    return True, codings, None
 
 
 @attrs.define
@@ -257,7 +262,7 @@ def plan_response(
     rules: Rules | None,
     rewrite: bool,
     decode: bool,
-    gzip_out: bool,
+    out_coding: bytes | None,
     transduce: bool,
     skipped: bool,
     timing_in_trailer: bool,
@@ -267,8 +272,9 @@ def plan_response(
     ``rewrite``: the site's rules apply to this response; ``transduce``:
     its body goes through the transducer; ``skipped``: this version is
     known to match no rule, so it passes unscanned with its length (a HEAD
-    is neither: it gets a GET's head without the length).  ``decode``: its content coding is decoded first;
-    ``gzip_out``: and gzip-encoded again for this client.  Rewritten bytes
+    is neither: it gets a GET's head without the length).  ``decode``: its
+    content coding is decoded first; ``out_coding``: and encoded again in
+    this coding for this client (None: sent as identity).  Rewritten bytes
     get derived validators (and no Last-Modified unless the rule set keeps
     it); the rewrite's Server-Timing goes in a trailer when it is known
     only at the end (``timing_in_trailer``).  Cache-Status, Via and
@@ -279,8 +285,8 @@ def plan_response(
     if rewrite and rules is not None:
         if decode:
             headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
-            if gzip_out:
-                headers.append((b"Content-Encoding", b"gzip"))
+            if out_coding is not None:
+                headers.append((b"Content-Encoding", out_coding))
             vary = [v for n, v in headers if n.lower() == b"vary"]
             if not any(b"accept-encoding" in v.lower() or b"*" in v for v in vary):
                 headers.append((b"Vary", b"Accept-Encoding"))
@@ -362,12 +368,13 @@ def resource_key(
 # -- the body ----------------------------------------------------------------------
 
 class PipelineError(Exception):
-    """The body cannot go on: a corrupt compressed body (``decode``) or a
-    failure inside the rewrite."""
+    """The body cannot go on: a corrupt compressed body (``decode``, with
+    the ``coding`` that failed) or a failure inside the rewrite."""
 
-    def __init__(self, message: str, decode: bool) -> None:
+    def __init__(self, message: str, decode: bool, coding: bytes | None = None) -> None:
         super().__init__(message)
         self.decode = decode
+        self.coding = coding
 
 
 #: Largest piece given to the transducer in one feed (decoded bytes can
@@ -382,7 +389,7 @@ class BodyPipeline:
     (the transducer then ends with them, so their output can go with the
     end of the response); ``finish()`` ends whatever is still open."""
 
-    def __init__(self, transducer: Any, decoder: Decoder | None = None, encoder: GzipEncoder | None = None) -> None:
+    def __init__(self, transducer: Any, decoder: Codec | None = None, encoder: Codec | None = None) -> None:
         self.transducer = transducer
         self.decoder = decoder
         self.encoder = encoder
@@ -403,7 +410,7 @@ class BodyPipeline:
             if self.encoder is not None:
                 out = self.encoder.feed(out)
         except DecodeError as exc:
-            raise PipelineError(str(exc), decode=True) from None
+            raise PipelineError(str(exc), decode=True, coding=exc.coding) from None
         except Exception as exc:
             raise PipelineError(f"substitution failed: {exc!r}", decode=False) from exc
         return out
@@ -420,7 +427,7 @@ class BodyPipeline:
             if self.encoder is not None:
                 tail = self.encoder.feed(tail) + self.encoder.finish()
         except DecodeError as exc:
-            raise PipelineError(str(exc), decode=True) from None
+            raise PipelineError(str(exc), decode=True, coding=exc.coding) from None
         except Exception as exc:
             raise PipelineError(f"substitution failed at end of body: {exc!r}", decode=False) from exc
         return tail

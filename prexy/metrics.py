@@ -20,6 +20,10 @@ HELP = {
     "prexy_upstream_errors_total": "Upstream failures, by kind (connect, timeout, error, mid-body).",
     "prexy_rewrite_bailouts_total": "Responses whose substitution stopped at max_buffered_size.",
     "prexy_rewrite_timeouts_total": "Responses whose substitution scan timed out.",
+    "prexy_unknown_coding_total": "Responses the rules would rewrite that passed untouched: their content coding"
+    " cannot be decoded, by coding.",
+    "prexy_decode_errors_total": "Upstream bodies that failed to decode (corrupt or truncated; the client was reset),"
+    " by coding.",
     "prexy_map_hits_total": "Requests answered or rewritten by a URL map, by action.",
     "prexy_bytes_out_total": "Response body bytes written to clients.",
     "prexy_worker_restarts_total": "Worker processes restarted by the master.",

@@ -203,7 +203,7 @@ class ValidatorTests(SynchronousTestCase):
 class PlanTests(SynchronousTestCase):
     def plan(self, head: FakeHead, **kw: Any) -> exchange.ResponsePlan:
         args: dict[str, Any] = dict(
-            rules=FakeRules(), rewrite=True, decode=False, gzip_out=False, transduce=True, skipped=False,
+            rules=FakeRules(), rewrite=True, decode=False, out_coding=None, transduce=True, skipped=False,
             timing_in_trailer=True,
         )
         args.update(kw)
@@ -255,7 +255,7 @@ class PlanTests(SynchronousTestCase):
         head = FakeHead(200, [(b"Content-Type", b"text/html"), (b"Content-Encoding", b"gzip")], None)
         plain = self.plan(head, decode=True)
         self.assertEqual(plain.headers, [(b"Content-Type", b"text/html"), (b"Vary", b"Accept-Encoding"), (b"Trailer", b"Server-Timing")])
-        zipped = self.plan(head, decode=True, gzip_out=True)
+        zipped = self.plan(head, decode=True, out_coding=b"gzip")
         self.assertIn((b"Content-Encoding", b"gzip"), zipped.headers)
         varied = FakeHead(200, [*head.headers, (b"Vary", b"accept-encoding, cookie")], None)
         self.assertEqual(names(self.plan(varied, decode=True).headers).count(b"vary"), 1)
@@ -263,19 +263,31 @@ class PlanTests(SynchronousTestCase):
         self.assertEqual(names(self.plan(star, decode=True).headers).count(b"vary"), 1)
 
     def test_rewrite_coding(self) -> None:
+        """Which responses are rewritten and which codings come off first:
+        every decodable coding, stacked ones in the order applied, identity
+        ignored; an unknown coding (alone or stacked) keeps the rules off
+        and is named, but only for a type the rules would rewrite."""
         rules = FakeRules()
         html = [(b"Content-Type", b"text/html")]
-        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), rules), (True, None))
-        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), None), (False, None))
-        self.assertEqual(rewrite_coding(FakeHead(200, html, 0), rules), (False, None))
-        self.assertEqual(rewrite_coding(FakeHead(304, html, None), rules), (False, None))
-        self.assertEqual(rewrite_coding(FakeHead(200, [(b"Content-Type", b"image/png")], 5), rules), (False, None))
+        png = [(b"Content-Type", b"image/png")]
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), rules), (True, (), None))
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 5), None), (False, (), None))
+        self.assertEqual(rewrite_coding(FakeHead(200, html, 0), rules), (False, (), None))
+        self.assertEqual(rewrite_coding(FakeHead(304, html, None), rules), (False, (), None))
+        self.assertEqual(rewrite_coding(FakeHead(200, png, 5), rules), (False, (), None))
         gz = [*html, (b"Content-Encoding", b" GZIP ")]
-        self.assertEqual(rewrite_coding(FakeHead(200, gz, 5), rules), (True, b"gzip"))
-        br = [*html, (b"Content-Encoding", b"br")]
-        self.assertEqual(rewrite_coding(FakeHead(200, br, 5), rules), (False, b"br"))
+        self.assertEqual(rewrite_coding(FakeHead(200, gz, 5), rules), (True, (b"gzip",), None))
+        for coding in (b"br", b"zstd", b"deflate", b"x-gzip"):
+            head = FakeHead(200, [*html, (b"Content-Encoding", coding)], 5)
+            self.assertEqual(rewrite_coding(head, rules), (True, (coding,), None))
+        stacked = [*html, (b"Content-Encoding", b"gzip, identity"), (b"Content-Encoding", b"BR")]
+        self.assertEqual(rewrite_coding(FakeHead(200, stacked, 5), rules), (True, (b"gzip", b"br"), None))
         ident = [*html, (b"Content-Encoding", b"identity")]
-        self.assertEqual(rewrite_coding(FakeHead(200, ident, 5), rules), (True, None))
+        self.assertEqual(rewrite_coding(FakeHead(200, ident, 5), rules), (True, (), None))
+        odd = [*html, (b"Content-Encoding", b"gzip, compress")]
+        self.assertEqual(rewrite_coding(FakeHead(200, odd, 5), rules), (False, (b"gzip", b"compress"), b"compress"))
+        odd_png = [*png, (b"Content-Encoding", b"compress")]
+        self.assertEqual(rewrite_coding(FakeHead(200, odd_png, 5), rules), (False, (b"compress",), None))
 
     def test_server_timing(self) -> None:
         self.assertEqual(

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from prexy.cache import flow
-from prexy.codec import Decoder, GzipEncoder, accepts_gzip
+from prexy.codec import accepts_gzip, decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
     SKIPPED_TIMING,
@@ -110,7 +110,9 @@ class Exchange:
             self._serve_revalidated(response)
             return
         rules = self.site.rules
-        rewrite, coding = rewrite_coding(response, rules)
+        rewrite, codings, unknown = rewrite_coding(response, rules)
+        if unknown is not None:
+            resource.coding_not_decoded(self.site, unknown, request.uri)
         transducer = None
         skipped = False
         if rewrite and rules is not None and request.method != b"HEAD":
@@ -119,7 +121,7 @@ class Exchange:
                 lambda: raw_header_dict(request.requestHeaders),
             )
             only = resource.applicability.rules_for(rules, self.resource_key)
-            if only is not None and not only and coding is None:
+            if only is not None and not only and not codings:
                 # This version of the resource matched no rule before: pass
                 # it through unscanned, with its length.
                 skipped = True
@@ -131,7 +133,7 @@ class Exchange:
         whole: bytes | None = None
         if (
             transducer is not None
-            and coding is None
+            and not codings
             and ctx is None
             and response.length is not None
             and 0 < response.length <= whole_limit(self.slice)
@@ -147,14 +149,18 @@ class Exchange:
                 whole = self._feed(body, True)
                 if whole is None:
                     return  # the rewrite failed: the client was reset
-        decode = rewrite and coding is not None
-        gzip_out = decode and accepts_gzip(request.requestHeaders.getRawHeaders(b"accept-encoding"))
+        decode = rewrite and bool(codings)
+        # The client's coding for a decoded body: gzip if it takes it (the
+        # seam where negotiating others will go), else identity.
+        out_coding = (
+            b"gzip" if decode and accepts_gzip(request.requestHeaders.getRawHeaders(b"accept-encoding")) else None
+        )
         if transducer is not None and self.pipeline is None:
             self.pipeline = BodyPipeline(
-                transducer, Decoder(coding) if decode and coding else None, GzipEncoder() if gzip_out else None
+                transducer, decoder_for(codings) if decode else None, encoder_for(out_coding)
             )
         plan = plan_response(
-            response, rules=rules, rewrite=rewrite, decode=decode, gzip_out=gzip_out,
+            response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
         )
         headers = plan.headers
@@ -402,6 +408,9 @@ class Exchange:
     def _pipeline_failed(self, exc: PipelineError) -> None:
         if exc.decode:
             log.warn("{uri}: {error}; resetting client connection", uri=self.request.uri.decode("latin-1"), error=str(exc))
+            self.resource.metrics.count(
+                "prexy_decode_errors_total", coding=(exc.coding or b"").decode("ascii", "replace")
+            )
         else:
             log.failure("substitution failed; aborting the response", Failure(exc.__cause__ or exc))
         self.abort_client()

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any
 
+from twisted.logger import Logger
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.metrics import Metrics
 from prexy.proxy.forward import Exchange
@@ -33,6 +35,11 @@ __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
+#: Distinct coding labels of prexy_unknown_coding_total: past them, an
+#: upstream inventing codings is counted as "other" (and logged once).
+UNKNOWN_CODING_LABELS = 64
+
+log = Logger()
 
 
 class ProxyResource(Resource):
@@ -60,6 +67,29 @@ class ProxyResource(Resource):
         #: Rule set digest -> the slice size that took about SLICE_SECONDS
         #: last time, so a response's first slice is already the right size.
         self.slices: dict[str, int] = {}
+        #: (site, coding label) pairs whose undecodable bodies were logged.
+        self.unknown_codings: set[tuple[str, str]] = set()
+        self._coding_labels: set[str] = set()
+
+    def coding_not_decoded(self, site: SiteRuntime, coding: bytes, uri: bytes) -> None:
+        """A response the site's rules would rewrite came in a coding the
+        proxy cannot decode and passes untouched: counted every time, logged
+        once per site and coding."""
+        label = coding_label(coding)
+        if label not in self._coding_labels:
+            if len(self._coding_labels) >= UNKNOWN_CODING_LABELS:
+                label = "other"
+            self._coding_labels.add(label)
+        self.metrics.count("prexy_unknown_coding_total", coding=label)
+        key = (site.name, label)
+        if key in self.unknown_codings:
+            return
+        self.unknown_codings.add(key)
+        log.warn(
+            "site {site}: content coding {coding!r} cannot be decoded, so its bodies pass unrewritten"
+            " (first seen on {uri}; counted in prexy_unknown_coding_total, not logged again)",
+            site=site.name, coding=coding.decode("latin-1"), uri=uri.decode("latin-1"),
+        )
 
     def render(self, request: ProxyRequest) -> Any:
         raw = raw_header_dict(request.requestHeaders)

@@ -137,6 +137,53 @@ class TestTwistd:
         assert b"UA-99999-9" in body
 
     @pytest_twisted.inlineCallbacks
+    def test_every_upstream_coding_rewritten(self) -> Any:
+        """An upstream that compresses whatever it is asked (br, zstd, and
+        gzip then br): through twistd the rules apply, an identity client
+        gets identity, a gzip client gzip of the same bytes."""
+        import gzip
+
+        import brotli
+        import zstandard
+        from twisted.web import resource as web_resource
+        from twisted.web.server import Site
+
+        from .origin import HTML
+
+        codings = {
+            b"/br": (b"br", brotli.compress(HTML)),
+            b"/zstd": (b"zstd", zstandard.ZstdCompressor().compress(HTML)),
+            b"/stacked": (b"gzip, br", brotli.compress(gzip.compress(HTML))),
+        }
+
+        class Compressing(web_resource.Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                coding, body = codings[request.path]
+                request.setHeader(b"content-type", b"text/html")
+                request.setHeader(b"content-encoding", coding)
+                return body
+
+        site = Site(Compressing())
+        site.log = lambda r: None  # type: ignore[method-assign]
+        cport = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.cleanup(cport.stopListening)
+        rules = write(self.dir, "site.rules", RULES)
+        child, port = yield self.start("--upstream", f"http://127.0.0.1:{cport.getHost().port}", "--rules", rules)
+        expected = HTML.replace(b"https://www.original-shop.example", b"http://clone.test").replace(
+            b"UA-12345-1", b"UA-99999-9"
+        )
+        for path in ("/br", "/zstd", "/stacked"):
+            head, body = yield self.fetch(port, path)
+            assert b"Content-Encoding" not in head, (path, head)
+            assert body == expected, (path, body)
+            head, body = yield self.fetch(port, path, b"Accept-Encoding: gzip\r\n")
+            assert b"Content-Encoding: gzip" in head, (path, head)
+            assert gzip.decompress(body) == expected, path
+        assert "Traceback" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
     def test_slow_client_memory_bounded(self) -> Any:
         """A slow client reading a huge rewritten body: the proxy's memory
         stays flat (< 20 MB growth) because the upstream is paused."""

@@ -189,19 +189,83 @@ class CompressedUpstreamTests(SynchronousTestCase):
             self.assertEqual(header(headers, b"content-encoding"), [])
             self.assertEqual(out, REWRITTEN)
 
-    def test_unknown_coding_passes_unchanged(self) -> None:
-        """A coding we cannot decode (br) passes through untouched, with its
-        length: compressed bytes never reach the transducer."""
+    def _identity_client(self, coding: bytes, body: bytes, pieces: int = 7) -> tuple[list[tuple[bytes, bytes]], bytes, Harness]:
         h = harness()
-        body = b"\x8b\x00www.origin.example"
         _, client = respond(
             h,
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: br\r\nContent-Length: %d\r\n" % len(body),
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n"
+            % (coding, len(body)),
             body,
+            pieces=pieces,
+        )
+        self.assertFalse(client.aborted)
+        status, headers, out = parse_response(client.value())
+        self.assertEqual(status, 200)
+        return headers, out, h
+
+    def test_br_and_zstd_decoded_and_rewritten(self) -> None:
+        """br and zstd bodies are decoded, rewritten by the site's rules and
+        reach a client that takes no compression as identity."""
+        import brotli
+        import zstandard
+
+        for coding, body in (
+            (b"br", brotli.compress(PAGE * 50)),
+            (b"zstd", zstandard.ZstdCompressor().compress(PAGE * 50)),
+        ):
+            headers, out, _ = self._identity_client(coding, body)
+            self.assertEqual(header(headers, b"content-encoding"), [], coding)
+            self.assertEqual(header(headers, b"vary"), [b"Accept-Encoding"], coding)
+            self.assertEqual(out, REWRITTEN * 50, coding)
+
+    def test_stacked_codings_decoded_and_recompressed(self) -> None:
+        """``Content-Encoding: gzip, br`` is undone in reverse order and the
+        rewritten body sent gzip to a client that takes gzip."""
+        import gzip
+
+        import brotli
+
+        h = harness()
+        body = brotli.compress(gzip.compress(PAGE * 50))
+        _, client = respond(
+            h,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip, br\r\nContent-Length: %d\r\n"
+            % len(body),
+            body,
+            request=b"GET / HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n",
+            pieces=5,
         )
         status, headers, out = parse_response(client.value())
-        self.assertEqual(out, body)
-        self.assertEqual(header(headers, b"content-encoding"), [b"br"])
+        self.assertEqual(header(headers, b"content-encoding"), [b"gzip"])
+        self.assertEqual(gzip.decompress(out), REWRITTEN * 50)
+
+    def test_unknown_coding_passes_unchanged(self) -> None:
+        """A coding we cannot decode, alone or stacked with known ones,
+        passes through untouched with its length (compressed bytes never
+        reach the transducer); it is counted each time and logged once per
+        site and coding."""
+        from twisted.logger import globalLogPublisher
+
+        logged: list[dict[str, object]] = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        h = harness()
+        body = b"\x8b\x00www.origin.example"
+        for coding in (b"compress", b"gzip, compress", b"compress"):
+            _, client = respond(
+                h,
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n"
+                % (coding, len(body)),
+                body,
+            )
+            status, headers, out = parse_response(client.value())
+            self.assertEqual(out, body)
+            self.assertEqual(header(headers, b"content-encoding"), [coding])
+            self.assertEqual(header(headers, b"content-length"), [b"%d" % len(body)])
+        self.assertEqual(h.metrics.counters[("prexy_unknown_coding_total", (("coding", "compress"),))], 3)
+        notes = [e for e in logged if "cannot be decoded" in str(e.get("log_format", ""))]
+        self.assertEqual(len(notes), 1)
+        self.assertEqual(notes[0]["coding"], "compress")
 
     def test_corrupt_gzip_resets_client(self) -> None:
         """A corrupt compressed body ends in a reset, not a clean end."""
@@ -213,6 +277,44 @@ class CompressedUpstreamTests(SynchronousTestCase):
             body,
         )
         self.assertTrue(client.aborted)
+        self.assertEqual(h.metrics.counters[("prexy_decode_errors_total", (("coding", "gzip"),))], 1)
+
+    def test_corrupt_br_mid_stream_resets_client(self) -> None:
+        """A br body that goes bad after rewritten bytes already reached the
+        client resets the connection (the client sees no terminating chunk)
+        and is counted; so does one cut short at a clean chunk boundary."""
+        import random
+
+        import brotli
+
+        from prexy.codec import BrotliDecoder, DecodeError
+
+        rng = random.Random(18)
+        page = b"".join(PAGE + b"%032x\n" % rng.getrandbits(128) for _ in range(2000))
+        good = brotli.compress(page, quality=5)
+        cut = len(good) // 2
+        corrupt = good[:cut] + b"\xff" * 64 + good[cut:]
+        with self.assertRaises(DecodeError):
+            d = BrotliDecoder()
+            d.feed(corrupt)
+        for body, chunked in ((corrupt, False), (good[:cut], True)):
+            h = harness()
+            _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            conn = h.conns[-1]
+            framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
+            conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: br\r\n%s\r\n\r\n" % framing)
+            for i in range(0, len(body), 4096):
+                piece = body[i : i + 4096]
+                conn.reply(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                h.settle()
+                if i == 0:
+                    self.assertIn(b"www.clone.example", client.value())  # streaming had begun
+            if chunked:
+                conn.reply(b"0\r\n\r\n")
+            h.settle()
+            self.assertTrue(client.aborted, chunked)
+            self.assertFalse(client.value().endswith(b"0\r\n\r\n"))
+            self.assertEqual(h.metrics.counters[("prexy_decode_errors_total", (("coding", "br"),))], 1)
 
 
 class FairnessTests(SynchronousTestCase):

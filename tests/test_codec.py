@@ -1,0 +1,218 @@
+"""The upstream codings (prexy.codec): every decodable coding, alone and
+stacked, decodes to exactly the original bytes whole, byte by byte and at
+any chunking; a corrupt or truncated body is a DecodeError, never a short
+clean end; the header's codings are parsed as applied."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import zlib
+from collections.abc import Callable
+
+import brotli
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.codec import (
+    DECODABLE,
+    DecodeError,
+    DecoderChain,
+    GzipEncoder,
+    coding_label,
+    decoder_for,
+    encoder_for,
+    parse_codings,
+    unknown_coding,
+)
+
+_rng = random.Random(18)
+#: Text that compresses well, with a stretch of noise so no coding
+#: finishes in its first few bytes.
+ORIGINAL = (
+    b"<p>www.origin.example says hello</p>\n" * 400
+    + bytes(_rng.randrange(256) for _ in range(3000))
+    + b"<script>ga('UA-123-4')</script>" * 50
+)
+
+
+def _deflate(data: bytes, wbits: int) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return c.compress(data) + c.flush()
+
+
+ENCODE: dict[bytes, Callable[[bytes], bytes]] = {
+    b"gzip": gzip.compress,
+    b"x-gzip": gzip.compress,
+    b"deflate": lambda d: _deflate(d, zlib.MAX_WBITS),
+    b"br": brotli.compress,
+    b"zstd": lambda d: zstandard.ZstdCompressor().compress(d),
+}
+
+#: (name, Content-Encoding codings as applied, how the body was made)
+CASES: list[tuple[str, tuple[bytes, ...], Callable[[bytes], bytes]]] = [
+    ("gzip", (b"gzip",), gzip.compress),
+    ("gzip-two-members", (b"gzip",), lambda d: gzip.compress(d[:100]) + gzip.compress(d[100:])),
+    ("x-gzip", (b"x-gzip",), gzip.compress),
+    ("deflate-zlib", (b"deflate",), lambda d: _deflate(d, zlib.MAX_WBITS)),
+    ("deflate-raw", (b"deflate",), lambda d: _deflate(d, -zlib.MAX_WBITS)),
+    ("br", (b"br",), brotli.compress),
+    ("zstd", (b"zstd",), lambda d: zstandard.ZstdCompressor().compress(d)),
+    ("zstd-two-frames", (b"zstd",), lambda d: b"".join(
+        zstandard.ZstdCompressor().compress(d[i : i + len(d) // 2 + 1]) for i in (0, len(d) // 2 + 1)
+    )),
+    ("gzip,br", (b"gzip", b"br"), lambda d: brotli.compress(gzip.compress(d))),
+    ("br,zstd,deflate", (b"br", b"zstd", b"deflate"),
+     lambda d: _deflate(zstandard.ZstdCompressor().compress(brotli.compress(d)), -zlib.MAX_WBITS)),
+]
+BODIES = {name: (codings, make(ORIGINAL)) for name, codings, make in CASES}
+
+
+def decode(codings: tuple[bytes, ...], body: bytes, cuts: list[int]) -> bytes:
+    """``body`` fed in pieces of the sizes in ``cuts`` (cycled), then finished."""
+    decoder = decoder_for(codings)
+    out, pos, i = [], 0, 0
+    while pos < len(body):
+        cut = cuts[i % len(cuts)]
+        out.append(decoder.feed(body[pos : pos + cut]))
+        pos += cut
+        i += 1
+    out.append(decoder.finish())
+    return b"".join(out)
+
+
+class DecodeTests(SynchronousTestCase):
+    def test_whole(self) -> None:
+        """Each coding, fed in one piece, gives the original bytes."""
+        for name, (codings, body) in BODIES.items():
+            self.assertEqual(decode(codings, body, [len(body)]), ORIGINAL, name)
+
+    def test_byte_by_byte(self) -> None:
+        """Each coding, fed one byte at a time, gives the original bytes."""
+        for name, (codings, body) in BODIES.items():
+            self.assertEqual(decode(codings, body, [1]), ORIGINAL, name)
+
+    @settings(deadline=None, max_examples=60)
+    @given(st.sampled_from(sorted(BODIES)), st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+    def test_any_chunking(self, name: str, cuts: list[int]) -> None:
+        """Any chunking of any coding's body gives the original bytes."""
+        codings, body = BODIES[name]
+        self.assertEqual(decode(codings, body, cuts), ORIGINAL)
+
+    def test_empty_feeds_are_harmless(self) -> None:
+        for name, (codings, body) in BODIES.items():
+            decoder = decoder_for(codings)
+            out = decoder.feed(b"") + decoder.feed(body) + decoder.feed(b"") + decoder.finish()
+            self.assertEqual(out, ORIGINAL, name)
+
+    def test_truncated_is_an_error(self) -> None:
+        """A body cut short anywhere past its first byte fails at finish (or
+        before), whatever the chunking: never a clean short answer."""
+        for name, (codings, body) in BODIES.items():
+            for keep in (1, len(body) // 3, len(body) - 1):
+                for cuts in ([len(body)], [1], [7, 300]):
+                    with self.assertRaises(DecodeError, msg=f"{name} cut at {keep}, fed {cuts}"):
+                        decode(codings, body[:keep], cuts)
+
+    @settings(deadline=None, max_examples=60)
+    @given(st.sampled_from(sorted(BODIES)), st.floats(0.0, 0.999), st.lists(st.integers(1, 3000), min_size=1))
+    def test_truncated_at_any_point(self, name: str, where: float, cuts: list[int]) -> None:
+        codings, body = BODIES[name]
+        with self.assertRaises(DecodeError):
+            decode(codings, body[: max(1, int(len(body) * where))], cuts)
+
+    def test_corrupt_is_an_error(self) -> None:
+        """Garbage, and a valid start followed by garbage, are DecodeErrors
+        naming the coding that failed."""
+        garbage = b"\x1f\x8b\x08\x00garbage-not-any-coding-at-all" * 4
+        for name, (codings, body) in BODIES.items():
+            spliced = body[: len(body) // 2] + b"\xff" * 64 + body[len(body) // 2 :]
+            # Raw deflate has no check value: this splice decodes to other
+            # bytes that end cleanly, nothing can tell.
+            for bad in (garbage,) if name == "deflate-raw" else (garbage, spliced):
+                for cuts in ([len(bad)], [1]):
+                    with self.assertRaises(DecodeError, msg=f"{name} fed {cuts}") as caught:
+                        decode(codings, bad, cuts)
+                    self.assertIn(caught.exception.coding, codings)
+
+    def test_trailing_garbage_is_an_error(self) -> None:
+        """Bytes past the end of a body are an error (a corrupt deflate
+        body can end early), in one piece or arriving after the end."""
+        for coding, encode in ENCODE.items():
+            for cuts in ([1 << 20], [1]):
+                with self.assertRaises(DecodeError, msg=coding):
+                    decode((coding,), encode(ORIGINAL) + b"\x00junk", cuts)
+
+    def test_gzip_members(self) -> None:
+        """A gzip body of several members (RFC 1952) decodes whole."""
+        half = len(ORIGINAL) // 2
+        body = gzip.compress(ORIGINAL[:half]) + gzip.compress(ORIGINAL[half:])
+        for cuts in ([len(body)], [1], [5, 999]):
+            self.assertEqual(decode((b"gzip",), body, cuts), ORIGINAL)
+
+    def test_raw_deflate_in_tiny_pieces(self) -> None:
+        """Raw deflate is recognised whatever the first piece's size (it was
+        taken for zlib when the first piece was under two bytes)."""
+        body = _deflate(ORIGINAL, -zlib.MAX_WBITS)
+        for first in (1, 2, 3, 63, 64, 65):
+            self.assertEqual(decode((b"deflate",), body, [first, 1000]), ORIGINAL, first)
+
+    def test_zstd_window_over_rfc_9659_limit_refused(self) -> None:
+        """A zstd frame asking for a window over 8 MB is refused: one body
+        cannot make the decoder hold more."""
+        params = zstandard.ZstdCompressionParameters.from_level(19, window_log=24)
+        compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        body = compressor.compress(ORIGINAL * 10) + compressor.flush()
+        with self.assertRaises(DecodeError):
+            decode((b"zstd",), body, [1 << 20])
+
+    def test_decoder_for(self) -> None:
+        self.assertIsInstance(decoder_for((b"gzip", b"br")), DecoderChain)
+        self.assertNotIsInstance(decoder_for((b"br",)), DecoderChain)
+        self.assertRaises(ValueError, decoder_for, ())
+        self.assertEqual(DECODABLE, frozenset(ENCODE))
+
+
+class HeaderTests(SynchronousTestCase):
+    def test_parse_codings(self) -> None:
+        """Codings in the order applied, over several header lines,
+        lower-case, without identity or empty entries."""
+        self.assertEqual(parse_codings([b" GZIP , br"]), (b"gzip", b"br"))
+        self.assertEqual(parse_codings([b"gzip", b"identity, ,Zstd"]), (b"gzip", b"zstd"))
+        self.assertEqual(parse_codings([b"identity", b""]), ())
+        self.assertEqual(parse_codings([]), ())
+
+    def test_unknown_coding(self) -> None:
+        self.assertIsNone(unknown_coding((b"gzip", b"br", b"zstd", b"deflate", b"x-gzip")))
+        self.assertEqual(unknown_coding((b"gzip", b"compress", b"sdch")), b"compress")
+
+    def test_coding_label(self) -> None:
+        """A metric label is a short token or "invalid", never a quote."""
+        self.assertEqual(coding_label(b"Compress"), "compress")
+        self.assertEqual(coding_label(b'x"y'), "invalid")
+        self.assertEqual(coding_label(b"a" * 100), "invalid")
+        self.assertEqual(coding_label(b""), "invalid")
+
+
+class EncoderTests(SynchronousTestCase):
+    @settings(deadline=None, max_examples=30)
+    @given(st.lists(st.integers(1, 5000), min_size=1, max_size=10))
+    def test_gzip_encoder_streams(self, cuts: list[int]) -> None:
+        """Each fed piece is flushed: what came out so far decodes to what
+        went in so far; the whole is a gzip body of the original."""
+        encoder = encoder_for(b"gzip")
+        assert encoder is not None
+        self.assertIsInstance(encoder, GzipEncoder)
+        out, pos, i = [], 0, 0
+        partial = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while pos < len(ORIGINAL):
+            piece = ORIGINAL[pos : pos + cuts[i % len(cuts)]]
+            out.append(encoder.feed(piece))
+            self.assertEqual(partial.decompress(out[-1]), piece)
+            pos += len(piece)
+            i += 1
+        out.append(encoder.finish())
+        self.assertEqual(gzip.decompress(b"".join(out)), ORIGINAL)
+        self.assertIsNone(encoder_for(None))
