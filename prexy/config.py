@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from prexy.cache.policy import CachePolicy, PolicyError
+from prexy.codec import LEVELS, Compression
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
@@ -169,6 +170,9 @@ class SiteConfig:
     upstream_ca: str | None = None
     #: Forward TRACE requests (off: 405, as nginx answers).
     allow_trace: bool = False
+    #: Compression of answers to clients: the server's [compression]
+    #: with the site's [sites.NAME.compression] keys over it.
+    compression: Compression = Compression()
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -198,6 +202,8 @@ class Config:
     workers: int | None = None
     shutdown_timeout: float = 30.0
     source: str | None = None
+    #: The [compression] table: every site's, unless it sets its own keys.
+    compression: Compression = Compression()
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -301,7 +307,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
         return value
 
-    _known(data, ("server", "timeouts", "limits", "cache", "sites"), "", err)
+    _known(data, ("server", "timeouts", "limits", "cache", "compression", "sites"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -398,6 +404,37 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     if "path" in cache:
         kwargs["cache_path"] = rel(typed(cache, "path", str, "cache"))
 
+    def compression(table: Any, where: str, base: Compression) -> Compression:
+        if not isinstance(table, dict):
+            err(where, "must be a table")
+        _known(table, [f.name for f in attrs.fields(Compression)], where, err)
+        ckw: dict[str, Any] = {}
+        if "enabled" in table:
+            ckw["enabled"] = typed(table, "enabled", bool, where)
+        if "types" in table:
+            types = table["types"]
+            if not isinstance(types, list) or not all(
+                isinstance(t, str) and re.fullmatch(r"[A-Za-z0-9.+*_-]+/[A-Za-z0-9.+*_-]+", t) for t in types
+            ):
+                err(f"{where}.types", "must be a list of media types (type/subtype, type/*, type/*+suffix)")
+            ckw["types"] = tuple(types)
+        if "min_length" in table:
+            try:
+                ckw["min_length"] = parse_size(table["min_length"])
+            except ValueError as exc:
+                err(f"{where}.min_length", str(exc))
+        for coding, (low, high) in LEVELS.items():
+            key = f"{coding.decode()}_level"
+            if key in table:
+                level = typed(table, key, int, where)
+                if not low <= level <= high:
+                    err(f"{where}.{key}", f"must be from {low} to {high}")
+                ckw[key] = level
+        return attrs.evolve(base, **ckw)
+
+    server_compression = compression(data.get("compression", {}), "compression", Compression())
+    kwargs["compression"] = server_compression
+
     sites_table = data.get("sites")
     if not isinstance(sites_table, dict) or not sites_table:
         err("sites", "at least one [sites.NAME] table with an upstream is required")
@@ -413,7 +450,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
-             "allow_trace"),
+             "allow_trace", "compression"),
             where,
             err,
         )
@@ -508,6 +545,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 cache=cache_cfg,
                 upstream_ca=upstream_ca,
                 allow_trace=allow_trace,
+                compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
             )
         )
     if "default_site" in server:

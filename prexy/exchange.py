@@ -38,16 +38,27 @@ from typing import Any, Protocol
 
 import attrs
 
-from prexy.codec import Codec, DecodeError, parse_codings, unknown_coding
+from prexy.codec import (
+    ENCODERS,
+    Codec,
+    Compression,
+    DecodeError,
+    negotiate,
+    parse_codings,
+    unknown_coding,
+)
 from prexy.proxy.headers import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
 from prexy.substitution.applicability import ResourceKey
 
 __all__ = [
     "BodyPipeline",
+    "ClientCoding",
     "Lifecycle",
     "PipelineError",
     "ResponsePlan",
     "State",
+    "choose_client_coding",
+    "coding_etag",
     "derived_etag",
     "plan_response",
     "rewrite_timing",
@@ -198,10 +209,26 @@ def upstream_if_none_match(value: bytes, digest: str) -> bytes:
     tags = []
     for tag in value.split(b","):
         tag = tag.strip()
+        for coding in ENCODERS:
+            # A compressed variant's tag (``coding_etag``): the identity
+            # answer it was made from is what the upstream knows.
+            if tag.endswith(b"-" + coding + suffix[-1:]) and tag[: -len(coding) - 2].endswith(suffix[:-1]):
+                tag = tag[: -len(coding) - 2] + b'"'
+                break
         if tag.endswith(suffix):
             tag = tag[: -len(suffix)] + b'"'
         tags.append(tag)
     return b", ".join(tags)
+
+
+def coding_etag(etag: bytes, coding: bytes) -> bytes:
+    """The entity tag of a compressed variant: the coding appended inside
+    the quotes (``"abc"`` -> ``"abc-gzip"``, ``W/"abc"`` -> ``W/"abc-gzip"``),
+    so caches downstream never take one coding's bytes for another's."""
+    etag = etag.strip()
+    if etag.endswith(b'"') and len(etag) >= 2:
+        return etag[:-1] + b"-" + coding + b'"'
+    return etag
 
 
 # -- the response head ----------------------------------------------------------
@@ -247,6 +274,64 @@ def rewrite_coding(head: Head, rules: Rules | None) -> tuple[bool, tuple[bytes, 
     return True, codings, None
 
 
+@attrs.frozen
+class ClientCoding:
+    """Prexy's own choice of a coding for one client: ``coding`` (None:
+    identity) and whether the answer depends on Accept-Encoding at all
+    (then it says ``Vary: Accept-Encoding``, compressed or not)."""
+
+    coding: bytes | None = None
+    varies: bool = False
+
+
+NO_CODING = ClientCoding()
+
+
+def choose_client_coding(
+    head: Head,
+    *,
+    method: bytes,
+    compression: Compression,
+    accept_encoding: Sequence[bytes] | None,
+    encoded: bool,
+) -> ClientCoding:
+    """Whether and how to compress an answer for this client: a body (not
+    HEAD, 1xx, 204, 304) of a compressible type (``compression.types``),
+    not already ``encoded`` (a coding Prexy did not decode), without
+    ``Cache-Control: no-transform``, of unknown length or at least
+    ``compression.min_length``; the coding is ``negotiate``'s."""
+    if method == b"HEAD" or head.code < 200 or head.code in (204, 304) or encoded or head.length == 0:
+        return NO_CODING
+    if not compression.compressible(head.header(b"content-type")):
+        return NO_CODING
+    if b"cache-control" in head.lnames and any(b"no-transform" in v.lower() for v in head.values(b"cache-control")):
+        return NO_CODING
+    if head.length is not None and b"content-encoding" not in head.lnames and head.length < compression.min_length:
+        return NO_CODING
+    return ClientCoding(negotiate(accept_encoding), True)
+
+
+def merge_vary(headers: list[tuple[bytes, bytes]], name: bytes = b"Accept-Encoding") -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``name`` in their Vary: added to the first Vary
+    header, or a new one; unchanged if Vary names it or ``*`` already."""
+    lname = name.lower()
+    first = None
+    for i, (n, v) in enumerate(headers):
+        if n.lower() == b"vary":
+            names = [x.strip().lower() for x in v.split(b",")]
+            if lname in names or b"*" in names:
+                return headers
+            if first is None:
+                first = i
+    out = list(headers)
+    if first is None:
+        out.append((b"Vary", name))
+    else:
+        n, v = out[first]
+        out[first] = (n, v + b", " + name if v.strip() else name)
+    return out
+
+
 @attrs.define
 class ResponsePlan:
     """The client's response head for an upstream head: header pairs in
@@ -266,6 +351,7 @@ def plan_response(
     transduce: bool,
     skipped: bool,
     timing_in_trailer: bool,
+    negotiated: bool = False,
 ) -> ResponsePlan:
     """Header rules of a proxied response.
 
@@ -274,7 +360,10 @@ def plan_response(
     known to match no rule, so it passes unscanned with its length (a HEAD
     is neither: it gets a GET's head without the length).  ``decode``: its
     content coding is decoded first; ``out_coding``: and encoded again in
-    this coding for this client (None: sent as identity).  Rewritten bytes
+    this coding for this client (None: sent as identity).  ``negotiated``:
+    the answer depends on the client's Accept-Encoding (``ClientCoding.varies``):
+    it carries ``Vary: Accept-Encoding``, and a compressed one a variant of
+    its ETag (``coding_etag``) and no length.  Rewritten bytes
     get derived validators (and no Last-Modified unless the rule set keeps
     it); the rewrite's Server-Timing goes in a trailer when it is known
     only at the end (``timing_in_trailer``).  Cache-Status, Via and
@@ -283,13 +372,11 @@ def plan_response(
     has_length = False
     length = head.length
     if rewrite and rules is not None:
-        if decode:
+        if decode or negotiated:
             headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
             if out_coding is not None:
                 headers.append((b"Content-Encoding", out_coding))
-            vary = [v for n, v in headers if n.lower() == b"vary"]
-            if not any(b"accept-encoding" in v.lower() or b"*" in v for v in vary):
-                headers.append((b"Vary", b"Accept-Encoding"))
+            headers = merge_vary(headers)
         drop_modified = not rules.keep_last_modified and head.header(b"last-modified") is not None
         if drop_modified or head.header(b"etag") is not None:
             digest = rules.digest
@@ -298,6 +385,8 @@ def plan_response(
                 lname = name.lower()
                 if lname == b"etag":
                     value = derived_etag(value, digest)
+                    if negotiated and out_coding is not None:
+                        value = coding_etag(value, out_coding)
                 elif drop_modified and lname == b"last-modified":
                     continue
                 kept.append((name, value))

@@ -18,15 +18,23 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.codec import (
     DECODABLE,
+    ENCODERS,
+    BrotliEncoder,
+    Compression,
     DecodeError,
     DecoderChain,
     GzipEncoder,
+    ZstdEncoder,
     coding_label,
     decoder_for,
     encoder_for,
+    negotiate,
+    parse_accept_encoding,
     parse_codings,
+    type_matches,
     unknown_coding,
 )
+from tests.cases import expand, parametrize
 
 _rng = random.Random(18)
 #: Text that compresses well, with a stretch of noise so no coding
@@ -216,3 +224,137 @@ class EncoderTests(SynchronousTestCase):
         out.append(encoder.finish())
         self.assertEqual(gzip.decompress(b"".join(out)), ORIGINAL)
         self.assertIsNone(encoder_for(None))
+
+    def _streams(self, coding: bytes, cuts: list[int], level: int | None = None) -> None:
+        """Fed in pieces of ``cuts`` (cycled): after each feed, everything
+        out so far decodes to everything in so far (the flush works), and
+        the finished whole decodes (with Prexy's own decoder) to the input."""
+        encoder = encoder_for(coding, level)
+        assert encoder is not None
+        partial = decoder_for((coding,))
+        out, pos, i = [], 0, 0
+        while pos < len(ORIGINAL):
+            piece = ORIGINAL[pos : pos + cuts[i % len(cuts)]]
+            out.append(encoder.feed(piece))
+            self.assertEqual(partial.feed(out[-1]), piece, (coding, pos))
+            pos += len(piece)
+            i += 1
+        out.append(encoder.finish())
+        body = b"".join(out)
+        self.assertEqual(partial.feed(out[-1]) + partial.finish(), b"")
+        self.assertEqual(decode((coding,), body, [len(body)]), ORIGINAL)
+        reference = {b"gzip": gzip.decompress, b"br": brotli.decompress,
+                     b"zstd": lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b)}
+        self.assertEqual(reference[coding](body), ORIGINAL)
+
+    def test_every_encoder_whole(self) -> None:
+        """Each coding, fed in one piece, at its default and extreme levels."""
+        self.assertEqual(set(ENCODERS), {b"gzip", b"br", b"zstd"})
+        for coding in ENCODERS:
+            for level in (None, 1):
+                self._streams(coding, [len(ORIGINAL)], level)
+
+    def test_every_encoder_byte_by_byte(self) -> None:
+        for coding in ENCODERS:
+            self._streams(coding, [1])
+
+    @settings(deadline=None, max_examples=40)
+    @given(st.sampled_from(sorted(ENCODERS)), st.lists(st.integers(1, 5000), min_size=1, max_size=10))
+    def test_every_encoder_any_chunking(self, coding: bytes, cuts: list[int]) -> None:
+        self._streams(coding, cuts)
+
+    def test_empty_body_and_empty_feeds(self) -> None:
+        """An empty feed gives nothing; an empty body is still a valid stream."""
+        for coding in ENCODERS:
+            encoder = encoder_for(coding)
+            assert encoder is not None
+            self.assertEqual(encoder.feed(b""), b"")
+            self.assertEqual(decode((coding,), encoder.finish(), [1]), b"")
+
+    def test_classes(self) -> None:
+        self.assertIsInstance(encoder_for(b"br", 5), BrotliEncoder)
+        self.assertIsInstance(encoder_for(b"zstd"), ZstdEncoder)
+
+
+@expand
+class NegotiationTests(SynchronousTestCase):
+    @parametrize(
+        "header, expected",
+        [
+            (None, None),
+            ([], None),
+            ([b""], None),
+            ([b"gzip"], b"gzip"),
+            ([b"GZIP"], b"gzip"),
+            ([b"x-gzip"], b"gzip"),
+            ([b"gzip, br"], b"br"),  # a tie: the server's order
+            ([b"gzip, zstd"], b"zstd"),
+            ([b"gzip, deflate, br, zstd"], b"br"),
+            ([b"gzip", b"Br"], b"br"),  # over two header lines
+            ([b"br;q=0.5, gzip"], b"gzip"),
+            ([b"br;q=0.5, gzip;q=0.8, zstd;q=0.7"], b"gzip"),
+            ([b"br ; Q=0.9 , gzip;q=0.9"], b"br"),
+            ([b"gzip;q=0"], None),
+            ([b"gzip;q=0.000"], None),
+            ([b"gzip;q=0, br"], b"br"),
+            ([b"*"], b"br"),
+            ([b"*;q=0.5, gzip"], b"gzip"),
+            ([b"*, br;q=0"], b"zstd"),
+            ([b"*;q=0"], None),
+            ([b"*;q=0, gzip"], b"gzip"),
+            ([b"identity"], None),
+            ([b"identity;q=0"], None),  # nothing acceptable: identity anyway
+            ([b"identity;q=0, gzip;q=0.1"], b"gzip"),
+            ([b"deflate, compress"], None),
+            ([b"gzip;q=high"], None),  # malformed q: 0
+            ([b"gzip;q=1.5"], None),
+            ([b"gzip;q=-1"], None),
+            ([b"gzip;q=0.1234"], None),
+            ([b"gzip;q=1.000"], b"gzip"),
+            ([b"gzip;q="], None),
+            ([b"gzip;level=9"], b"gzip"),  # another parameter: q stays 1
+            ([b"gzip;q=0.2, gzip;q=0.9, br;q=0.5"], b"br"),  # the first q of a coding counts
+            ([b",, gzip ,"], b"gzip"),
+        ],
+    )
+    def test_negotiate(self, header: list[bytes] | None, expected: bytes | None) -> None:
+        """RFC 9110 12.5.3: q-values, ``*``, refusals, the server's order on ties."""
+        self.assertEqual(negotiate(header), expected)
+
+    def test_offered_order_and_subset(self) -> None:
+        self.assertEqual(negotiate([b"gzip, br"], (b"gzip", b"br")), b"gzip")
+        self.assertEqual(negotiate([b"br"], (b"gzip",)), None)
+
+    def test_parse_accept_encoding(self) -> None:
+        self.assertEqual(
+            parse_accept_encoding([b"GZip;q=0.5, br", b"*;q=bad"]), {b"gzip": 0.5, b"br": 1.0, b"*": 0.0}
+        )
+
+    @parametrize(
+        "content_type, expected",
+        [
+            (b"text/html", True),
+            (b"TEXT/HTML; charset=utf-8", True),
+            (b"text/css", True),
+            (b"application/javascript", True),
+            (b"application/json", True),
+            (b"application/ld+json", True),
+            (b"application/atom+xml", True),
+            (b"image/svg+xml", True),
+            (b"image/png", False),
+            (b"application/octet-stream", False),
+            (b"application/jsonx", False),
+            (b"text", False),
+            (b"", False),
+            (None, False),
+        ],
+    )
+    def test_default_types(self, content_type: bytes | None, expected: bool) -> None:
+        """The default compressible types, by media type (parameters and
+        case ignored) and ``*`` / ``*+suffix`` patterns."""
+        self.assertEqual(Compression().compressible(content_type), expected)
+
+    def test_types_configurable_and_off(self) -> None:
+        self.assertTrue(type_matches(b"image/png", ("image/*",)))
+        self.assertFalse(Compression(enabled=False).compressible(b"text/html"))
+        self.assertTrue(Compression(types=("Image/PNG",)).compressible(b"image/png"))

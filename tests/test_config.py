@@ -9,6 +9,7 @@ import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache.policy import CachePolicy
+from prexy.codec import Compression
 from prexy.config import (
     ConfigError,
     Timeouts,
@@ -98,6 +99,17 @@ class ConfigTests(SynchronousTestCase):
             ("[limits]\nmax_body = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_body", "unknown key"),
             ("[timeouts]\nclient_header = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.client_header", "0 (off) or more"),
             ("[sites.a]\nupstream = 'http://x'\nallow_trace = 'yes'\n", 3, "sites.a.allow_trace", "must be a bool"),
+            ("[compression]\ngzip_level = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.gzip_level", "from 1 to 9"),
+            ("[compression]\nbr_level = 'max'\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.br_level", "must be a int"),
+            ("[compression]\nzstd_level = 0\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.zstd_level", "from 1 to 19"),
+            ("[compression]\nlevel = 1\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.level", "unknown key"),
+            ("[compression]\nenabled = 1\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.enabled", "must be a bool"),
+            ("[compression]\ntypes = 'text/html'\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.types", "list of media types"),
+            ("[compression]\ntypes = ['html']\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.types", "list of media types"),
+            ("[compression]\nmin_length = 'tiny'\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.min_length", "not a size"),
+            ("compression = 1\n[sites.a]\nupstream = 'http://x'\n", 1, "compression", "must be a table"),
+            ("[sites.a]\nupstream = 'http://x'\n[sites.a.compression]\nbr_level = 12\n", 4, "sites.a.compression.br_level", "from 0 to 11"),
+            ("[sites.a]\nupstream = 'http://x'\ncompression = true\n", 3, "sites.a.compression", "must be a table"),
         ],
     )
     def test_errors_name_file_line_key_reason(self, text: str, line: int | None, key: str | None, reason: str) -> None:
@@ -131,6 +143,20 @@ class ConfigTests(SynchronousTestCase):
         tmp = str(tmp_dir(self))
         with self.assertRaisesRegex(ConfigError, "tls_key"):
             parse_config("[server]\nlisten=['ssl:8443']\n[sites.a]\nupstream='http://x'\n", os.path.join(tmp, "p.toml"))
+
+    def test_compression_server_default_and_site_keys(self) -> None:
+        """[compression] is every site's; a site's own table overrides the
+        keys it names and keeps the rest."""
+        config = parse_config(
+            "[compression]\nmin_length = '1k'\ngzip_level = 6\ntypes = ['text/html']\n"
+            "[sites.a]\nupstream = 'http://x'\n"
+            "[sites.b]\nupstream = 'http://y'\n[sites.b.compression]\nenabled = false\nbr_level = 9\n"
+        )
+        a, b = config.site("a").compression, config.site("b").compression
+        assert config.compression == a
+        assert (a.enabled, a.min_length, a.gzip_level, a.types) == (True, 1024, 6, ("text/html",))
+        assert (b.enabled, b.min_length, b.gzip_level, b.br_level) == (False, 1024, 6, 9)
+        assert parse_config("[sites.a]\nupstream = 'http://x'\n").site("a").compression == Compression()
 
     def test_sizes(self) -> None:
         """nginx-style size units."""

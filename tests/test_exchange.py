@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy import exchange
-from prexy.codec import Decoder, GzipEncoder
+from prexy.codec import Compression, Decoder, GzipEncoder
 from prexy.exchange import (
     FINAL,
     TRANSITIONS,
@@ -442,3 +442,82 @@ class ResourceKeyTests(SynchronousTestCase):
         nl = exchange.resource_key(b"s", varied, b"/a", headers({b"accept-language": [b"nl"]}))
         self.assertNotEqual(en, nl)
         self.assertEqual(asked, [1, 1])
+
+
+class ClientCodingTests(SynchronousTestCase):
+    """Prexy's own choice of a client coding (``choose_client_coding``) and
+    the headers it changes (Vary, the ETag variant, conditionals upstream)."""
+
+    HTML = [(b"Content-Type", b"text/html"), (b"ETag", b'"1"')]
+
+    def choose(self, head: FakeHead, accept: bytes | None = b"gzip, br", **kw: Any) -> exchange.ClientCoding:
+        args: dict[str, Any] = {"method": b"GET", "compression": Compression(), "encoded": False}
+        args.update(kw)
+        return exchange.choose_client_coding(head, accept_encoding=None if accept is None else [accept], **args)
+
+    def test_when(self) -> None:
+        """Compressed: a compressible body of unknown length or at least
+        min_length.  Not: HEAD, 1xx/204/304, an undecoded coding,
+        no-transform, another type, a short body (no Vary either)."""
+        big = FakeHead(200, self.HTML, 1000)
+        self.assertEqual(self.choose(big), exchange.ClientCoding(b"br", True))
+        self.assertEqual(self.choose(FakeHead(200, self.HTML, None)), exchange.ClientCoding(b"br", True))
+        self.assertEqual(self.choose(FakeHead(200, self.HTML, 256)).coding, b"br")
+        self.assertEqual(self.choose(big, None), exchange.ClientCoding(None, True))
+        none = exchange.ClientCoding()
+        self.assertEqual(self.choose(big, method=b"HEAD"), none)
+        for code in (101, 204, 304):
+            self.assertEqual(self.choose(FakeHead(code, self.HTML, None)), none, code)
+        self.assertEqual(self.choose(big, encoded=True), none)
+        self.assertEqual(self.choose(FakeHead(200, self.HTML, 255)), none)
+        self.assertEqual(self.choose(FakeHead(200, self.HTML, 0)), none)
+        # A decoded body's length is the compressed one's: not a reason.
+        coded = FakeHead(200, [*self.HTML, (b"Content-Encoding", b"gzip")], 40)
+        self.assertEqual(self.choose(coded).coding, b"br")
+        cc = FakeHead(200, [*self.HTML, (b"Cache-Control", b"max-age=1"), (b"Cache-Control", b"NO-TRANSFORM")], 1000)
+        self.assertEqual(self.choose(cc), none)
+        png = FakeHead(200, [(b"Content-Type", b"image/png")], 1000)
+        self.assertEqual(self.choose(png), none)
+        self.assertEqual(self.choose(big, compression=Compression(enabled=False)), none)
+
+    def test_plan_headers(self) -> None:
+        """Negotiated: Content-Encoding, one merged Vary, the coding in a
+        strong or weak ETag; identity keeps the derived tag but says Vary."""
+        for etag, variant in ((b'"1"', b'"1-px%s-br"'), (b'W/"1"', b'W/"1-px%s-br"')):
+            head = FakeHead(200, [(b"Content-Type", b"text/html"), (b"ETag", etag), (b"Vary", b"Cookie")], 1000)
+            plan = exchange.plan_response(
+                head, rules=FakeRules(), rewrite=True, decode=False, out_coding=b"br", transduce=True,
+                skipped=False, timing_in_trailer=True, negotiated=True,
+            )
+            h = dict(plan.headers)
+            self.assertEqual(h[b"Content-Encoding"], b"br")
+            self.assertEqual(h[b"Vary"], b"Cookie, Accept-Encoding")
+            self.assertEqual(h[b"ETag"], variant % DIGEST[:8].encode())
+            self.assertNotIn(b"Content-Length", h)
+            plain = exchange.plan_response(
+                head, rules=FakeRules(), rewrite=True, decode=False, out_coding=None, transduce=True,
+                skipped=False, timing_in_trailer=True, negotiated=True,
+            )
+            h = dict(plain.headers)
+            self.assertNotIn(b"Content-Encoding", h)
+            self.assertEqual(h[b"ETag"], exchange.derived_etag(etag, DIGEST))
+
+    def test_merge_vary(self) -> None:
+        self.assertEqual(exchange.merge_vary([]), [(b"Vary", b"Accept-Encoding")])
+        self.assertEqual(exchange.merge_vary([(b"Vary", b"*")]), [(b"Vary", b"*")])
+        self.assertEqual(exchange.merge_vary([(b"vary", b"Cookie, ACCEPT-ENCODING")]), [(b"vary", b"Cookie, ACCEPT-ENCODING")])
+        self.assertEqual(
+            exchange.merge_vary([(b"Vary", b"Cookie"), (b"Vary", b"Origin")]),
+            [(b"Vary", b"Cookie, Accept-Encoding"), (b"Vary", b"Origin")],
+        )
+        # "accept-encoding-x" is another header: not a match.
+        self.assertEqual(exchange.merge_vary([(b"Vary", b"Accept-Encoding-X")]), [(b"Vary", b"Accept-Encoding-X, Accept-Encoding")])
+
+    def test_variant_tags_go_upstream_as_the_upstreams(self) -> None:
+        """A client's If-None-Match with a compressed variant's tag goes up
+        as the upstream's own tag."""
+        tag = exchange.coding_etag(exchange.derived_etag(b'"abc"', DIGEST), b"gzip")
+        weak = exchange.coding_etag(exchange.derived_etag(b'W/"abc"', DIGEST), b"zstd")
+        self.assertEqual(exchange.upstream_if_none_match(tag + b", " + weak, DIGEST), b'"abc", W/"abc"')
+        self.assertEqual(exchange.upstream_if_none_match(b'"x-gzip"', DIGEST), b'"x-gzip"')
+        self.assertEqual(exchange.coding_etag(b"bare", b"br"), b"bare")

@@ -26,9 +26,11 @@ from prexy.exchange import (
     FIRST_SLICE,
     SKIPPED_TIMING,
     BodyPipeline,
+    ClientCoding,
     Lifecycle,
     PipelineError,
     State,
+    choose_client_coding,
     next_slice,
     plan_response,
     resource_key,
@@ -130,6 +132,23 @@ class Exchange:
                 transducer = Transducer(rules, only=only)
                 self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
                 self.rules_run = len(rules.rules) if only is None else len(only)
+        decode = rewrite and bool(codings)
+        accept = request.requestHeaders.getRawHeaders(b"accept-encoding")
+        if transducer is not None and ctx is None:
+            # Not stored nor shared with followers: compressed for this
+            # client in the coding it prefers (a cached answer is shared, so
+            # it keeps the old rule below until the cache stores codings).
+            choice = choose_client_coding(
+                response, method=request.method, compression=self.site.config.compression,
+                accept_encoding=accept, encoded=bool(codings) and not decode,
+            )
+        else:
+            # The client's coding for a decoded body: gzip if it takes it.
+            choice = ClientCoding(b"gzip" if decode and accepts_gzip(accept) else None)
+        out_coding = choice.coding
+        encoder = None
+        if out_coding is not None:
+            encoder = encoder_for(out_coding, self.site.config.compression.level(out_coding))
         whole: bytes | None = None
         if (
             transducer is not None
@@ -145,23 +164,16 @@ class Exchange:
             body = response.take_body()
             if body is not None:
                 resource.metrics.bytes_in += len(body)
-                self.pipeline = BodyPipeline(transducer)
+                self.pipeline = BodyPipeline(transducer, None, encoder)
                 whole = self._feed(body, True)
                 if whole is None:
                     return  # the rewrite failed: the client was reset
-        decode = rewrite and bool(codings)
-        # The client's coding for a decoded body: gzip if it takes it (the
-        # seam where negotiating others will go), else identity.
-        out_coding = (
-            b"gzip" if decode and accepts_gzip(request.requestHeaders.getRawHeaders(b"accept-encoding")) else None
-        )
         if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(
-                transducer, decoder_for(codings) if decode else None, encoder_for(out_coding)
-            )
+            self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder)
         plan = plan_response(
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
+            negotiated=choice.varies,
         )
         headers = plan.headers
         if ctx is not None:

@@ -132,7 +132,8 @@ class TestTwistd:
         child.stop()
         child, port = yield self.start("--upstream", f"http://127.0.0.1:{gz_port.getHost().port}", "--rules", rules)
         head, body = yield self.fetch(port, "/html", b"Accept-Encoding: gzip\r\n")
-        # The proxy asked for identity, so twisted's encoder did not compress:
+        # The proxy asked for identity, so twisted's encoder did not
+        # compress (and the 147-byte page is under Prexy's min_length):
         assert b"Content-Encoding" not in head
         assert b"UA-99999-9" in body
 
@@ -181,6 +182,52 @@ class TestTwistd:
             head, body = yield self.fetch(port, path, b"Accept-Encoding: gzip\r\n")
             assert b"Content-Encoding: gzip" in head, (path, head)
             assert gzip.decompress(body) == expected, path
+        assert "Traceback" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
+    def test_answers_compressed_for_the_client(self) -> Any:
+        """A rewritten 20 KB page from an identity upstream goes out in the
+        coding the client prefers (br, zstd or gzip), with Vary, and decodes
+        to exactly what an identity client gets."""
+        import gzip
+
+        import brotli
+        import zstandard
+        from twisted.web import resource as web_resource
+        from twisted.web.server import Site
+
+        from .origin import HTML
+
+        page = HTML * 140  # about 20 KB
+
+        class Page(web_resource.Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                request.setHeader(b"content-type", b"text/html; charset=utf-8")
+                request.setHeader(b"etag", b'"v1"')
+                return page
+
+        site = Site(Page())
+        site.log = lambda r: None  # type: ignore[method-assign]
+        pport = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.cleanup(pport.stopListening)
+        rules = write(self.dir, "site.rules", RULES)
+        child, port = yield self.start("--upstream", f"http://127.0.0.1:{pport.getHost().port}", "--rules", rules)
+        head, identity = yield self.fetch(port, "/page")
+        assert b"Content-Encoding" not in head
+        assert b"UA-99999-9" in identity and b"UA-12345-1" not in identity
+        decoders = {
+            b"br": brotli.decompress,
+            b"zstd": lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b),
+            b"gzip": gzip.decompress,
+        }
+        for accept, coding in ((b"gzip, deflate, br", b"br"), (b"zstd, gzip;q=0.5", b"zstd"), (b"gzip", b"gzip")):
+            head, body = yield self.fetch(port, "/page", b"Accept-Encoding: " + accept + b"\r\n")
+            assert b"Content-Encoding: " + coding in head, (accept, head)
+            assert re.search(rb"(?i)\r\nvary: [^\r]*accept-encoding", head), head
+            assert len(body) < len(identity) / 3
+            assert decoders[coding](body) == identity, coding
         assert "Traceback" not in child.output()
 
     @pytest_twisted.inlineCallbacks
