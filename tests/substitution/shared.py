@@ -1,8 +1,9 @@
 """Shared data for the substitution tests: the conformance cases.
 
 The conformance cases live in ``shared/conformance`` beside the checkout
-(``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points.
-Tests that need them are skipped, with the reason, when they are absent.
+(``../shared`` from the repository root) or wherever ``PREXY_SHARED`` points;
+copies are kept in ``tests/shared/conformance`` for a fresh clone (CI).
+Tests that need them are skipped, with the reason, when none is found.
 Hypothesis settings are given per test (``PREXY_HYPOTHESIS_EXAMPLES`` raises
 the example count of the chunking property); the profiles are in
 ``tests/__init__.py``.
@@ -25,6 +26,7 @@ def shared_dir() -> Path | None:
     if env:
         candidates.append(Path(env))
     candidates.append(REPO_ROOT.parent / "shared")
+    candidates.append(REPO_ROOT / "tests" / "shared")  # the copies kept in the checkout
     for c in candidates:
         if (c / "conformance").is_dir():
             return c

@@ -14,6 +14,7 @@ def shared_dir() -> Path | None:
     env = os.environ.get("PREXY_SHARED")
     candidates = [Path(env)] if env else []
     candidates.append(REPO_ROOT.parent / "shared")
+    candidates.append(REPO_ROOT / "tests" / "shared")  # the copies kept in the checkout
     for path in candidates:
         if (path / "conformance" / "map_cases.json").is_file():
             return path
