@@ -311,3 +311,25 @@ def start_prexy(install: PrexyInstall, name: str, origin_port: int, *,
     server = Server(name, port, child, notes)
     return server
 
+
+
+def start_prexy_config(install: PrexyInstall, name: str, config: str, *,
+                       workers: int | None = 1, ready_timeout: float = 120.0) -> Server:
+    """``twistd -n --pidfile= prexy --config FILE`` with ``config`` written to
+    ``bench/.work/NAME/prexy.toml``; ``{port}`` in it becomes the free port
+    Prexy listens on (``--listen`` does not go with ``--config``)."""
+    if not install.supports("--config"):
+        raise MissingFlag("installed Prexy has no --config (see twistd prexy --help)")
+    port = harness.free_port()
+    rundir = WORK / name
+    rundir.mkdir(parents=True, exist_ok=True)
+    conf = rundir / "prexy.toml"
+    conf.write_text(config.replace("{port}", str(port)))
+    extra = ["--workers", str(workers)] if workers is not None and install.supports("--workers") else []
+    argv = [str(install.twistd), "-n", "--pidfile=", "prexy", "--config", str(conf), *extra]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    child = harness.spawn(name, argv, cwd=rundir, env=env)
+    harness.wait_port(child, port, timeout=ready_timeout)
+    harness.wait_http(child, port, timeout=ready_timeout)
+    return Server(name, port, child)
