@@ -205,18 +205,19 @@ def derived_etag(etag: bytes, digest: str) -> bytes:
 def upstream_if_none_match(value: bytes, digest: str) -> bytes:
     """If-None-Match as the upstream knows it: derived tags of this rule set
     back to the upstream's own; other tags unchanged."""
-    suffix = etag_suffix(digest) + b'"'
+    suffix = etag_suffix(digest)
     tags = []
     for tag in value.split(b","):
         tag = tag.strip()
         for coding in ENCODERS:
-            # A compressed variant's tag (``coding_etag``): the identity
-            # answer it was made from is what the upstream knows.
-            if tag.endswith(b"-" + coding + suffix[-1:]) and tag[: -len(coding) - 2].endswith(suffix[:-1]):
-                tag = tag[: -len(coding) - 2] + b'"'
+            # A compressed variant's tag (``coding_etag``) stands for the
+            # identity answer it was made from.
+            variant = suffix + b"-" + coding + b'"'
+            if tag.endswith(variant):
+                tag = tag[: -len(variant)] + suffix + b'"'
                 break
-        if tag.endswith(suffix):
-            tag = tag[: -len(suffix)] + b'"'
+        if tag.endswith(suffix + b'"'):
+            tag = tag[: -len(suffix) - 1] + b'"'
         tags.append(tag)
     return b", ".join(tags)
 

@@ -53,6 +53,16 @@ class TestTwistd:
         yield child.ready()
         return child, port
 
+    def serve(self, resource: Any) -> str:
+        """An extra origin on loopback for ``resource``, its URL."""
+        from twisted.web.server import Site
+
+        site = Site(resource)
+        site.log = lambda r: None  # type: ignore[method-assign]
+        listening = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.cleanup(listening.stopListening)
+        return f"http://127.0.0.1:{listening.getHost().port}"
+
     @defer.inlineCallbacks
     def fetch(self, port: int, path: str, headers: bytes = b"") -> Any:
         client = RawClient(
@@ -123,14 +133,11 @@ class TestTwistd:
         child, port = yield self.start("--upstream", self.upstream, "--rules", rules)
         # The test origin does not compress; use twisted.web's gzip encoder.
         from twisted.web.resource import EncodingResourceWrapper
-        from twisted.web.server import GzipEncoderFactory, Site
+        from twisted.web.server import GzipEncoderFactory
 
-        site = Site(EncodingResourceWrapper(Origin(), [GzipEncoderFactory()]))
-        site.log = lambda r: None  # type: ignore[method-assign]
-        gz_port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.cleanup(gz_port.stopListening)
+        upstream = self.serve(EncodingResourceWrapper(Origin(), [GzipEncoderFactory()]))
         child.stop()
-        child, port = yield self.start("--upstream", f"http://127.0.0.1:{gz_port.getHost().port}", "--rules", rules)
+        child, port = yield self.start("--upstream", upstream, "--rules", rules)
         head, body = yield self.fetch(port, "/html", b"Accept-Encoding: gzip\r\n")
         # The proxy asked for identity, so twisted's encoder did not
         # compress (and the 147-byte page is under Prexy's min_length):
@@ -147,7 +154,6 @@ class TestTwistd:
         import brotli
         import zstandard
         from twisted.web import resource as web_resource
-        from twisted.web.server import Site
 
         from .origin import HTML
 
@@ -166,12 +172,8 @@ class TestTwistd:
                 request.setHeader(b"content-encoding", coding)
                 return body
 
-        site = Site(Compressing())
-        site.log = lambda r: None  # type: ignore[method-assign]
-        cport = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.cleanup(cport.stopListening)
         rules = write(self.dir, "site.rules", RULES)
-        child, port = yield self.start("--upstream", f"http://127.0.0.1:{cport.getHost().port}", "--rules", rules)
+        child, port = yield self.start("--upstream", self.serve(Compressing()), "--rules", rules)
         expected = HTML.replace(b"https://www.original-shop.example", b"http://clone.test").replace(
             b"UA-12345-1", b"UA-99999-9"
         )
@@ -194,7 +196,6 @@ class TestTwistd:
         import brotli
         import zstandard
         from twisted.web import resource as web_resource
-        from twisted.web.server import Site
 
         from .origin import HTML
 
@@ -208,12 +209,8 @@ class TestTwistd:
                 request.setHeader(b"etag", b'"v1"')
                 return page
 
-        site = Site(Page())
-        site.log = lambda r: None  # type: ignore[method-assign]
-        pport = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.cleanup(pport.stopListening)
         rules = write(self.dir, "site.rules", RULES)
-        child, port = yield self.start("--upstream", f"http://127.0.0.1:{pport.getHost().port}", "--rules", rules)
+        child, port = yield self.start("--upstream", self.serve(Page()), "--rules", rules)
         head, identity = yield self.fetch(port, "/page")
         assert b"Content-Encoding" not in head
         assert b"UA-99999-9" in identity and b"UA-12345-1" not in identity
