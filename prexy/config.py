@@ -22,6 +22,8 @@ from prexy.codec import LEVELS, Compression
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+#: An HTTP token (RFC 9110 5.6.2): what an ``Upgrade`` protocol name is.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class ConfigError(Exception):
@@ -115,6 +117,9 @@ class Timeouts:
     #: The longest silence between two reads of a request body; then 408
     #: and close.
     client_body: float = 60.0
+    #: A tunnel (WebSocket) with no byte either way for this long is
+    #: closed (nginx closes one after ``proxy_read_timeout``, 60 s).
+    tunnel_idle: float = 60.0
 
 
 @attrs.frozen
@@ -173,6 +178,9 @@ class SiteConfig:
     #: Compression of answers to clients: the server's [compression]
     #: with the site's [sites.NAME.compression] keys over it.
     compression: Compression = Compression()
+    #: Protocols an ``Upgrade`` request may switch to (lower-case; empty:
+    #: none, the request is an ordinary one).
+    upgrade: frozenset[bytes] = frozenset({b"websocket"})
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -450,7 +458,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
-             "allow_trace", "compression"),
+             "allow_trace", "compression", "upgrade"),
             where,
             err,
         )
@@ -470,6 +478,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             seen_hosts[h] = name
         host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
         allow_trace = typed(table, "allow_trace", bool, where) if "allow_trace" in table else False
+        upgrade = table.get("upgrade", ["websocket"])
+        if not isinstance(upgrade, list) or not all(isinstance(u, str) and _TOKEN.fullmatch(u) for u in upgrade):
+            err(f"{where}.upgrade", "must be a list of protocol names (such as \"websocket\")")
         upstream_ca = None
         if "upstream_ca" in table:
             upstream_ca = rel(typed(table, "upstream_ca", str, where))
@@ -545,6 +556,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 cache=cache_cfg,
                 upstream_ca=upstream_ca,
                 allow_trace=allow_trace,
+                upgrade=frozenset(u.lower().encode("ascii") for u in upgrade),
                 compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
             )
         )

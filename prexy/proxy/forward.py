@@ -45,10 +45,12 @@ from prexy.proxy.caching import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import DetachedRequest, abort_client, plain_answer, start_response
+from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
 from prexy.substitution.transducer import Transducer
+from prexy.upgrade import tunnel_head
 
 log = Logger()
 
@@ -106,6 +108,9 @@ class Exchange:
             response.abort()
             return
         self.response = response
+        if response.code == 101:  # asked for (else the reader made it a 502)
+            self._open_tunnel(response)
+            return
         resource = self.resource
         ctx = self.ctx
         if ctx is not None and ctx.revalidating and response.code == 304:
@@ -209,6 +214,28 @@ class Exchange:
             request.registerProducer(_ClientProducer(self, response.producer), True)
             self.producer_registered = True
         response.deliverBody(self)
+
+    def _open_tunnel(self, response: UpstreamResponse) -> None:
+        """The upstream switched protocols: splice the client's connection
+        and the upstream's (``prexy.proxy.tunnel``)."""
+        request = self.request
+        self.life.move(State.DONE)
+        channel = getattr(request, "channel", None)
+        if channel is None or request.gone:
+            response.abort()
+            return
+        request.exchange = None
+        resource = self.resource
+        request.setResponseCode(101)
+        tunnel = Tunnel(
+            resource.reactor, request.proxy_site.timeouts.tunnel_idle,
+            lambda t: resource.tunnel_closed(request, channel, t),
+        )
+        upgrade = response.values(b"upgrade")
+        channel.start_tunnel(tunnel, tunnel_head(response.phrase, response.headers, upgrade[0] if upgrade else None))
+        first = response.tunnel(tunnel)
+        resource.metrics.count("prexy_tunnels_total")
+        tunnel.attach(channel, response.tunnel_side(), first)
 
     # -- the cache ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from twisted.internet.error import ConnectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -284,6 +285,8 @@ class ProxyChannel(HTTPChannel):
     _head_timer: Any = None
     _refused = False
     _in_body = False
+    #: After a 101, the tunnel every byte goes to (``prexy.proxy.tunnel``).
+    _tunnel: Any = None
     #: The framing check of a chunked request body being received.
     _chunks: ChunkedCheck | None = None
     site: ProxySite
@@ -304,7 +307,9 @@ class ProxyChannel(HTTPChannel):
     # -- the head gate -----------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused or self._tunnel is not None:
+            if self._tunnel is not None:
+                self._tunnel.from_client(data)
             return  # answered and closing: read nothing more
         gate = self._gate
         if gate is None or gate.open:
@@ -415,7 +420,34 @@ class ProxyChannel(HTTPChannel):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel_head_timer()
+        tunnel = self._tunnel
+        if tunnel is not None:
+            tunnel.client_lost(reason or Failure(ConnectionDone()))
         super().connectionLost(reason)
+
+    # -- tunnels -------------------------------------------------------------------
+
+    def start_tunnel(self, tunnel: Any, head: bytes) -> None:
+        """The upstream switched protocols: send its 101 ``head``, and from
+        now on every byte read goes to ``tunnel`` (``prexy.proxy.tunnel``)."""
+        self._tunnel = tunnel
+        self._cancel_head_timer()
+        self.setTimeout(None)  # the tunnel keeps its own idle time
+        self.write(head)
+
+    def pauseProducing(self) -> None:
+        tunnel = self._tunnel
+        if tunnel is not None:
+            tunnel.client_blocked(True)  # the client reads slowly: hold the upstream
+            return
+        super().pauseProducing()
+
+    def resumeProducing(self) -> None:
+        tunnel = self._tunnel
+        if tunnel is not None:
+            tunnel.client_blocked(False)
+            return
+        super().resumeProducing()
 
     # -- writes ----------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The reverse-proxy resource: one client request -> one upstream exchange.
 
 ``ProxyResource.render`` routes a request: the site's URL map (a redirect,
-or a rewritten target), its cache (a hit, a coalesced miss, PURGE), else
-the upstream.  The response body streams chunk by chunk through the
+or a rewritten target), an upgrade (WebSocket) straight upstream, its cache
+(a hit, a coalesced miss, PURGE), else the upstream.  The response body streams chunk by chunk through the
 exchange (``prexy.proxy.forward``), with the upstream socket registered as
 a streaming producer on the client request, so a slow client pauses the
 upstream instead of filling memory.  Failures are mapped the way users of
@@ -28,8 +28,10 @@ from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
 from prexy.proxy.request import DetachedRequest, ProxyRequest, ProxySite, plain_answer
 from prexy.proxy.rewriting import Rewriting
+from prexy.proxy.tunnel import Tunnel
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory
+from prexy.upgrade import upgrade_headers, upgrade_request
 
 __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
@@ -115,6 +117,13 @@ class ProxyResource(Resource):
 
         ctx = None
         head = getattr(request, "head", None)
+        if site.config.upgrade and b"upgrade" in raw:
+            upgrade = upgrade_request(
+                raw, method=request.method, version=request.clientproto,
+                has_body=head is not None and head.has_body, allowed=site.config.upgrade,
+            )
+            if upgrade is not None:  # a tunnel if the upstream says 101; never cached
+                return self.forward(request, site, target, host, None, raw, upgrade=upgrade)
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
         if site.cache_policy is not None and self.cache is not None and not (head is not None and head.has_body):
@@ -130,7 +139,7 @@ class ProxyResource(Resource):
 
     def forward(
         self, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
-        ctx: Any = None, raw: Any = None,
+        ctx: Any = None, raw: Any = None, upgrade: bytes | None = None,
     ) -> Any:
         """Send the request upstream and stream the answer back (or, for a
         background refresh, into the cache only)."""
@@ -158,6 +167,8 @@ class ProxyResource(Resource):
             for_cache=for_cache,
             revalidate=revalidate,
         )
+        if upgrade is not None:
+            headers += upgrade_headers(upgrade)
         exchange = Exchange(self, request, site, started)
         exchange.ctx = ctx
         exchange.upstream_target = target
@@ -168,6 +179,25 @@ class ProxyResource(Resource):
             exchange.on_head, exchange.upstream_failed,
         )
         return server.NOT_DONE_YET
+
+    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None:
+        """A tunnel ended: count it, log its access line (status 101, the
+        bytes sent to the client) and one line with its duration and bytes."""
+        metrics = self.metrics
+        metrics.count("prexy_tunnels_closed_total", by=tunnel.ended_by or "client")
+        metrics.count("prexy_tunnel_bytes_total", tunnel.bytes_up, direction="up")
+        metrics.count("prexy_tunnel_bytes_total", tunnel.bytes_down, direction="down")
+        metrics.count_status(101)
+        request.sentLength = tunnel.bytes_down
+        site = request.proxy_site
+        site.log(request)
+        site.served(channel)
+        log.info(
+            "tunnel {uri} closed by {by}{how} after {seconds:.1f} s: {up} bytes up, {down} bytes down",
+            uri=request.uri.decode("latin-1"), by=tunnel.ended_by,
+            how="" if tunnel.clean else " (reset)", seconds=tunnel.seconds,
+            up=tunnel.bytes_up, down=tunnel.bytes_down,
+        )
 
     def refresh_in_background(
         self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None, ctx: Any, key: bytes

@@ -199,6 +199,15 @@ class UpstreamResponse:
         """Drop the upstream connection (the client went away)."""
         self._protocol.abort()
 
+    def tunnel(self, tunnel: Any) -> bytes:
+        """A 101: hand the connection to ``tunnel``; returns the bytes that
+        followed the head (see ``UpstreamProtocol.start_tunnel``)."""
+        return self._protocol.start_tunnel(tunnel)
+
+    def tunnel_side(self) -> Any:
+        """The connection, as the tunnel's upstream side."""
+        return self._protocol
+
     def pause_for_work(self) -> None:
         """Stop reading while the consumer works through what it has."""
         self._protocol.pauseBody("work")
@@ -213,6 +222,8 @@ class _State(enum.Enum):
     WAITING = "waiting"
     HEADERS_DONE = "headers-done"
     BODY = "body"
+    #: Spliced to a client after a 101 (``prexy.proxy.tunnel``).
+    TUNNEL = "tunnel"
     CLOSED = "closed"
 
 
@@ -270,6 +281,7 @@ class UpstreamProtocol(Protocol):
         self._pause_reasons: set[str] = set()
         self._lost = False
         self._close_waiters: list[defer.Deferred[None]] = []
+        self._tunnel: Any = None
 
     # -- connection lifecycle -------------------------------------------------
 
@@ -289,7 +301,10 @@ class UpstreamProtocol(Protocol):
             waiter.callback(None)
         self._owner.unwatch(self)
         self._owner.forget(self)
-        if previous is _State.WAITING:
+        if previous is _State.TUNNEL:
+            assert self._tunnel is not None
+            self._tunnel.upstream_lost(reason)
+        elif previous is _State.WAITING:
             err = UpstreamClosed(f"upstream closed the connection before answering: {reason.getErrorMessage()}")
             self._fail_response(Failure(err))
         elif previous in (_State.BODY, _State.HEADERS_DONE) and not self._reader.done:
@@ -355,8 +370,9 @@ class UpstreamProtocol(Protocol):
         """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
-        # Upgrade is never sent (hop-by-hop; no upgrades yet): a 101 is a 502.
-        self._reader = http1.ResponseReader(method, self._owner.limits.max_response_head, upgrade=False)
+        # A 101 answers only a request that asked to upgrade (else a 502).
+        upgrade = any(name == b"Upgrade" for name, _ in headers)
+        self._reader = http1.ResponseReader(method, self._owner.limits.max_response_head, upgrade=upgrade)
         self._keep_alive = True
         self._consumer = None
         self._queued = []
@@ -437,6 +453,9 @@ class UpstreamProtocol(Protocol):
                 self._start_body(events)
         elif state is _State.HEADERS_DONE:
             self._queued += self._reader.receive_data(data)
+        elif state is _State.TUNNEL:
+            assert self._tunnel is not None
+            self._tunnel.from_upstream(data)
         elif state is _State.IDLE:
             # Bytes nobody asked for: the connection is out of sync.
             self._keep_alive = False
@@ -529,6 +548,22 @@ class UpstreamProtocol(Protocol):
             self._paused = False
             self.transport.resumeProducing()
         self._start_timer(self._owner.timeouts.idle, "idle")
+
+    def start_tunnel(self, tunnel: Any) -> bytes:
+        """After a 101: the connection is ``tunnel``'s from now on (never
+        pooled again).  Returns the bytes that came after the 101's head."""
+        self._cancel_timer()
+        self.state = _State.TUNNEL
+        self._tunnel = tunnel
+        self._keep_alive = False
+        self._queued = []
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
+        return self._reader.trailing_data
+
+    def tunnel_write(self, data: bytes) -> None:
+        self._out.write(data)
 
     def pauseBody(self, reason: str = "client") -> None:
         """Stop reading the body: for a slow client ("client") or while the
