@@ -27,6 +27,7 @@ import content
 import harness
 import realistic
 import servers
+import tunnel
 from harness import WORK, Client, WrkResult, fmt, fmt_ms, markdown_table, ratio
 from servers import MissingFlag, PrexyInstall, Server
 
@@ -1694,6 +1695,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "urlmap": scenario_urlmap,
     "adversarial": scenario_adversarial,
     "compress": scenario_compress,
+    "tunnel": tunnel.scenario_tunnel,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
