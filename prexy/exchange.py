@@ -479,10 +479,16 @@ class BodyPipeline:
     (the transducer then ends with them, so their output can go with the
     end of the response); ``finish()`` ends whatever is still open."""
 
-    def __init__(self, transducer: Any, decoder: Codec | None = None, encoder: Codec | None = None) -> None:
+    def __init__(
+        self, transducer: Any, decoder: Codec | None = None, encoder: Codec | None = None,
+        tap: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.transducer = transducer
         self.decoder = decoder
         self.encoder = encoder
+        #: Given the rewritten bytes before they are encoded (what the cache
+        #: stores while the client gets them compressed).
+        self.tap = tap
         self.ended = False
 
     def feed(self, data: bytes, last: bool = False) -> bytes:
@@ -498,6 +504,8 @@ class BodyPipeline:
             else:
                 out = b"".join(transducer.feed(data[i : i + MAX_FEED]) for i in range(0, len(data), MAX_FEED))
             if self.encoder is not None:
+                if self.tap is not None and out:
+                    self.tap(out)
                 out = self.encoder.feed(out)
         except DecodeError as exc:
             raise PipelineError(str(exc), decode=True, coding=exc.coding) from None
@@ -515,6 +523,8 @@ class BodyPipeline:
                 tail += transducer.finish()
                 self.ended = True
             if self.encoder is not None:
+                if self.tap is not None and tail:
+                    self.tap(tail)
                 tail = self.encoder.feed(tail) + self.encoder.finish()
         except DecodeError as exc:
             raise PipelineError(str(exc), decode=True, coding=exc.coding) from None

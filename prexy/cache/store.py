@@ -307,6 +307,9 @@ class ICacheStore(Interface):
     def writer(key: bytes, meta: ObjectMeta, limit: int | None = None) -> Writer:
         """A :class:`Writer` for a response streaming in."""
 
+    def put(key: bytes, meta: ObjectMeta, body: bytes = b"") -> bool:
+        """Stores a whole object at once; ``False`` when it is too large."""
+
     def put_hit_for_miss(key: bytes, meta: ObjectMeta) -> bool:
         """Stores a bodiless hit-for-miss marker built from ``meta``."""
 

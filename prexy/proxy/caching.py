@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web import server
@@ -43,6 +44,7 @@ from prexy.cache import (
     response_decision,
     vary_key,
 )
+from prexy.cache.codings import coded_headers, compress_whole, stored_coding, variant_key
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
@@ -314,7 +316,7 @@ class CacheLayer:
             return None, CacheContext(routed.fwd, routed.detail)
         if way is Route.HIT:
             self.metrics.count("prexy_cache_total", result="hit")
-            return self.serve(request, routed.obj, now, pairs=pairs), None
+            return self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site), None
         ctx = CacheContext(routed.fwd)
         ctx.pairs = pairs
         ctx.url = url
@@ -323,7 +325,7 @@ class CacheLayer:
         if way in (Route.GRACE, Route.GRACE_REFRESH):
             # Serve the stale object now; one background fetch refreshes it.
             self.metrics.count("prexy_cache_total", result="grace")
-            answer = self.serve(request, routed.obj, now, pairs=pairs)
+            answer = self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site)
             if way is Route.GRACE_REFRESH:
                 self.refreshing.add(key)
                 resource.refresh_in_background(request, site, target, host, ctx, key)
@@ -365,7 +367,7 @@ class CacheLayer:
             now = self.reactor.seconds()
             obj = self.store.get(key)
             if obj is not None and not obj.hit_for_miss and obj.fresh(now):
-                self.serve(request, obj, now, collapsed=True)
+                self.serve(request, obj, now, collapsed=True, key=key, site=site)
                 return
             if self.store.claimed(key) and now - started < CLAIM_LEASE:
                 arm()
@@ -383,9 +385,20 @@ class CacheLayer:
     def serve(
         self, request: Any, obj: CachedObject, now: float, collapsed: bool = False,
         stale_reason: str | None = None, pairs: list[tuple[bytes, bytes]] | None = None,
+        key: bytes | None = None, site: SiteRuntime | None = None,
     ) -> Any:
         """Answer from a stored object (a 304 when the request's validators
-        match); returns what render() returns."""
+        match); returns what render() returns.  With the object's ``key``
+        and ``site``, a client that takes a coding the site compresses in
+        gets the object's compressed variant (``prexy.cache.codings``)."""
+        if key is not None and site is not None and obj.status == 200:
+            compression = site.config.compression
+            coding = stored_coding(
+                obj.status, obj.headers, len(obj.body), method=request.method, compression=compression,
+                accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
+            )
+            if coding is not None:
+                obj = self._coded(key, obj, coding, compression.level(coding))
         if pairs is None:
             pairs = request_pairs(request)
         code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason)
@@ -394,6 +407,19 @@ class CacheLayer:
             request.write(body)
         request.finish()
         return server.NOT_DONE_YET
+
+    def _coded(self, key: bytes, obj: CachedObject, coding: bytes, level: int) -> CachedObject:
+        """``obj`` in ``coding``: from the store, or compressed now (the
+        first hit in this coding) and stored for the next ones."""
+        vkey = variant_key(key, coding, obj.stored_at)
+        variant = self.store.get(vkey)
+        if variant is not None:
+            return variant
+        body = compress_whole(obj.body, coding, level)
+        variant = attrs.evolve(obj, headers=coded_headers(obj.headers, coding), body=body)
+        self.store.put(vkey, ObjectMeta(**{f.name: getattr(variant, f.name) for f in attrs.fields(ObjectMeta)}), body)
+        self.metrics.count("prexy_cache_compressed_total", coding=coding.decode("ascii"))
+        return variant
 
     # -- storing ---------------------------------------------------------------------
 

@@ -92,6 +92,8 @@ class Exchange:
         self.writer: Any = None  # cache writer while the body is stored
         self.keep_chunks = True
         self.producer_registered = False
+        #: The cache gets the body before it is compressed for the client.
+        self.tapped = False
 
     # -- the upstream head -------------------------------------------------------
 
@@ -139,10 +141,10 @@ class Exchange:
                 self.rules_run = len(rules.rules) if only is None else len(only)
         decode = rewrite and bool(codings)
         accept = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if transducer is not None and ctx is None:
-            # Not stored nor shared with followers: compressed for this
-            # client in the coding it prefers (a cached answer is shared, so
-            # it keeps the old rule below until the cache stores codings).
+        if transducer is not None:
+            # Compressed for this client in the coding it prefers; what the
+            # cache stores (and followers get) stays identity, and each hit
+            # gets its coding from the store (CacheLayer.serve).
             choice = choose_client_coding(
                 response, method=request.method, compression=self.site.config.compression,
                 accept_encoding=accept, encoded=bool(codings) and not decode,
@@ -173,8 +175,12 @@ class Exchange:
                 whole = self._feed(body, True)
                 if whole is None:
                     return  # the rewrite failed: the client was reset
+        tap = None
+        if ctx is not None and encoder is not None and transducer is not None:
+            self.tapped = True
+            tap = self._tap
         if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder)
+            self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder, tap)
         plan = plan_response(
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
@@ -182,7 +188,13 @@ class Exchange:
         )
         headers = plan.headers
         if ctx is not None:
-            headers.append((b"Cache-Status", self._cache_head(response, headers, rewrite)))
+            stored = headers
+            if tap is not None:  # the cache keeps the identity answer
+                stored = plan_response(
+                    response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
+                    transduce=True, skipped=False, timing_in_trailer=True, negotiated=True,
+                ).headers
+            headers.append((b"Cache-Status", self._cache_head(response, stored, rewrite)))
         headers.append((b"Via", via_value(response)))
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = resource.reactor.seconds() - self.started - upstream_time
@@ -312,8 +324,14 @@ class Exchange:
         self.resource.cache.finished(ctx)
 
     def _out(self, data: bytes) -> None:
-        """Body bytes for the client (and the cache)."""
+        """Body bytes for the client (and the cache, unless it gets them
+        before they are compressed: ``_tap``)."""
         self.resource.metrics.bytes_out += len(data)
+        if self.ctx is not None and not self.tapped:
+            self._cache_data(data)
+
+    def _tap(self, data: bytes) -> None:
+        """Rewritten bytes before the client's compression: for the cache."""
         if self.ctx is not None:
             self._cache_data(data)
 

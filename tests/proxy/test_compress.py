@@ -75,6 +75,18 @@ def fetch(
     return parse_response(client.value())
 
 
+def hit(
+    h: Harness, accept: bytes | None, method: bytes = b"GET", extra: bytes = b""
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A request the cache should answer (nothing is replied upstream)."""
+    request = method + b" / HTTP/1.1\r\nHost: x\r\n" + extra
+    if accept is not None:
+        request += b"Accept-Encoding: " + accept + b"\r\n"
+    _, client = h.send(request + b"\r\n")
+    h.settle()
+    return parse_response(client.value())
+
+
 class CompressionTests(SynchronousTestCase):
     def test_negotiated_coding_decodes_to_identity_answer(self) -> None:
         """gzip, br and zstd as the client asks, in one piece and streamed
@@ -149,13 +161,68 @@ class CompressionTests(SynchronousTestCase):
         self.assertEqual(brotli.decompress(fast), brotli.decompress(small))
         self.assertLess(len(small), len(fast))
 
-    def test_cached_site_stays_uncompressed(self) -> None:
-        """A response the cache stores goes out as today: identity."""
+    def test_cached_miss_compressed_for_its_client_stored_identity(self) -> None:
+        """The leader of a cached miss gets its coding; the cache keeps the
+        identity answer (with Vary: Accept-Encoding), which a client that
+        takes no coding then gets from the store."""
         h = harness(cache=CachePolicy())
         _, headers, body = fetch(h, b"gzip, br", extra=b"Cache-Control: max-age=60\r\n")
-        self.assertEqual(body, BIG_REWRITTEN)
-        self.assertEqual(header(headers, b"content-encoding"), [])
+        self.assertEqual(header(headers, b"content-encoding"), [b"br"])
+        self.assertEqual(DECODE[b"br"](body), BIG_REWRITTEN)
         self.assertIn(b"stored", b" ".join(header(headers, b"cache-status")))
+        status, headers, body = hit(h, None)
+        self.assertEqual((status, body), (200, BIG_REWRITTEN))
+        self.assertEqual(header(headers, b"content-encoding"), [])
+        self.assertIn(b"Accept-Encoding", b" ".join(header(headers, b"vary")))
+        self.assertIn(b"hit", b" ".join(header(headers, b"cache-status")))
+
+    def test_hits_compressed_once_per_coding(self) -> None:
+        """Hits in a coding are served compressed; the first in each coding
+        compresses and stores the variant, the later ones only read it."""
+        h = harness(cache=CachePolicy())
+        fetch(h, None, extra=b"Cache-Control: max-age=60\r\n")
+        conns = len(h.conns)
+        answers = {}
+        for accept in (b"gzip", b"gzip, deflate", b"br", b"zstd, gzip;q=0.5", b"gzip"):
+            status, headers, body = hit(h, accept)
+            [coding] = header(headers, b"content-encoding")
+            self.assertEqual(DECODE[coding](body), BIG_REWRITTEN)
+            self.assertEqual(header(headers, b"content-length"), [b"%d" % len(body)])
+            self.assertTrue(header(headers, b"etag")[0].endswith(b"-" + coding + b'"'))
+            answers.setdefault(coding, set()).add(body)
+        self.assertEqual(len(h.conns), conns)  # every one a hit
+        self.assertEqual({c: len(b) for c, b in answers.items()}, {b"gzip": 1, b"br": 1, b"zstd": 1})
+        for coding, n in ((b"gzip", 1), (b"br", 1), (b"zstd", 1)):
+            self.assertEqual(h.metrics.counters[("prexy_cache_compressed_total", (("coding", coding.decode()),))], n)
+
+    def test_compressed_hit_head_and_304(self) -> None:
+        """HEAD gets the GET's head in the same coding; a conditional hit
+        with the coding's ETag is a 304."""
+        h = harness(cache=CachePolicy())
+        fetch(h, None, extra=b"Cache-Control: max-age=60\r\n")
+        _, got, _ = hit(h, b"gzip")
+        _, head_headers, body = hit(h, b"gzip", method=b"HEAD")
+        self.assertEqual(body, b"")
+        self.assertEqual(header(head_headers, b"content-length"), header(got, b"content-length"))
+        self.assertEqual(header(head_headers, b"content-encoding"), [b"gzip"])
+        etag = header(got, b"etag")[0]
+        status, _, _ = hit(h, b"gzip", extra=b"If-None-Match: " + etag + b"\r\n")
+        self.assertEqual(status, 304)
+
+    def test_purge_removes_the_compressed_variants(self) -> None:
+        """PURGE of the URL takes its compressed variants too."""
+        h = harness(cache=CachePolicy(purge_from=("10.1.2.3",)))
+        fetch(h, None, extra=b"Cache-Control: max-age=60\r\n")
+        hit(h, b"gzip")
+        hit(h, b"br")
+        _, headers, body = hit(h, None, method=b"PURGE")
+        self.assertEqual(body, b"purged 3 object(s)\n")
+
+    def test_no_transform_hit_stays_identity(self) -> None:
+        h = harness(cache=CachePolicy())
+        fetch(h, None, extra=b"Cache-Control: max-age=60, no-transform\r\n")
+        _, headers, body = hit(h, b"gzip")
+        self.assertEqual((header(headers, b"content-encoding"), body), ([], BIG_REWRITTEN))
 
     def test_body_with_head_rewritten_before_it(self) -> None:
         """A small body that comes with its head (rewritten before the head

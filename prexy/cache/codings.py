@@ -1,0 +1,91 @@
+"""Compressed variants of cached answers, without I/O.
+
+The cache stores a rewritten answer as identity bytes (with the
+``Vary: Accept-Encoding`` the proxy gave it).  A hit from a client that
+takes a coding is served from a second object: the same answer compressed
+once in that coding, stored beside the first under :func:`variant_key` and
+purged, banned and expired with it.  The first hit in a coding compresses
+(any worker; the store is shared), every later one serves the stored
+bytes: a hit never compresses twice.
+
+The variant's key holds the identity object's ``stored_at``, so a new
+fetch of the URL (or a 304 that refreshed it) never finds the bytes of an
+older body; those age out of the store on their own.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from prexy.codec import Compression, encoder_for, negotiate
+from prexy.exchange import coding_etag
+
+__all__ = ["coded_headers", "compress_whole", "stored_coding", "variant_key"]
+
+_STORED_AT = struct.Struct(">d")
+
+
+def stored_coding(
+    status: int,
+    headers: Sequence[tuple[bytes, bytes]],
+    length: int,
+    *,
+    method: bytes,
+    compression: Compression,
+    accept_encoding: Sequence[bytes] | None,
+) -> bytes | None:
+    """The coding a stored answer goes to this client in (None: as stored).
+
+    Only a 200 to GET or HEAD whose stored form is identity, that says
+    ``Vary: Accept-Encoding`` (the answers the proxy compresses say so), of
+    a compressible type, without ``no-transform``, and at least
+    ``compression.min_length`` long; the coding is ``negotiate``'s."""
+    if status != 200 or method not in (b"GET", b"HEAD") or not accept_encoding or length < compression.min_length:
+        return None
+    vary = False
+    content_type = None
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"content-encoding":
+            if value.strip().lower() not in (b"", b"identity"):
+                return None
+        elif lname == b"vary":
+            names = [x.strip().lower() for x in value.split(b",")]
+            vary = vary or b"accept-encoding" in names
+        elif lname == b"content-type":
+            if content_type is None:
+                content_type = value
+        elif lname == b"cache-control" and b"no-transform" in value.lower():
+            return None
+    if not vary or not compression.compressible(content_type):
+        return None
+    return negotiate(accept_encoding)
+
+
+def variant_key(key: bytes, coding: bytes, stored_at: float) -> bytes:
+    """The store key of ``key``'s object compressed in ``coding``: ``key``
+    first, so it shares the URL's prefix (purges find it)."""
+    return key + b"\0" + coding + _STORED_AT.pack(stored_at)
+
+
+def coded_headers(headers: Sequence[tuple[bytes, bytes]], coding: bytes) -> list[tuple[bytes, bytes]]:
+    """The stored headers for the compressed variant: ``Content-Encoding``
+    set, the ETag made the coding's (``coding_etag``)."""
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"content-encoding":
+            continue
+        if lname == b"etag":
+            value = coding_etag(value, coding)
+        out.append((name, value))
+    out.append((b"Content-Encoding", coding))
+    return out
+
+
+def compress_whole(body: bytes, coding: bytes, level: int) -> bytes:
+    """``body`` compressed in ``coding`` at ``level``, whole."""
+    encoder = encoder_for(coding, level)
+    assert encoder is not None
+    return encoder.feed(body) + encoder.finish()
