@@ -395,7 +395,8 @@ def _wrk_script() -> Path:
 
 def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
         cpu_of: Callable[[], float] | None = None,
-        origin_cpu_of: Callable[[], float] | None = None, timeout_s: float = 10.0) -> WrkResult:
+        origin_cpu_of: Callable[[], float] | None = None, timeout_s: float = 10.0,
+        headers: Sequence[str] = ()) -> WrkResult:
     """Run wrk with ``--latency`` and return its figures (plus CPU/request).
 
     ``cpu_of`` returns the CPU seconds used so far by the server under test;
@@ -405,7 +406,8 @@ def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
     threads = max(1, min(threads, connections))
     argv = [
         "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-        f"--timeout={int(timeout_s)}s", "--latency", "-s", str(_wrk_script()), url,
+        f"--timeout={int(timeout_s)}s", "--latency", "-s", str(_wrk_script()),
+        *(x for h in headers for x in ("-H", h)), url,
     ]
     before = cpu_of() if cpu_of else 0.0
     origin_before = origin_cpu_of() if origin_cpu_of else 0.0

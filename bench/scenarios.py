@@ -25,6 +25,7 @@ from pathlib import Path
 
 import content
 import harness
+import hits
 import realistic
 import servers
 import tunnel
@@ -1696,6 +1697,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "adversarial": scenario_adversarial,
     "compress": scenario_compress,
     "tunnel": tunnel.scenario_tunnel,
+    "compress-hits": hits.scenario_compressed_hits,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),

@@ -44,7 +44,13 @@ from prexy.cache import (
     response_decision,
     vary_key,
 )
-from prexy.cache.codings import coded_headers, compress_whole, stored_coding, variant_key
+from prexy.cache.codings import (
+    VariantMemo,
+    coded_headers,
+    compress_whole,
+    stored_coding,
+    variant_key,
+)
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
@@ -264,6 +270,7 @@ class CacheLayer:
         self.inflight: dict[bytes, Flight] = {}
         self.refreshing: set[bytes] = set()
         self.holder = b"%d" % os.getpid()
+        self.variants = VariantMemo()
 
     # -- requests ----------------------------------------------------------------
 
@@ -412,13 +419,19 @@ class CacheLayer:
         """``obj`` in ``coding``: from the store, or compressed now (the
         first hit in this coding) and stored for the next ones."""
         vkey = variant_key(key, coding, obj.stored_at)
+        memo = self.variants
+        variant = memo.get(vkey)
+        if variant is not None:
+            return variant  # type: ignore[no-any-return]
         variant = self.store.get(vkey)
         if variant is not None:
+            memo.put(vkey, variant)
             return variant
         body = compress_whole(obj.body, coding, level)
         variant = attrs.evolve(obj, headers=coded_headers(obj.headers, coding), body=body)
         self.store.put(vkey, ObjectMeta(**{f.name: getattr(variant, f.name) for f in attrs.fields(ObjectMeta)}), body)
         self.metrics.count("prexy_cache_compressed_total", coding=coding.decode("ascii"))
+        memo.put(vkey, variant)
         return variant
 
     # -- storing ---------------------------------------------------------------------
