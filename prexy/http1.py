@@ -13,7 +13,9 @@ them to a socket):
   returns the events the bytes completed, in order: one :class:`Head`,
   :class:`Data` pieces of the body, one :class:`End`, or a
   :class:`ResponseError` (then nothing more).  Interim 1xx responses other
-  than 101 are skipped; a 101 is an :class:`UnsolicitedUpgrade` unless the
+  than 101 are skipped, or with ``interim=True`` come first as
+  :class:`Interim` events (100 Continue is always skipped); a 101 is an
+  :class:`UnsolicitedUpgrade` unless the
   reader was told the request asked to upgrade.  The events do not depend
   on how the bytes were cut into reads, except that body data is split
   where the reads split it.
@@ -82,6 +84,7 @@ __all__ = [
     "End",
     "Event",
     "Head",
+    "Interim",
     "ResponseError",
     "ResponseIncomplete",
     "ResponseReader",
@@ -227,6 +230,32 @@ class Head:
         return f"Head({fields})"
 
 
+class Interim:
+    """An informational (1xx) response before the final one, other than
+    ``100 Continue`` and ``101``: ``103 Early Hints`` and the like.  Its
+    header fields without hop-by-hop ones.  Only when the reader was asked
+    for them (``interim=True``); otherwise they are skipped."""
+
+    __slots__ = ("code", "phrase", "headers")
+
+    def __init__(self, code: int, phrase: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.code = code
+        self.phrase = phrase
+        self.headers = headers
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Interim) and (other.code, other.phrase, other.headers) == (
+            self.code, self.phrase, self.headers)
+
+    def __repr__(self) -> str:
+        return f"Interim({self.code!r}, {self.phrase!r}, {self.headers!r})"
+
+
+#: Hop-by-hop fields (RFC 9110 7.6.1), never passed on with an interim head.
+_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                  b"transfer-encoding", b"upgrade", b"content-length"})
+
+
 class Data:
     """A piece of the response body."""
 
@@ -261,7 +290,7 @@ class End:
         return f"End(keep_alive={self.keep_alive!r}, trailers={self.trailers!r})"
 
 
-Event = Head | Data | End | ResponseError
+Event = Interim | Head | Data | End | ResponseError
 
 _NO_TRAILERS: list[tuple[bytes, bytes]] = []
 
@@ -288,8 +317,9 @@ def _connection_tokens(value: bytes) -> frozenset[bytes]:
     return tokens
 
 
-def _parse_head(head: bytes, method: bytes, upgrade: bool) -> Head | None:
-    """One head block (without its blank line); None for a skipped 1xx."""
+def _parse_head(head: bytes, method: bytes, upgrade: bool, interim: bool = False) -> Head | Interim | None:
+    """One head block (without its blank line); an Interim for a 1xx to
+    pass on (``interim``), None for a skipped one."""
     lines = head.split(b"\r\n")
     status_line = lines[0]
     parts = status_line.split(b" ", 2)
@@ -299,10 +329,13 @@ def _parse_head(head: bytes, method: bytes, upgrade: bool) -> Head | None:
     code = _CODES.get(parts[1])
     if code is None:
         raise ResponseError(f"bad status code {parts[1][:20]!r}")
+    informational = False
     if code < 200:
         if code != 101:
-            return None  # interim: the real response follows
-        if not upgrade:
+            if not interim or code == 100:
+                return None  # interim: the real response follows
+            informational = True
+        elif not upgrade:
             raise UnsolicitedUpgrade("101 Switching Protocols to a request that did not ask to upgrade")
     phrase = parts[2] if len(parts) > 2 else b""
     if len(lines) > MAX_HEADER_COUNT:
@@ -356,6 +389,9 @@ def _parse_head(head: bytes, method: bytes, upgrade: bool) -> Head | None:
                     close = False
         headers.append((name, value))
         lnames.append(lname)
+    if informational:
+        return Interim(code, phrase, [pair for pair, lname in zip(headers, lnames, strict=True)
+                                      if lname not in connection_names and lname not in _HOP])
     length_out: int | None
     if code == 101:  # asked for: the connection now speaks another protocol
         framing, length_out, close = NONE, 0, True
@@ -529,14 +565,17 @@ class ResponseReader:
     """
 
     __slots__ = (
-        "method", "max_head", "upgrade", "_state", "_buffer", "_scan", "_consumed", "_body", "framing",
+        "method", "max_head", "upgrade", "interim", "_state", "_buffer", "_scan", "_consumed", "_body", "framing",
         "trailing_data", "received_any",
     )
 
-    def __init__(self, method: bytes = b"GET", max_head: int = MAX_HEADER_BYTES, upgrade: bool = False) -> None:
+    def __init__(
+        self, method: bytes = b"GET", max_head: int = MAX_HEADER_BYTES, upgrade: bool = False, interim: bool = False,
+    ) -> None:
         self.method = method
         self.max_head = max_head
         self.upgrade = upgrade
+        self.interim = interim
         self._state = _HEAD
         #: Bytes of the interim heads already read.
         self._consumed = 0
@@ -597,9 +636,11 @@ class ResponseReader:
             while True:
                 if self._consumed + end + 4 > self.max_head:
                     raise ResponseError(f"response head over {self.max_head} bytes")
-                head = _parse_head(buf[:end], self.method, self.upgrade)
-                if head is not None:
+                head = _parse_head(buf[:end], self.method, self.upgrade, self.interim)
+                if type(head) is Head:
                     break
+                if head is not None:
+                    out.append(head)  # an Interim to pass on
                 self._consumed += end + 4
                 buf = buf[end + 4 :]  # a 1xx: on to the next head
                 end = buf.find(b"\r\n\r\n")

@@ -40,14 +40,47 @@ class SiteRuntime:
         eq=False,
     )
 
+    #: The site's response-header rules (``prexy.headerrules``), ``default``
+    #: bound to its upstream: from its rules files, else nginx's default.
+    header_rules: Any = attrs.field(
+        default=attrs.Factory(lambda self: _header_rules(self.config, self.rules), takes_self=True), eq=False
+    )
+    #: Lower-case names of the response headers ``header_rules`` may change.
+    header_names: frozenset[bytes] = attrs.field(
+        default=attrs.Factory(lambda self: _header_names(self.header_rules), takes_self=True), eq=False
+    )
+
     @property
     def rules_version(self) -> str:
-        """Part of every cache key: a changed rule set never serves old rewrites."""
-        return self.rules.digest if self.rules is not None else ""
+        """Part of every cache key: a changed rule set (body or header rules)
+        never serves old rewrites."""
+        version = self.rules.digest if self.rules is not None else ""
+        headers = self.header_rules.digest
+        return f"{version}+{headers}" if headers else version
 
     @property
     def name(self) -> str:
         return self.config.name
+
+
+def _header_rules(config: SiteConfig, rules: Any) -> Any:
+    from prexy.headerrules import HeaderRules
+
+    up = config.upstream
+    prefix = f"{up.scheme}://{up.host_header}{up.path}/".encode("latin-1")
+    found = getattr(rules, "headers", None)
+    return (found if found is not None else HeaderRules.default()).bind(prefix)
+
+
+def _header_names(rules: Any) -> frozenset[bytes]:
+    if not rules.active:
+        return frozenset()
+    names = set(rules.filter_headers)
+    if not rules.redirect_off and rules.redirects:
+        names |= {b"location", b"content-location", b"refresh"}
+    if rules.cookie_domains or rules.cookie_paths:
+        names.add(b"set-cookie")
+    return frozenset(names)
 
 
 def _origin_key(config: SiteConfig) -> OriginKey:
@@ -178,14 +211,18 @@ def build_runtime(
     sites = []
     for site in config.sites:
         rules = None
+        header_rules = _header_rules(site, None)
         if site.rules:
             if site.rules not in compiled:
                 compiled[site.rules] = reuse_rules.get(site.rules) or load_rules(site.rules)
             rules = compiled[site.rules]
+            header_rules = _header_rules(site, rules)
+            if not rules.rules:
+                rules = None  # header directives only: bodies pass untouched
         urlmap = None
         if site.map is not None:
             urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
-        sites.append(SiteRuntime(site, rules, urlmap))
+        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
     return Runtime(config, tuple(sites), by_host, default)

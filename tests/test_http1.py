@@ -337,6 +337,26 @@ class NoBodyTests(CaseMixin):
         self.check(raw, [head(headers=[(b"Content-Length", b"2")], length=2), Data(b"ok"), End(True, [])])
 
 
+    def test_interim_responses_passed_on(self) -> None:
+        """With ``interim=True`` each 1xx but 100 and 101 comes first as an
+        Interim event, without its hop-by-hop fields, whole or byte by byte."""
+        raw = (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n"
+            b"Connection: x-hop\r\nX-Hop: 1\r\nLink: </b.js>\r\n\r\n"
+            b"HTTP/1.1 199\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        )
+        self.check(raw, [
+            http1.Interim(103, b"Early Hints", [(b"Link", b"</a.css>; rel=preload"), (b"Link", b"</b.js>")]),
+            http1.Interim(199, b"", []),
+            head(headers=[(b"Content-Length", b"2")], length=2), Data(b"ok"), End(True, []),
+        ], interim=True)
+
+    def test_bad_interim_head_is_an_error(self) -> None:
+        """A 1xx that is passed on is checked like a final head."""
+        self.error(b"HTTP/1.1 103 Early Hints\r\nbad line\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", interim=True)
+
+
 class HeadTests(CaseMixin):
     """The status line and header block."""
 

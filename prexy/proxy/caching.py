@@ -422,7 +422,7 @@ class CacheLayer:
         memo = self.variants
         variant = memo.get(vkey)
         if variant is not None:
-            return variant  # type: ignore[no-any-return]
+            return variant
         variant = self.store.get(vkey)
         if variant is not None:
             memo.put(vkey, variant)

@@ -41,6 +41,7 @@ from prexy.exchange import (
     via_value,
     whole_limit,
 )
+from prexy.headerrules import RequestVars
 from prexy.proxy.caching import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import PendingRequest
@@ -187,6 +188,10 @@ class Exchange:
             negotiated=choice.varies,
         )
         headers = plan.headers
+        names = self.site.header_names
+        rewrite_headers = bool(names) and not names.isdisjoint(response.lnames)
+        if rewrite_headers:
+            headers = self._rewrite_headers(headers)
         if ctx is not None:
             stored = headers
             if tap is not None:  # the cache keeps the identity answer
@@ -194,6 +199,8 @@ class Exchange:
                     response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
                     transduce=True, skipped=False, timing_in_trailer=True, negotiated=True,
                 ).headers
+                if rewrite_headers:
+                    stored = self._rewrite_headers(stored)
             headers.append((b"Cache-Status", self._cache_head(response, stored, rewrite)))
         headers.append((b"Via", via_value(response)))
         upstream_time = response.connect_seconds + response.first_byte_seconds
@@ -226,6 +233,32 @@ class Exchange:
             request.registerProducer(_ClientProducer(self, response.producer), True)
             self.producer_registered = True
         response.deliverBody(self)
+
+    def on_interim(self, interim: Any) -> None:
+        """A 103 Early Hints (or another 1xx) before the response: passed on
+        to an HTTP/1.1 client that has nothing of its answer yet, after the
+        header rules; never to a background fetch nor to followers, never
+        cached."""
+        request = self.request
+        channel = getattr(request, "channel", None)
+        if self.life.over or channel is None or request.startedWriting or request.clientproto != b"HTTP/1.1":
+            return
+        headers = interim.headers
+        names = self.site.header_names
+        if names and not names.isdisjoint(n.lower() for n, _ in headers):
+            headers = self._rewrite_headers(headers)
+        channel.write_interim(interim.code, interim.phrase, headers)
+        self.resource.metrics.count("prexy_interim_responses_total", status=str(interim.code))
+
+    def _rewrite_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The site's header rules (proxy_redirect, proxy_cookie_*,
+        replace_filter_headers) on a response head, before the cache sees it."""
+        site = self.site
+        rules = site.rules
+        substitute = None
+        if rules is not None and site.header_rules.filter_headers:
+            substitute = lambda value: Transducer(rules).finish(value)  # noqa: E731
+        return site.header_rules.apply(headers, request_vars(self.request, site), substitute)
 
     def _open_tunnel(self, response: UpstreamResponse) -> None:
         """The upstream switched protocols: splice the client's connection
@@ -578,6 +611,26 @@ class Exchange:
             pending.cancel()
         elif self.response is not None and streaming:
             self.response.abort()
+
+
+def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
+    """What the header rules' variables say for this request: the client's
+    scheme, Host (``$host``: without the port, lower-cased; the local address
+    when there is none), the port it connected to, the upstream's host."""
+    values = request.requestHeaders.getRawHeaders(b"host")
+    http_host = values[0] if values else b""
+    local = request.getHost()
+    host = http_host.lower()
+    if host.startswith(b"["):
+        host = host[: host.find(b"]") + 1]
+    elif b":" in host:
+        host = host.rsplit(b":", 1)[0]
+    if not host:
+        host = str(getattr(local, "host", "localhost")).encode("latin-1")
+    return RequestVars(
+        scheme=b"https" if request.isSecure() else b"http", host=host, http_host=http_host,
+        server_port=getattr(local, "port", 0), proxy_host=site.config.upstream.host_header.encode("latin-1"),
+    )
 
 
 @implementer(IPushProducer)

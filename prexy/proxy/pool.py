@@ -59,9 +59,11 @@ class IUpstreamPool(Interface):
         body_length: int,
         on_head: Callable[[UpstreamResponse], None],
         on_error: Callable[[Failure], None],
+        on_interim: Callable[[Any], None] | None = None,
     ) -> PendingRequest:
         """Send a request to ``key``: ``on_head`` gets the response head, or
-        ``on_error`` the failure (exactly one of them, unless cancelled)."""
+        ``on_error`` the failure (exactly one of them, unless cancelled);
+        ``on_interim`` each 1xx head before it (``http1.Interim``)."""
 
     def stop() -> defer.Deferred[None]:
         """Stop the timers and close idle connections; fires once closed."""
@@ -101,8 +103,10 @@ class PendingRequest:
         body_length: int,
         on_head: Callable[[UpstreamResponse], None],
         on_error: Callable[[Failure], None],
+        on_interim: Callable[[Any], None] | None = None,
     ) -> None:
         self.pool = pool
+        self.on_interim = on_interim
         self.key = key
         self.method = method
         self.target = target
@@ -149,6 +153,10 @@ class PendingRequest:
     def head(self, response: UpstreamResponse) -> None:
         if not self.cancelled:
             self.on_head(response)
+
+    def interim(self, response: Any) -> None:
+        if not self.cancelled and self.on_interim is not None:
+            self.on_interim(response)
 
     def failed(self, protocol: UpstreamProtocol, failure: Failure) -> None:
         if self.cancelled:
@@ -276,15 +284,17 @@ class UpstreamPool:
         body_length: int,
         on_head: Callable[[UpstreamResponse], None],
         on_error: Callable[[Failure], None],
+        on_interim: Callable[[Any], None] | None = None,
     ) -> PendingRequest:
         """Send a request to ``key``: ``on_head`` gets the response head, or
-        ``on_error`` the failure (exactly one of them, unless cancelled).
+        ``on_error`` the failure (exactly one of them, unless cancelled);
+        ``on_interim`` each 1xx head before it.
 
         Plain callbacks rather than Deferreds: this is the per-request hot
         path. A reused connection that the upstream closed while it sat idle
         is retried once on a fresh connection when the method is idempotent.
         """
-        pending = PendingRequest(self, key, method, target, headers, body, body_length, on_head, on_error)
+        pending = PendingRequest(self, key, method, target, headers, body, body_length, on_head, on_error, on_interim)
         pending.attempt(True)
         return pending
 

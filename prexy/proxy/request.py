@@ -218,9 +218,13 @@ class DetachedRequest:
         self.clientproto = b"HTTP/1.1"
         self.client = original.getClientAddress()
         self.secure = original.isSecure()
+        self.host = original.getHost()
 
     def getClientAddress(self) -> Any:
         return self.client
+
+    def getHost(self) -> Any:
+        return self.host
 
     def isSecure(self) -> bool:
         return self.secure
@@ -424,6 +428,16 @@ class ProxyChannel(HTTPChannel):
         if tunnel is not None:
             tunnel.client_lost(reason or Failure(ConnectionDone()))
         super().connectionLost(reason)
+
+    def write_interim(self, code: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """An informational head (103 Early Hints) before the response's
+        own: twisted.web has no API for one, so the channel writes it, in
+        order with everything it writes."""
+        lines = [b"HTTP/1.1 %d " % code, phrase, b"\r\n"]
+        for name, value in headers:
+            lines += (name, b": ", value, b"\r\n")
+        lines.append(b"\r\n")
+        self.write(b"".join(lines))
 
     # -- tunnels -------------------------------------------------------------------
 

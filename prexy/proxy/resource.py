@@ -176,7 +176,7 @@ class ProxyResource(Resource):
         body, body_length = _request_body(request)
         exchange.pending = self.pool.request(
             site.origin_key, request.method, target, headers, body, body_length,
-            exchange.on_head, exchange.upstream_failed,
+            exchange.on_head, exchange.upstream_failed, exchange.on_interim,
         )
         return server.NOT_DONE_YET
 

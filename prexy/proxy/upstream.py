@@ -105,6 +105,9 @@ class IPendingRequest(Interface):
     def head(response: UpstreamResponse) -> None:
         """The response head arrived; the body follows via ``deliverBody``."""
 
+    def interim(response: http1.Interim) -> None:
+        """A 1xx head (not 100 nor 101) came before the response head."""
+
     def failed(protocol: UpstreamProtocol, failure: Failure) -> None:
         """No response head will come on ``protocol``."""
 
@@ -372,7 +375,9 @@ class UpstreamProtocol(Protocol):
         self.state = _State.WAITING
         # A 101 answers only a request that asked to upgrade (else a 502).
         upgrade = any(name == b"Upgrade" for name, _ in headers)
-        self._reader = http1.ResponseReader(method, self._owner.limits.max_response_head, upgrade=upgrade)
+        self._reader = http1.ResponseReader(
+            method, self._owner.limits.max_response_head, upgrade=upgrade, interim=True
+        )
         self._keep_alive = True
         self._consumer = None
         self._queued = []
@@ -449,6 +454,8 @@ class UpstreamProtocol(Protocol):
             self._deliver(self._reader.receive_data(data))
         elif state is _State.WAITING:
             events = self._reader.receive_data(data)
+            if events and type(events[0]) is http1.Interim:
+                events = self._interims(events)
             if events:
                 self._start_body(events)
         elif state is _State.HEADERS_DONE:
@@ -460,6 +467,16 @@ class UpstreamProtocol(Protocol):
             # Bytes nobody asked for: the connection is out of sync.
             self._keep_alive = False
             self.transport.loseConnection()
+
+    def _interims(self, events: list[http1.Event]) -> list[http1.Event]:
+        """Pass on the 1xx heads (103 Early Hints...) that lead ``events``;
+        the rest of them."""
+        self._last_activity = self._clock.seconds()  # an answer is coming
+        while events and type(events[0]) is http1.Interim:
+            if self._pending is not None:
+                self._pending.interim(events[0])
+            events = events[1:]
+        return events
 
     def _start_body(self, events: list[http1.Event]) -> None:
         last = events[-1]  # an error is always the last event

@@ -1,5 +1,9 @@
 """Rules files: nginx ``replace_filter*`` directives read as nginx reads them.
 
+The same files take nginx's ``proxy_redirect``, ``proxy_cookie_domain`` and
+``proxy_cookie_path`` and Prexy's ``replace_filter_headers``
+(``prexy.headerrules``); they end up in the rule set's ``headers``.
+
 A rules file is a list of directives, each ended by ``;``::
 
     replace_filter 'www\\.example\\.com' 'www.example.nl' g;
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from prexy.headerrules import HeaderRulesBuilder, HeaderRulesConflict
 from prexy.substitution.dialect import DialectError, parse_sregex
 from prexy.substitution.template import TemplateError, compile_template
 
@@ -284,6 +289,7 @@ def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
     types: list[str] = []
     max_buffered: int | None = None
     keep: bool | None = None
+    headers = HeaderRulesBuilder()
     for tokens in tokenize(text, filename):
         name_tok = tokens[0]
         name = name_tok.value
@@ -353,10 +359,13 @@ def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
                 tok = args[0] if args else name_tok
                 raise fail(tok, 'replace_filter_last_modified takes "keep" or "clear"')
             keep = args[0].value == b"keep"
-        else:
+        elif not headers.directive(name_tok, args, fail):
             raise fail(name_tok, f'unknown directive "{name.decode("latin-1")}"')
+    header_rules = headers.build()
     return warm(
-        RuleSet.build(rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep)
+        RuleSet.build(
+            rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep, headers=header_rules
+        )
     )
 
 
@@ -418,4 +427,8 @@ def load_rules(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]])
     ]
     if len(sets) == 1:
         return sets[0]
-    return _cached(("files", engine, digests), lambda: warm(RuleSet.combine(sets)))
+    try:
+        return _cached(("files", engine, digests), lambda: warm(RuleSet.combine(sets)))
+    except HeaderRulesConflict as exc:
+        names = ", ".join(name for name, _ in files)
+        raise RulesError(names, 0, 0, names, str(exc)) from None

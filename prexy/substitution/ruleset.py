@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from prexy.headerrules import HeaderRules
 from prexy.substitution.byteclass import byte_class
 from prexy.substitution.dialect import (
     ParsedRegex,
@@ -74,6 +75,8 @@ class RuleSet:
     max_buffered_size_set: bool = field(default=False, compare=False)
     keep_last_modified_set: bool = field(default=False, compare=False)
     scanner: RegexScanner | None = field(default=None, repr=False, compare=False)
+    #: The file's response-header directives (``prexy.headerrules``).
+    headers: HeaderRules = field(default_factory=HeaderRules.default, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -85,6 +88,7 @@ class RuleSet:
         keep_last_modified: bool | None = None,
         engine: str | None = None,
         linear: str = "auto",
+        headers: HeaderRules | None = None,
     ) -> RuleSet:
         """Compile ``rules`` into a rule set (text/html is always a type).
 
@@ -106,6 +110,7 @@ class RuleSet:
             max_buffered_size_set=max_buffered_size is not None,
             keep_last_modified_set=keep_last_modified is not None,
             scanner=scanner,
+            headers=headers if headers is not None else HeaderRules.default(),
         )
         built.warm()
         return built
@@ -141,7 +146,8 @@ class RuleSet:
             if keep is None and s.keep_last_modified_set:
                 keep = s.keep_last_modified
         return cls.build(
-            rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep
+            rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep,
+            headers=HeaderRules.combine([s.headers for s in sets]),
         )
 
     def engines(self) -> list[tuple[Rule, str, str]]:
