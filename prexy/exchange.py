@@ -297,11 +297,12 @@ def choose_client_coding(
     encoded: bool,
 ) -> ClientCoding:
     """Whether and how to compress an answer for this client: a body (not
-    HEAD, 1xx, 204, 304) of a compressible type (``compression.types``),
+    1xx, 204, 304; a HEAD gets the head its GET would) of a compressible
+    type (``compression.types``),
     not already ``encoded`` (a coding Prexy did not decode), without
     ``Cache-Control: no-transform``, of unknown length or at least
     ``compression.min_length``; the coding is ``negotiate``'s."""
-    if method == b"HEAD" or head.code < 200 or head.code in (204, 304) or encoded or head.length == 0:
+    if head.code < 200 or head.code in (204, 304) or encoded or head.length == 0:
         return NO_CODING
     if not compression.compressible(head.header(b"content-type")):
         return NO_CODING
@@ -394,9 +395,18 @@ def plan_response(
             headers = kept
         if transduce and timing_in_trailer:
             headers.append((b"Trailer", b"Server-Timing"))
-        elif skipped and length is not None:
+        elif skipped and length is not None and out_coding is None:
             headers.append((b"Content-Length", b"%d" % length))
             has_length = True
+    elif negotiated:
+        # Passed through, and compressed here for clients that take it.
+        if out_coding is not None:
+            headers = [(n, coding_etag(v, out_coding) if n.lower() == b"etag" else v) for n, v in headers]
+            headers.append((b"Content-Encoding", out_coding))
+        elif length is not None:
+            headers.append((b"Content-Length", b"%d" % length))
+            has_length = True
+        headers = merge_vary(headers)
     elif length is not None and head.code not in (204, 304):
         headers.append((b"Content-Length", b"%d" % length))
         has_length = True
@@ -473,7 +483,8 @@ MAX_FEED = 256 * 1024
 
 
 class BodyPipeline:
-    """decode -> transduce -> encode, piece by piece.
+    """decode -> transduce -> encode, piece by piece (``transducer`` None:
+    an answer passed through, only compressed for the client).
 
     ``feed(data, last)``: ``last`` when these are the body's last bytes
     (the transducer then ends with them, so their output can go with the
@@ -496,7 +507,10 @@ class BodyPipeline:
         try:
             if self.decoder is not None:
                 data = self.decoder.feed(data)
-            if last:
+            if transducer is None:  # compression only
+                out = data
+                self.ended = last
+            elif last:
                 out = transducer.finish(data)
                 self.ended = True
             elif len(data) <= MAX_FEED:
@@ -517,11 +531,14 @@ class BodyPipeline:
         transducer = self.transducer
         try:
             tail = b""
-            if self.decoder is not None:
-                tail = transducer.feed(self.decoder.finish())
-            if not self.ended:
-                tail += transducer.finish()
+            if transducer is None:
                 self.ended = True
+            else:
+                if self.decoder is not None:
+                    tail = transducer.feed(self.decoder.finish())
+                if not self.ended:
+                    tail += transducer.finish()
+                    self.ended = True
             if self.encoder is not None:
                 if self.tap is not None and tail:
                     self.tap(tail)

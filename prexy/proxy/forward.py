@@ -142,7 +142,7 @@ class Exchange:
                 self.rules_run = len(rules.rules) if only is None else len(only)
         decode = rewrite and bool(codings)
         accept = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if transducer is not None:
+        if transducer is not None or skipped or (rewrite and request.method == b"HEAD"):
             # Compressed for this client in the coding it prefers; what the
             # cache stores (and followers get) stays identity, and each hit
             # gets its coding from the store (CacheLayer.serve).
@@ -150,12 +150,18 @@ class Exchange:
                 response, method=request.method, compression=self.site.config.compression,
                 accept_encoding=accept, encoded=bool(codings) and not decode,
             )
+        elif not rewrite:
+            # Passed through: compressed here when the upstream sent identity.
+            choice = choose_client_coding(
+                response, method=request.method, compression=self.site.config.compression,
+                accept_encoding=accept, encoded=_encoded(response),
+            )
         else:
             # The client's coding for a decoded body: gzip if it takes it.
             choice = ClientCoding(b"gzip" if decode and accepts_gzip(accept) else None)
         out_coding = choice.coding
         encoder = None
-        if out_coding is not None:
+        if out_coding is not None and request.method != b"HEAD":
             encoder = encoder_for(out_coding, self.site.config.compression.level(out_coding))
         whole: bytes | None = None
         if (
@@ -177,11 +183,14 @@ class Exchange:
                 if whole is None:
                     return  # the rewrite failed: the client was reset
         tap = None
-        if ctx is not None and encoder is not None and transducer is not None:
+        plain = transducer is None and (skipped or not rewrite)  # only compressed, if at all
+        if ctx is not None and encoder is not None and (transducer is not None or plain):
             self.tapped = True
             tap = self._tap
         if transducer is not None and self.pipeline is None:
             self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder, tap)
+        elif encoder is not None and plain:
+            self.pipeline = BodyPipeline(None, None, encoder, tap)
         plan = plan_response(
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
@@ -197,7 +206,7 @@ class Exchange:
             if tap is not None:  # the cache keeps the identity answer
                 stored = plan_response(
                     response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
-                    transduce=True, skipped=False, timing_in_trailer=True, negotiated=True,
+                    transduce=transducer is not None, skipped=False, timing_in_trailer=True, negotiated=True,
                 ).headers
                 if rewrite_headers:
                     stored = self._rewrite_headers(stored)
@@ -467,12 +476,13 @@ class Exchange:
             tail, self.stash = self.stash + end, b""
             transducer = pipeline.transducer
             metrics = self.resource.metrics
-            if transducer.bailed_out:
-                metrics.count("prexy_rewrite_bailouts_total")
-            if transducer.timed_out:
-                metrics.count("prexy_rewrite_timeouts_total")
-            if trailer:
-                request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
+            if transducer is not None:
+                if transducer.bailed_out:
+                    metrics.count("prexy_rewrite_bailouts_total")
+                if transducer.timed_out:
+                    metrics.count("prexy_rewrite_timeouts_total")
+                if trailer:
+                    request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
         self.life.move(State.DONE)
         self._cache_done(True)
@@ -480,7 +490,7 @@ class Exchange:
             request.write(tail)
         request.finish()
         # After the last bytes left: the client does not wait for this.
-        if pipeline is not None and self.site.rules is not None:
+        if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
 
     def bodyFailed(self, reason: Failure) -> None:
@@ -611,6 +621,13 @@ class Exchange:
             pending.cancel()
         elif self.response is not None and streaming:
             self.response.abort()
+
+
+def _encoded(response: UpstreamResponse) -> bool:
+    """The upstream's body has a content coding (other than identity)."""
+    if b"content-encoding" not in response.lnames:
+        return False
+    return any(v.strip().lower() not in (b"", b"identity") for v in response.values(b"content-encoding"))
 
 
 def request_vars(request: Any, site: SiteRuntime) -> RequestVars:

@@ -128,7 +128,7 @@ class CompressionTests(SynchronousTestCase):
 
     def test_untouched(self) -> None:
         """no-transform, a body under min_length, a type outside the list,
-        compression off, and a HEAD go out as identity, without Vary."""
+        compression off (a HEAD too) go out as identity, without Vary."""
         cases = [
             ("no-transform", harness(), {"extra": b"Cache-Control: public, No-Transform\r\n"}),
             ("small", harness(), {"body": PAGE}),
@@ -141,18 +141,57 @@ class CompressionTests(SynchronousTestCase):
             self.assertEqual(header(headers, b"content-encoding"), [], name)
             self.assertEqual(header(headers, b"vary"), [], name)
             self.assertIn(body, (BIG_REWRITTEN, REWRITTEN), name)
-        status, headers, body = fetch(harness(), b"gzip", method=b"HEAD")
+        status, headers, body = fetch(harness(Compression(enabled=False)), b"gzip", method=b"HEAD")
         self.assertEqual((status, body), (200, b""))
         self.assertEqual(header(headers, b"content-encoding"), [])
 
-    def test_non_rewritten_type_passes(self) -> None:
-        """A type the rules do not apply to passes through as it is, with
-        its length (the zero-copy path takes no encoder)."""
+    def test_non_rewritten_type_compressed_on_the_way(self) -> None:
+        """A type the rules do not apply to passes through unrewritten, and
+        is compressed for a client that takes a coding (as nginx's gzip on
+        does), with Vary and the coding's ETag; identity to one that does
+        not, with its length."""
         data = b"{" + b'"k": "v", ' * 100 + b"}"
         _, headers, body = fetch(harness(), b"gzip", body=data, ctype=b"application/json")
-        self.assertEqual(body, data)
+        self.assertEqual(header(headers, b"content-encoding"), [b"gzip"])
+        self.assertEqual(gzip.decompress(body), data)
+        self.assertEqual(header(headers, b"etag"), [b'"v1-gzip"'])
+        self.assertIn(b"Accept-Encoding", b" ".join(header(headers, b"vary")))
+        _, headers, body = fetch(harness(), None, body=data, ctype=b"application/json")
+        self.assertEqual((body, header(headers, b"content-length")), (data, [b"%d" % len(data)]))
         self.assertEqual(header(headers, b"content-encoding"), [])
-        self.assertEqual(header(headers, b"content-length"), [b"%d" % len(data)])
+
+    def test_upstream_coding_passes_as_it_is(self) -> None:
+        """A body the upstream compressed and the rules do not touch is
+        never compressed again."""
+        data = gzip.compress(b"x" * 5000)
+        _, headers, body = fetch(harness(), b"br", body=data, ctype=b"application/json",
+                                 extra=b"Content-Encoding: gzip\r\n")
+        self.assertEqual((header(headers, b"content-encoding"), body), ([b"gzip"], data))
+
+    def test_images_pass_untouched(self) -> None:
+        data = b"\x89PNG" + b"\0" * 5000
+        _, headers, body = fetch(harness(), b"gzip", body=data, ctype=b"image/png")
+        self.assertEqual((header(headers, b"content-encoding"), body), ([], data))
+
+    def test_skipped_page_compressed_too(self) -> None:
+        """A page version known to match no rule passes unscanned, and is
+        still compressed for the client."""
+        h = harness()
+        page = b"<html>" + b"<p>nothing to change here</p>" * 50 + b"</html>"
+        fetch(h, b"gzip", body=page)  # scanned: no rule matched
+        _, headers, body = fetch(h, b"gzip", body=page)
+        self.assertEqual(h.metrics.counters[("prexy_rewrite_skipped_total", ())], 1)
+        self.assertEqual(header(headers, b"content-encoding"), [b"gzip"])
+        self.assertEqual(gzip.decompress(body), page)
+        self.assertEqual(header(headers, b"content-length"), [])
+
+    def test_head_gets_the_get_head(self) -> None:
+        """HEAD: Content-Encoding, Vary and the ETag its GET would get, no body."""
+        _, get_headers, _ = fetch(harness(), b"gzip")
+        _, headers, body = fetch(harness(), b"gzip", method=b"HEAD")
+        self.assertEqual(body, b"")
+        for name in (b"content-encoding", b"vary", b"etag"):
+            self.assertEqual(header(headers, name), header(get_headers, name), name)
 
     def test_levels_are_used(self) -> None:
         """The site's level per coding is the encoder's."""
