@@ -16,6 +16,7 @@ Accept-Encoding by ``negotiate``.  No Twisted.
 from __future__ import annotations
 
 import re
+import types
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
@@ -291,20 +292,34 @@ def decoder_for(codings: Sequence[bytes]) -> Codec:
 GZIP_LEVEL, BR_LEVEL, ZSTD_LEVEL = 4, 4, 3
 
 
+#: The deflate implementation of GzipEncoder: zlib-ng's when installed
+#: (the ``zlib-ng`` package), else zlib.  One speed trick behind this one
+#: name: the output is ordinary gzip either way.  Measured on the 23 KB
+#: html-20k page, whole, a sync flush then the end, best of 5 x 300
+#: (2026-12-02, zlib 1.2.13): zlib level 4 0.246 ms, 5,756 bytes; zlib-ng
+#: level 4 0.121 ms, 5,665 bytes (level 1 0.045 ms / 7,961; 6 0.142 ms /
+#: 5,541).  Decoding stays on zlib (its errors are the ones handled below).
+_deflate: types.ModuleType
+try:
+    from zlib_ng import zlib_ng as _deflate
+except ImportError:  # pragma: no cover - no wheel for this platform
+    _deflate = zlib
+
+
 class GzipEncoder:
     """Incremental gzip encoder; each fed chunk is flushed so streaming
     latency does not grow (a sync flush costs a few bytes per chunk)."""
 
     def __init__(self, level: int = GZIP_LEVEL) -> None:
-        self._c = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        self._c = _deflate.compressobj(level, _deflate.DEFLATED, 16 + _deflate.MAX_WBITS)
 
     def feed(self, data: bytes) -> bytes:
         if not data:
             return b""
-        return self._c.compress(data) + self._c.flush(zlib.Z_SYNC_FLUSH)
+        return self._c.compress(data) + self._c.flush(_deflate.Z_SYNC_FLUSH)
 
     def finish(self) -> bytes:
-        return self._c.flush(zlib.Z_FINISH)
+        return self._c.flush(_deflate.Z_FINISH)
 
 
 class BrotliEncoder:
