@@ -124,9 +124,10 @@ REQUEST_DROP = HOP_BY_HOP | frozenset(
     {b"host", b"content-length", b"expect", b"x-forwarded-for", b"x-forwarded-host",
      b"x-forwarded-proto", b"via"}
 )
-#: When rewriting: the body must come as identity, and a client's validators
-#: name rewritten bytes (they go up translated, below).
-REQUEST_DROP_REWRITING = REQUEST_DROP | {b"accept-encoding", b"if-none-match"}
+#: When rewriting: the body must come as identity, a client's validators
+#: name rewritten bytes (they go up translated, below), and a range of the
+#: original bytes is no range of the rewritten ones (the whole body comes).
+REQUEST_DROP_REWRITING = REQUEST_DROP | {b"accept-encoding", b"if-none-match", b"range", b"if-range"}
 #: Response headers the proxy sets itself.
 RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"via"}
 
@@ -168,7 +169,9 @@ def upstream_request_headers(
         out += [(b"if-none-match", upstream_if_none_match(v, rules_digest)) for v in raw.get(b"if-none-match", ())]
         out.append((b"Accept-Encoding", b"identity"))
     if for_cache:
-        out = [(n, v) for n, v in out if n.lower() not in (b"if-none-match", b"if-modified-since")]
+        # A full answer is needed: no conditionals of the client's, and the
+        # whole object (a Range is answered from it, prexy.cache.ranges).
+        out = [(n, v) for n, v in out if n.lower() not in (b"if-none-match", b"if-modified-since", b"range", b"if-range")]
         if revalidate is not None:
             etag = revalidate.etag
             if etag is not None and rules_digest is not None:

@@ -51,6 +51,7 @@ from prexy.cache.codings import (
     stored_coding,
     variant_key,
 )
+from prexy.cache.ranges import choose_range
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
@@ -87,6 +88,9 @@ class CacheContext:
         self.method_class = b"GET"
         self.claim_key: bytes | None = None
         self.revalidating = False
+        #: The URL whose objects go when the upstream answers 2xx or 3xx
+        #: (a request with an unsafe method).
+        self.invalidate: bytes | None = None
         #: The key (and Vary) begin_store chose, for a too-large marker.
         self.store_key: bytes | None = None
         self.store_vary: tuple[bytes, ...] = ()
@@ -305,8 +309,7 @@ class CacheLayer:
             return self.purge(request, site, host, target), None
         looked = self.look(site, request.method, target, host, pairs)
         decision, url, found = looked.decision, looked.url, looked.found
-        if decision.action is Action.INVALIDATE:
-            self.store.purge_url(site.name, url)
+        invalidate = decision.action is Action.INVALIDATE
         key = found.key if found is not None else b""
         now = self.reactor.seconds()
         routed = flow.route(
@@ -317,7 +320,12 @@ class CacheLayer:
         Route = flow.Route
         if way is Route.BYPASS:
             self.metrics.count("prexy_cache_total", result="pass")
-            return None, CacheContext(routed.fwd, routed.detail)
+            ctx = CacheContext(routed.fwd, routed.detail)
+            if invalidate:
+                # An unsafe method: the URL's objects go once the upstream
+                # answered it without an error (RFC 9111 4.4).
+                ctx.invalidate = url
+            return None, ctx
         if way is Route.HIT_FOR_MISS:
             self.metrics.count("prexy_cache_total", result="hit-for-miss")
             return None, CacheContext(routed.fwd, routed.detail)
@@ -408,7 +416,7 @@ class CacheLayer:
                 obj = self._coded(key, obj, coding, compression.level(coding))
         if pairs is None:
             pairs = request_pairs(request)
-        code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason)
+        code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
         start_response(request, code, phrase, headers)
         if body:
             request.write(body)
@@ -445,6 +453,10 @@ class CacheLayer:
         stored, and the Cache-Status for the leader."""
         policy = site.cache_policy
         now = self.reactor.seconds()
+        if code == 206:
+            # A part the upstream sent unasked (the cache asks for whole
+            # objects): passed on, and the URL stays cacheable.
+            return None, ctx.status(code)
         decision = response_decision(policy, code, upstream_headers, now, length)
         stored = [(n, v) for n, v in client_headers if n.lower() not in _NOT_STORED]
         key = ctx.store_key = _variant_key(site, ctx, decision.vary)
@@ -464,6 +476,30 @@ class CacheLayer:
         self.store.put_hit_for_miss(key, marker)
         self.metrics.count("prexy_cache_not_stored_total", reason=decision.reason or "unknown")
         return None, ctx.status(code)
+
+    def invalidating(self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None) -> CacheContext | None:
+        """For a request with a body (never looked up): a context that
+        invalidates its URL after a non-error answer when its method is
+        unsafe, else None."""
+        policy = site.cache_policy
+        decision = request_decision(policy, method, target, ())
+        if decision.action is not Action.INVALIDATE:
+            return None
+        self.metrics.count("prexy_cache_total", result="pass")
+        ctx = CacheContext("bypass", "request-body")
+        ctx.invalidate = key_url(policy, host, target)
+        return ctx
+
+    def answered(self, site: SiteRuntime, ctx: CacheContext, code: int) -> None:
+        """The upstream's status for a forwarded request: an unsafe
+        request's URL is invalidated on a non-error answer only."""
+        url = ctx.invalidate
+        if url is not None and code < 400:
+            ctx.invalidate = None
+            count = self.store.purge_url(site.name, url)
+            self.metrics.count("prexy_cache_invalidations_total")
+            if count:
+                log.debug("invalidated {n} object(s) of {url}", n=count, url=url)
 
     def too_large(self, site: SiteRuntime, ctx: CacheContext, code: int) -> None:
         """The body outgrew max_object_size: remember not to wait for it."""
@@ -527,12 +563,14 @@ def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) 
 
 def hit_answer(
     obj: CachedObject, now: float, pairs: list[tuple[bytes, bytes]], collapsed: bool = False,
-    stale_reason: str | None = None,
+    stale_reason: str | None = None, method: bytes = b"GET",
 ) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes]:
     """``(status, phrase, headers, body)`` of the answer a stored object
     gives a request: a 304 without Content-* headers when the request's
-    validators match, else the object with Age, Via, Cache-Status and
-    Content-Length (the body is the stored one, to be left out for HEAD)."""
+    validators match, a 206 or 416 for a GET with a Range
+    (``prexy.cache.ranges``), else the object with Age, Via, Cache-Status
+    and Content-Length (the body is the stored one, to be left out for
+    HEAD).  A stored 200 says ``Accept-Ranges: bytes``."""
     remaining = obj.remaining(now)
     if stale_reason:
         status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
@@ -543,6 +581,16 @@ def hit_answer(
     if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
         return 304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b""
     body = obj.body
+    if obj.status == 200:
+        headers.append((b"Accept-Ranges", b"bytes"))
+        if method == b"GET" and any(n == b"range" for n, _ in pairs):
+            chosen = choose_range(pairs, len(body), obj.header(b"etag"), obj.header(b"last-modified"))
+            if chosen is not None:
+                headers.append((b"Content-Range", chosen.content_range(len(body))))
+                if chosen.status == 416:
+                    return 416, b"Range Not Satisfiable", [*headers, (b"Content-Length", b"0")], b""
+                part = body[chosen.first : chosen.last + 1]
+                return 206, b"Partial Content", [*headers, (b"Content-Length", b"%d" % len(part))], part
     headers.append((b"Content-Length", b"%d" % len(body)))
     return obj.status, obj.phrase or None, headers, body
 

@@ -55,6 +55,9 @@ from prexy.upgrade import tunnel_head
 
 log = Logger()
 
+#: Upstream statuses for which a stale copy is served instead (RFC 5861 4).
+STALE_IF_ERROR_STATUSES = frozenset({500, 502, 503, 504})
+
 #: A response whose rewriting is behind pauses its upstream once this many
 #: bytes wait (bounded memory; no pause/resume of the socket on every turn).
 BACKLOG_PAUSE = 128 * 1024
@@ -116,9 +119,14 @@ class Exchange:
             return
         resource = self.resource
         ctx = self.ctx
-        if ctx is not None and ctx.revalidating and response.code == 304:
-            self._serve_revalidated(response)
-            return
+        if ctx is not None:
+            if ctx.invalidate is not None:
+                resource.cache.answered(self.site, ctx, response.code)
+            if ctx.revalidating and response.code == 304:
+                self._serve_revalidated(response)
+                return
+            if ctx.stale is not None and response.code in STALE_IF_ERROR_STATUSES and self._serve_stale(response):
+                return
         rules = self.site.rules
         rewrite, codings, unknown = rewrite_coding(response, rules)
         if unknown is not None:
@@ -335,6 +343,23 @@ class Exchange:
                     cache.serve(waiter, obj, now, collapsed=True)
             ctx.flight.end()
         cache.finished(ctx)
+
+    def _serve_stale(self, response: UpstreamResponse) -> bool:
+        """The upstream answered 500/502/503/504 for an object the cache
+        holds stale: serve that copy, and keep it, while stale-if-error (or
+        grace) allows (RFC 5861 4).  False when it no longer does."""
+        ctx = self.ctx
+        assert ctx is not None and ctx.stale is not None
+        now = self.resource.reactor.seconds()
+        stale = ctx.stale
+        if not stale.stale_usable_on_error(now):
+            return False
+        response.deliverBody(_Discard())
+        self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
+        self._cache_done(False)  # waiters get the stale copy too; nothing is stored
+        self.life.move(State.DONE)
+        self.resource.cache.serve(self.request, stale, now, stale_reason="stale-if-error")
+        return True
 
     def _cache_data(self, out: bytes) -> None:
         ctx = self.ctx

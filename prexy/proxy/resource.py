@@ -126,12 +126,16 @@ class ProxyResource(Resource):
                 return self.forward(request, site, target, host, None, raw, upgrade=upgrade)
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
-        if site.cache_policy is not None and self.cache is not None and not (head is not None and head.has_body):
-            request.prexy_forward = (target, host)
-            pairs = [(n, v) for n, vs in raw.items() for v in vs]
-            answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)
-            if answer is not None:
-                return answer
+        if site.cache_policy is not None and self.cache is not None:
+            if head is not None and head.has_body:
+                # Not looked up nor stored; an unsafe method still invalidates.
+                ctx = self.cache.invalidating(site, request.method, client_target, host)
+            else:
+                request.prexy_forward = (target, host)
+                pairs = [(n, v) for n, vs in raw.items() for v in vs]
+                answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)
+                if answer is not None:
+                    return answer
         elif request.method == b"PURGE":
             plain_answer(request, 405, b"405 Method Not Allowed: this site has no cache to purge\n")
             return server.NOT_DONE_YET

@@ -1,0 +1,96 @@
+"""Range requests answered from stored objects (RFC 9110 14), without I/O.
+
+A cache hit of a complete 200 answers a ``Range: bytes=...`` GET with a
+``206`` and ``Content-Range`` (one range), or ``416`` when no range of it
+can be satisfied.  Several ranges are answered with the whole object (a
+200, which RFC 9110 14.2 allows), and so is a Range that does not parse,
+names another unit, or whose ``If-Range`` does not match the object
+(``If-Range`` with an entity tag needs a strong match, with a date the
+object's exact ``Last-Modified``).  A range of a compressed copy is a range
+of the compressed bytes (the representation the client gets).
+
+The upstream never sees a cacheable request's ``Range`` (the cache fetches
+the whole object) nor a rewriting site's (a range of the original bytes is
+not one of the rewritten bytes); see ``prexy.exchange``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["RangeAnswer", "choose_range"]
+
+_SPEC = re.compile(rb"\s*(\d*)\s*-\s*(\d*)\s*")
+
+
+@attrs.frozen
+class RangeAnswer:
+    """``status`` 206 with ``first``..``last`` (inclusive), or 416."""
+
+    status: int
+    first: int = 0
+    last: int = -1
+
+    def content_range(self, length: int) -> bytes:
+        if self.status == 416:
+            return b"bytes */%d" % length
+        return b"bytes %d-%d/%d" % (self.first, self.last, length)
+
+
+def _strong(tag: bytes) -> bytes | None:
+    tag = tag.strip()
+    if tag.startswith(b"W/") or len(tag) < 2 or not (tag[:1] == tag[-1:] == b'"'):
+        return None
+    return tag
+
+
+def choose_range(
+    request_headers: Sequence[tuple[bytes, bytes]],
+    length: int,
+    etag: bytes | None,
+    last_modified: bytes | None,
+) -> RangeAnswer | None:
+    """What a GET with these headers (lower-case names) gets from a stored
+    complete object of ``length`` bytes: a 206 range, a 416, or None for
+    the whole object."""
+    ranges = [v for n, v in request_headers if n == b"range"]
+    if len(ranges) != 1:
+        return None
+    if_range = [v for n, v in request_headers if n == b"if-range"]
+    if if_range:
+        if len(if_range) != 1:
+            return None
+        value = if_range[0].strip()
+        if value[:1] in (b'"', b"W"):
+            wanted = _strong(value)
+            if wanted is None or etag is None or _strong(etag) != wanted:
+                return None
+        elif last_modified is None or value != last_modified.strip():
+            return None
+    unit, eq, specs = ranges[0].partition(b"=")
+    if not eq or unit.strip().lower() != b"bytes":
+        return None
+    parts = specs.split(b",")
+    if len(parts) != 1:
+        return None  # several ranges: the whole object
+    m = _SPEC.fullmatch(parts[0])
+    if m is None:
+        return None
+    first_s, last_s = m.groups()
+    if not first_s and not last_s:
+        return None
+    if not first_s:  # a suffix: the last N bytes
+        suffix = int(last_s)
+        if suffix == 0 or length == 0:
+            return RangeAnswer(416)
+        return RangeAnswer(206, max(0, length - suffix), length - 1)
+    first = int(first_s)
+    last = int(last_s) if last_s else length - 1
+    if last_s and last < first:
+        return None  # invalid: ignored (RFC 9110 14.1.1)
+    if first >= length:
+        return RangeAnswer(416)
+    return RangeAnswer(206, first, min(last, length - 1))

@@ -1,0 +1,156 @@
+"""The cache by RFC 9111 through the proxy, in memory: ranges answered
+from stored objects, the whole object fetched for a range miss,
+stale-if-error on 5xx answers, invalidation after non-error answers only,
+and 304s that update the stored headers."""
+
+from __future__ import annotations
+
+import tempfile
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.cache.policy import CachePolicy
+from prexy.cache.store import Store
+from prexy.config import Config, SiteConfig, UpstreamURL
+from prexy.proxy.caching import CacheLayer
+from prexy.runtime import build_runtime
+
+from .support import Harness, header, parse_response
+
+BODY = bytes(range(256)) * 4
+
+
+def harness(policy: CachePolicy | None = None) -> Harness:
+    site = SiteConfig("s", UpstreamURL.parse("http://o.test"), cache=policy or CachePolicy(purge_from=("10.1.2.3",)))
+    config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
+    h = Harness(config, build_runtime(config))
+    store = Store.open(tempfile.mkdtemp(prefix="prexy-rfc-"), 64 << 20, clock=h.clock.seconds)
+    h.resource.cache = CacheLayer(h.clock, store, h.metrics)
+    return h
+
+
+def ok(extra: bytes = b"Cache-Control: max-age=60\r\n", body: bytes = BODY, status: bytes = b"200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/octet-stream\r\nETag: \"t1\"\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        status, extra, len(body), body)
+
+
+def request(h: Harness, extra: bytes = b"", method: bytes = b"GET", reply: bytes | None = None,
+            body: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes | None]:
+    """One request; ``reply`` answers it upstream (None: expect no upstream
+    request).  Returns status, headers, body and what went upstream."""
+    before = len(h.conns)
+    raw = method + b" /f HTTP/1.1\r\nHost: a\r\n" + extra
+    if body:
+        raw += b"Content-Length: %d\r\n" % len(body)
+    _, client = h.send(raw + b"\r\n" + body)
+    sent = None
+    if reply is not None:
+        conn = h.conns[-1]
+        sent = conn.sent()
+        assert sent, "nothing went upstream"
+        conn.reply(reply)
+    else:
+        assert len(h.conns) == before
+    h.settle()
+    status, headers, out = parse_response(client.value())
+    return status, headers, out, sent
+
+
+class RangeTests(SynchronousTestCase):
+    def test_range_hit(self) -> None:
+        """A stored object answers a Range with a 206 of its bytes."""
+        h = harness()
+        request(h, reply=ok())
+        status, headers, body, _ = request(h, b"Range: bytes=10-19\r\n")
+        self.assertEqual((status, body), (206, BODY[10:20]))
+        self.assertEqual(header(headers, b"content-range"), [b"bytes 10-19/1024"])
+        self.assertEqual(header(headers, b"content-length"), [b"10"])
+        self.assertIn(b"hit", b" ".join(header(headers, b"cache-status")))
+
+    def test_suffix_and_unsatisfiable(self) -> None:
+        h = harness()
+        request(h, reply=ok())
+        self.assertEqual(request(h, b"Range: bytes=-4\r\n")[2], BODY[-4:])
+        status, headers, body, _ = request(h, b"Range: bytes=5000-\r\n")
+        self.assertEqual((status, body), (416, b""))
+        self.assertEqual(header(headers, b"content-range"), [b"bytes */1024"])
+
+    def test_if_range_mismatch_gives_the_whole_object(self) -> None:
+        h = harness()
+        request(h, reply=ok())
+        status, headers, body, _ = request(h, b'Range: bytes=0-0\r\nIf-Range: "old"\r\n')
+        self.assertEqual((status, body), (200, BODY))
+        self.assertEqual(header(headers, b"accept-ranges"), [b"bytes"])
+
+    def test_range_miss_fetches_the_whole_object(self) -> None:
+        """A range miss asks the upstream for the whole object (no Range),
+        stores it, and the next range is a hit."""
+        h = harness()
+        status, _, body, sent = request(h, b"Range: bytes=0-9\r\nIf-Range: \"t1\"\r\n", reply=ok())
+        assert sent is not None
+        self.assertNotIn(b"range", sent.lower())
+        self.assertEqual(status, 200)
+        status, _, body, _ = request(h, b"Range: bytes=0-9\r\n")
+        self.assertEqual((status, body), (206, BODY[:10]))
+
+    def test_an_unasked_206_does_not_poison_the_url(self) -> None:
+        """A 206 the upstream sends anyway passes, and the next request
+        still fetches and stores the object."""
+        h = harness()
+        part = b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-1/1024\r\nContent-Length: 2\r\n\r\nab"
+        self.assertEqual(request(h, reply=part)[0], 206)
+        request(h, reply=ok())
+        self.assertEqual(request(h)[0], 200)  # a hit: no upstream request
+
+
+class StaleIfErrorTests(SynchronousTestCase):
+    def test_5xx_serves_the_stale_copy(self) -> None:
+        """Past its TTL (and grace), an object whose stale-if-error window
+        is open is served when the upstream answers 500-504; the copy is
+        kept for the next error."""
+        h = harness(CachePolicy(grace=0))
+        request(h, reply=ok(b"Cache-Control: max-age=10, stale-if-error=300\r\n"))
+        h.clock.advance(20)
+        for code in (b"500 Internal Server Error", b"502 Bad Gateway", b"503 Service Unavailable", b"504 Gateway Timeout"):
+            status, headers, body, _ = request(h, reply=ok(b"", b"down", code))
+            self.assertEqual((status, body), (200, BODY), code)
+            self.assertIn(b"stale-if-error", b" ".join(header(headers, b"cache-status")))
+
+    def test_404_is_not_an_error_to_hide(self) -> None:
+        h = harness(CachePolicy(grace=0))
+        request(h, reply=ok(b"Cache-Control: max-age=10, stale-if-error=300\r\n"))
+        h.clock.advance(20)
+        self.assertEqual(request(h, reply=ok(b"", b"gone", b"404 Not Found"))[0], 404)
+
+    def test_window_closed(self) -> None:
+        h = harness(CachePolicy(grace=0))
+        request(h, reply=ok(b"Cache-Control: max-age=10, stale-if-error=5\r\n"))
+        h.clock.advance(30)
+        self.assertEqual(request(h, reply=ok(b"", b"down", b"503 Service Unavailable"))[0], 503)
+
+    def test_background_refresh_5xx_keeps_the_copy(self) -> None:
+        """During grace a refresh that gets a 503 leaves the good copy."""
+        h = harness(CachePolicy(grace=60))
+        request(h, reply=ok(b"Cache-Control: max-age=10\r\n"))
+        h.clock.advance(15)
+        _, client = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\n\r\n")  # grace hit, refresh starts
+        h.settle()
+        self.assertEqual(parse_response(client.value())[2], BODY)
+        conn = h.conns[-1]
+        conn.sent()
+        conn.reply(ok(b"", b"down", b"503 Service Unavailable"))
+        h.settle()
+        status, _, body, _ = request(h)  # still in grace: served from the store
+        self.assertEqual((status, body), (200, BODY))
+
+
+class InvalidationTests(SynchronousTestCase):
+    def test_after_a_success_only(self) -> None:
+        """POST answered 500 leaves the object; POST answered 200 removes it."""
+        h = harness()
+        request(h, reply=ok())
+        request(h, method=b"POST", body=b"x", reply=ok(b"", b"no", b"500 Internal Server Error"))
+        self.assertEqual(request(h)[0], 200)  # still a hit
+        request(h, method=b"POST", body=b"x", reply=ok(b"", b"ok"))
+        self.assertEqual(request(h, reply=ok())[0], 200)  # fetched again
+        self.assertEqual(h.metrics.counters[("prexy_cache_invalidations_total", ())], 1)
