@@ -676,6 +676,8 @@ def scenario_cache(bench: Bench) -> Report:
             verdicts.append(target(
                 f"{label}: a Prexy hit costs the origin nothing ({fmt(origin_us, 1)} µs of origin "
                 "CPU per request)", None if origin_us is None else origin_us < 1))
+        if prexy is not None:
+            _range_hits(bench, prexy, varnish, data, verdicts, notes)
     finally:
         varnish.stop()
         if prexy:
@@ -693,6 +695,41 @@ def scenario_cache(bench: Bench) -> Report:
         "Target (issue 6): Prexy ≥ 0.25× Varnish's req/s."
     )
     return Report("cache: hits, Prexy vs Varnish", table, notes, data, verdicts)
+
+
+def _range_hits(bench: Bench, prexy: Server, varnish: Server,
+                data: dict[str, object], verdicts: list[str], notes: list[str]) -> None:
+    """Issue 19: a range hit (the second half of the 20 KB object) against
+    a full hit of it, on the same servers, wrk runs interleaved."""
+    s = bench.settings
+    path = PATHS["20 KB"]
+    ranged = ("Range: bytes=10240-20479",)
+    got = harness.get_once(prexy.port, path, headers={"Range": ranged[0].split(": ", 1)[1]})
+    if got.status != 206 or len(got.body) != 10240:
+        notes.append(f"Prexy's range hit answered {got.status} with {len(got.body)} bytes: not measured")
+        return
+    runs: dict[tuple[str, bool], list[float]] = {}
+    cpu: dict[tuple[str, bool], list[float]] = {}
+    cells = [(srv, r) for srv in (prexy, varnish) for r in (False, True)]
+    for i in range(max(s.rounds, 3)):
+        for srv, with_range in cells if i % 2 == 0 else list(reversed(cells)):
+            result = harness.wrk(srv.url(path), seconds=s.seconds, connections=max(s.connections),
+                                 threads=2, cpu_of=srv.cpu, headers=ranged if with_range else ())
+            runs.setdefault((srv.name, with_range), []).append(result.rps)
+            if result.cpu_us_per_req is not None:
+                cpu.setdefault((srv.name, with_range), []).append(result.cpu_us_per_req)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    us = {k: statistics.median(v) for k, v in cpu.items()}
+    for srv in (prexy, varnish):
+        full, part = med[(srv.name, False)], med[(srv.name, True)]
+        notes.append(
+            f"Range hits (issue 19), 20 KB object, `Range: bytes=10240-20479`: {srv.name} full hits "
+            f"{fmt(full)} req/s ({fmt(us.get((srv.name, False)))} µs CPU), range hits {fmt(part)} req/s "
+            f"({fmt(us.get((srv.name, True)))} µs), {ratio(part, full)} (wrk -c{max(s.connections)} -t2, "
+            f"medians of {max(s.rounds, 3)} interleaved runs)")
+    r = med[(prexy.name, True)] / med[(prexy.name, False)]
+    data["range"] = {f"{k[0]}{' range' if k[1] else ''}": v for k, v in med.items()}
+    verdicts.append(target(f"a Prexy range hit within 10% of a full hit's req/s ({r:.2f}x)", r >= 0.9))
 
 
 # --------------------------------------------------------------------------

@@ -151,10 +151,12 @@ CACHE_KEYS = {
     "cache_ttl": "default_ttl",
     "cache_grace": "grace",
     "cache_keep": "keep",
+    "cache_stale_if_error": "stale_if_error",
     "cache_ignore_cookies": "ignore_cookies",
     "cache_pass": "pass_rules",
     "cache_max_object": "max_object_size",
     "purge_from": "purge_from",
+    "cache_targeted_field": "targeted_cache_control",
 }
 
 
@@ -458,7 +460,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
-             "allow_trace", "compression", "upgrade"),
+             "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field"),
             where,
             err,
         )
@@ -526,7 +528,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             # The file's types are checked here; the values by the policy,
             # whose refusal names the field, mapped back to the file's key.
             ckw: dict[str, Any] = {}
-            for key in ("cache_ttl", "cache_grace", "cache_keep"):
+            for key in ("cache_ttl", "cache_grace", "cache_keep", "cache_stale_if_error"):
                 if key in table:
                     ckw[CACHE_KEYS[key]] = typed(table, key, float, where)
             for key in ("cache_ignore_cookies", "cache_pass", "purge_from"):
@@ -535,6 +537,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                         err(f"{where}.{key}", "must be a list of strings")
                     ckw[CACHE_KEYS[key]] = tuple(value)
+            if "cache_targeted_field" in table:
+                ckw["targeted_cache_control"] = typed(table, "cache_targeted_field", str, where)
             if "cache_max_object" in table:
                 try:
                     ckw["max_object_size"] = parse_size(table["cache_max_object"])

@@ -34,6 +34,11 @@ class SiteRuntime:
     cache_policy: Any = attrs.field(
         default=attrs.Factory(lambda self: self.config.cache, takes_self=True), eq=False
     )
+    #: Response fields meant for this proxy alone (its targeted
+    #: Cache-Control field): never sent to clients nor stored.
+    targeted: frozenset[bytes] = attrs.field(
+        default=attrs.Factory(lambda self: _targeted(self.config), takes_self=True), eq=False
+    )
     #: The site's name as bytes (part of every rule-applicability key).
     name_bytes: bytes = attrs.field(
         default=attrs.Factory(lambda self: self.config.name.encode("utf-8", "surrogateescape"), takes_self=True),
@@ -61,6 +66,14 @@ class SiteRuntime:
     @property
     def name(self) -> str:
         return self.config.name
+
+
+def _targeted(config: SiteConfig) -> frozenset[bytes]:
+    if config.cache is None:
+        return frozenset()
+    from prexy.cache.policy import targeted_field_names
+
+    return targeted_field_names(config.cache)
 
 
 def _header_rules(config: SiteConfig, rules: Any) -> Any:

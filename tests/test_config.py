@@ -93,6 +93,8 @@ class ConfigTests(SynchronousTestCase):
             (CACHED + "cache_ignore_cookies = ['']\n", 5, "sites.a.cache_ignore_cookies", "not a cookie name pattern"),
             (CACHED + "purge_from = '127.0.0.1'\n", 5, "sites.a.purge_from", "list of strings"),
             (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
+            (CACHED + "cache_stale_if_error = -5\n", 5, "sites.a.cache_stale_if_error", "must be 0 or more"),
+            (CACHED + "cache_targeted_field = 'Cache-Control'\n", 5, "sites.a.cache_targeted_field", ""),
             ("[limits]\nmax_request_line = 'wide'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_line", "not a size"),
             ("[limits]\nmax_header_line = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_line", "at least 256"),
             ("[limits]\nmax_request_head = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_head", "at least max_request_line"),
@@ -184,5 +186,8 @@ class ConfigTests(SynchronousTestCase):
         )
         assert config.site("a").cache == CachePolicy(default_ttl=60, pass_rules=("^/cart",), max_object_size=1024**2)
         assert config.site("a").cache.keep == CachePolicy().keep == 300
+        other = parse_config(CACHED + "cache_stale_if_error = 30\ncache_targeted_field = 'Acme-Cache-Control'\n",
+                             os.path.join(tmp, "q.toml")).site("a").cache
+        assert (other.stale_if_error, other.targeted_cache_control) == (30.0, "Acme-Cache-Control")
         assert config.site("b").cache is None
         assert single_site_config(["tcp:9000"], "http://x", cache_size=1024).site("default").cache == CachePolicy()

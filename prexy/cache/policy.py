@@ -1,29 +1,83 @@
 """What may be cached, under which key, for how long: pure functions over
 methods, URIs, headers and times (no Twisted, no I/O, no clock: ``now`` is
-always an argument).
+an argument; the one exception is the reference time of a two-digit year,
+below, when no ``now`` is given).
 
-The defaults are Varnish's built-in VCL:
+The defaults are Varnish's built-in VCL, made to follow RFC 9111 (HTTP
+Caching), RFC 9110 (HTTP Semantics) and RFC 9213 (Targeted Cache-Control)
+where Varnish does not:
 
-* ``vcl_recv``: only GET and HEAD are looked up; a request with
-  ``Authorization``, ``Cookie`` or (beyond Varnish, common practice)
-  ``X-Requested-With`` passes.  Beyond Varnish, cookies whose names match
-  ``ignore_cookies`` globs (by default the analytics cookies ``_ga*``,
-  ``_gid``, ``_gat*``, ``_fbp``, ``_hj*``) are ignored for this decision
-  (they still go upstream).  Unsafe methods pass and invalidate the URL.
-  Like Varnish, the client's own ``Cache-Control`` is ignored.
-* ``vcl_backend_response``: a response is stored when its status is
-  cacheable (200, 203, 204, 300, 301, 404, 410, 414; 302 and 307 only with
-  explicit freshness) and it has no ``Set-Cookie``, no
-  ``Cache-Control: private / no-store / no-cache``, no
+* Requests (:func:`request_decision`, ``vcl_recv``): only GET and HEAD are
+  looked up; a request with ``Authorization``, ``Cookie`` or (beyond
+  Varnish, common practice) ``X-Requested-With`` passes.  Beyond Varnish,
+  cookies whose names match ``ignore_cookies`` globs (by default the
+  analytics cookies ``_ga*``, ``_gid``, ``_gat*``, ``_fbp``, ``_hj*``) are
+  ignored for this decision (they still go upstream).  Like Varnish, the
+  client's own ``Cache-Control`` is ignored.  The other safe methods
+  (OPTIONS, TRACE; RFC 9110 9.2.1) pass, and so does PURGE, which the proxy
+  answers itself before asking.  Every other method, registered or not
+  (POST, PUT, DELETE, PATCH, M-SEARCH, FOO, even ``get``: methods are
+  case-sensitive), is unsafe: it passes and invalidates the URL
+  (RFC 9111 4.4; the proxy does it once the answer is not an error).
+* Storability (:func:`response_decision`, ``vcl_backend_response``): a
+  response is stored when its status is cacheable (200, 203, 204, 300, 301,
+  404, 410, 414; 302 and 307 only with explicit freshness) and it has no
+  ``Set-Cookie``, no ``private / no-store / no-cache`` directive, no
   ``Surrogate-Control: no-store`` and no ``Vary: *``.  Otherwise it becomes
   hit-for-miss for ``hit_for_miss_ttl`` (120 s): later requests go straight
   upstream without queueing behind one another.
-* TTL (Varnish's ``cache_rfc2616.c``): ``s-maxage``, then ``max-age`` (both
-  less the upstream's ``Age``), then ``Expires`` (relative to ``Date`` when
-  present, so clock skew does not matter), else ``default_ttl``.  A TTL of 0
-  or less is hit-for-miss; so is an invalid ``max-age`` or ``Expires``
-  (RFC 9111: treat as stale).  ``stale-while-revalidate`` sets the grace,
-  ``stale-if-error`` how long a stale copy may replace an upstream error.
+* Which directives (RFC 9213 2.2, :func:`_directives`): the first of the
+  site's targeted field (``targeted_cache_control``, by default
+  ``Prexy-Cache-Control``, case-insensitive; "" for none),
+  ``CDN-Cache-Control`` and ``Cache-Control`` present in the response wins,
+  and only its directives count.  The two targeted fields are Structured
+  Field Dictionaries (RFC 8941 3.2, parsed strictly by
+  :func:`_sf_dictionary`; several field lines are joined with ", "); one
+  that is empty or does not parse is ignored as if absent, and when one
+  wins ``Cache-Control`` and ``Expires`` are ignored.  In a targeted field, delta-seconds directives
+  (``max-age``, ``s-maxage``, ``stale-while-revalidate``,
+  ``stale-if-error``) take only a non-negative Integer (anything else is an
+  invalid value), a directive whose value is Boolean false is absent, and
+  the restrictive ones (``no-store``, ``private``, ``no-cache``) count
+  whatever other value they carry.  Prexy drops its own targeted field
+  before answering clients (:func:`targeted_field_names`) and passes
+  ``CDN-Cache-Control`` through for the CDNs in front of it.
+* Freshness lifetime (Varnish's ``cache_rfc2616.c``, RFC 9111 4.2.1):
+  ``s-maxage``, then ``max-age``, then ``Expires`` (less ``Date`` when
+  present, so clock skew does not matter; else less ``now``), else
+  ``default_ttl``.  A lifetime of 0 or less is hit-for-miss; so is an
+  invalid ``max-age`` (RFC 9111 4.2.1: stale) or ``Expires``: not an
+  HTTP-date, or more than one ``Expires`` field (RFC 9111 5.3: already
+  expired).  Delta-seconds are capped at 2**31 (RFC 9111 1.2.2).
+* Age (RFC 9111 4.2.3, :func:`current_age`): the response's age when it
+  arrives is ``max(apparent_age, corrected_age_value)`` with
+  ``apparent_age = max(0, now - Date)`` and ``corrected_age_value = Age``
+  (the response delay is taken as 0: the request time is not known here).
+  ``Age`` (RFC 9111 5.1) is its first list member, whether the members come
+  in one field (``Age: 7200, 0``) or several; an invalid first member counts
+  as 0.  For explicit freshness (max-age, s-maxage, Expires) the object's
+  generation time is ``stored_at = now - current_age``, so it stays fresh
+  for ``lifetime - current_age``; a ``default_ttl`` counts from ``now``.
+* Stale use: ``stale-while-revalidate`` sets the grace (else the site's
+  ``grace``), ``stale-if-error`` (RFC 5861) how long a stale copy may
+  replace an upstream error (else the site's ``stale_if_error``); ``keep``
+  applies to responses with a validator only.
+* HTTP-date (RFC 9110 5.6.7, :func:`parse_http_date`): only IMF-fixdate
+  (``Sun, 06 Nov 1994 08:49:37 GMT``), the obsolete RFC 850 form
+  (``Sunday, 06-Nov-94 08:49:37 GMT``) and asctime
+  (``Sun Nov  6 08:49:37 1994``), exactly: GMT only, one space where the
+  grammar has one, two digits for each time part, four for an IMF-fixdate
+  year, a real calendar date.  Names match case-insensitively (RFC 9111 4.2
+  asks caches to), the weekday is not checked against the date, a
+  ``:60`` leap second is accepted.  A two-digit year is the one that puts
+  the date at most 50 years after ``now`` (RFC 9110 5.6.7).  Everything
+  else is invalid; every date in this module goes through this one parser.
+* Conditional requests (:func:`not_modified`, RFC 9110 13.1.3 and 13.2.2):
+  ``If-None-Match`` (weak comparison) wins over ``If-Modified-Since``,
+  which is ignored when it is not a valid HTTP-date or is repeated.
+* 304 (:func:`update_headers`, RFC 9111 3.2 and 4.3.4): the fields of a 304
+  replace the stored ones of the same name, except those describing the
+  stored body or the connection.
 
 Headers are given as an iterable of ``(name, value)`` byte pairs, names in
 any case, repeated names allowed (Twisted's
@@ -32,13 +86,14 @@ any case, repeated names allowed (Twisted's
 
 from __future__ import annotations
 
+import calendar
 import enum
 import fnmatch
 import functools
 import hashlib
 import re
-from collections.abc import Iterable
-from email.utils import mktime_tz, parsedate_tz
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -56,12 +111,16 @@ __all__ = [
     "age_header",
     "cache_key",
     "cache_status_header",
+    "current_age",
     "key_url",
     "not_modified",
+    "parse_cache_control",
     "parse_http_date",
     "primary_key",
     "request_decision",
     "response_decision",
+    "targeted_field_names",
+    "update_headers",
     "vary_key",
     "vary_names",
 ]
@@ -72,7 +131,12 @@ DEFAULT_CACHEABLE = frozenset({200, 203, 204, 300, 301, 404, 410, 414})
 #: Cacheable only when the response gives explicit freshness (Varnish).
 DEFAULT_EXPLICIT_ONLY = frozenset({302, 307})
 LOOKUP_METHODS = frozenset({b"GET", b"HEAD"})
-UNSAFE_METHODS = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
+#: RFC 9110 9.2.1's safe methods (CONNECT aside: the proxy refuses it).
+SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
+#: Methods that pass without invalidating: the safe ones not looked up, and
+#: PURGE, which the proxy handles before asking (it must not invalidate twice
+#: nor go upstream as an unsafe method).
+PASS_METHODS = (SAFE_METHODS - LOOKUP_METHODS) | {b"PURGE"}
 
 
 #: Cookies that analytics scripts set on every page view: they do not make
@@ -80,6 +144,10 @@ UNSAFE_METHODS = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 DEFAULT_IGNORE_COOKIES = ("_ga*", "_gid", "_gat*", "_fbp", "_hj*")
 #: Client addresses allowed to send PURGE.
 DEFAULT_PURGE_FROM = ("127.0.0.1", "::1")
+#: The targeted Cache-Control field meant for Prexy alone (RFC 9213).
+DEFAULT_TARGETED_CACHE_CONTROL = "Prexy-Cache-Control"
+#: RFC 9110 5.6.2 token: what a field name is made of.
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class PolicyError(ValueError):
@@ -123,6 +191,14 @@ def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: floa
         raise PolicyError(attribute.name, f"must be 0 or more, got {value!r}")
 
 
+def _targeted_name(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or (value and not _FIELD_NAME.fullmatch(value)):
+        raise PolicyError(attribute.name, f"not a header field name: {value!r}")
+    if value.lower() in ("cache-control", "cdn-cache-control"):
+        # Prexy drops its targeted field before answering clients.
+        raise PolicyError(attribute.name, f"must be a field of Prexy's own, not {value}")
+
+
 @attrs.frozen
 class CachePolicy:
     """One site's cache settings; validated and compiled once, at creation.
@@ -145,6 +221,9 @@ class CachePolicy:
     #: Seconds a dead object with validators is kept only to revalidate it
     #: conditionally.
     keep: float = attrs.field(default=300.0, validator=_non_negative)
+    #: Seconds a stale object may answer instead of an upstream error
+    #: (``stale-if-error`` in a response overrides it).
+    stale_if_error: float = attrs.field(default=0.0, validator=_non_negative)
     hit_for_miss_ttl: float = attrs.field(default=120.0, validator=_non_negative)
     #: Cookie-name globs (``fnmatch``, case-sensitive) ignored when deciding
     #: whether a request with cookies may be looked up.
@@ -160,9 +239,15 @@ class CachePolicy:
     key_query: bool = True
     #: Client addresses allowed to send PURGE.
     purge_from: tuple[str, ...] = attrs.field(default=DEFAULT_PURGE_FROM, converter=_addresses)
+    #: The name (any case) of the RFC 9213 targeted field whose directives,
+    #: when present and valid, decide for Prexy before ``CDN-Cache-Control``
+    #: and ``Cache-Control``; "" for none.
+    targeted_cache_control: str = attrs.field(default=DEFAULT_TARGETED_CACHE_CONTROL, validator=_targeted_name)
 
     _cookie_re: re.Pattern[str] | None = attrs.field(init=False, eq=False, repr=False)
     _pass_re: re.Pattern[str] | None = attrs.field(init=False, eq=False, repr=False)
+    #: The fields that may carry the directives, in precedence order, lower-case.
+    _targets: tuple[bytes, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         cookie = (
@@ -173,6 +258,8 @@ class CachePolicy:
         passes = re.compile("|".join(f"(?:{p})" for p in self.pass_rules)) if self.pass_rules else None
         object.__setattr__(self, "_cookie_re", cookie)
         object.__setattr__(self, "_pass_re", passes)
+        own = self.targeted_cache_control.lower().encode("ascii")
+        object.__setattr__(self, "_targets", ((own,) if own else ()) + (b"cdn-cache-control",))
 
     def ignored_cookie(self, name: str) -> bool:
         """Whether a cookie of this name does not count for the decision."""
@@ -181,6 +268,15 @@ class CachePolicy:
     def passes(self, target: str) -> bool:
         """Whether a configured pass rule matches the request target."""
         return self._pass_re is not None and self._pass_re.search(target) is not None
+
+
+def targeted_field_names(policy: CachePolicy) -> frozenset[bytes]:
+    """The lower-case names of the response fields meant for Prexy alone:
+    its targeted Cache-Control field (none when disabled).  Drop them from
+    what is sent to clients (and stored: a hit must not carry them either).
+    ``CDN-Cache-Control`` is not one: it is passed through (RFC 9213 3)."""
+    name = policy.targeted_cache_control
+    return frozenset({name.lower().encode("ascii")}) if name else frozenset()
 
 
 class Action(enum.Enum):
@@ -220,11 +316,14 @@ def cookie_names(values: Iterable[bytes]) -> list[str]:
 
 def request_decision(policy: CachePolicy, method: bytes, uri: bytes, headers: Headers) -> RequestDecision:
     """Lookup, pass or invalidate, with the reason (Varnish's ``vcl_recv``).
-    Methods are case-sensitive (RFC 9110): ``get`` is not ``GET``."""
-    if method in UNSAFE_METHODS:
-        return RequestDecision(Action.INVALIDATE, "unsafe-method", method)
+
+    Methods are case-sensitive (RFC 9110 9.1): ``get`` is not ``GET``.  Any
+    method neither looked up nor in :data:`PASS_METHODS` is unsafe and
+    invalidates (RFC 9111 4.4: an unknown method cannot be assumed safe)."""
     if method not in LOOKUP_METHODS:
-        return RequestDecision(Action.PASS, "method", method)
+        if method in PASS_METHODS:
+            return RequestDecision(Action.PASS, "method", method)
+        return RequestDecision(Action.INVALIDATE, "unsafe-method", method)
     headers = list(headers)
     for name, _ in headers:
         lname = name.lower()
@@ -240,6 +339,94 @@ def request_decision(policy: CachePolicy, method: bytes, uri: bytes, headers: He
     return RequestDecision(Action.LOOKUP)
 
 
+# -- HTTP-date (RFC 9110 5.6.7) --------------------------------------------------
+
+_DAY = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_DAY_L = rb"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)"
+_MONTH = rb"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_TIME = rb"([0-9]{2}):([0-9]{2}):([0-9]{2})"
+#: IMF-fixdate: ``Sun, 06 Nov 1994 08:49:37 GMT``.
+_IMF_FIXDATE = re.compile(_DAY + rb", ([0-9]{2}) " + _MONTH + rb" ([0-9]{4}) " + _TIME + rb" GMT", re.I)
+#: rfc850-date: ``Sunday, 06-Nov-94 08:49:37 GMT``.
+_RFC850_DATE = re.compile(_DAY_L + rb", ([0-9]{2})-" + _MONTH + rb"-([0-9]{2}) " + _TIME + rb" GMT", re.I)
+#: asctime-date: ``Sun Nov  6 08:49:37 1994`` (the day is 2DIGIT or SP DIGIT).
+_ASCTIME_DATE = re.compile(_DAY + rb" " + _MONTH + rb" ([0-9]{2}| [0-9]) " + _TIME + rb" ([0-9]{4})", re.I)
+_MONTHS = {m: i for i, m in enumerate((b"jan", b"feb", b"mar", b"apr", b"may", b"jun",
+                                       b"jul", b"aug", b"sep", b"oct", b"nov", b"dec"), 1)}
+
+#: (year, month, day, hour, minute, second); year -1 - yy for a two-digit year.
+_Fields = tuple[int, int, int, int, int, int]
+
+
+@functools.lru_cache(maxsize=1024)
+def _date_fields(value: bytes) -> _Fields | None:
+    """The fields of one of the three HTTP-date forms, range-checked but for
+    the day of a two-digit year's month; None for anything else."""
+    text = value.strip(b" \t")
+    if (m := _IMF_FIXDATE.fullmatch(text)) is not None:
+        day, month, year, hh, mm, ss = m.groups()
+        y = int(year)
+    elif (m := _RFC850_DATE.fullmatch(text)) is not None:
+        day, month, year, hh, mm, ss = m.groups()
+        y = -1 - int(year)  # resolved by _full_year
+    elif (m := _ASCTIME_DATE.fullmatch(text)) is not None:
+        month, day, hh, mm, ss, year = m.groups()
+        y = int(year)
+    else:
+        return None
+    d, h, mi, s = int(day), int(hh), int(mm), int(ss)
+    if y == 0 or not 1 <= d <= 31 or h > 23 or mi > 59 or s > 60:  # :60 is a leap second
+        return None
+    return (y, _MONTHS[month.lower()], d, h, mi, s)
+
+
+def _epoch(fields: _Fields) -> float | None:
+    y, mo, d, h, mi, s = fields
+    if not 1 <= y <= 9999 or d > calendar.monthrange(y, mo)[1]:
+        return None
+    return float(calendar.timegm((y, mo, d, h, mi, s)))
+
+
+def _full_year(yy: int, fields: _Fields, now: float) -> int:
+    """RFC 9110 5.6.7: a two-digit year more than 50 years after ``now`` is
+    the most recent past year with those digits.  So: the latest year ending
+    in ``yy`` whose date is not more than 50 years after ``now``."""
+    ref = time.gmtime(now)
+    limit = ref.tm_year + 50
+    year = limit - (limit - yy) % 100
+    if (year, *fields[1:]) > (limit, ref.tm_mon, ref.tm_mday, ref.tm_hour, ref.tm_min, ref.tm_sec):
+        year -= 100
+    return year
+
+
+def parse_http_date(value: bytes | None, now: float | None = None) -> float | None:
+    """An HTTP-date -> epoch seconds; None when absent or invalid.
+
+    Strictly RFC 9110 5.6.7 (see the module's docstring): IMF-fixdate, RFC
+    850 and asctime, GMT only, leading and trailing whitespace ignored.
+    ``now`` (epoch seconds) places an RFC 850 two-digit year; without it the
+    system clock does.
+    """
+    if value is None:
+        return None
+    fields = _date_fields(bytes(value))
+    if fields is None:
+        return None
+    if fields[0] < 0:
+        try:
+            year = _full_year(-1 - fields[0], fields, time.time() if now is None else now)
+        except (OverflowError, OSError, ValueError):  # a ``now`` gmtime cannot take
+            return None
+        fields = (year, *fields[1:])
+    return _epoch(fields)
+
+
+def _singleton(values: list[bytes]) -> bytes | None:
+    """A field that allows one value: that value, or None when absent or
+    repeated (RFC 9110 5.5: a list where one value is expected is invalid)."""
+    return values[0] if len(values) == 1 else None
+
+
 # -- responses ----------------------------------------------------------------
 
 
@@ -253,9 +440,11 @@ class StoreDecision:
     """Whether and how long to keep a response (``vcl_backend_response``)."""
 
     action: StoreAction
-    #: Seconds fresh from ``stored_at`` (the hit-for-miss TTL for markers).
+    #: Seconds fresh from ``stored_at`` (the hit-for-miss TTL for markers):
+    #: the freshness lifetime.
     ttl: float
-    #: When the response was generated: ``now`` less the upstream's ``Age``.
+    #: When the response was generated: ``now`` less its
+    #: :func:`current_age` for explicit freshness, else ``now``.
     stored_at: float
     grace: float = 0.0
     keep: float = 0.0
@@ -313,20 +502,168 @@ def _seconds(value: str | None) -> float | None:
     return float(min(int(value.strip()), 2**31))
 
 
-def parse_http_date(value: bytes | None) -> float | None:
-    """An HTTP date (IMF-fixdate, RFC 850 or asctime) -> epoch seconds."""
-    if value is None:
-        return None
+# -- targeted fields: RFC 8941 Dictionaries --------------------------------------
+
+
+class _SFError(ValueError):
+    pass
+
+
+class _Token(str):
+    """An RFC 8941 Token (a String is a plain ``str``)."""
+
+
+_SF_KEY = re.compile(r"[a-z*][a-z0-9_\-.*]*")
+_SF_TOKEN = re.compile(r"[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*")
+_SF_NUMBER = re.compile(r"-?([0-9]+)(?:\.([0-9]*))?")
+_SF_BYTES = re.compile(r":[A-Za-z0-9+/=]*:")
+_SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"')
+_SF_UNESCAPE = re.compile(r'\\(["\\])')
+_SFValue = Any
+
+
+def _sf_bare_item(text: str, pos: int) -> tuple[_SFValue, int]:
+    """RFC 8941 4.2.3.1: one bare item at ``pos``, and the position after it."""
+    ch = text[pos : pos + 1]
+    if ch == "-" or ch.isdigit():
+        m = _SF_NUMBER.match(text, pos)
+        if m is None:
+            raise _SFError("number")
+        whole, frac = m.groups()
+        if frac is None:
+            if len(whole) > 15:
+                raise _SFError("integer too long")
+            return int(m.group()), m.end()
+        if len(whole) > 12 or not 1 <= len(frac) <= 3:
+            raise _SFError("bad decimal")
+        return float(m.group()), m.end()
+    if ch == '"':
+        m = _SF_STRING.match(text, pos)
+        if m is None:
+            raise _SFError("string")
+        return _SF_UNESCAPE.sub(r"\1", m.group(1)), m.end()
+    if ch == ":":
+        m = _SF_BYTES.match(text, pos)
+        if m is None:
+            raise _SFError("byte sequence")
+        return m.group()[1:-1].encode("ascii"), m.end()
+    if ch == "?":
+        flag = text[pos + 1 : pos + 2]
+        if flag not in ("0", "1"):
+            raise _SFError("boolean")
+        return flag == "1", pos + 2
+    m = _SF_TOKEN.match(text, pos)
+    if m is None:
+        raise _SFError("no item")
+    return _Token(m.group()), m.end()
+
+
+def _sf_parameters(text: str, pos: int) -> int:
+    """RFC 8941 4.2.3.2: skips an item's parameters (ignored here)."""
+    while text.startswith(";", pos):
+        pos += 1
+        while text.startswith(" ", pos):
+            pos += 1
+        m = _SF_KEY.match(text, pos)
+        if m is None:
+            raise _SFError("parameter key")
+        pos = m.end()
+        if text.startswith("=", pos):
+            _, pos = _sf_bare_item(text, pos + 1)
+    return pos
+
+
+def _sf_member_value(text: str, pos: int) -> tuple[_SFValue, int]:
+    """An item or an inner list (RFC 8941 4.2.1.1), parameters skipped."""
+    if not text.startswith("(", pos):
+        value, pos = _sf_bare_item(text, pos)
+        return value, _sf_parameters(text, pos)
+    pos += 1
+    items: list[_SFValue] = []
+    while True:
+        while text.startswith(" ", pos):
+            pos += 1
+        if text.startswith(")", pos):
+            return items, _sf_parameters(text, pos + 1)
+        item, pos = _sf_bare_item(text, pos)
+        items.append(item)
+        pos = _sf_parameters(text, pos)
+        if not text.startswith((" ", ")"), pos):
+            raise _SFError("inner list")
+
+
+def _sf_dictionary(text: str) -> dict[str, _SFValue]:
+    """RFC 8941 4.2.2: a Dictionary, keys -> values (True for a bare key;
+    Integer int, Decimal float, String str, Token :class:`_Token`, Byte
+    Sequence bytes, Boolean bool, Inner List list); the last of a repeated
+    key wins.  Raises :class:`_SFError` on any syntax error."""
+    if not text.isascii():
+        raise _SFError("not ASCII")
+    text = text.strip(" ")
+    out: dict[str, _SFValue] = {}
+    pos = 0
+    while pos < len(text):
+        m = _SF_KEY.match(text, pos)
+        if m is None:
+            raise _SFError("key")
+        key, pos = m.group(), m.end()
+        if text.startswith("=", pos):
+            value, pos = _sf_member_value(text, pos + 1)
+        else:
+            value, pos = True, _sf_parameters(text, pos)
+        out[key] = value
+        while text.startswith((" ", "\t"), pos):
+            pos += 1
+        if pos == len(text):
+            break
+        if not text.startswith(",", pos):
+            raise _SFError("expected a comma")
+        pos += 1
+        while text.startswith((" ", "\t"), pos):
+            pos += 1
+        if pos == len(text):
+            raise _SFError("trailing comma")
+    return out
+
+
+#: Directives whose value is delta-seconds: an Integer in a targeted field.
+_DELTA_DIRECTIVES = frozenset({"max-age", "s-maxage", "stale-while-revalidate", "stale-if-error"})
+
+
+@functools.lru_cache(maxsize=512)
+def _targeted_directives(value: bytes) -> dict[str, str | None] | None:
+    """A targeted field's (combined) value as :func:`parse_cache_control`
+    would give it; None when it is empty or not a Dictionary (RFC 9213 2.2:
+    then it is ignored).  The result is shared: do not change it."""
     try:
-        parsed = parsedate_tz(value.decode("latin-1").strip())
-    except (TypeError, ValueError, IndexError):
+        members = _sf_dictionary(value.decode("latin-1"))
+    except _SFError:
         return None
-    if parsed is None:
+    if not members:
         return None
-    try:
-        return float(mktime_tz(parsed))
-    except (OverflowError, ValueError):
-        return None
+    out: dict[str, str | None] = {}
+    for name, item in members.items():
+        if item is False:
+            continue  # a Boolean false directive is not given
+        if name in _DELTA_DIRECTIVES:
+            # Anything but a non-negative Integer is an invalid value (None).
+            out[name] = str(item) if type(item) is int and item >= 0 else None
+        else:
+            out[name] = item if isinstance(item, str) else None
+    return out
+
+
+def _directives(policy: CachePolicy, headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, str | None], bool]:
+    """The cache directives that decide for Prexy (RFC 9213 2.2): those of
+    the first targeted field present and valid, else ``Cache-Control``'s;
+    and whether a targeted field won (then ``Expires`` does not count)."""
+    for name in policy._targets:
+        values = _values(headers, name)
+        if values:
+            found = _targeted_directives(b", ".join(values))
+            if found is not None:
+                return found, True
+    return parse_cache_control(_values(headers, b"cache-control")), False
 
 
 @functools.lru_cache(maxsize=512)
@@ -347,6 +684,25 @@ def vary_names(values: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(sorted(names))
 
 
+def current_age(headers: Headers, now: float) -> float:
+    """RFC 9111 4.2.3: a response's age on arrival at ``now``:
+    ``max(max(0, now - Date), Age)``, the response delay taken as 0.
+
+    ``Age`` is its first list member (RFC 9111 5.1: ``Age: 7200, 0`` or two
+    ``Age`` fields give 7200); an invalid one counts as 0.  ``Date`` counts
+    when there is exactly one, valid."""
+    headers = list(headers)
+    age = 0.0
+    for value in _values(headers, b"age"):
+        members = [m.strip() for m in value.split(b",") if m.strip()]
+        if members:
+            age = _seconds(members[0].decode("latin-1")) or 0.0
+            break
+    date = parse_http_date(_singleton(_values(headers, b"date")), now)
+    apparent = max(0.0, now - date) if date is not None else 0.0
+    return max(apparent, age)
+
+
 def response_decision(
     policy: CachePolicy,
     status: int,
@@ -354,14 +710,14 @@ def response_decision(
     now: float,
     content_length: int | None = None,
 ) -> StoreDecision:
-    """Store (with TTL, grace, keep) or hit-for-miss, with the reason.
+    """Store (with TTL, grace, keep, stale-if-error) or hit-for-miss, with
+    the reason; the rules are in the module's docstring.
 
     ``content_length`` (when the upstream gave one) larger than
     ``policy.max_object_size`` is hit-for-miss ``too-large``.
     """
     headers = list(headers)
-    cc = parse_cache_control(_values(headers, b"cache-control"))
-    age = _seconds((_values(headers, b"age") or [b""])[0].decode("latin-1")) or 0.0
+    cc, targeted = _directives(policy, headers)
     vary = vary_names(_values(headers, b"vary"))
 
     def hfm(reason: str) -> StoreDecision:
@@ -382,24 +738,19 @@ def response_decision(
 
     ttl: float | None = None
     source = "default"
-    stored_at = now
     for directive in ("s-maxage", "max-age"):
         if directive in cc:
             # An invalid value means stale (RFC 9111 4.2.1).
-            seconds = _seconds(cc[directive])
-            ttl, source, stored_at = (seconds or 0.0), directive, now - age
+            ttl, source = (_seconds(cc[directive]) or 0.0), directive
             break
-    if ttl is None:
+    if ttl is None and not targeted:
         expires_values = _values(headers, b"expires")
         if expires_values:
             source = "expires"
-            expires = parse_http_date(expires_values[0])
-            dates = _values(headers, b"date")
-            date = parse_http_date(dates[0]) if dates else None
-            if expires is None:
-                ttl = 0.0  # an invalid Expires means already expired
-            else:
-                ttl = expires - (date if date is not None else now)
+            # Invalid, or repeated: already expired (RFC 9111 5.3).
+            expires = parse_http_date(_singleton(expires_values), now)
+            date = parse_http_date(_singleton(_values(headers, b"date")), now)
+            ttl = 0.0 if expires is None else expires - (date if date is not None else now)
     explicit = ttl is not None
     if status not in policy.cacheable_statuses and not (explicit and status in policy.explicit_only_statuses):
         return hfm("status")
@@ -412,11 +763,11 @@ def response_decision(
     return StoreDecision(
         StoreAction.STORE,
         ttl,
-        stored_at,
+        now - current_age(headers, now) if explicit else now,
         grace=policy.grace if swr is None else swr,
         # Keeping a dead object only helps when it can be revalidated.
         keep=policy.keep if (_values(headers, b"etag") or _values(headers, b"last-modified")) else 0.0,
-        stale_if_error=sie or 0.0,
+        stale_if_error=policy.stale_if_error if sie is None else sie,
         vary=vary,
         reason=source,
     )
@@ -551,11 +902,16 @@ def _opaque(tag: bytes) -> bytes:
     return tag[2:] if tag[:2] in (b"W/", b"w/") else tag
 
 
-def not_modified(request_headers: Headers, etag: bytes | None, last_modified: bytes | None) -> bool:
+def not_modified(
+    request_headers: Headers, etag: bytes | None, last_modified: bytes | None, now: float | None = None
+) -> bool:
     """Whether a GET/HEAD may be answered 304 from a stored response with
     these validators (RFC 9110 13.2.2): ``If-None-Match`` with the weak
     comparison when present (``*`` matches any stored response), else
-    ``If-Modified-Since`` against ``Last-Modified``."""
+    ``If-Modified-Since`` against ``Last-Modified``.  An If-Modified-Since
+    that is not one valid HTTP-date (:func:`parse_http_date`; repeated
+    fields are invalid) is ignored (RFC 9110 13.1.3).  ``now`` places
+    two-digit years (see :func:`parse_http_date`)."""
     headers = list(request_headers)
     inm = _values(headers, b"if-none-match")
     if inm:
@@ -566,12 +922,68 @@ def not_modified(request_headers: Headers, etag: bytes | None, last_modified: by
             return False
         mine = _opaque(etag)
         return any(_opaque(t) == mine for t in tags)
-    ims = _values(headers, b"if-modified-since")
-    if not ims or last_modified is None:
-        return False
-    since = parse_http_date(ims[0])
-    modified = parse_http_date(last_modified)
+    since = parse_http_date(_singleton(_values(headers, b"if-modified-since")), now)
+    modified = parse_http_date(last_modified, now)
     return since is not None and modified is not None and modified <= since
+
+
+# -- 304: updating stored headers (RFC 9111 3.2, 4.3.4) -----------------------------
+
+#: Fields a 304 never changes in a stored response: they describe the stored
+#: body as it was received and stored (its length, framing, coding, range),
+#: or are hop-by-hop (RFC 9110 7.6.1; RFC 9111 3.1 does not store them).
+#: Any ``Proxy-*`` field (Proxy-Authenticate, Proxy-Connection...) and the
+#: names the 304's own Connection lists are excluded too.
+NOT_UPDATED = frozenset({
+    b"content-length", b"transfer-encoding", b"content-encoding", b"content-range", b"trailer",
+    b"connection", b"keep-alive", b"te", b"upgrade",
+})
+
+
+def update_headers(
+    stored: Sequence[tuple[bytes, bytes]],
+    fresh: Sequence[tuple[bytes, bytes]],
+    keep: frozenset[bytes] = frozenset(),
+) -> list[tuple[bytes, bytes]]:
+    """The stored response's header fields updated from a 304 (``fresh``)
+    that validated it (RFC 9111 4.3.4, the update as in 3.2).
+
+    Each field name of ``fresh`` replaces every stored field of that name
+    (names compared case-insensitively): its values, in the 304's order and
+    spelling, take the place of the first stored field of that name, the
+    later stored ones are dropped; names the stored response does not have
+    are appended in the 304's order.  Stored fields the 304 does not name
+    stay as they are.  A 304 never changes the fields of
+    :data:`NOT_UPDATED`, ``Proxy-*``, those its ``Connection`` lists, nor
+    the lower-case names in ``keep`` (the caller's: say ``b"etag"`` when the
+    stored ETag is one Prexy derived for a rewritten body): the stored
+    values of those, if any, stay and the 304's are ignored.
+
+    This only merges; decide on the result (``response_decision`` on the
+    merged fields) before storing it: a 304 may bring ``Cache-Control:
+    no-store`` or ``Set-Cookie``.
+    """
+    hop = {t.strip().lower() for n, v in fresh if n.lower() == b"connection" for t in v.split(b",")}
+
+    def updatable(lname: bytes) -> bool:
+        return not (lname in NOT_UPDATED or lname in keep or lname in hop or lname.startswith(b"proxy-"))
+
+    new: dict[bytes, list[tuple[bytes, bytes]]] = {}
+    for name, value in fresh:
+        lname = name.lower()
+        if updatable(lname):
+            new.setdefault(lname, []).append((name, value))
+    out: list[tuple[bytes, bytes]] = []
+    placed: set[bytes] = set()
+    for name, value in stored:
+        lname = name.lower()
+        if lname not in new:
+            out.append((name, value))
+        elif lname not in placed:
+            out.extend(new[lname])
+            placed.add(lname)
+    out.extend((n, v) for n, v in fresh if n.lower() in new and n.lower() not in placed)
+    return out
 
 
 # -- response headers -------------------------------------------------------------

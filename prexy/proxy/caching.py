@@ -42,6 +42,7 @@ from prexy.cache import (
     not_modified,
     request_decision,
     response_decision,
+    update_headers,
     vary_key,
 )
 from prexy.cache.codings import (
@@ -53,7 +54,7 @@ from prexy.cache.codings import (
 )
 from prexy.cache.ranges import choose_range
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
-from prexy.proxy.headers import VIA, raw_header_dict
+from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
 from prexy.runtime import SiteRuntime
 
@@ -519,12 +520,26 @@ class CacheLayer:
         if stale is None:
             return None
         now = self.reactor.seconds()
-        decision = response_decision(site.cache_policy, stale.status, upstream_headers, now)
+        # RFC 9111 3.2 / 4.3.4: the 304's fields replace the stored ones
+        # (not the framing ones; not the validators of rewritten bytes,
+        # which are derived), and freshness comes from the merged head.
+        connection = {t.strip().lower() for n, v in upstream_headers if n.lower() == b"connection" for t in v.split(b",")}
+        fresh = [(n, v) for n, v in upstream_headers
+                 if n.lower() not in _NOT_STORED and n.lower() not in HOP_BY_HOP and n.lower() not in connection]
+        keep: frozenset[bytes] = frozenset()
+        rules = site.rules
+        if rules is not None and rules.applies_to_header(stale.header(b"content-type")):
+            keep = frozenset({b"etag", b"last-modified"})
+        headers = update_headers(stale.headers, fresh, keep)
+        decision = response_decision(site.cache_policy, stale.status, headers, now)
         if not decision.store:
             return stale
+        targeted = site.targeted
+        if targeted:  # decided on; never stored nor sent
+            headers = [(n, v) for n, v in headers if n.lower() not in targeted]
         key = _variant_key(site, ctx, stale.vary)
         meta = ObjectMeta(
-            status=stale.status, headers=stale.headers, stored_at=decision.stored_at, ttl=decision.ttl,
+            status=stale.status, headers=headers, stored_at=decision.stored_at, ttl=decision.ttl,
             grace=decision.grace, keep=decision.keep, stale_if_error=decision.stale_if_error,
             site=site.name, url=ctx.url, vary=stale.vary, phrase=stale.phrase,
         )
@@ -578,7 +593,7 @@ def hit_answer(
         status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
     headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
     conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
-    if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified")):
+    if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified"), now=now):
         return 304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b""
     body = obj.body
     if obj.status == 200:

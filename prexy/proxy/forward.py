@@ -205,6 +205,9 @@ class Exchange:
             negotiated=choice.varies,
         )
         headers = plan.headers
+        targeted = self.site.targeted
+        if targeted and not targeted.isdisjoint(response.lnames):
+            headers = [(n, v) for n, v in headers if n.lower() not in targeted]
         names = self.site.header_names
         rewrite_headers = bool(names) and not names.isdisjoint(response.lnames)
         if rewrite_headers:
@@ -216,6 +219,8 @@ class Exchange:
                     response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
                     transduce=transducer is not None, skipped=False, timing_in_trailer=True, negotiated=True,
                 ).headers
+                if targeted:
+                    stored = [(n, v) for n, v in stored if n.lower() not in targeted]
                 if rewrite_headers:
                     stored = self._rewrite_headers(stored)
             headers.append((b"Cache-Status", self._cache_head(response, stored, rewrite)))

@@ -154,3 +154,60 @@ class InvalidationTests(SynchronousTestCase):
         request(h, method=b"POST", body=b"x", reply=ok(b"", b"ok"))
         self.assertEqual(request(h, reply=ok())[0], 200)  # fetched again
         self.assertEqual(h.metrics.counters[("prexy_cache_invalidations_total", ())], 1)
+
+
+class NotModifiedTests(SynchronousTestCase):
+    """A 304 to a revalidation updates the stored head (RFC 9111 4.3.4)."""
+
+    def revalidated(self, first: bytes, not_modified: bytes, policy: CachePolicy | None = None) -> Harness:
+        h = harness(policy or CachePolicy(grace=0, keep=600))
+        request(h, reply=ok(first))
+        h.clock.advance(5)
+        _, _, _, sent = request(h, reply=b"HTTP/1.1 304 Not Modified\r\n" + not_modified + b"\r\n")
+        assert sent is not None
+        self.assertIn(b'if-none-match: "t1"', sent.lower())
+        return h
+
+    def test_new_cache_control_and_headers(self) -> None:
+        """max-age=3600 on the 304 replaces the stored max-age=1; new and
+        changed fields (CSP, X-*) are stored; the body is kept."""
+        h = self.revalidated(
+            b"Cache-Control: max-age=1\r\nX-Frame-Options: DENY\r\nX-Old: 1\r\n",
+            b"Cache-Control: max-age=3600\r\nContent-Security-Policy: default-src 'self'\r\n"
+            b"X-Frame-Options: SAMEORIGIN\r\nContent-Length: 5\r\n",
+        )
+        h.clock.advance(1000)
+        status, headers, body, _ = request(h)  # fresh for 3600 s now: a hit
+        self.assertEqual((status, body), (200, BODY))
+        self.assertEqual(header(headers, b"cache-control"), [b"max-age=3600"])
+        self.assertEqual(header(headers, b"x-frame-options"), [b"SAMEORIGIN"])
+        self.assertEqual(header(headers, b"content-security-policy"), [b"default-src 'self'"])
+        self.assertEqual(header(headers, b"x-old"), [b"1"])
+        self.assertEqual(header(headers, b"content-length"), [b"1024"])
+
+    def test_304_without_cache_control_keeps_the_stored_max_age(self) -> None:
+        """No Cache-Control on the 304: the stored max-age=1 still rules,
+        not the site's default TTL."""
+        h = self.revalidated(b"Cache-Control: max-age=1\r\n", b"X-A: b\r\n", CachePolicy(grace=0, keep=600, default_ttl=3600))
+        h.clock.advance(10)
+        _, _, _, sent = request(h, reply=b"HTTP/1.1 304 Not Modified\r\n\r\n")  # stale again: revalidated
+        self.assertIsNotNone(sent)
+
+
+class TargetedFieldTests(SynchronousTestCase):
+    def test_prexy_cache_control_wins_and_is_not_passed_on(self) -> None:
+        """Prexy-Cache-Control: max-age=600 over Cache-Control: no-store:
+        stored for Prexy; the client never sees the field, a hit neither;
+        CDN-Cache-Control is passed on."""
+        h = harness()
+        extra = (b"Cache-Control: no-store\r\nPrexy-Cache-Control: max-age=600\r\n"
+                 b"CDN-Cache-Control: max-age=60\r\n")
+        status, headers, _, _ = request(h, reply=ok(extra))
+        self.assertEqual(header(headers, b"prexy-cache-control"), [])
+        self.assertEqual(header(headers, b"cdn-cache-control"), [b"max-age=60"])
+        self.assertIn(b"stored", b" ".join(header(headers, b"cache-status")))
+        h.clock.advance(300)
+        status, headers, body, _ = request(h)
+        self.assertEqual((status, body), (200, BODY))
+        self.assertEqual(header(headers, b"prexy-cache-control"), [])
+        self.assertEqual(header(headers, b"cache-control"), [b"no-store"])

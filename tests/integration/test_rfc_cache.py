@@ -1,0 +1,178 @@
+"""The cache by RFC 9111 through ``twistd prexy``: a 304 that updates the
+stored head, ranges answered from the store, stale-if-error on a 503, and
+an unsafe method that invalidates only after a success.
+
+The origin is scripted: each request it gets is answered with the next
+response of its queue, and it remembers what it was asked.  Objects are
+made stale on arrival with ``Age`` (``max-age=10`` and ``Age: 10``), so no
+test waits for a clock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+from collections import deque
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, threads
+
+from .conftest import Cleanups
+from .twistd_support import Twistd, free_port
+
+BODY = b"0123456789" * 100
+
+
+class ScriptedOrigin:
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self.replies: deque[bytes] = deque()
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                head, _, data = data.partition(b"\r\n\r\n")
+                self.requests.append(head)
+                conn.sendall(self.replies.popleft() if self.replies else b"HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def ok(extra: bytes, body: bytes = BODY, status: bytes = b"200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nETag: \"e1\"\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        status, extra, len(body), body)
+
+
+def fetch(port: int, extra: bytes = b"", method: bytes = b"GET", body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+    raw = method + b" /obj HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + extra
+    if body:
+        raw += b"Content-Length: %d\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(raw + b"\r\n" + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, out = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b": ")
+        headers[name.lower()] = value
+    return int(lines[0].split()[1]), headers, out
+
+
+@pytest.fixture
+def origin() -> Any:
+    server = ScriptedOrigin()
+    yield server
+    server.close()
+
+
+@defer.inlineCallbacks
+def start(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    d = tempfile.mkdtemp(prefix="prexy-rfc-")
+    port = free_port()
+    config = os.path.join(d, "prexy.toml")
+    with open(config, "w") as f:
+        f.write(
+            f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 1\naccess_log = "off"\n'
+            f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
+            f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\ncache_grace = 0\ncache_keep = 600\n'
+            f'purge_from = ["127.0.0.1"]\n'
+        )
+    child = Twistd("--config", config)
+    cleanup(child.stop)
+    yield child.ready()
+    return port
+
+
+def get(port: int, *args: Any) -> Any:
+    return threads.deferToThread(fetch, port, *args)
+
+
+@pytest_twisted.inlineCallbacks
+def test_304_updates_the_stored_head(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """The 304's Cache-Control and X-V replace the stored ones and make the
+    object fresh for an hour: the next request is a hit with them."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b"Cache-Control: max-age=10\r\nAge: 10\r\nX-V: 1\r\n"))
+    status, headers, _ = yield get(port)
+    assert status == 200
+    origin.replies.append(b"HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=3600\r\nX-V: 2\r\nETag: \"e1\"\r\n\r\n")
+    status, headers, body = yield get(port)
+    assert (status, body) == (200, BODY)
+    assert b'if-none-match: "e1"' in origin.requests[-1].lower()
+    assert len(origin.requests) == 2
+    status, headers, body = yield get(port)
+    assert len(origin.requests) == 2, "a hit"
+    assert (status, body, headers[b"x-v"], headers[b"cache-control"]) == (200, BODY, b"2", b"max-age=3600")
+
+
+@pytest_twisted.inlineCallbacks
+def test_ranges_from_the_store(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """A range miss fetches the whole object (no Range upstream); range
+    hits are 206s of the stored bytes."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
+    status, _, body = yield get(port, b"Range: bytes=0-9\r\n")
+    assert b"range" not in origin.requests[-1].lower()
+    assert status == 200 and body == BODY
+    status, headers, body = yield get(port, b"Range: bytes=100-109\r\n")
+    assert (status, body, headers[b"content-range"]) == (206, BODY[100:110], b"bytes 100-109/1000")
+    status, headers, _ = yield get(port, b"Range: bytes=2000-\r\n")
+    assert (status, headers[b"content-range"]) == (416, b"bytes */1000")
+    assert len(origin.requests) == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_stale_if_error_on_503(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """A stale object with stale-if-error is served when the origin
+    answers 503, and stays for the next 503."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b"Cache-Control: max-age=10, stale-if-error=600\r\nAge: 10\r\n"))
+    yield get(port)
+    for _ in range(2):
+        origin.replies.append(ok(b"", b"down", b"503 Service Unavailable"))
+        status, headers, body = yield get(port)
+        assert (status, body) == (200, BODY)
+        assert b"stale-if-error" in headers[b"cache-status"]
+    assert len(origin.requests) == 3
+
+
+@pytest_twisted.inlineCallbacks
+def test_unsafe_method_invalidates_after_success_only(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """M-SEARCH answered 500 keeps the object; answered 200 removes it."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
+    yield get(port)
+    origin.replies.append(ok(b"", b"no", b"500 Internal Server Error"))
+    yield get(port, b"", b"M-SEARCH")
+    status, headers, _ = yield get(port)
+    assert b"hit" in headers[b"cache-status"] and len(origin.requests) == 2
+    origin.replies.append(ok(b"", b"ok"))
+    yield get(port, b"", b"M-SEARCH")
+    origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
+    status, headers, _ = yield get(port)
+    assert len(origin.requests) == 4, "fetched again after the invalidation"
