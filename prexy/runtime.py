@@ -55,17 +55,22 @@ class SiteRuntime:
         default=attrs.Factory(lambda self: _header_names(self.header_rules), takes_self=True), eq=False
     )
 
-    @property
-    def rules_version(self) -> str:
-        """Part of every cache key: a changed rule set (body or header rules)
-        never serves old rewrites."""
-        version = self.rules.digest if self.rules is not None else ""
-        headers = self.header_rules.digest
-        return f"{version}+{headers}" if headers else version
+    #: Part of every cache key: a changed rule set (body or header rules)
+    #: never serves old rewrites.  Computed once (a hit reads it; the
+    #: header rules' digest hashes their text).
+    rules_version: str = attrs.field(
+        default=attrs.Factory(lambda self: _rules_version(self.rules, self.header_rules), takes_self=True), eq=False
+    )
 
     @property
     def name(self) -> str:
         return self.config.name
+
+
+def _rules_version(rules: Any, header_rules: Any) -> str:
+    version: str = rules.digest if rules is not None else ""
+    headers: str = header_rules.digest
+    return f"{version}+{headers}" if headers else version
 
 
 def _targeted(config: SiteConfig) -> frozenset[bytes]:
