@@ -84,14 +84,36 @@ class RangeTests(SynchronousTestCase):
 
     def test_range_miss_fetches_the_whole_object(self) -> None:
         """A range miss asks the upstream for the whole object (no Range),
-        stores it, and the next range is a hit."""
+        stores it, and gives its own client the range as it streams by;
+        the next range is a hit."""
         h = harness()
-        status, _, body, sent = request(h, b"Range: bytes=0-9\r\nIf-Range: \"t1\"\r\n", reply=ok())
+        status, headers, body, sent = request(h, b"Range: bytes=1000-1009\r\nIf-Range: \"t1\"\r\n", reply=ok())
         assert sent is not None
         self.assertNotIn(b"range", sent.lower())
-        self.assertEqual(status, 200)
+        self.assertEqual((status, body), (206, BODY[1000:1010]))
+        self.assertEqual(header(headers, b"content-range"), [b"bytes 1000-1009/1024"])
+        self.assertIn(b"stored", b" ".join(header(headers, b"cache-status")))
         status, _, body, _ = request(h, b"Range: bytes=0-9\r\n")
         self.assertEqual((status, body), (206, BODY[:10]))
+        self.assertEqual(request(h)[2], BODY)  # the whole object was stored
+
+    def test_range_miss_in_pieces_and_unsatisfiable(self) -> None:
+        """The range is cut right however the body arrives; a range past the
+        end is a 416 while the object is still stored."""
+        h = harness()
+        _, client = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\nRange: bytes=300-700\r\n\r\n")
+        conn = h.conns[-1]
+        conn.sent()
+        whole = ok()
+        for i in range(0, len(whole), 97):
+            conn.reply(whole[i : i + 97])
+        h.settle()
+        status, _, body = parse_response(client.value())
+        self.assertEqual((status, body), (206, BODY[300:701]))
+        h2 = harness()
+        status, headers, body, _ = request(h2, b"Range: bytes=5000-\r\n", reply=ok())
+        self.assertEqual((status, body, header(headers, b"content-range")), (416, b"", [b"bytes */1024"]))
+        self.assertEqual(request(h2)[2], BODY)
 
     def test_an_unasked_206_does_not_poison_the_url(self) -> None:
         """A 206 the upstream sends anyway passes, and the next request
