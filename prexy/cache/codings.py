@@ -8,9 +8,12 @@ purged, banned and expired with it.  The first hit in a coding compresses
 (any worker; the store is shared), every later one serves the stored
 bytes: a hit never compresses twice.
 
-The variant's key holds the identity object's ``stored_at``, so a new
-fetch of the URL (or a 304 that refreshed it) never finds the bytes of an
-older body; those age out of the store on their own.
+The variant's key holds the identity object's strong ETag, or else its
+``stored_at``, so a new fetch of the URL with other bytes never finds the
+bytes of an older body (those age out of the store on their own), while a
+304 that refreshes the object keeps its copies.  The copy's head is always
+made from the object's current head (``coded_headers``), so what a 304
+changed shows in compressed hits too.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ _NEGOTIATED: dict[bytes, bytes | None] = {}
 
 
 class VariantMemo:
-    """The compressed variants this process served last, by variant key,
+    """The compressed variants this process served last, by variant key
+    and the object's ``stored_at`` (so a refreshed head is seen),
     up to ``budget`` bytes of bodies: a hit in a coding then reads the
     store once (the object) instead of twice.  Safe without invalidation:
     a variant key names one body for good (it holds the object's
@@ -109,9 +113,16 @@ class VariantMemo:
             self.used -= len(old.body)
 
 
-def variant_key(key: bytes, coding: bytes, stored_at: float) -> bytes:
+def variant_key(key: bytes, coding: bytes, stored_at: float, etag: bytes | None = None) -> bytes:
     """The store key of ``key``'s object compressed in ``coding``: ``key``
-    first, so it shares the URL's prefix (purges find it)."""
+    first, so it shares the URL's prefix (purges find it); then what names
+    the body: its strong ETag when it has one (a 304 that refreshes the
+    object keeps it, so the copy outlives the refresh), else its
+    ``stored_at`` (a weak tag allows other bytes)."""
+    if etag is not None:
+        tag = etag.strip()
+        if tag[:1] == b'"' and tag[-1:] == b'"' and len(tag) >= 2:
+            return key + b"\0" + coding + b"\1" + tag
     return key + b"\0" + coding + _STORED_AT.pack(stored_at)
 
 

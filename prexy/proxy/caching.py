@@ -425,22 +425,24 @@ class CacheLayer:
         return server.NOT_DONE_YET
 
     def _coded(self, key: bytes, obj: CachedObject, coding: bytes, level: int) -> CachedObject:
-        """``obj`` in ``coding``: from the store, or compressed now (the
-        first hit in this coding) and stored for the next ones."""
-        vkey = variant_key(key, coding, obj.stored_at)
+        """``obj`` in ``coding``: the compressed bytes from the store, or
+        compressed now (the first hit in this coding) and stored for the
+        next ones; the head is the object's, coded (``coded_headers``)."""
+        vkey = variant_key(key, coding, obj.stored_at, obj.header(b"etag"))
+        mkey = vkey + b"\0%r" % obj.stored_at
         memo = self.variants
-        variant = memo.get(vkey)
+        variant = memo.get(mkey)
         if variant is not None:
             return variant
-        variant = self.store.get(vkey)
-        if variant is not None:
-            memo.put(vkey, variant)
-            return variant
-        body = compress_whole(obj.body, coding, level)
+        stored = self.store.get(vkey)
+        if stored is not None and not stored.hit_for_miss:
+            body = stored.body
+        else:
+            body = compress_whole(obj.body, coding, level)
+            self.store.put(vkey, ObjectMeta(**{f.name: getattr(obj, f.name) for f in attrs.fields(ObjectMeta)}), body)
+            self.metrics.count("prexy_cache_compressed_total", coding=coding.decode("ascii"))
         variant = attrs.evolve(obj, headers=coded_headers(obj.headers, coding), body=body)
-        self.store.put(vkey, ObjectMeta(**{f.name: getattr(variant, f.name) for f in attrs.fields(ObjectMeta)}), body)
-        self.metrics.count("prexy_cache_compressed_total", coding=coding.decode("ascii"))
-        memo.put(vkey, variant)
+        memo.put(mkey, variant)
         return variant
 
     # -- storing ---------------------------------------------------------------------

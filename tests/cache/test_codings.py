@@ -57,6 +57,15 @@ class VariantTests(SynchronousTestCase):
         self.assertNotEqual(one, variant_key(key, b"br", 100.0))
         self.assertNotEqual(one, variant_key(key, b"gzip", 100.5))
 
+    def test_key_by_strong_etag(self) -> None:
+        """With a strong ETag the key outlives a refresh (another stored_at);
+        a weak one, or none, keys by stored_at."""
+        key = b"k" * 32
+        self.assertEqual(variant_key(key, b"br", 1.0, b'"v1"'), variant_key(key, b"br", 2.0, b'"v1"'))
+        self.assertNotEqual(variant_key(key, b"br", 1.0, b'"v1"'), variant_key(key, b"br", 1.0, b'"v2"'))
+        self.assertNotEqual(variant_key(key, b"br", 1.0, b'W/"v1"'), variant_key(key, b"br", 2.0, b'W/"v1"'))
+        self.assertTrue(variant_key(key, b"br", 1.0, b'"v1"').startswith(key))
+
     def test_headers(self) -> None:
         out = coded_headers([*HTML, (b"Content-Encoding", b"identity")], b"gzip")
         self.assertEqual(out, [(b"Content-Type", b"text/html"), (b"Vary", b"Accept-Encoding"),

@@ -233,3 +233,24 @@ class TargetedFieldTests(SynchronousTestCase):
         self.assertEqual((status, body), (200, BODY))
         self.assertEqual(header(headers, b"prexy-cache-control"), [])
         self.assertEqual(header(headers, b"cache-control"), [b"no-store"])
+
+
+class CompressedRefreshTests(SynchronousTestCase):
+    def test_copies_outlive_a_304_and_show_its_head(self) -> None:
+        """A 304 keeps the compressed copy (made once) and its head shows in
+        compressed hits: the copy is keyed by the strong ETag."""
+        import gzip
+
+        h = harness(CachePolicy(grace=0, keep=600))
+        page = b"<p>text</p>" * 200
+        first = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: \"t1\"\r\nCache-Control: max-age=10\r\n"
+                 b"X-V: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page))
+        request(h, reply=first)
+        _, headers, body, _ = request(h, b"Accept-Encoding: gzip\r\n")
+        self.assertEqual((gzip.decompress(body), header(headers, b"x-v")), (page, [b"1"]))
+        h.clock.advance(20)
+        request(h, reply=b"HTTP/1.1 304 Not Modified\r\nETag: \"t1\"\r\nCache-Control: max-age=600\r\nX-V: 2\r\n\r\n")
+        _, headers, body, _ = request(h, b"Accept-Encoding: gzip\r\n")
+        self.assertEqual((gzip.decompress(body), header(headers, b"x-v")), (page, [b"2"]))
+        self.assertEqual(header(headers, b"content-encoding"), [b"gzip"])
+        self.assertEqual(h.metrics.counters[("prexy_cache_compressed_total", (("coding", "gzip"),))], 1)
