@@ -337,6 +337,9 @@ def merge_vary(headers: list[tuple[bytes, bytes]], name: bytes = b"Accept-Encodi
     return out
 
 
+_VARY_AE = (b"Vary", b"Accept-Encoding")
+
+
 @attrs.define
 class ResponsePlan:
     """The client's response head for an upstream head: header pairs in
@@ -381,7 +384,7 @@ def plan_response(
             headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
             if out_coding is not None:
                 headers.append((b"Content-Encoding", out_coding))
-            headers = merge_vary(headers)
+            headers = merge_vary(headers) if b"vary" in head.lnames else [*headers, _VARY_AE]
         drop_modified = not rules.keep_last_modified and head.header(b"last-modified") is not None
         if drop_modified or head.header(b"etag") is not None:
             digest = rules.digest
@@ -409,7 +412,10 @@ def plan_response(
         elif length is not None:
             headers.append((b"Content-Length", b"%d" % length))
             has_length = True
-        headers = merge_vary(headers)
+        if b"vary" in head.lnames:
+            headers = merge_vary(headers)
+        else:
+            headers.append(_VARY_AE)  # the common case: nothing to merge
     elif length is not None and head.code not in (204, 304):
         headers.append((b"Content-Length", b"%d" % length))
         has_length = True

@@ -373,8 +373,10 @@ class UpstreamProtocol(Protocol):
         """Send one request; ``pending`` hears of the response head or the failure."""
         assert self.state is _State.IDLE, self.state
         self.state = _State.WAITING
-        # A 101 answers only a request that asked to upgrade (else a 502).
-        upgrade = any(name == b"Upgrade" for name, _ in headers)
+        # A 101 answers only a request that asked to upgrade (else a 502):
+        # one whose last header is Upgrade, where prexy.upgrade.upgrade_headers
+        # puts it (a client's own Upgrade never goes up: hop-by-hop).
+        upgrade = bool(headers) and headers[-1][0] == b"Upgrade"
         self._reader = http1.ResponseReader(
             method, self._owner.limits.max_response_head, upgrade=upgrade, interim=True
         )
