@@ -278,6 +278,13 @@ def rewrite_coding(head: Head, rules: Rules | None) -> tuple[bool, tuple[bytes, 
     return True, codings, None
 
 
+def has_own_coding(head: Head) -> bool:
+    """The upstream's body has a content coding (other than identity)."""
+    if b"content-encoding" not in head.lnames:
+        return False
+    return any(v.strip().lower() not in (b"", b"identity") for v in head.values(b"content-encoding"))
+
+
 @attrs.frozen
 class ClientCoding:
     """Prexy's own choice of a coding for one client: ``coding`` (None:

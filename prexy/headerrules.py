@@ -125,6 +125,20 @@ class RequestVars:
     server_port: int
     proxy_host: bytes
 
+    @classmethod
+    def of(cls, *, http_host: bytes, secure: bool, local_host: str, local_port: int, proxy_host: str) -> RequestVars:
+        """From a request's Host header (b"" if none), whether it came over
+        TLS, the address it reached and the upstream's host[:port]."""
+        host = http_host.lower()
+        if host.startswith(b"["):
+            host = host[: host.find(b"]") + 1]
+        elif b":" in host:
+            host = host.rsplit(b":", 1)[0]
+        return cls(
+            scheme=b"https" if secure else b"http", host=host or local_host.encode("latin-1"),
+            http_host=http_host, server_port=local_port, proxy_host=proxy_host.encode("latin-1"),
+        )
+
 
 class _Error(ValueError):
     """A value or regex refused; ``plain``: in nginx's words, not framed as "bad regex"."""

@@ -393,3 +393,15 @@ class CombineBindDigestTests(SynchronousTestCase):
         self.assertFalse(rules("proxy_redirect off; proxy_cookie_path off;").active)
         self.assertTrue(rules("proxy_cookie_path / /;").active)
         self.assertTrue(rules("proxy_redirect off; replace_filter_headers Link;").active)
+
+
+class RequestVarsOfTests(SynchronousTestCase):
+    def test_from_a_request(self) -> None:
+        """$host drops the port and lower-cases; IPv6 keeps its brackets;
+        no Host: the server address."""
+        of = RequestVars.of
+        v = of(http_host=b"Clone.Test:8080", secure=True, local_host="10.0.0.1", local_port=8443, proxy_host="o:81")
+        self.assertEqual((v.scheme, v.host, v.http_host, v.server_port, v.proxy_host),
+                         (b"https", b"clone.test", b"Clone.Test:8080", 8443, b"o:81"))
+        self.assertEqual(of(http_host=b"[::1]:80", secure=False, local_host="::1", local_port=80, proxy_host="o").host, b"[::1]")
+        self.assertEqual(of(http_host=b"", secure=False, local_host="10.0.0.1", local_port=80, proxy_host="o").host, b"10.0.0.1")

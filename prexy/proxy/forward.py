@@ -32,6 +32,7 @@ from prexy.exchange import (
     PipelineError,
     State,
     choose_client_coding,
+    has_own_coding,
     next_slice,
     plan_response,
     resource_key,
@@ -167,7 +168,7 @@ class Exchange:
             # Passed through: compressed here when the upstream sent identity.
             choice = choose_client_coding(
                 response, method=request.method, compression=self.site.config.compression,
-                accept_encoding=accept, encoded=_encoded(response),
+                accept_encoding=accept, encoded=has_own_coding(response),
             )
         else:
             # The client's coding for a decoded body: gzip if it takes it.
@@ -693,30 +694,14 @@ class Exchange:
             self.response.abort()
 
 
-def _encoded(response: UpstreamResponse) -> bool:
-    """The upstream's body has a content coding (other than identity)."""
-    if b"content-encoding" not in response.lnames:
-        return False
-    return any(v.strip().lower() not in (b"", b"identity") for v in response.values(b"content-encoding"))
-
-
 def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
-    """What the header rules' variables say for this request: the client's
-    scheme, Host (``$host``: without the port, lower-cased; the local address
-    when there is none), the port it connected to, the upstream's host."""
+    """The header rules' variables for this request (``RequestVars.of``)."""
     values = request.requestHeaders.getRawHeaders(b"host")
-    http_host = values[0] if values else b""
     local = request.getHost()
-    host = http_host.lower()
-    if host.startswith(b"["):
-        host = host[: host.find(b"]") + 1]
-    elif b":" in host:
-        host = host.rsplit(b":", 1)[0]
-    if not host:
-        host = str(getattr(local, "host", "localhost")).encode("latin-1")
-    return RequestVars(
-        scheme=b"https" if request.isSecure() else b"http", host=host, http_host=http_host,
-        server_port=getattr(local, "port", 0), proxy_host=site.config.upstream.host_header.encode("latin-1"),
+    return RequestVars.of(
+        http_host=values[0] if values else b"", secure=request.isSecure(),
+        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
+        proxy_host=site.config.upstream.host_header,
     )
 
 

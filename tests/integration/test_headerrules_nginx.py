@@ -29,15 +29,17 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 import pytest
+import pytest_twisted
 
 from prexy.headerrules import HeaderRules, HeaderRulesBuilder, RequestVars
 from prexy.substitution.rules import RulesError, Token, tokenize
+
+from .test_strict import listening
 
 HOST = "Example.COM:8080"
 COMPARED = (b"location", b"refresh", b"set-cookie")
@@ -236,15 +238,11 @@ def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     process = subprocess.Popen([binary, "-p", str(conf.parent), "-c", str(conf)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nginx did not start: {process.stderr.read() if process.stderr else ''!r}") from None
-                time.sleep(0.05)
+        try:
+            pytest_twisted.blockon(listening(port))  # nginx gives no readiness notice
+        except Exception:
+            process.kill()
+            raise RuntimeError(f"nginx did not start: {process.stderr.read() if process.stderr else ''!r}") from None
         yield Served(port, tls_port, origin.port)
     finally:
         process.terminate()
