@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["RangeAnswer", "choose_range"]
+__all__ = ["RangeAnswer", "choose_range", "range_of_stream"]
 
 _SPEC = re.compile(rb"\s*(\d*)\s*-\s*(\d*)\s*")
 
@@ -94,3 +94,28 @@ def choose_range(
     if first >= length:
         return RangeAnswer(416)
     return RangeAnswer(206, first, min(last, length - 1))
+
+
+def range_of_stream(
+    request_headers: Sequence[tuple[bytes, bytes]],
+    length: int,
+    etag: bytes | None,
+    last_modified: bytes | None,
+    headers: Sequence[tuple[bytes, bytes]],
+) -> tuple[int, bytes, list[tuple[bytes, bytes]], tuple[int, int]] | None:
+    """For a whole 200 of ``length`` bytes on its way to the cache: the
+    status, phrase and head the client gets instead (``headers`` with the
+    part's Content-Length and a Content-Range), and the span ``(first,
+    last)`` of the body to send it (empty for a 416); None when the client
+    gets the whole answer."""
+    if not any(n == b"range" for n, _ in request_headers):
+        return None
+    chosen = choose_range(request_headers, length, etag, last_modified)
+    if chosen is None:
+        return None
+    out = [(n, v) for n, v in headers if n.lower() != b"content-length"]
+    out.append((b"Content-Range", chosen.content_range(length)))
+    if chosen.status == 416:
+        return 416, b"Range Not Satisfiable", [*out, (b"Content-Length", b"0")], (length, length - 1)
+    size = chosen.last - chosen.first + 1
+    return 206, b"Partial Content", [*out, (b"Content-Length", b"%d" % size)], (chosen.first, chosen.last)

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from prexy.cache import flow
-from prexy.cache.ranges import choose_range
+from prexy.cache.ranges import range_of_stream
 from prexy.codec import accepts_gzip, decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
@@ -243,8 +243,17 @@ class Exchange:
             (b"Server-Timing", server_timing(response.connect_seconds, response.first_byte_seconds, own, extra))
         )
         code, phrase = response.code, response.phrase
-        if ctx is not None and ctx.pairs and self.pipeline is None and code == 200 and request.method == b"GET":
-            code, phrase, headers = self._range_of_miss(response, headers)
+        if (
+            ctx is not None and ctx.pairs and self.pipeline is None and code == 200
+            and request.method == b"GET" and response.length is not None
+        ):
+            # A cacheable GET with a Range: the whole object is fetched and
+            # stored; its client gets its range as the body streams by.
+            part = range_of_stream(
+                ctx.pairs, response.length, response.header(b"etag"), response.header(b"last-modified"), headers
+            )
+            if part is not None:
+                code, phrase, headers, self.span = part
         start_response(request, code, phrase, headers)
         resource.metrics.observe_upstream(upstream_time)
         if whole is not None:
@@ -290,29 +299,6 @@ class Exchange:
         if rules is not None and site.header_rules.filter_headers:
             substitute = lambda value: Transducer(rules).finish(value)  # noqa: E731
         return site.header_rules.apply(headers, request_vars(self.request, site), substitute)
-
-    def _range_of_miss(
-        self, response: UpstreamResponse, headers: list[tuple[bytes, bytes]]
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """A cacheable GET with a Range: the whole object is fetched (and
-        stored); when it passes through with a known length, the client
-        gets its range as it streams by (a 206, or a 416), like Varnish.
-        Otherwise the whole answer (a 200, which RFC 9110 allows)."""
-        ctx = self.ctx
-        assert ctx is not None
-        length = response.length
-        if length is None or not any(n == b"range" for n, _ in ctx.pairs):
-            return response.code, response.phrase, headers
-        chosen = choose_range(ctx.pairs, length, response.header(b"etag"), response.header(b"last-modified"))
-        if chosen is None:
-            return response.code, response.phrase, headers
-        out = [(n, v) for n, v in headers if n.lower() != b"content-length"]
-        out.append((b"Content-Range", chosen.content_range(length)))
-        if chosen.status == 416:
-            self.span = (length, length - 1)  # nothing of it
-            return 416, b"Range Not Satisfiable", [*out, (b"Content-Length", b"0")]
-        self.span = (chosen.first, chosen.last)
-        return 206, b"Partial Content", [*out, (b"Content-Length", b"%d" % (chosen.last - chosen.first + 1))]
 
     def _open_tunnel(self, response: UpstreamResponse) -> None:
         """The upstream switched protocols: splice the client's connection

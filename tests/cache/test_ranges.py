@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.cache.ranges import RangeAnswer, choose_range
+from prexy.cache.ranges import RangeAnswer, choose_range, range_of_stream
 
 LM = b"Sun, 06 Nov 1994 08:49:37 GMT"
 
@@ -59,3 +59,18 @@ class ChooseRangeTests(SynchronousTestCase):
         got = pick(value, length)
         if got is not None and got.status == 206:
             self.assertTrue(0 <= got.first <= got.last < length)
+
+
+class RangeOfStreamTests(SynchronousTestCase):
+    def test_part_of_a_streaming_whole(self) -> None:
+        """The head the client gets and the span it is sent; None without
+        a usable Range."""
+        head = [(b"Content-Type", b"text/plain"), (b"Content-Length", b"100")]
+        code, phrase, headers, span = range_of_stream([(b"range", b"bytes=10-19")], 100, None, None, head)
+        self.assertEqual((code, phrase, span), (206, b"Partial Content", (10, 19)))
+        self.assertEqual(headers, [(b"Content-Type", b"text/plain"), (b"Content-Range", b"bytes 10-19/100"),
+                                   (b"Content-Length", b"10")])
+        code, _, headers, span = range_of_stream([(b"range", b"bytes=500-")], 100, None, None, head)
+        self.assertEqual((code, span, headers[-1]), (416, (100, 99), (b"Content-Length", b"0")))
+        self.assertIsNone(range_of_stream([(b"host", b"a")], 100, None, None, head))
+        self.assertIsNone(range_of_stream([(b"range", b"bytes=1-2,5-6")], 100, None, None, head))
