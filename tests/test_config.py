@@ -95,6 +95,9 @@ class ConfigTests(SynchronousTestCase):
             (CACHED + "cache_max_object = 'big'\n", 5, "sites.a.cache_max_object", "not a size"),
             (CACHED + "cache_stale_if_error = -5\n", 5, "sites.a.cache_stale_if_error", "must be 0 or more"),
             (CACHED + "cache_targeted_field = 'Cache-Control'\n", 5, "sites.a.cache_targeted_field", ""),
+            ("[sites.a]\nupstream = 'http://x'\nupgrade = ['web socket']\n", 3, "sites.a.upgrade", "protocol names"),
+            ("[sites.a]\nupstream = 'http://x'\nupgrade = 'websocket'\n", 3, "sites.a.upgrade", "protocol names"),
+            ("[timeouts]\ntunnel_idle = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.tunnel_idle", "0 (off) or more"),
             ("[limits]\nmax_request_line = 'wide'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_line", "not a size"),
             ("[limits]\nmax_header_line = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_line", "at least 256"),
             ("[limits]\nmax_request_head = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_head", "at least max_request_line"),
@@ -191,3 +194,17 @@ class ConfigTests(SynchronousTestCase):
         assert (other.stale_if_error, other.targeted_cache_control) == (30.0, "Acme-Cache-Control")
         assert config.site("b").cache is None
         assert single_site_config(["tcp:9000"], "http://x", cache_size=1024).site("default").cache == CachePolicy()
+
+    def test_upgrade_protocols(self) -> None:
+        """``upgrade`` names protocols case-insensitively; default websocket;
+        [] turns tunnels off; tunnel_idle is a timeout like the others."""
+        tmp = str(tmp_dir(self))
+        config = parse_config(
+            "[timeouts]\ntunnel_idle = 300\n[sites.a]\nupstream = 'http://x'\nupgrade = ['WebSocket', 'foo']\n"
+            "[sites.b]\nupstream = 'http://y'\nupgrade = []\n[sites.c]\nupstream = 'http://z'\n",
+            os.path.join(tmp, "u.toml"),
+        )
+        assert config.site("a").upgrade == frozenset({b"websocket", b"foo"})
+        assert config.site("b").upgrade == frozenset()
+        assert config.site("c").upgrade == frozenset({b"websocket"})
+        assert config.timeouts.tunnel_idle == 300.0
