@@ -684,9 +684,10 @@ def vary_names(values: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(sorted(names))
 
 
-def current_age(headers: Headers, now: float) -> float:
+def current_age(headers: Headers, now: float, apparent: bool = True) -> float:
     """RFC 9111 4.2.3: a response's age on arrival at ``now``:
-    ``max(max(0, now - Date), Age)``, the response delay taken as 0.
+    ``max(max(0, now - Date), Age)``, the response delay taken as 0; with
+    ``apparent`` False, ``Age`` alone.
 
     ``Age`` is its first list member (RFC 9111 5.1: ``Age: 7200, 0`` or two
     ``Age`` fields give 7200); an invalid one counts as 0.  ``Date`` counts
@@ -698,9 +699,11 @@ def current_age(headers: Headers, now: float) -> float:
         if members:
             age = _seconds(members[0].decode("latin-1")) or 0.0
             break
+    if not apparent:
+        return age
     date = parse_http_date(_singleton(_values(headers, b"date")), now)
-    apparent = max(0.0, now - date) if date is not None else 0.0
-    return max(apparent, age)
+    seen = max(0.0, now - date) if date is not None else 0.0
+    return max(seen, age)
 
 
 def response_decision(
@@ -763,7 +766,13 @@ def response_decision(
     return StoreDecision(
         StoreAction.STORE,
         ttl,
-        now - current_age(headers, now) if explicit else now,
+        # max-age and s-maxage count from now less Age, as Varnish and nginx
+        # count them: the apparent age (now - Date) would make every answer
+        # of an origin whose clock is behind stale on arrival, and Date's
+        # one-second resolution alone ages a max-age=1 answer by up to a
+        # second.  Expires, whose lifetime is Expires - Date, counts it
+        # (RFC 9111 4.2.3), so the origin's clock cancels out there.
+        now - current_age(headers, now, apparent=source == "expires") if explicit else now,
         grace=policy.grace if swr is None else swr,
         # Keeping a dead object only helps when it can be revalidated.
         keep=policy.keep if (_values(headers, b"etag") or _values(headers, b"last-modified")) else 0.0,
