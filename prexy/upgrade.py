@@ -11,8 +11,9 @@ answer turns both connections into a tunnel (``prexy.proxy.tunnel``), any
 other answer is an ordinary response.  Every other request loses both
 headers on the way, as hop-by-hop headers do (RFC 9110 7.6.1).
 
-Bytes a client sends after its upgrade request and before the 101 are
-not forwarded: RFC 6455 4.1 has a WebSocket client wait for the answer.
+Bytes a client sends after its upgrade request and before the answer are
+held by the channel: they go through the tunnel first after a 101, or are
+the connection's next request otherwise (``ProxyChannel``).
 """
 
 from __future__ import annotations

@@ -317,10 +317,12 @@ class Exchange:
             lambda t: resource.tunnel_closed(request, channel, t),
         )
         upgrade = response.values(b"upgrade")
-        channel.start_tunnel(tunnel, tunnel_head(response.phrase, response.headers, upgrade[0] if upgrade else None))
+        early = channel.start_tunnel(
+            tunnel, tunnel_head(response.phrase, response.headers, upgrade[0] if upgrade else None)
+        )
         first = response.tunnel(tunnel)
         resource.metrics.count("prexy_tunnels_total")
-        tunnel.attach(channel, response.tunnel_side(), first)
+        tunnel.attach(channel, response.tunnel_side(), first, early)
 
     # -- the cache ---------------------------------------------------------------------
 

@@ -291,6 +291,9 @@ class ProxyChannel(HTTPChannel):
     _in_body = False
     #: After a 101, the tunnel every byte goes to (``prexy.proxy.tunnel``).
     _tunnel: Any = None
+    #: After an upgrade request, what the client sent since, held.
+    _holding = False
+    _early = b""
     #: The framing check of a chunked request body being received.
     _chunks: ChunkedCheck | None = None
     site: ProxySite
@@ -315,6 +318,9 @@ class ProxyChannel(HTTPChannel):
             if self._tunnel is not None:
                 self._tunnel.from_client(data)
             return  # answered and closing: read nothing more
+        if self._holding:
+            self._early += data  # after an upgrade request: the tunnel's, or the next request's
+            return
         gate = self._gate
         if gate is None or gate.open:
             chunks = self._chunks
@@ -339,6 +345,14 @@ class ProxyChannel(HTTPChannel):
             chunks = self._chunks = ChunkedCheck()
             if self._check_chunks(chunks, data[data.find(b"\r\n\r\n") + 4 :]):
                 return
+        elif head.method == b"GET" and not head.has_body:
+            end = data.find(b"\r\n\r\n") + 4
+            if data.find(b"pgrade:", 0, end) >= 0 or data.find(b"PGRADE:", 0, end) >= 0:
+                # A request that may switch protocols: what follows its head
+                # is held, for the tunnel or for twisted.web after the answer.
+                self._holding = True
+                self._early = data[end:]
+                data = data[:end]
         super().dataReceived(data)
 
     def _check_chunks(self, chunks: ChunkedCheck, data: bytes) -> bool:
@@ -420,7 +434,11 @@ class ProxyChannel(HTTPChannel):
             gate.reset()  # the next head (perhaps buffered already) is checked anew
         self._head = None
         self._chunks = None
+        held, self._early, self._holding = self._early, b"", False
         super().requestDone(request)
+        transport: Any = self.transport
+        if held and transport is not None and not transport.disconnecting:
+            self.dataReceived(held)  # no upgrade after all: the next request
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel_head_timer()
@@ -441,13 +459,16 @@ class ProxyChannel(HTTPChannel):
 
     # -- tunnels -------------------------------------------------------------------
 
-    def start_tunnel(self, tunnel: Any, head: bytes) -> None:
+    def start_tunnel(self, tunnel: Any, head: bytes) -> bytes:
         """The upstream switched protocols: send its 101 ``head``, and from
-        now on every byte read goes to ``tunnel`` (``prexy.proxy.tunnel``)."""
+        now on every byte read goes to ``tunnel`` (``prexy.proxy.tunnel``).
+        Returns the bytes the client sent after its request, for the tunnel."""
         self._tunnel = tunnel
         self._cancel_head_timer()
         self.setTimeout(None)  # the tunnel keeps its own idle time
         self.write(head)
+        early, self._early, self._holding = self._early, b"", False
+        return early
 
     def pauseProducing(self) -> None:
         tunnel = self._tunnel

@@ -79,13 +79,16 @@ class Tunnel:
         self._timer: Any = None
         self._client_paused = False
 
-    def attach(self, client: _ClientSide, upstream: _UpstreamSide, first: bytes = b"") -> None:
-        """Start: ``first`` is what the upstream sent after its 101 head."""
+    def attach(self, client: _ClientSide, upstream: _UpstreamSide, first: bytes = b"", early: bytes = b"") -> None:
+        """Start: ``first`` is what the upstream sent after its 101 head,
+        ``early`` what the client sent after its request, before the 101."""
         self.client = client
         self.upstream = upstream
         upstream.transport.registerProducer(_ClientReader(self), True)
         if self.idle > 0:
             self._timer = self.clock.callLater(self.idle, self._check_idle)
+        if early:
+            self.from_client(early)
         if first:
             self.from_upstream(first)
 

@@ -218,3 +218,40 @@ class TunnelTests(SynchronousTestCase):
         t.client.loseConnection()
         self.assertEqual(len(logged), 1)
         self.assertEqual((logged[0].code, logged[0].sentLength), (101, 5))
+
+
+class EarlyBytesTests(SynchronousTestCase):
+    def test_bytes_before_the_101_go_through_the_tunnel(self) -> None:
+        """What a client sends right after its upgrade request, before the
+        101 (same read or later), reaches the upstream once the tunnel is
+        open, before anything it sends after."""
+        h = Harness()
+        channel, client = h.send(WS + b"early-1")
+        channel.dataReceived(b"|early-2")
+        [conn] = h.conns
+        self.assertNotIn(b"early", conn.sent())
+        conn.reply(SWITCH)
+        channel.dataReceived(b"|later")
+        self.assertEqual(conn.sent(), b"early-1|early-2|later")
+
+    def test_a_refused_upgrade_releases_a_pipelined_request(self) -> None:
+        """No 101: the held bytes are the next request, served after."""
+        h = Harness()
+        channel, client = h.send(WS + b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        conn = h.conns[0]
+        self.assertNotIn(b"/next", conn.sent())
+        conn.reply(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        self.assertIn(b"GET /next ", conn.sent())
+
+    def test_ordinary_requests_are_not_held(self) -> None:
+        """A pipelined pair of plain GETs (a browser's Upgrade-Insecure-Requests
+        header included) is served in order as before."""
+        h = Harness()
+        first = b"GET /a HTTP/1.1\r\nHost: a\r\nUpgrade-Insecure-Requests: 1\r\n\r\n"
+        channel, client = h.send(first + b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+        conn = h.conns[0]
+        self.assertIn(b"GET /a ", conn.sent())
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na")
+        self.assertIn(b"GET /b ", conn.sent())
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb")
+        self.assertEqual(client.value().count(b"HTTP/1.1 200 OK"), 2)
