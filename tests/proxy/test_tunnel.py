@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.error import ConnectionLost
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -255,3 +257,22 @@ class EarlyBytesTests(SynchronousTestCase):
         self.assertIn(b"GET /b ", conn.sent())
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb")
         self.assertEqual(client.value().count(b"HTTP/1.1 200 OK"), 2)
+
+
+class TunnelPropertyTests(SynchronousTestCase):
+    @given(st.lists(st.tuples(st.booleans(), st.binary(min_size=1, max_size=64)), max_size=30))
+    @settings(max_examples=60)
+    def test_any_interleaving_arrives_whole_and_in_order(self, pieces: list[tuple[bool, bytes]]) -> None:
+        """Pieces sent either way in any order and any sizes arrive at the
+        other side whole and in order, and are counted."""
+        t = Opened(self)
+        up = down = b""
+        for to_upstream, data in pieces:
+            if to_upstream:
+                t.channel.dataReceived(data)
+                up += data
+            else:
+                t.conn.reply(data)
+                down += data
+        self.assertEqual(t.conn.sent(), up)
+        self.assertEqual(t.client.value(), down)
