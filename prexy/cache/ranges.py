@@ -17,7 +17,7 @@ not one of the rewritten bytes); see ``prexy.exchange``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -50,33 +50,40 @@ def _strong(tag: bytes) -> bytes | None:
 def choose_range(
     request_headers: Sequence[tuple[bytes, bytes]],
     length: int,
-    etag: bytes | None,
-    last_modified: bytes | None,
+    validator: Callable[[bytes], bytes | None],
 ) -> RangeAnswer | None:
     """What a GET with these headers (lower-case names) gets from a stored
     complete object of ``length`` bytes: a 206 range, a 416, or None for
-    the whole object."""
-    ranges = [v for n, v in request_headers if n == b"range"]
-    if len(ranges) != 1:
+    the whole object.  ``validator(b"etag")`` and
+    ``validator(b"last-modified")`` give the object's validators; they are
+    asked for only when the request has an If-Range."""
+    value = None
+    if_range = None
+    for name, v in request_headers:
+        if name == b"range":
+            if value is not None:
+                return None  # two Range fields
+            value = v
+        elif name == b"if-range":
+            if if_range is not None:
+                return None
+            if_range = v.strip()
+    if value is None:
         return None
-    if_range = [v for n, v in request_headers if n == b"if-range"]
-    if if_range:
-        if len(if_range) != 1:
-            return None
-        value = if_range[0].strip()
-        if value[:1] in (b'"', b"W"):
-            wanted = _strong(value)
+    if if_range is not None:
+        if if_range[:1] in (b'"', b"W"):
+            wanted = _strong(if_range)
+            etag = validator(b"etag")
             if wanted is None or etag is None or _strong(etag) != wanted:
                 return None
-        elif last_modified is None or value != last_modified.strip():
-            return None
-    unit, eq, specs = ranges[0].partition(b"=")
-    if not eq or unit.strip().lower() != b"bytes":
-        return None
-    parts = specs.split(b",")
-    if len(parts) != 1:
-        return None  # several ranges: the whole object
-    m = _SPEC.fullmatch(parts[0])
+        else:
+            last_modified = validator(b"last-modified")
+            if last_modified is None or if_range != last_modified.strip():
+                return None
+    unit, eq, spec = value.partition(b"=")
+    if not eq or unit.strip().lower() != b"bytes" or b"," in spec:
+        return None  # another unit, or several ranges: the whole object
+    m = _SPEC.fullmatch(spec)
     if m is None:
         return None
     first_s, last_s = m.groups()
@@ -99,8 +106,7 @@ def choose_range(
 def range_of_stream(
     request_headers: Sequence[tuple[bytes, bytes]],
     length: int,
-    etag: bytes | None,
-    last_modified: bytes | None,
+    validator: Callable[[bytes], bytes | None],
     headers: Sequence[tuple[bytes, bytes]],
 ) -> tuple[int, bytes, list[tuple[bytes, bytes]], tuple[int, int]] | None:
     """For a whole 200 of ``length`` bytes on its way to the cache: the
@@ -108,9 +114,7 @@ def range_of_stream(
     part's Content-Length and a Content-Range), and the span ``(first,
     last)`` of the body to send it (empty for a 416); None when the client
     gets the whole answer."""
-    if not any(n == b"range" for n, _ in request_headers):
-        return None
-    chosen = choose_range(request_headers, length, etag, last_modified)
+    chosen = choose_range(request_headers, length, validator)
     if chosen is None:
         return None
     out = [(n, v) for n, v in headers if n.lower() != b"content-length"]

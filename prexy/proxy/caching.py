@@ -600,8 +600,8 @@ def hit_answer(
     body = obj.body
     if obj.status == 200:
         headers.append((b"Accept-Ranges", b"bytes"))
-        if method == b"GET" and any(n == b"range" for n, _ in pairs):
-            chosen = choose_range(pairs, len(body), obj.header(b"etag"), obj.header(b"last-modified"))
+        if method == b"GET":
+            chosen = choose_range(pairs, len(body), obj.header)
             if chosen is not None:
                 headers.append((b"Content-Range", chosen.content_range(len(body))))
                 if chosen.status == 416:

@@ -249,9 +249,7 @@ class Exchange:
         ):
             # A cacheable GET with a Range: the whole object is fetched and
             # stored; its client gets its range as the body streams by.
-            part = range_of_stream(
-                ctx.pairs, response.length, response.header(b"etag"), response.header(b"last-modified"), headers
-            )
+            part = range_of_stream(ctx.pairs, response.length, response.header, headers)
             if part is not None:
                 code, phrase, headers, self.span = part
         start_response(request, code, phrase, headers)
