@@ -68,7 +68,8 @@ def combined_line(request: Any, when: str) -> str:
     """One combined-log-format line (without newline) for a finished request."""
     client = request.getClientAddress()
     host = getattr(client, "host", None) or "-"
-    line = b"%s %s %s" % (request.method, request.uri, request.clientproto)
+    proto = request.clientproto
+    line = b"%s %s %s" % (request.method, request.uri, b"HTTP/2.0" if proto == b"HTTP/2" else proto)
     headers = request.requestHeaders
     referer = headers.getRawHeaders(b"referer")
     agent = headers.getRawHeaders(b"user-agent")

@@ -206,6 +206,9 @@ class Config:
     admin: str | None = None
     tls_certificate: str | None = None
     tls_key: str | None = None
+    #: Offer HTTP/2 (ALPN h2) on the ssl: listeners; off until issue 20's
+    #: limits are in (see README).
+    http2: bool = False
     cache_size: int = 0
     #: Directory of the machine-wide cache store (shared by all workers).
     cache_path: str = ""
@@ -333,6 +336,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             "default_site",
             "workers",
             "shutdown_timeout",
+            "http2",
         ),
         "server",
         err,
@@ -365,6 +369,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             kwargs[key] = file
     if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in kwargs:
         err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
+    if "http2" in server:
+        kwargs["http2"] = typed(server, "http2", bool, "server")
     if "workers" in server:
         workers = typed(server, "workers", int, "server")
         if workers < 0:

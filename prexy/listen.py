@@ -160,11 +160,19 @@ def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
         from twisted.protocols.tls import TLSMemoryBIOFactory
 
         context = DefaultOpenSSLContextFactory(spec.tls_key, spec.tls_cert or spec.tls_key)
+        if getattr(factory, "http2", False):
+            context.getContext().set_alpn_select_callback(_alpn_choice)
         factory = TLSMemoryBIOFactory(context, False, factory)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
     accept_one_per_wakeup(port)
     return port
+
+
+def _alpn_choice(connection: Any, offered: list[bytes]) -> bytes:
+    """The application protocol of a TLS connection: h2 when the client
+    offers it, else HTTP/1.1 (also when it offers neither)."""
+    return b"h2" if b"h2" in offered else b"http/1.1"
 
 
 def accept_one_per_wakeup(port: Any) -> None:

@@ -236,6 +236,7 @@ class ProxyService(service.MultiService):
             self.resource, config.max_request_body, self.metrics, reactor=reactor,
             limits=config.limits, timeouts=config.timeouts,
         )
+        self.site.http2 = config.http2
         self.access_log = None
         if config.access_log is None:
             self.site.log = lambda request: None  # type: ignore[method-assign]

@@ -98,6 +98,7 @@ class ConfigTests(SynchronousTestCase):
             ("[sites.a]\nupstream = 'http://x'\nupgrade = ['web socket']\n", 3, "sites.a.upgrade", "protocol names"),
             ("[sites.a]\nupstream = 'http://x'\nupgrade = 'websocket'\n", 3, "sites.a.upgrade", "protocol names"),
             ("[timeouts]\ntunnel_idle = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.tunnel_idle", "0 (off) or more"),
+            ("[server]\nhttp2 = 'yes'\n[sites.a]\nupstream = 'http://x'\n", 2, "server.http2", "must be a bool"),
             ("[limits]\nmax_request_line = 'wide'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_line", "not a size"),
             ("[limits]\nmax_header_line = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_line", "at least 256"),
             ("[limits]\nmax_request_head = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_head", "at least max_request_line"),

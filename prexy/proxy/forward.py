@@ -207,7 +207,9 @@ class Exchange:
             self.pipeline = BodyPipeline(None, None, encoder, tap)
         plan = plan_response(
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
-            transduce=transducer is not None, skipped=skipped, timing_in_trailer=whole is None,
+            transduce=transducer is not None, skipped=skipped,
+            # Trailers are HTTP/1.1 chunked ones (twisted.web's HTTP/2 has none).
+            timing_in_trailer=whole is None and request.clientproto == b"HTTP/1.1",
             negotiated=choice.varies,
         )
         headers = plan.headers
@@ -538,7 +540,7 @@ class Exchange:
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
                     metrics.count("prexy_rewrite_timeouts_total")
-                if trailer:
+                if trailer and request.clientproto == b"HTTP/1.1":
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
         self.life.move(State.DONE)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -32,6 +33,7 @@ from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
 
 _log = Logger("prexy")
+_CONNECTION_DONE = Failure(ConnectionDone())
 
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
@@ -55,8 +57,12 @@ def plain_answer(request: Any, code: int, body: bytes) -> None:
 
 
 def abort_client(request: Any) -> None:
-    """Reset the client connection (never a clean end of a broken body)."""
+    """Reset the client connection, or its HTTP/2 stream (never a clean end
+    of a broken body)."""
     channel = getattr(request, "channel", None)
+    if channel is not None and not isinstance(channel, HTTPChannel) and hasattr(channel, "abortConnection"):
+        channel.abortConnection()  # an HTTP/2 stream: RST_STREAM
+        return
     transport = getattr(channel, "transport", None)
     if transport is not None:
         transport.abortConnection()
@@ -83,7 +89,8 @@ class ProxyRequest(server.Request):
     head: Head | None = None
     site: ProxySite
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, queued: object = None) -> None:
+        # ``queued``: what twisted.web's HTTP/2 stream passes (always False).
         super().__init__(channel)
         self._trailers: list[tuple[bytes, bytes]] = []
         self.proxy_site: ProxySite = channel.site
@@ -115,12 +122,29 @@ class ProxyRequest(server.Request):
         self._rejected = True
         self.content = io.BytesIO()
         body = b"413 Payload Too Large: request body exceeds the configured limit\n"
+        if not isinstance(self.channel, HTTPChannel):
+            # An HTTP/2 stream (its length may come before the stream is
+            # set up): the answer through the request in the next turn, then
+            # the stream is reset (the rest of the body is not read).
+            self.proxy_site.reactor.callLater(0, self._answer_too_large_h2, body)
+            return
         self.channel.write(
             b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
         )
         self.proxy_site.metrics.count("prexy_requests_total", status="413")
         self.channel.loseConnection()
+
+    def _answer_too_large_h2(self, body: bytes) -> None:
+        if self.finished or self.channel is None:
+            return
+        self.proxy_site.metrics.count("prexy_requests_total", status="413")
+        self.setResponseCode(413)
+        self.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+        self.setHeader(b"Content-Length", b"%d" % len(body))
+        self.write(body)
+        stream: Any = self.channel
+        stream.abortConnection()
 
     # -- processing -------------------------------------------------------------------
 
@@ -521,6 +545,51 @@ class ProxyChannel(HTTPChannel):
         return self._secure
 
 
+class Negotiated(Protocol):
+    """A connection whose protocol the TLS handshake chooses: on its first
+    bytes (the handshake is done by then), an HTTP/2 connection when ALPN
+    said ``h2``, else the HTTP/1.1 ``ProxyChannel``; every later byte and
+    the loss of the connection go to it.  Until then the site's
+    ``client_header`` deadline runs."""
+
+    def __init__(self, site: ProxySite, addr: Any) -> None:
+        self.site = site
+        self.addr = addr
+        self.chosen: Any = None
+        self._timer: Any = None
+
+    def connectionMade(self) -> None:
+        seconds = self.site.timeouts.client_header
+        if seconds > 0:
+            self._timer = self.site.reactor.callLater(seconds, self._quiet)
+
+    def _quiet(self) -> None:
+        self._timer = None
+        transport: Any = self.transport
+        transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        chosen = self.chosen
+        if chosen is None:
+            timer, self._timer = self._timer, None
+            if timer is not None and timer.active():
+                timer.cancel()
+            if getattr(self.transport, "negotiatedProtocol", None) == b"h2":
+                chosen = self.site.http2_connection()
+            else:
+                chosen = self.site.http1_channel(self.addr)
+            self.chosen = chosen
+            chosen.makeConnection(self.transport)
+        chosen.dataReceived(data)
+
+    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        if self.chosen is not None:
+            self.chosen.connectionLost(reason)
+
+
 PHRASES = {
     400: b"Bad Request", 405: b"Method Not Allowed", 408: b"Request Timeout", 414: b"URI Too Long",
     431: b"Request Header Fields Too Large", 501: b"Not Implemented", 505: b"HTTP Version Not Supported",
@@ -571,10 +640,34 @@ class ProxySite(server.Site):
         #: channel -> [accepted at, has answered a request]
         self._channels: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
+    #: Offer HTTP/2 on TLS connections (``[server] http2``): connections
+    #: then start as a ``Negotiated``, which becomes an HTTP/2 or an
+    #: HTTP/1.1 channel by the handshake's ALPN.
+    http2 = False
+
     def buildProtocol(self, addr: Any) -> Any:
+        if self.http2:
+            return Negotiated(self, addr)
+        return self.http1_channel(addr)
+
+    def http1_channel(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
         self._channels[protocol] = [self.reactor.seconds(), False]
         return protocol
+
+    def http2_connection(self) -> Any:
+        """twisted.web's HTTP/2 connection, serving this site's requests
+        (the same ``ProxyRequest``, through its HTTP/2 stream)."""
+        from twisted.web._http2 import H2Connection
+
+        connection: Any = H2Connection(self.reactor)
+        connection.site = self
+        connection.requestFactory = self.requestFactory
+        connection.factory = self
+        connection.timeOut = self.timeOut
+        connection.callLater = self.reactor.callLater
+        self._channels[connection] = [self.reactor.seconds(), True]
+        return connection
 
     def refused(self, channel: Any, refusal: Refusal) -> None:
         """A head was refused: count it, and log one line (at most ten a
@@ -608,6 +701,11 @@ class ProxySite(server.Site):
         for channel, (created, served) in list(self._channels.items()):
             transport = channel.transport
             if transport is None:
+                continue
+            streams = getattr(channel, "streams", None)
+            if streams is not None:  # HTTP/2: closed once its streams are done
+                if not streams:
+                    transport.loseConnection()
                 continue
             if channel.requests:
                 channel.persistent = False
