@@ -43,6 +43,7 @@ class Metrics:
         self.latency_sum = 0.0
         self.latency_count = 0
         self._status_keys: dict[int, LabelKey] = {}
+        self._protocol_keys: dict[bytes, LabelKey] = {}
 
     def count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.counters[(name, tuple(sorted(labels.items())))] += amount
@@ -51,6 +52,14 @@ class Metrics:
         key = self._status_keys.get(code)
         if key is None:
             key = self._status_keys[code] = ("prexy_requests_total", (("status", str(code)),))
+        self.counters[key] += 1
+
+    def count_protocol(self, proto: bytes) -> None:
+        """One finished request by the client's protocol (HTTP/1.1, HTTP/2...)."""
+        key = self._protocol_keys.get(proto)
+        if key is None:
+            label = "HTTP/2.0" if proto == b"HTTP/2" else proto.decode("latin-1")
+            key = self._protocol_keys[proto] = ("prexy_requests_by_protocol_total", (("protocol", label),))
         self.counters[key] += 1
 
     def observe_upstream(self, seconds: float) -> None:

@@ -217,7 +217,9 @@ class ProxyRequest(server.Request):
                 self.chunked = False
         self.exchange = None
         self.proxy_site.served(self.channel)
-        self.proxy_site.metrics.count_status(self.code)
+        metrics = self.proxy_site.metrics
+        metrics.count_status(self.code)
+        metrics.count_protocol(self.clientproto)
         self._uncount()
         super().finish()
 

@@ -112,3 +112,5 @@ class HTTP2Tests(SynchronousTestCase):
         c.flush()
         self.assertEqual(len(logged), 1)
         self.assertIn('"GET /x HTTP/2.0" 204', combined_line(logged[0], "[t]"))
+        counted = h.metrics.counters[("prexy_requests_by_protocol_total", (("protocol", "HTTP/2.0"),))]
+        self.assertEqual(counted, 1)
