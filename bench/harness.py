@@ -33,7 +33,8 @@ WORK = BENCH / ".work"
 LOCAL = "127.0.0.1"
 
 APT_PACKAGES = ("nginx", "wrk", "libnginx-mod-http-subs-filter", "varnish",
-                "python3.11-doc", "libjs-jquery", "libjs-bootstrap4")  # the last three: bench/realistic.py
+                "python3.11-doc", "libjs-jquery", "libjs-bootstrap4",  # these three: bench/realistic.py
+                "nghttp2-client")  # h2load: bench/h2.py
 SUBS_MODULE_NAME = "ngx_http_subs_filter_module.so"
 SUBS_MODULE_DIRS = (
     Path("/usr/lib/nginx/modules"),
@@ -88,6 +89,7 @@ def ensure_tools() -> None:
             ("wrk", _have("wrk")),
             ("libnginx-mod-http-subs-filter", subs_module_path() is not None),
             ("varnish", _have("varnishd")),
+            ("nghttp2-client", _have("h2load")),
             ("realistic corpus", all(p.source.exists() for p in realistic.PAGES.values())),
             # Debian's own python3 needs python3-venv for `venv` with pip.
             ("python3-venv", importlib.util.find_spec("ensurepip") is not None),

@@ -26,6 +26,7 @@ from pathlib import Path
 import content
 import harness
 import hits
+import http2_bench
 import realistic
 import servers
 import tunnel
@@ -1735,6 +1736,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "compress": scenario_compress,
     "tunnel": tunnel.scenario_tunnel,
     "compress-hits": hits.scenario_compressed_hits,
+    "http2": http2_bench.scenario_http2,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
