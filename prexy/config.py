@@ -207,7 +207,8 @@ class Config:
     tls_certificate: str | None = None
     tls_key: str | None = None
     #: Offer HTTP/2 (ALPN h2) on the ssl: listeners; off until issue 20's
-    #: limits are in (see README).
+    #: limits are in, and twisted.web's HTTP/2 send loop spins while a
+    #: stream's window is closed (see README).
     http2: bool = False
     cache_size: int = 0
     #: Directory of the machine-wide cache store (shared by all workers).

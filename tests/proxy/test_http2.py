@@ -114,3 +114,23 @@ class HTTP2Tests(SynchronousTestCase):
         self.assertIn('"GET /x HTTP/2.0" 204', combined_line(logged[0], "[t]"))
         counted = h.metrics.counters[("prexy_requests_by_protocol_total", (("protocol", "HTTP/2.0"),))]
         self.assertEqual(counted, 1)
+
+
+class HTTP2AbuseTests(SynchronousTestCase):
+    def test_rapid_reset_closes_the_connection(self) -> None:
+        """Streams opened and reset at once (CVE-2023-44487): past
+        twisted.web's reset budget the connection is closed, and the
+        upstream requests of the reset streams are not left running."""
+        h = Harness()
+        c = H2Client(h)
+        for i in range(1200):
+            sid = 1 + 2 * i
+            c.conn.send_headers(sid, [(b":method", b"GET"), (b":path", b"/r"), (b":scheme", b"https"),
+                                      (b":authority", b"a")], end_stream=True)
+            c.conn.reset_stream(sid)
+            if c.transport.disconnecting:
+                break
+            c.server.dataReceived(c.conn.data_to_send())
+        self.assertTrue(c.transport.disconnecting)
+        open_upstream = [conn for conn in h.conns if not conn.transport.disconnecting]
+        self.assertLessEqual(len(open_upstream), 1)
