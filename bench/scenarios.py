@@ -815,7 +815,7 @@ def scenario_workers(bench: Bench) -> Report:
 # urlmap (issue 7)
 
 
-def _rss_mb(server: Server) -> float:
+def rss_mb(server: Server) -> float:
     total = 0
     for pid in server.pids():
         try:
@@ -868,9 +868,9 @@ def scenario_urlmap(bench: Bench) -> Report:
         t0 = time.monotonic()
         prexy = bench.start_prexy(f"prexy-map-{size}", notes, args=("--map", str(map_file)))
         prexy_load = time.monotonic() - t0 if prexy else None
-        loads = {"nginx": (nginx_load, _rss_mb(nginx))}
+        loads = {"nginx": (nginx_load, rss_mb(nginx))}
         if prexy:
-            loads["prexy"] = (prexy_load or 0.0, _rss_mb(prexy))
+            loads["prexy"] = (prexy_load or 0.0, rss_mb(prexy))
         try:
             for which, url in urls.items():
                 expected = 200 if which == "none" else 301
@@ -954,13 +954,13 @@ class _RssSampler(threading.Thread):
     def __init__(self, server: Server) -> None:
         super().__init__(daemon=True)
         self.server = server
-        self.start_mb = _rss_mb(server)
+        self.start_mb = rss_mb(server)
         self.peak_mb = self.start_mb
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.wait(0.05):
-            self.peak_mb = max(self.peak_mb, _rss_mb(self.server))
+            self.peak_mb = max(self.peak_mb, rss_mb(self.server))
 
 
 @dataclass

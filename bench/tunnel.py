@@ -154,30 +154,18 @@ def echo_times(port: int, count: int) -> list[float]:
 def idle_rss(server: servers.Server, count: int) -> tuple[float, int]:
     """RSS growth (MB) of ``server`` with ``count`` quiet tunnels open, and
     how many opened."""
-    before = _rss_mb(server)
+    from scenarios import rss_mb
+    before = rss_mb(server)
     socks = []
     try:
         for _ in range(count):
             sock, _ = handshake(server.port, "/idle")
             socks.append(sock)
         time.sleep(0.5)  # bench only: let the proxy settle before reading /proc
-        return _rss_mb(server) - before, len(socks)
+        return rss_mb(server) - before, len(socks)
     finally:
         for sock in socks:
             sock.close()
-
-
-def _rss_mb(server: servers.Server) -> float:
-    total = 0
-    for pid in server.pids():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
 
 
 def _p(values: list[float], q: float) -> float:

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -33,7 +32,6 @@ from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
 
 _log = Logger("prexy")
-_CONNECTION_DONE = Failure(ConnectionDone())
 
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
@@ -547,51 +545,6 @@ class ProxyChannel(HTTPChannel):
         return self._secure
 
 
-class Negotiated(Protocol):
-    """A connection whose protocol the TLS handshake chooses: on its first
-    bytes (the handshake is done by then), an HTTP/2 connection when ALPN
-    said ``h2``, else the HTTP/1.1 ``ProxyChannel``; every later byte and
-    the loss of the connection go to it.  Until then the site's
-    ``client_header`` deadline runs."""
-
-    def __init__(self, site: ProxySite, addr: Any) -> None:
-        self.site = site
-        self.addr = addr
-        self.chosen: Any = None
-        self._timer: Any = None
-
-    def connectionMade(self) -> None:
-        seconds = self.site.timeouts.client_header
-        if seconds > 0:
-            self._timer = self.site.reactor.callLater(seconds, self._quiet)
-
-    def _quiet(self) -> None:
-        self._timer = None
-        transport: Any = self.transport
-        transport.loseConnection()
-
-    def dataReceived(self, data: bytes) -> None:
-        chosen = self.chosen
-        if chosen is None:
-            timer, self._timer = self._timer, None
-            if timer is not None and timer.active():
-                timer.cancel()
-            if getattr(self.transport, "negotiatedProtocol", None) == b"h2":
-                chosen = self.site.http2_connection()
-            else:
-                chosen = self.site.http1_channel(self.addr)
-            self.chosen = chosen
-            chosen.makeConnection(self.transport)
-        chosen.dataReceived(data)
-
-    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
-        if self.chosen is not None:
-            self.chosen.connectionLost(reason)
-
-
 PHRASES = {
     400: b"Bad Request", 405: b"Method Not Allowed", 408: b"Request Timeout", 414: b"URI Too Long",
     431: b"Request Header Fields Too Large", 501: b"Not Implemented", 505: b"HTTP Version Not Supported",
@@ -649,6 +602,8 @@ class ProxySite(server.Site):
 
     def buildProtocol(self, addr: Any) -> Any:
         if self.http2:
+            from prexy.proxy.http2 import Negotiated
+
             return Negotiated(self, addr)
         return self.http1_channel(addr)
 
@@ -658,16 +613,10 @@ class ProxySite(server.Site):
         return protocol
 
     def http2_connection(self) -> Any:
-        """twisted.web's HTTP/2 connection, serving this site's requests
-        (the same ``ProxyRequest``, through its HTTP/2 stream)."""
-        from twisted.web._http2 import H2Connection
+        """An HTTP/2 connection serving this site (``prexy.proxy.http2``)."""
+        from prexy.proxy.http2 import http2_connection
 
-        connection: Any = H2Connection(self.reactor)
-        connection.site = self
-        connection.requestFactory = self.requestFactory
-        connection.factory = self
-        connection.timeOut = self.timeOut
-        connection.callLater = self.reactor.callLater
+        connection = http2_connection(self)
         self._channels[connection] = [self.reactor.seconds(), True]
         return connection
 

@@ -74,7 +74,7 @@ def ws_origin() -> Iterator[WsOrigin]:
 
 
 @defer.inlineCallbacks
-def start_prexy(cleanup: Cleanups, origin: WsOrigin, extra: str = "") -> Any:
+def start_prexy(cleanup: Cleanups, origin: WsOrigin, extra: str = "", site_extra: str = "") -> Any:
     port = free_port()
     directory = tempfile.mkdtemp(prefix="prexy-ws-")
     config = os.path.join(directory, "prexy.toml")
@@ -82,7 +82,7 @@ def start_prexy(cleanup: Cleanups, origin: WsOrigin, extra: str = "") -> Any:
         f.write(
             f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 1\n'
             f"{extra}\n"
-            f'[sites.ws]\nupstream = "http://127.0.0.1:{origin.port}"\n'
+            f'[sites.ws]\nupstream = "http://127.0.0.1:{origin.port}"\n{site_extra}'
         )
     child = Twistd("--config", config)
     cleanup(child.stop)
@@ -177,17 +177,7 @@ def test_refused_handshake_is_an_ordinary_response(cleanup: Cleanups, ws_origin:
 def test_site_without_upgrades_forwards_no_upgrade(cleanup: Cleanups, ws_origin: WsOrigin) -> Any:
     """With ``upgrade = []`` the request reaches the origin without
     ``Upgrade``, as an ordinary GET, so the handshake fails."""
-    port = free_port()
-    directory = tempfile.mkdtemp(prefix="prexy-ws-")
-    config = os.path.join(directory, "prexy.toml")
-    with open(config, "w") as f:
-        f.write(
-            f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 1\n'
-            f'[sites.ws]\nupstream = "http://127.0.0.1:{ws_origin.port}"\nupgrade = []\n'
-        )
-    child = Twistd("--config", config)
-    cleanup(child.stop)
-    yield child.ready()
+    child, port = yield start_prexy(cleanup, ws_origin, site_extra="upgrade = []\n")
 
     def talk() -> int:
         try:
