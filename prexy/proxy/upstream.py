@@ -9,7 +9,9 @@ producer so the caller can pause the upstream socket while its own client is
 slow (backpressure).  The pool of keep-alive connections and the request
 entry point are :mod:`prexy.proxy.pool`'s; a connection knows its pool and
 its request only through :class:`IConnectionOwner` and
-:class:`IPendingRequest`, so this module imports nothing from there.
+:class:`IPendingRequest`, so this module imports nothing from there.  Those
+interfaces, the errors and :class:`UpstreamResponse` are
+:mod:`prexy.proxy.upstream_api`'s (re-exported here).
 
 Lifecycle of one request on a connection (an explicit state machine):
 
@@ -26,17 +28,27 @@ import enum
 from collections.abc import Sequence
 from typing import IO, Any
 
-import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from zope.interface import Attribute, Interface, implementer
+from zope.interface import implementer
 
 from prexy import http1
-from prexy.config import Limits, OriginKey, Timeouts
+from prexy.config import OriginKey
 from prexy.proxy.sendnow import SendNow
+from prexy.proxy.upstream_api import (
+    IBodyConsumer,
+    IConnectionOwner,
+    IPendingRequest,
+    UpstreamClosed,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
 
 __all__ = [
     "IBodyConsumer",
@@ -52,171 +64,6 @@ __all__ = [
 ]
 
 _CONNECTION_DONE = Failure(ConnectionDone())
-
-
-class UpstreamError(Exception):
-    """Base class: the upstream exchange failed; ``status`` is what to answer."""
-
-    status = 502
-
-
-class UpstreamConnectError(UpstreamError):
-    """The upstream could not be reached (refused, unreachable, DNS)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The upstream did not answer in time (connect, first byte, or idle)."""
-
-    status = 504
-
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"upstream {phase} timeout after {seconds:g}s")
-        self.phase = phase
-        self.seconds = seconds
-
-
-class UpstreamProtocolError(UpstreamError):
-    """The upstream sent something that is not valid HTTP/1.x."""
-
-
-class UpstreamClosed(UpstreamError):
-    """The upstream connection closed before the response was complete."""
-
-
-class IBodyConsumer(Interface):
-    """What receives a response body, chunk by chunk: exactly one of
-    ``bodyDone`` or ``bodyFailed`` ends it."""
-
-    def bodyData(data: bytes) -> None:
-        """The next piece of the body."""
-
-    def bodyDone() -> None:
-        """The body is complete."""
-
-    def bodyFailed(reason: Failure) -> None:
-        """The body cannot be completed (the upstream broke, timed out or
-        sent garbage)."""
-
-
-class IPendingRequest(Interface):
-    """The request a connection is sending: it hears of the response head
-    or of the failure before one, exactly once."""
-
-    def head(response: UpstreamResponse) -> None:
-        """The response head arrived; the body follows via ``deliverBody``."""
-
-    def interim(response: http1.Interim) -> None:
-        """A 1xx head (not 100 nor 101) came before the response head."""
-
-    def failed(protocol: UpstreamProtocol, failure: Failure) -> None:
-        """No response head will come on ``protocol``."""
-
-
-class IConnectionOwner(Interface):
-    """What a connection needs of the pool that made it: a clock, timeouts
-    and limits, a sweeper that checks its timer, a place to go back to."""
-
-    reactor: IReactorTime = Attribute("The clock every timer reads.")
-    timeouts: Timeouts = Attribute("The first-byte and idle timeouts.")
-    limits: Limits = Attribute("Sizes; a response head over max_response_head is a 502.")
-
-    def watch(protocol: UpstreamProtocol) -> None:
-        """Call ``protocol.check_timeout(now)`` now and then, until unwatched."""
-
-    def unwatch(protocol: UpstreamProtocol) -> None:
-        """Stop checking ``protocol``'s timer (it need not be watched)."""
-
-    def release(protocol: UpstreamProtocol) -> None:
-        """``protocol`` finished a response and may be reused: keep it idle,
-        or close it with ``protocol.close()``."""
-
-    def forget(protocol: UpstreamProtocol) -> None:
-        """``protocol`` lost its connection: never hand it out again."""
-
-
-@attrs.define(eq=False)
-class UpstreamResponse:
-    """Status line and headers of an upstream response; the body follows via
-    :meth:`deliverBody`."""
-
-    code: int
-    phrase: bytes
-    version: bytes
-    #: Header fields in order, repeated ones as separate pairs.
-    headers: list[tuple[bytes, bytes]]
-    #: The lower-cased name of each header, in the same order.
-    lnames: list[bytes]
-    #: Header names listed in Connection (hop-by-hop for this message).
-    connection_names: frozenset[bytes]
-    #: Body length from Content-Length when the body is length-delimited,
-    #: ``None`` for chunked or close-delimited bodies; 0 for bodiless ones.
-    #: For HEAD, the upstream's Content-Length (or None) though no body follows.
-    length: int | None
-    connect_seconds: float
-    first_byte_seconds: float
-    _protocol: UpstreamProtocol
-
-    @property
-    def producer(self) -> IPushProducer:
-        """Push producer that pauses and resumes the upstream socket."""
-        return self._protocol.producer
-
-    def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
-        """Headers that may be forwarded: without hop-by-hop ones, those named
-        in Connection, and ``drop`` (lower-case names)."""
-        if self.connection_names:
-            drop = drop | self.connection_names
-        return [pair for pair, lname in zip(self.headers, self.lnames, strict=True) if lname not in drop]
-
-    @property
-    def body_in_hand(self) -> bool:
-        """The whole body has already arrived (it came with the head):
-        delivering it needs no more reads, so no backpressure either."""
-        return self._protocol.body_in_hand()
-
-    def header(self, lname: bytes) -> bytes | None:
-        """The first value of an end-to-end header (lower-case name, not a
-        hop-by-hop one), or None: one C-level search of ``lnames``."""
-        try:
-            index = self.lnames.index(lname)
-        except ValueError:
-            return None
-        return None if lname in self.connection_names else self.headers[index][1]
-
-    def values(self, lname: bytes) -> list[bytes]:
-        """Every value of one header (lower-case name)."""
-        return [pair[1] for pair, n in zip(self.headers, self.lnames, strict=True) if n == lname]
-
-    def deliverBody(self, consumer: IBodyConsumer) -> None:
-        """Start delivering the body to ``consumer``."""
-        self._protocol.deliverBody(consumer)
-
-    def take_body(self) -> bytes | None:
-        """The whole body at once, instead of :meth:`deliverBody`, when it
-        is length-delimited and has all arrived (the connection is then done
-        with this response, back in the pool if reusable); else None, and
-        nothing changes."""
-        return self._protocol.take_body()
-
-    def abort(self) -> None:
-        """Drop the upstream connection (the client went away)."""
-        self._protocol.abort()
-
-    def tunnel(self, tunnel: Any) -> bytes:
-        """A 101: hand the connection to ``tunnel``; returns the bytes that
-        followed the head (see ``UpstreamProtocol.start_tunnel``)."""
-        return self._protocol.start_tunnel(tunnel)
-
-    def tunnel_side(self) -> Any:
-        """The connection, as the tunnel's upstream side."""
-        return self._protocol
-
-    def pause_for_work(self) -> None:
-        """Stop reading while the consumer works through what it has."""
-        self._protocol.pauseBody("work")
-
-    def resume_after_work(self) -> None:
-        self._protocol.resumeBody("work")
 
 
 class _State(enum.Enum):
