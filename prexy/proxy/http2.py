@@ -1,12 +1,12 @@
-"""HTTP/2 to clients (issue 20, first part): which protocol a TLS
-connection speaks, and twisted.web's HTTP/2 connection set up for the
-proxy's site.
+"""HTTP/2 to clients (issue 20): which protocol a connection speaks.
 
 With ``[server] http2 = true`` the TLS listeners offer ``h2`` and
-``http/1.1`` by ALPN (``prexy.listen.adopt``) and every connection starts
-as a :class:`Negotiated`.  The HTTP/2 connection serves the same
-``ProxyRequest`` through its streams; twisted.web offers no public API
-for it, so ``twisted.web._http2`` is used, as the issue names it.
+``http/1.1`` by ALPN (``prexy.listen.adopt``) and every TLS connection
+starts as a :class:`Negotiated`; a listener named in ``[server]
+h2c_listen`` takes cleartext HTTP/2 with prior knowledge beside HTTP/1.1,
+each connection starting as a :class:`PriorKnowledge`.  Either becomes
+Prexy's own HTTP/2 connection (``prexy.proxy.h2connection``) or the
+HTTP/1.1 ``ProxyChannel``.
 """
 
 from __future__ import annotations
@@ -14,26 +14,22 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
-__all__ = ["Negotiated", "http2_connection"]
+from prexy.h2server import PREFACE
+
+__all__ = ["Negotiated", "PriorKnowledge", "PriorKnowledgeFactory", "http2_connection"]
 
 _CONNECTION_DONE = Failure(ConnectionDone())
 
 
 def http2_connection(site: Any) -> Any:
-    """twisted.web's HTTP/2 connection, serving ``site``'s requests (the
-    attributes twisted.web's own protocol switch sets)."""
-    from twisted.web._http2 import H2Connection
+    """Prexy's HTTP/2 connection serving ``site``'s requests, with the
+    site's ``[http2]`` limits."""
+    from prexy.proxy.h2connection import H2ServerProtocol
 
-    connection: Any = H2Connection(site.reactor)
-    connection.site = site
-    connection.requestFactory = site.requestFactory
-    connection.factory = site
-    connection.timeOut = site.timeOut
-    connection.callLater = site.reactor.callLater
-    return connection
+    return H2ServerProtocol(site, site.h2_settings)
 
 
 class Negotiated(Protocol):
@@ -79,3 +75,44 @@ class Negotiated(Protocol):
             timer.cancel()
         if self.chosen is not None:
             self.chosen.connectionLost(reason)
+
+
+class PriorKnowledge(Negotiated):
+    """A cleartext connection that speaks HTTP/2 when it begins with the
+    connection preface (h2c with prior knowledge, RFC 9113 3.3), else
+    HTTP/1.1.  No ``Upgrade: h2c``."""
+
+    _held = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.chosen is not None:
+            self.chosen.dataReceived(data)
+            return
+        held = self._held + data
+        if PREFACE.startswith(held[: len(PREFACE)]) and len(held) < len(PREFACE):
+            self._held = held  # still a prefix of the preface
+            return
+        self._held = b""
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        if held.startswith(PREFACE):
+            chosen = self.site.http2_connection()
+        else:
+            chosen = self.site.http1_channel(self.addr)
+        self.chosen = chosen
+        chosen.makeConnection(self.transport)
+        chosen.dataReceived(held)
+
+
+class PriorKnowledgeFactory(Factory):
+    """The factory of an ``h2c_listen`` listener: the site's connections,
+    each starting as a :class:`PriorKnowledge`."""
+
+    noisy = False
+
+    def __init__(self, site: Any) -> None:
+        self.site = site
+
+    def buildProtocol(self, addr: Any) -> Any:
+        return PriorKnowledge(self.site, addr)

@@ -27,6 +27,7 @@ from zope.interface import provider
 
 from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
+from prexy.h2server import H2Settings
 from prexy.metrics import Metrics
 from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
@@ -213,6 +214,8 @@ class ProxyRequest(server.Request):
                 fields = b"".join(b"%s: %s\r\n" % pair for pair in self._trailers)
                 self.channel.write(b"0\r\n" + fields + b"\r\n")
                 self.chunked = False
+            elif self._trailers and hasattr(self.channel, "send_trailers"):
+                self.channel.send_trailers(self._trailers)  # an HTTP/2 stream: a last HEADERS frame
         self.exchange = None
         self.proxy_site.served(self.channel)
         metrics = self.proxy_site.metrics
@@ -599,6 +602,8 @@ class ProxySite(server.Site):
     #: then start as a ``Negotiated``, which becomes an HTTP/2 or an
     #: HTTP/1.1 channel by the handshake's ALPN.
     http2 = False
+    #: The limits of HTTP/2 connections (``[http2]``; a reload replaces them).
+    h2_settings = H2Settings()
 
     def buildProtocol(self, addr: Any) -> Any:
         if self.http2:
@@ -653,10 +658,9 @@ class ProxySite(server.Site):
             transport = channel.transport
             if transport is None:
                 continue
-            streams = getattr(channel, "streams", None)
-            if streams is not None:  # HTTP/2: closed once its streams are done
-                if not streams:
-                    transport.loseConnection()
+            drain = getattr(channel, "drain", None)
+            if drain is not None:  # HTTP/2: GOAWAY, closed once its streams are done
+                drain()
                 continue
             if channel.requests:
                 channel.persistent = False

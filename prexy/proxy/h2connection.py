@@ -1,0 +1,409 @@
+"""Prexy's HTTP/2 server connection: ``prexy.h2server`` wired to a
+transport and to the proxy's requests.
+
+:class:`H2ServerProtocol` feeds the client's bytes to a
+:class:`~prexy.h2server.ServerConnection` and turns its events into
+``ProxyRequest`` calls, as ``HTTPChannel`` does for HTTP/1.1 (``gotLength``,
+``handleContentChunk``, ``requestReceived``, ``connectionLost``).  Each
+stream's request talks to a :class:`StreamChannel`, which implements the
+part of a channel that twisted.web's ``Request`` calls (``writeHeaders``,
+``write``, ``writeSequence``, ``requestDone``, ``registerProducer``,
+``unregisterProducer``, ``getPeer``, ``getHost``, ``isSecure``,
+``loseConnection``, ``abortConnection``) plus ``send_trailers``.
+
+Backpressure, both ways down to the upstream:
+
+* a stream with more than ``HIGH_WATER`` bytes waiting (its window is
+  closed, or the connection's) pauses its producer; when its queue
+  empties, the producer resumes.  Nothing waits on a timer: a stalled
+  stream is simply left out of the send round until a WINDOW_UPDATE.
+* the connection is the transport's streaming producer: when the
+  transport's buffer fills, every stream's producer pauses and nothing
+  more is framed; when it drains, sending goes on.
+
+Writes made while the client's bytes are being handled are written to the
+transport once, after them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IPushProducer, ISSLTransport
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+from prexy.h2server import (
+    CONNECTION_SPECIFIC,
+    HIGH_WATER,
+    Body,
+    Close,
+    End,
+    H2Settings,
+    Head,
+    Reset,
+    ServerConnection,
+)
+
+__all__ = ["H2ServerProtocol", "StreamChannel"]
+
+log = Logger("prexy")
+
+#: After the last bytes of a closing connection are handed to the
+#: transport, how long the client has to read them before it is cut off.
+CLOSE_GRACE = 5.0
+
+_DONE = Failure(ConnectionDone())
+
+
+class StreamChannel:
+    """The channel of one stream's ``ProxyRequest``."""
+
+    producer: Any = None
+    request: Any = None
+    _paused = False
+
+    def __init__(self, connection: H2ServerProtocol, stream_id: int) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.site = connection.site
+        self.factory = connection.site
+        self.transport = connection.transport
+        self.trailers: list[tuple[bytes, bytes]] = []
+
+    # -- what the request calls --------------------------------------------------------
+
+    def getPeer(self) -> Any:
+        return self.connection.peer
+
+    def getHost(self) -> Any:
+        return self.connection.host
+
+    def isSecure(self) -> bool:
+        return self.connection.secure
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
+        self.connection.send_head(self.stream_id, response_fields(code, headers.getAllRawHeaders()))
+
+    def write(self, data: bytes) -> None:
+        connection = self.connection
+        connection.send_data(self.stream_id, data)
+        if self.producer is not None and not self._paused and connection.queued(self.stream_id) > HIGH_WATER:
+            self.pause()
+
+    def writeSequence(self, iovec: Any) -> None:
+        self.write(b"".join(iovec))
+
+    def send_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """Trailer fields to end the stream with (after the last data)."""
+        self.trailers = [(name.lower(), value) for name, value in fields if name.lower() not in CONNECTION_SPECIFIC]
+
+    def requestDone(self, request: Any) -> None:
+        self.connection.end(self, self.trailers)
+
+    def loseConnection(self) -> None:
+        self.connection.end(self, self.trailers)
+
+    def abortConnection(self) -> None:
+        """RST_STREAM; the request hears of it as a lost connection (in the
+        next turn, as from an aborted TCP connection)."""
+        self.connection.reset(self)
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        if not streaming:
+            raise ValueError("an HTTP/2 stream takes streaming producers only")
+        self.producer = producer
+        self._paused = False
+        if self.connection.paused or self.connection.queued(self.stream_id) > HIGH_WATER:
+            self.pause()
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
+        self._paused = False
+
+    # -- what the connection calls -------------------------------------------------------
+
+    def pause(self) -> None:
+        producer = self.producer
+        if producer is not None and not self._paused:
+            self._paused = True
+            producer.pauseProducing()
+
+    def resume(self) -> None:
+        producer = self.producer
+        if producer is not None and self._paused:
+            self._paused = False
+            producer.resumeProducing()
+
+    def lost(self, reason: Failure) -> None:
+        """The stream is over without its answer (reset, or the connection
+        went)."""
+        request, self.request = self.request, None
+        self.producer = None
+        if request is not None and not request.finished:
+            request.connectionLost(reason)
+
+
+def response_fields(code: bytes, headers: Any) -> list[tuple[bytes, bytes]]:
+    """An HTTP/2 response head from a status and twisted.web's raw header
+    pairs: names in lower case, the connection-specific fields (and those
+    a Connection field names) left out."""
+    fields = [(b":status", code)]
+    nominated: set[bytes] = set()
+    pairs = [(name.lower(), values) for name, values in headers]
+    for name, values in pairs:
+        if name == b"connection":
+            for value in values:
+                nominated.update(token.strip().lower() for token in value.split(b","))
+    for name, values in pairs:
+        if name in CONNECTION_SPECIFIC or name in nominated:
+            continue
+        for value in values:
+            fields.append((name, value))
+    return fields
+
+
+def request_fields(fields: Any) -> tuple[bytes, bytes | None, list[tuple[bytes, bytes]]]:
+    """(method, path, ordinary fields) of an HTTP/2 request head; the
+    ``:authority`` becomes the Host field (RFC 9113 8.3.1)."""
+    method = b"GET"
+    path: bytes | None = None
+    authority: bytes | None = None
+    ordinary: list[tuple[bytes, bytes]] = []
+    has_host = False
+    for name, value in fields:
+        if name[:1] != b":":
+            if name == b"host":
+                has_host = True
+                if authority is not None:
+                    continue
+            ordinary.append((name, value))
+        elif name == b":method":
+            method = value
+        elif name == b":path":
+            path = value
+        elif name == b":authority":
+            authority = value
+    if authority is not None:
+        if has_host:
+            ordinary = [(n, v) for n, v in ordinary if n != b"host"]
+        ordinary.insert(0, (b"host", authority))
+    return method, path, ordinary
+
+
+@implementer(IPushProducer)
+class H2ServerProtocol(Protocol):
+    """One client connection speaking HTTP/2 (after ALPN ``h2``, or a
+    cleartext connection that began with the preface)."""
+
+    paused = False
+    _closing = False
+    _handling = False
+    _timer: Any = None
+    _close_timer: Any = None
+
+    def __init__(self, site: Any, settings: H2Settings) -> None:
+        self.site = site
+        self.reactor = site.reactor
+        self.settings = settings
+        self.core = ServerConnection(settings)
+        self.streams: dict[int, StreamChannel] = {}
+        self._last = 0.0
+        self.peer: Any = None
+        self.host: Any = None
+        self.secure = False
+
+    # -- the transport's side ---------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport
+        self.peer = transport.getPeer()
+        self.host = transport.getHost()
+        self.secure = ISSLTransport.providedBy(transport)
+        transport.registerProducer(self, True)
+        self._last = self.reactor.seconds()
+        idle = self.settings.idle_timeout
+        if idle > 0:
+            self._timer = self.reactor.callLater(idle, self._idle_check)
+        self._flush()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._last = self.reactor.seconds()
+        events = self.core.receive(data, self._last)
+        self._handling = True
+        try:
+            for event in events:
+                if isinstance(event, Head):
+                    self._head(event)
+                elif isinstance(event, Body):
+                    stream = self.streams.get(event.stream_id)
+                    if stream is not None and stream.request is not None:
+                        stream.request.handleContentChunk(event.data)
+                elif isinstance(event, End):
+                    stream = self.streams.get(event.stream_id)
+                    if stream is not None:
+                        self._received(stream)
+                elif isinstance(event, Reset):
+                    stream = self.streams.pop(event.stream_id, None)
+                    if stream is not None:
+                        stream.lost(Failure(ConnectionLost("the client reset the stream")))
+                elif isinstance(event, Close) and not event.graceful:
+                    log.info("HTTP/2 connection from {peer} closed: {reason}",
+                             peer=getattr(self.peer, "host", "?"), reason=event.reason)
+        finally:
+            self._handling = False
+        self._flush()
+
+    def _head(self, event: Head) -> None:
+        sid = event.stream_id
+        stream = StreamChannel(self, sid)
+        self.streams[sid] = stream
+        method, path, fields = request_fields(event.fields)
+        stream.method, stream.path = method, path  # type: ignore[attr-defined]
+        request = stream.request = self.site.requestFactory(stream)
+        add = request.requestHeaders.addRawHeader
+        length: int | None = None
+        expect = False
+        for name, value in fields:
+            add(name, value)
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect = True
+        if length is None and event.ended:
+            length = 0
+        request.gotLength(length)
+        request.parseCookies()
+        if event.ended:
+            self._received(stream)
+        elif expect:
+            self.core.send_head(sid, [(b":status", b"100")])
+
+    def _received(self, stream: StreamChannel) -> None:
+        """The whole request is in: process it."""
+        request = stream.request
+        path = stream.path  # type: ignore[attr-defined]
+        if request is None:
+            return
+        if path is None:  # CONNECT: no tunnel over HTTP/2
+            self.reset(stream)
+            return
+        request.requestReceived(stream.method, path, b"HTTP/2")  # type: ignore[attr-defined]
+
+    def pauseProducing(self) -> None:
+        """The transport's buffer is full: every stream waits."""
+        if self.paused:
+            return
+        self.paused = True
+        for stream in list(self.streams.values()):
+            stream.pause()
+
+    def resumeProducing(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        self._flush()
+        core = self.core
+        for sid, stream in list(self.streams.items()):
+            if self.paused:
+                break
+            if core.queued(sid) <= HIGH_WATER:
+                stream.resume()
+
+    def stopProducing(self) -> None:
+        pass
+
+    def connectionLost(self, reason: Failure = _DONE) -> None:
+        for timer in (self._timer, self._close_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._close_timer = None
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.lost(reason)
+
+    # -- what the streams call --------------------------------------------------------------
+
+    def send_head(self, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
+        self.core.send_head(sid, fields)
+        self._flush()
+
+    def send_data(self, sid: int, data: bytes) -> None:
+        self.core.send_data(sid, data)
+        self._flush()
+
+    def queued(self, sid: int) -> int:
+        return self.core.queued(sid)
+
+    def end(self, stream: StreamChannel, trailers: list[tuple[bytes, bytes]]) -> None:
+        if self.streams.get(stream.stream_id) is stream:
+            del self.streams[stream.stream_id]
+        stream.request = None
+        stream.producer = None
+        self.core.end(stream.stream_id, trailers)
+        self._flush()
+
+    def reset(self, stream: StreamChannel) -> None:
+        if self.streams.get(stream.stream_id) is stream:
+            del self.streams[stream.stream_id]
+        self.core.reset(stream.stream_id)
+        self.reactor.callLater(0, stream.lost, Failure(ConnectionLost("the stream was reset")))
+        self._flush()
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Frame what the streams queued and write it (once the client's
+        bytes being handled are all handled)."""
+        if self._handling:
+            return
+        transport: Any = self.transport
+        if transport is None:
+            return
+        core = self.core
+        while True:
+            more = False if self.paused else core.pump()
+            data = core.data_to_send()
+            if data:
+                transport.write(data)
+                self._last = self.reactor.seconds()
+            if not more or self.paused:
+                break
+        drained = core.take_drained()
+        if drained and not self.paused:
+            streams = self.streams
+            for sid in drained:
+                stream = streams.get(sid)
+                if stream is not None and core.queued(sid) == 0:
+                    stream.resume()
+        if core.closed is not None and not self._closing:
+            self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        transport: Any = self.transport
+        transport.loseConnection()
+        self._close_timer = self.reactor.callLater(CLOSE_GRACE, transport.abortConnection)
+
+    def _idle_check(self) -> None:
+        self._timer = None
+        idle = self.settings.idle_timeout
+        left = self._last + idle - self.reactor.seconds()
+        if left > 0:
+            self._timer = self.reactor.callLater(left, self._idle_check)
+            return
+        if not self._closing:
+            self.core.idle()
+            self._flush()
+
+    def drain(self) -> None:
+        """Graceful GOAWAY (a worker stops): the streams open now finish,
+        newer ones are refused, then the connection closes."""
+        if self.transport is None or self._closing:
+            return
+        self.core.drain()
+        self._flush()
