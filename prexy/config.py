@@ -19,6 +19,7 @@ import attrs
 
 from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.codec import LEVELS, Compression
+from prexy.h2server import H2Settings
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
@@ -210,6 +211,11 @@ class Config:
     #: limits are in, and twisted.web's HTTP/2 send loop spins while a
     #: stream's window is closed (see README).
     http2: bool = False
+    #: The [http2] table: limits of HTTP/2 connections.
+    http2_settings: H2Settings = H2Settings()
+    #: Listen endpoints (of ``listen``) that also take cleartext HTTP/2
+    #: with prior knowledge (h2c).
+    h2c_listen: tuple[str, ...] = ()
     cache_size: int = 0
     #: Directory of the machine-wide cache store (shared by all workers).
     cache_path: str = ""
@@ -321,7 +327,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
         return value
 
-    _known(data, ("server", "timeouts", "limits", "cache", "compression", "sites"), "", err)
+    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -338,6 +344,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             "workers",
             "shutdown_timeout",
             "http2",
+            "h2c_listen",
         ),
         "server",
         err,
@@ -372,6 +379,19 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
     if "http2" in server:
         kwargs["http2"] = typed(server, "http2", bool, "server")
+    if "h2c_listen" in server:
+        h2c = server["h2c_listen"]
+        if isinstance(h2c, str):
+            h2c = [h2c]
+        if not isinstance(h2c, list) or not all(isinstance(x, str) for x in h2c):
+            err("server.h2c_listen", "must be a list of endpoint strings")
+        for desc in h2c:
+            if desc not in listen:
+                err("server.h2c_listen", f"{desc!r} is not one of server.listen")
+            if desc.startswith("ssl:"):
+                err("server.h2c_listen", f"{desc!r}: h2c is cleartext HTTP/2; an ssl: listener offers h2 by ALPN")
+        kwargs["h2c_listen"] = tuple(h2c)
+    kwargs["http2_settings"] = _http2_settings(data.get("http2", {}), err, typed)
     if "workers" in server:
         workers = typed(server, "workers", int, "server")
         if workers < 0:
@@ -580,6 +600,36 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     kwargs["sites"] = tuple(sites)
     kwargs["default_site"] = default
     return Config(**kwargs)
+
+
+def _http2_settings(table: Any, err: Any, typed: Any) -> H2Settings:
+    """The [http2] table."""
+    if not isinstance(table, dict):
+        err("http2", "must be a table")
+    _known(table, [f.name for f in attrs.fields(H2Settings)], "http2", err)
+    values: dict[str, Any] = {}
+    for key in ("max_concurrent_streams", "max_resets", "max_settings", "max_pings"):
+        if key in table:
+            value = typed(table, key, int, "http2")
+            if not 1 <= value <= 2**31 - 1:
+                err(f"http2.{key}", "must be from 1 to 2147483647")
+            values[key] = value
+    if "max_header_list_size" in table:
+        try:
+            values["max_header_list_size"] = size = parse_size(table["max_header_list_size"])
+        except ValueError as exc:
+            err("http2.max_header_list_size", str(exc))
+        if not 1024 <= size <= 2**31 - 1:
+            err("http2.max_header_list_size", "must be from 1k to 2G")
+    if "idle_timeout" in table:
+        values["idle_timeout"] = typed(table, "idle_timeout", float, "http2")
+        if values["idle_timeout"] < 0:
+            err("http2.idle_timeout", "must be 0 (off) or more seconds")
+    if "flood_window" in table:
+        values["flood_window"] = typed(table, "flood_window", float, "http2")
+        if values["flood_window"] <= 0:
+            err("http2.flood_window", "must be more than 0 seconds")
+    return H2Settings(**values)
 
 
 def _check_endpoint(desc: str, fail: Any) -> None:

@@ -237,6 +237,7 @@ class ProxyService(service.MultiService):
             limits=config.limits, timeouts=config.timeouts,
         )
         self.site.http2 = config.http2
+        self.site.h2_settings = config.http2_settings
         self.access_log = None
         if config.access_log is None:
             self.site.log = lambda request: None  # type: ignore[method-assign]
@@ -247,7 +248,7 @@ class ProxyService(service.MultiService):
             self.site.log = self.access_log.log  # type: ignore[method-assign]
         if not inherited:
             for desc in config.listen_endpoints():
-                listening_service(reactor, desc, self.site).setServiceParent(self)
+                listening_service(reactor, desc, self._factory_for(desc)).setServiceParent(self)
         if config.admin and not inherited:
             from twisted.web.server import Site
 
@@ -262,9 +263,21 @@ class ProxyService(service.MultiService):
         """The shared cache store, if any (for the admin endpoint's ban)."""
         return self.resource.cache.store if self.resource.cache is not None else None
 
+    def _factory_for(self, desc: str) -> Any:
+        """The site, or for an ``h2c_listen`` endpoint the site behind a
+        check for the HTTP/2 preface (cleartext HTTP/2 with prior knowledge)."""
+        if desc in self.config.h2c_listen:
+            from prexy.proxy.http2 import PriorKnowledgeFactory
+
+            return PriorKnowledgeFactory(self.site)
+        return self.site
+
     def _listeners(self) -> list[ListeningService]:
         """The services listening on the proxy endpoints (not the admin's)."""
-        return [c for c in self if isinstance(c, ListeningService) and c.factory is self.site]
+        return [
+            c for c in self
+            if isinstance(c, ListeningService) and getattr(c.factory, "site", c.factory) is self.site
+        ]
 
     def listening_ports(self) -> Any:
         """Deferred list of the listening ports of the proxy endpoints, once
@@ -294,6 +307,7 @@ class ProxyService(service.MultiService):
         self.site.max_request_body = config.max_request_body
         self.site.limits = config.limits
         self.site.timeouts = config.timeouts
+        self.site.h2_settings = config.http2_settings
         self.pool.limits = config.limits
         log.info("reloaded configuration: {n} site(s)", n=len(runtime.sites))
         return True
@@ -303,7 +317,7 @@ class ProxyService(service.MultiService):
         if self.config.cache_size and self.resource.cache is None:
             self.resource.cache = open_cache(self.reactor, self.config, self.metrics)
         for spec, fd in self._inherited:
-            self._adopted.append(adopt(self.reactor, spec, fd, self.site))
+            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description)))
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()

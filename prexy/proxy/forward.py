@@ -48,7 +48,7 @@ from prexy.proxy.caching import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import start_response
+from prexy.proxy.request import TRAILERS_OVER, start_response
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -209,8 +209,8 @@ class Exchange(Outcomes):
         plan = plan_response(
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped,
-            # Trailers are HTTP/1.1 chunked ones (twisted.web's HTTP/2 has none).
-            timing_in_trailer=whole is None and request.clientproto == b"HTTP/1.1",
+            # Trailers: HTTP/1.1 chunked ones, or an HTTP/2 stream's last HEADERS.
+            timing_in_trailer=whole is None and request.clientproto in TRAILERS_OVER,
             negotiated=choice.varies,
         )
         headers = plan.headers
@@ -445,7 +445,7 @@ class Exchange(Outcomes):
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
                     metrics.count("prexy_rewrite_timeouts_total")
-                if trailer and request.clientproto == b"HTTP/1.1":
+                if trailer and request.clientproto in TRAILERS_OVER:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
         self.life.move(State.DONE)

@@ -37,6 +37,10 @@ _log = Logger("prexy")
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
 
+#: Client protocols whose answers can end with trailer fields (an HTTP/1.1
+#: chunked body; an HTTP/2 stream, whose request says ``HTTP/2``).
+TRAILERS_OVER = frozenset({b"HTTP/1.1", b"HTTP/2"})
+
 
 def start_response(request: Any, code: int, phrase: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> None:
     """Set the status and the header pairs (in order, repeated names kept)."""
