@@ -47,7 +47,7 @@ from prexy.codec import (
     parse_codings,
     unknown_coding,
 )
-from prexy.proxy.headers import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
+from prexy.forwarding import HOP_BY_HOP, VIA, append_forwarded_for, append_via, forwardable
 from prexy.substitution.applicability import ResourceKey
 
 __all__ = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from prexy.proxy.headers import HOP_BY_HOP
+from prexy.forwarding import HOP_BY_HOP
 
 __all__ = ["DEFAULT_PROTOCOLS", "protocol_name", "tunnel_head", "upgrade_request"]
 

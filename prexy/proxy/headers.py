@@ -1,59 +1,18 @@
-"""Header rules of a reverse proxy: hop-by-hop removal and forwarding headers.
-
-Pure functions over ``(name, value)`` byte pairs so they are easy to test and
-cheap per request.  Repeated headers (``Set-Cookie``) stay separate pairs.
-The response side lives in ``UpstreamResponse.end_to_end``, which reuses the
-lower-cased names the upstream parser already computed.
+"""Header access on the Twisted side: twisted.web's ``Headers`` as the
+mapping the pure modules take.  The header rules themselves (hop-by-hop
+names, forwarding headers) are :mod:`prexy.forwarding`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-#: Headers that describe one connection, never forwarded (RFC 9110 7.6.1),
-#: plus Proxy-Authorization/-Authenticate which are meant for this proxy.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-    }
-)
+from prexy.forwarding import HOP_BY_HOP, VIA
 
-VIA = b"1.1 prexy"
+__all__ = ["HOP_BY_HOP", "VIA", "raw_header_dict"]
 
 
 def raw_header_dict(headers: Any) -> dict[bytes, Sequence[bytes]]:
     """Lower-case name -> values of a twisted.web Headers object."""
     return {name.lower(): values for name, values in headers.getAllRawHeaders()}
-
-
-def forwardable(raw: Mapping[bytes, Sequence[bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
-    """Request header pairs that may go upstream: without those in ``drop``
-    (lower-case names; pass one that includes HOP_BY_HOP) and those named in
-    Connection."""
-    connection = raw.get(b"connection")
-    if connection:
-        drop = drop | {t.strip().lower() for v in connection for t in v.split(b",")}
-    return [(name, value) for name, values in raw.items() if name not in drop for value in values]
-
-
-def append_forwarded_for(existing: Sequence[bytes] | None, client_ip: bytes) -> bytes:
-    """``X-Forwarded-For`` value with this client's address appended."""
-    if existing:
-        return b", ".join([*existing, client_ip])
-    return client_ip
-
-
-def append_via(existing: Sequence[bytes] | None) -> bytes:
-    """``Via`` value with this proxy appended."""
-    if existing:
-        return b", ".join([*existing, VIA])
-    return VIA
