@@ -167,3 +167,74 @@ class ImportGraphTests(SynchronousTestCase):
         self.assertEqual(graph["pkg.sub"], {"pkg.a"})
         self.assertEqual(graph["pkg.sub.c"], {"pkg.sub", "pkg.b"})
         self.assertEqual(find_cycles(graph), [["pkg.a", "pkg.sub", "pkg.a"]])
+
+
+#: The sans-IO cores: what they import, all the way down, is no Twisted and
+#: nothing of the shell (``prexy.proxy``), so each is tested on its own.
+CORES = (
+    "prexy.config",
+    "prexy.runtime",
+    "prexy.exchange",
+    "prexy.http1",
+    "prexy.requesthead",
+    "prexy.headerrules",
+    "prexy.forwarding",
+    "prexy.upgrade",
+    "prexy.codec",
+    "prexy.cache.policy",
+    "prexy.cache.flow",
+    "prexy.cache.ranges",
+    "prexy.cache.codings",
+    "prexy.substitution.transducer",
+    "prexy.substitution.cli",
+    "prexy.urlmap.index",
+    "prexy.urlmap.loader",
+    "prexy.h2server",
+)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The first dotted part of every module ``path`` imports (absolute
+    imports only: a relative one stays inside prexy)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every prexy module it imports, directly or not."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+class PureCoreTests(SynchronousTestCase):
+    """The cores import neither Twisted nor the shell, however indirectly."""
+
+    def test_cores_are_pure(self) -> None:
+        """No core reaches twisted or prexy.proxy through its imports."""
+        files = module_files()
+        graph = import_graph()
+        bad = []
+        for core in CORES:
+            self.assertIn(core, files)
+            for module in sorted(reachable(graph, core)):
+                if module == "prexy.proxy" or module.startswith("prexy.proxy."):
+                    bad.append(f"{core} -> {module}")
+                elif "twisted" in top_level_imports(files[module]):
+                    bad.append(f"{core} -> {module} imports twisted")
+        if bad:
+            self.fail("impure cores:\n" + "\n".join("  " + b for b in bad))
+
+    def test_reachable(self) -> None:
+        """Reachability follows imports transitively and stops at cycles."""
+        self.assertEqual(reachable({"a": {"b"}, "b": {"c", "a"}, "c": set(), "d": {"a"}}, "a"), {"a", "b", "c"})
