@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from prexy.cache.policy import CachePolicy, PolicyError
+from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
 from prexy.h2server import H2Settings
 
@@ -224,6 +225,8 @@ class Config:
     source: str | None = None
     #: The [compression] table: every site's, unless it sets its own keys.
     compression: Compression = Compression()
+    #: The [cluster] table: nodes sharing invalidation; None: a node alone.
+    cluster: ClusterConfig | None = None
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -327,7 +330,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
         return value
 
-    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites"), "", err)
+    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites", "cluster"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -440,6 +443,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err("cache.size", str(exc))
     if "path" in cache:
         kwargs["cache_path"] = rel(typed(cache, "path", str, "cache"))
+    if "cluster" in data:  # nodes sharing invalidation through Redis (prexy.cluster)
+        kwargs["cluster"] = parse_cluster(data["cluster"], err)
 
     def compression(table: Any, where: str, base: Compression) -> Compression:
         if not isinstance(table, dict):
