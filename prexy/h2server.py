@@ -207,10 +207,11 @@ class ServerConnection:
             return []
         try:
             events = self.h2.receive_data(data)
-        except h2.exceptions.DenialOfServiceError as exc:
-            return [self._close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, f"limit: {exc}")]
         except h2.exceptions.ProtocolError as exc:
-            return [self._close(h2.errors.ErrorCodes.PROTOCOL_ERROR, f"protocol error: {exc}")]
+            # h2 has queued its GOAWAY (ENHANCE_YOUR_CALM for a head over
+            # the header list size, else the error's code).
+            self.closed = Close(f"protocol error: {exc}", graceful=False)
+            return [self.closed]
         reset_at_once = {e.stream_id for e in events if isinstance(e, h2.events.StreamReset)}
         out: list[Event] = []
         for event in events:

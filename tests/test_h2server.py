@@ -1,0 +1,398 @@
+"""The HTTP/2 server core (``prexy.h2server``) against an ``h2`` client, no
+I/O: requests arrive as events whole, byte by byte and in any chunking;
+answers are framed in round robin within the flow-control windows, a
+stream whose window is closed is sent nothing until its WINDOW_UPDATE;
+trailers end a stream; the flood limits answer GOAWAY ENHANCE_YOUR_CALM;
+a graceful GOAWAY lets open streams finish and refuses new ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame, RstStreamFrame, WindowUpdateFrame
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.h2server import Body, Close, End, H2Settings, Head, Reset, ServerConnection
+
+GET = [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"https"), (b":authority", b"a.test")]
+
+
+def post(length: int) -> list[tuple[bytes, bytes]]:
+    return [(b":method", b"POST"), (b":path", b"/up"), (b":scheme", b"https"), (b":authority", b"a.test"),
+            (b"content-length", b"%d" % length)]
+
+
+class Pair:
+    """A server core and an h2 client, bytes passed by hand."""
+
+    def __init__(self, limits: H2Settings | None = None, window: int | None = None) -> None:
+        self.server = ServerConnection(limits or H2Settings())
+        self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        if window is not None:
+            self.client.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+            )
+        self.client.initiate_connection()
+        self.now = 0.0
+        self.events: list[Any] = []
+        self.to_client()
+        self.to_server()
+        self.to_client()
+
+    def to_server(self, split: int | None = None) -> list[Any]:
+        data = self.client.data_to_send()
+        if split is None:
+            self.events += self.server.receive(data, self.now)
+        else:
+            for i in range(0, len(data), split):
+                self.events += self.server.receive(data[i : i + split], self.now)
+        return self.events
+
+    def to_client(self) -> list[Any]:
+        return self.client.receive_data(self.server.data_to_send())
+
+    def take(self) -> list[Any]:
+        events, self.events = self.events, []
+        return events
+
+
+def body_of(events: list[Any], sid: int) -> bytes:
+    return b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived) and e.stream_id == sid)
+
+
+class RequestEventTests(SynchronousTestCase):
+    def test_get_whole(self) -> None:
+        """A GET comes as one Head that ends the request; the authority
+        stays a pseudo-field for the shell."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        events = p.to_server()
+        self.assertEqual(events, [Head(1, GET, True)])
+        self.assertEqual(p.server.open, {1})
+
+    def test_post_byte_by_byte(self) -> None:
+        """A POST fed one byte at a time: its head, every byte of the body
+        and its end, in order; the body's credit goes back to the client."""
+        p = Pair()
+        p.client.send_headers(1, post(5))
+        p.client.send_data(1, b"hello", end_stream=True)
+        events = p.to_server(split=1)
+        self.assertEqual(events[0], Head(1, post(5), False))
+        self.assertEqual(b"".join(e.data for e in events if isinstance(e, Body)), b"hello")
+        self.assertEqual(events[-1], End(1))
+        before = p.client.remote_flow_control_window(1)
+        p.to_client()
+        self.assertGreaterEqual(p.client.remote_flow_control_window(1), before)
+
+    def test_trailing_bytes_of_the_next_request(self) -> None:
+        """Two requests in one read, the second cut in the middle: the first
+        comes whole, the second once its last bytes do."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.client.send_headers(3, GET, end_stream=True)
+        data = p.client.data_to_send()
+        cut = len(data) - 3
+        self.assertEqual(p.server.receive(data[:cut], 0), [Head(1, GET, True)])
+        self.assertEqual(p.server.receive(data[cut:], 0), [Head(3, GET, True)])
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
+    def test_any_chunking_same_events(self, cuts: list[int]) -> None:
+        """However the client's bytes are split, the events are the same."""
+        p = Pair()
+        p.client.send_headers(1, post(300))
+        p.client.send_data(1, b"a" * 300, end_stream=True)
+        p.client.send_headers(3, GET, end_stream=True)
+        data = p.client.data_to_send()
+        whole = Pair()
+        whole.client.send_headers(1, post(300))
+        whole.client.send_data(1, b"a" * 300, end_stream=True)
+        whole.client.send_headers(3, GET, end_stream=True)
+        expected = whole.to_server()
+        events: list[Any] = []
+        at = 0
+        for cut in cuts:
+            events += p.server.receive(data[at : at + cut], 0)
+            at += cut
+        events += p.server.receive(data[at:], 0)
+        joined = [e for e in events if not isinstance(e, Body)]
+        self.assertEqual(joined, [e for e in expected if not isinstance(e, Body)])
+        self.assertEqual(b"".join(e.data for e in events if isinstance(e, Body)), b"a" * 300)
+
+    def test_client_reset(self) -> None:
+        """A client's RST_STREAM on an open stream is a Reset event."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        p.take()
+        p.client.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+        self.assertEqual(p.to_server(), [Reset(1, h2.errors.ErrorCodes.CANCEL)])
+        self.assertEqual(p.server.open, set())
+
+    def test_opened_and_reset_in_one_read_never_starts(self) -> None:
+        """A stream opened and reset in the same read (the rapid-reset
+        pattern) gives no event at all: no request is started."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.client.reset_stream(1)
+        self.assertEqual(p.to_server(), [])
+
+
+class SendTests(SynchronousTestCase):
+    def answer(self, p: Pair, sid: int, body: bytes, end: bool = True) -> None:
+        p.server.send_head(sid, [(b":status", b"200")])
+        p.server.send_data(sid, body)
+        if end:
+            p.server.end(sid)
+
+    def test_answer_whole(self) -> None:
+        """Head, body and end arrive whole; the stream is then forgotten."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"x" * 40000)
+        self.assertFalse(p.server.pump())
+        events = p.to_client()
+        self.assertEqual(body_of(events, 1), b"x" * 40000)
+        self.assertTrue(any(isinstance(e, h2.events.StreamEnded) for e in events))
+        self.assertEqual((p.server.open, p.server.queued(1)), (set(), 0))
+
+    def test_trailers_end_the_stream(self) -> None:
+        """end() with fields sends them as trailers, after the data."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        p.server.send_head(1, [(b":status", b"200"), (b"trailer", b"server-timing")])
+        p.server.send_data(1, b"body")
+        p.server.end(1, [(b"server-timing", b"rewrite;dur=1.5")])
+        p.server.pump()
+        events = p.to_client()
+        kinds = [type(e).__name__ for e in events if not isinstance(e, h2.events.SettingsAcknowledged)]
+        self.assertEqual(kinds, ["ResponseReceived", "DataReceived", "TrailersReceived", "StreamEnded"])
+        [trailers] = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+        self.assertEqual(trailers.headers, [(b"server-timing", b"rewrite;dur=1.5")])
+
+    def test_closed_window_sends_nothing_until_update(self) -> None:
+        """With a 1000-byte stream window: 1000 bytes go, the rest waits
+        queued, pumping again sends nothing (no retry loop needed or
+        possible), and a WINDOW_UPDATE lets exactly that much more go."""
+        p = Pair(window=1000)
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"y" * 5000)
+        p.server.pump()
+        self.assertEqual(len(body_of(p.to_client(), 1)), 1000)
+        self.assertEqual(p.server.queued(1), 4000)
+        for _ in range(3):
+            self.assertFalse(p.server.pump())
+            self.assertEqual(p.server.data_to_send(), b"")
+        p.client.increment_flow_control_window(1500, stream_id=1)
+        p.to_server()
+        p.server.pump()
+        self.assertEqual(len(body_of(p.to_client(), 1)), 1500)
+        self.assertEqual(p.server.queued(1), 2500)
+
+    def test_stalled_stream_does_not_stall_another(self) -> None:
+        """Stream 1's window is closed; stream 3, with its window opened by
+        the client, is sent whole."""
+        p = Pair(window=100)
+        p.client.send_headers(1, GET, end_stream=True)
+        p.client.send_headers(3, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"s" * 1000)
+        self.answer(p, 3, b"f" * 300)
+        p.server.pump()
+        p.to_client()
+        p.client.increment_flow_control_window(1000, stream_id=3)
+        p.to_server()
+        p.server.pump()
+        events = p.to_client()
+        self.assertEqual(body_of(events, 3), b"f" * 200)
+        self.assertTrue(any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 3 for e in events))
+        self.assertEqual(p.server.queued(1), 900)
+        self.assertEqual(p.server.take_drained(), [3])
+
+    def test_round_robin(self) -> None:
+        """Two streams with three frames each are framed alternately."""
+        p = Pair(window=1 << 20)
+        p.client.increment_flow_control_window(1 << 20)
+        p.client.send_headers(1, GET, end_stream=True)
+        p.client.send_headers(3, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"a" * 3 * 16384)
+        self.answer(p, 3, b"b" * 3 * 16384)
+        p.server.pump()
+        order = [e.stream_id for e in p.to_client() if isinstance(e, h2.events.DataReceived)]
+        self.assertEqual(order, [1, 3, 1, 3, 1, 3])
+
+    def test_budget_stops_a_pump(self) -> None:
+        """pump() stops near its budget and says there is more."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"z" * 50000)
+        self.assertTrue(p.server.pump(budget=20000))
+        self.assertEqual(p.server.queued(1), 50000 - 2 * 16384)
+        self.assertFalse(p.server.pump())
+
+    def test_connection_window(self) -> None:
+        """When the connection's window (65535) is spent, streams wait in
+        order and go on after a connection WINDOW_UPDATE."""
+        p = Pair(window=1 << 20)
+        for sid in (1, 3):
+            p.client.send_headers(sid, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"a" * 60000)
+        self.answer(p, 3, b"b" * 60000)
+        p.server.pump()
+        events = p.to_client()
+        self.assertEqual(len(body_of(events, 1)) + len(body_of(events, 3)), 65535)
+        p.client.increment_flow_control_window(1 << 20)
+        p.to_server()
+        p.server.pump()
+        events = p.to_client()
+        self.assertEqual(len(body_of(events, 1)) + len(body_of(events, 3)), 120000 - 65535)
+
+    def test_reset_drops_the_queue(self) -> None:
+        """reset() sends RST_STREAM and forgets what was queued."""
+        p = Pair(window=10)
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        self.answer(p, 1, b"q" * 100, end=False)
+        p.server.pump()
+        p.server.reset(1)
+        self.assertEqual(p.server.queued(1), 0)
+        events = p.to_client()
+        self.assertTrue(any(isinstance(e, h2.events.StreamReset) for e in events))
+
+
+class LimitTests(SynchronousTestCase):
+    def goaway(self, p: Pair) -> Any:
+        [event] = [e for e in p.to_client() if isinstance(e, h2.events.ConnectionTerminated)]
+        return event
+
+    def test_rapid_reset(self) -> None:
+        """More than max_resets RST_STREAMs within the window: GOAWAY
+        ENHANCE_YOUR_CALM and Close; no request was started."""
+        p = Pair(H2Settings(max_resets=10))
+        closed = []
+        for i in range(11):
+            sid = 1 + 2 * i
+            p.client.send_headers(sid, GET, end_stream=True)
+            p.client.reset_stream(sid)
+            closed = [e for e in p.to_server() if isinstance(e, Close)]
+        self.assertEqual(len(closed), 1)
+        self.assertFalse(any(isinstance(e, Head) for e in p.events))
+        self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def test_resets_spread_out_are_fine(self) -> None:
+        """The same resets spread over more than the window are allowed."""
+        p = Pair(H2Settings(max_resets=10, flood_window=1.0))
+        for i in range(30):
+            p.now = i * 0.2
+            sid = 1 + 2 * i
+            p.client.send_headers(sid, GET, end_stream=True)
+            p.to_server()
+            p.client.reset_stream(sid)
+            p.to_server()
+        self.assertIsNone(p.server.closed)
+
+    def test_ping_flood(self) -> None:
+        p = Pair(H2Settings(max_pings=5))
+        for i in range(6):
+            p.client.ping(b"%08d" % i)
+        p.to_server()
+        self.assertEqual(p.server.closed, Close("too many PING frames", graceful=False))
+        self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def test_settings_flood(self) -> None:
+        p = Pair(H2Settings(max_settings=5))
+        for _ in range(6):
+            p.client.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 10})
+        p.to_server()
+        self.assertEqual(p.server.closed, Close("too many SETTINGS frames", graceful=False))
+
+    def test_header_list_too_large(self) -> None:
+        """A request head above max_header_list_size closes the connection
+        with ENHANCE_YOUR_CALM."""
+        p = Pair(H2Settings(max_header_list_size=2048))
+        p.client.send_headers(1, GET + [(b"x-big", b"v" * 4000)], end_stream=True)
+        events = p.to_server()
+        self.assertIsInstance(events[-1], Close)
+        self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def test_settings_advertised(self) -> None:
+        """The client learns the stream and header-list limits."""
+        p = Pair(H2Settings(max_concurrent_streams=7, max_header_list_size=9999))
+        self.assertEqual(p.client.remote_settings.max_concurrent_streams, 7)
+        self.assertEqual(p.client.remote_settings.max_header_list_size, 9999)
+
+    def test_protocol_error(self) -> None:
+        """Garbage after the preface: GOAWAY PROTOCOL_ERROR and Close."""
+        p = Pair()
+        events = p.server.receive(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x", 0)  # DATA on stream 0
+        self.assertIsInstance(events[-1], Close)
+        self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+
+
+def frames(data: bytes) -> list[Any]:
+    """The frames in ``data`` (hyperframe: the h2 client state machine
+    accepts nothing after a GOAWAY, where a real client goes on reading
+    the streams it named)."""
+    out = []
+    while data:
+        frame, length = Frame.parse_frame_header(memoryview(data[:9]))
+        frame.parse_body(memoryview(data[9 : 9 + length]))
+        out.append(frame)
+        data = data[9 + length :]
+    return out
+
+
+class DrainTests(SynchronousTestCase):
+    def test_goaway_lets_open_streams_finish(self) -> None:
+        """drain(): GOAWAY naming stream 1; stream 3 opened later is refused
+        (REFUSED_STREAM); stream 1 still takes WINDOW_UPDATEs and gets its
+        whole answer; Close (graceful) once it ended."""
+        p = Pair(window=100)
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        p.take()
+        self.assertEqual(p.server.drain(), [])
+        [goaway] = [f for f in frames(p.server.data_to_send()) if isinstance(f, GoAwayFrame)]
+        self.assertEqual((goaway.last_stream_id, goaway.error_code), (1, 0))
+        p.client.send_headers(3, GET, end_stream=True)
+        self.assertEqual(p.to_server(), [])
+        [refused] = [f for f in frames(p.server.data_to_send()) if isinstance(f, RstStreamFrame)]
+        self.assertEqual((refused.stream_id, refused.error_code), (3, h2.errors.ErrorCodes.REFUSED_STREAM))
+        p.server.send_head(1, [(b":status", b"200")])
+        p.server.send_data(1, b"d" * 300)
+        p.server.end(1)
+        p.server.pump()
+        sent = [f for f in frames(p.server.data_to_send()) if isinstance(f, DataFrame)]
+        self.assertEqual(sum(len(f.data) for f in sent), 100)
+        self.assertIsNone(p.server.closed)
+        update = WindowUpdateFrame(1, window_increment=1000)
+        self.assertEqual(p.server.receive(update.serialize(), 0), [])
+        p.server.pump()
+        sent = [f for f in frames(p.server.data_to_send()) if isinstance(f, DataFrame)]
+        self.assertEqual(sum(len(f.data) for f in sent), 200)
+        self.assertIn("END_STREAM", sent[-1].flags)
+        self.assertEqual(p.server.closed, Close("drained", graceful=True))
+
+    def test_drain_with_nothing_open_closes_at_once(self) -> None:
+        p = Pair()
+        self.assertEqual(p.server.drain(), [Close("drained", graceful=True)])
+
+    def test_idle(self) -> None:
+        """idle(): GOAWAY NO_ERROR, a graceful Close."""
+        p = Pair()
+        self.assertEqual(p.server.idle(), Close("idle timeout", graceful=True))
+        [goaway] = [e for e in p.to_client() if isinstance(e, h2.events.ConnectionTerminated)]
+        self.assertEqual(goaway.error_code, 0)
