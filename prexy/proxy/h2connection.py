@@ -386,8 +386,8 @@ class H2ServerProtocol(Protocol):
     def _close(self) -> None:
         self._closing = True
         transport: Any = self.transport
-        transport.loseConnection()
         self._close_timer = self.reactor.callLater(CLOSE_GRACE, transport.abortConnection)
+        transport.loseConnection()
 
     def _idle_check(self) -> None:
         self._timer = None

@@ -1,9 +1,16 @@
-"""The proxy over twisted.web's HTTP/2 connection, in memory: an ``h2``
-client on one side, the scripted origin of ``support.Harness`` on the
-other.  Proves: a streamed answer arrives whole without a Trailer it could
-not send; an upstream dying mid-body resets the stream (not the
-connection); a request body over the limit gets its 413 and a reset; the
-access line says HTTP/2.0."""
+"""The proxy over Prexy's HTTP/2 connection (``prexy.proxy.h2connection``),
+in memory: an ``h2`` client on one side, the scripted origin of
+``support.Harness`` on the other, a MemoryReactorClock for time.  Proves:
+answers arrive whole on several streams at once; a stream whose window is
+closed pauses its upstream and leaves nothing due on the reactor (no
+``callLater(0)`` loop) while another stream completes; the transport's own
+backpressure pauses every stream; the rewrite's Server-Timing arrives as
+trailers; an upstream dying mid-body resets that stream only; a request
+body over the limit gets its 413; connection-specific fields never reach
+the client; the access line says HTTP/2.0; a rapid-reset flood gets GOAWAY
+ENHANCE_YOUR_CALM and starts no upstream request; a drain's GOAWAY lets the
+stream in flight finish, then closes; an idle connection is closed; a
+cleartext connection opening with the preface speaks HTTP/2 (h2c)."""
 
 from __future__ import annotations
 
@@ -11,25 +18,47 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import h2.settings
+from hyperframe.frame import DataFrame, GoAwayFrame
+from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionLost
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.accesslog import combined_line
+from prexy.h2server import PREFACE
+from prexy.proxy.http2 import PriorKnowledgeFactory
+from tests.test_h2server import frames
 
-from .support import Harness
+from .support import ClosingTransport, Harness
+from .test_rewrite import PAGE, REWRITTEN, harness
+
+
+def new_transport() -> ClosingTransport:
+    return ClosingTransport(
+        hostAddress=IPv4Address("TCP", "127.0.0.1", 8443), peerAddress=IPv4Address("TCP", "10.1.2.3", 5555)
+    )
 
 
 class H2Client:
-    def __init__(self, h: Harness) -> None:
+    """An h2 client on a ClosingTransport to the site's HTTP/2 connection."""
+
+    def __init__(self, h: Harness, window: int | None = None, server: Any = None) -> None:
         self.h = h
-        self.server: Any = h.site.http2_connection()
-        self.transport = StringTransport()
+        self.server: Any = server or h.site.http2_connection()
+        self.transport = new_transport()
+        self.transport.protocol = self.server
         self.server.makeConnection(self.transport)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        if window is not None:
+            self.conn.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+            )
         self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(1 << 24)
+        self.ack = window is None
         self.flush()
 
     def flush(self) -> list[Any]:
@@ -40,20 +69,39 @@ class H2Client:
         self.h.clock.advance(0)
         events = self.conn.receive_data(self.transport.value())
         self.transport.clear()
+        if self.ack:
+            for e in events:
+                if isinstance(e, h2.events.DataReceived) and e.flow_controlled_length:
+                    self.conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
         more = self.conn.data_to_send()
         if more:
             self.server.dataReceived(more)
         return events
 
-    def get(self, sid: int, path: bytes = b"/x", body: bytes | None = None) -> list[Any]:
+    def get(self, sid: int, path: bytes = b"/x", body: bytes | None = None,
+            extra: list[tuple[bytes, bytes]] | None = None) -> list[Any]:
         headers = [(b":method", b"POST" if body else b"GET"), (b":path", path), (b":scheme", b"https"),
-                   (b":authority", b"a")]
+                   (b":authority", b"a")] + (extra or [])
         if body:
             headers.append((b"content-length", b"%d" % len(body)))
         self.conn.send_headers(sid, headers, end_stream=body is None)
         if body:
             self.conn.send_data(sid, body, end_stream=True)
         return self.flush()
+
+
+def body(events: list[Any], sid: int) -> bytes:
+    return b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived) and e.stream_id == sid)
+
+
+def ended(events: list[Any], sid: int) -> bool:
+    return any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events)
+
+
+def due_now(h: Harness) -> list[Any]:
+    """Reactor calls due without time passing (a callLater(0) loop would
+    always leave one)."""
+    return [c for c in h.clock.getDelayedCalls() if c.getTime() <= h.clock.seconds()]
 
 
 class HTTP2Tests(SynchronousTestCase):
@@ -116,21 +164,234 @@ class HTTP2Tests(SynchronousTestCase):
         self.assertEqual(counted, 1)
 
 
-class HTTP2AbuseTests(SynchronousTestCase):
-    def test_rapid_reset_closes_the_connection(self) -> None:
-        """Streams opened and reset at once (CVE-2023-44487): past
-        twisted.web's reset budget the connection is closed, and the
-        upstream requests of the reset streams are not left running."""
+    def test_several_streams_at_once(self) -> None:
+        """Three streams in flight, answered in reverse order: each body on
+        its own stream, whole."""
         h = Harness()
         c = H2Client(h)
-        for i in range(1200):
+        for sid in (1, 3, 5):
+            c.conn.send_headers(sid, [(b":method", b"GET"), (b":path", b"/p%d" % sid), (b":scheme", b"https"),
+                                      (b":authority", b"a")], end_stream=True)
+        c.flush()
+        self.assertEqual(len(h.conns), 3)
+        events: list[Any] = []
+        for conn in reversed(h.conns):
+            path = conn.sent().split(b" ")[1]
+            answer = b"answer for " + path
+            conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            events += c.flush()
+        for sid in (1, 3, 5):
+            self.assertEqual(body(events, sid), b"answer for /p%d" % sid)
+            self.assertTrue(ended(events, sid))
+
+    def test_connection_specific_fields_never_reach_the_client(self) -> None:
+        """Keep-Alive, Connection and the fields Connection names are left
+        out of the HTTP/2 head; an ordinary field passes; the request's
+        cookie crumbs reach the origin joined in one Cookie field."""
+        h = Harness()
+        c = H2Client(h)
+        c.get(1, extra=[(b"cookie", b"a=1"), (b"cookie", b"b=2")])
+        sent = h.conns[-1].sent()
+        self.assertIn(b"\r\ncookie: a=1; b=2\r\n", sent.lower())
+        h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n"
+                          b"X-Kept: yes\r\nContent-Length: 2\r\n\r\nok")
+        [head] = [e for e in c.flush() if isinstance(e, h2.events.ResponseReceived)]
+        names = [n for n, _ in head.headers]
+        self.assertIn(b"x-kept", names)
+        for name in (b"connection", b"x-hop", b"keep-alive", b"transfer-encoding"):
+            self.assertNotIn(name, names)
+
+
+class FlowControlTests(SynchronousTestCase):
+    def test_closed_window_pauses_upstream_and_nothing_spins(self) -> None:
+        """Stream 1's window (1000 bytes) stays closed: its upstream is
+        paused after a bounded amount, nothing is due on the reactor, the
+        clock can run without a byte more being sent; stream 3 beside it
+        completes.  Opening the window resumes the upstream and the body
+        arrives whole."""
+        h = Harness()
+        c = H2Client(h, window=1000)
+        c.get(1, b"/big")
+        c.get(3, b"/small")
+        big, small = h.conns
+        big.sent()
+        small.sent()
+        total = 1024 * 1024
+        big.reply(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % total)
+        fed = 0
+        events: list[Any] = []
+        while not big.paused and fed < total:
+            big.reply(b"b" * 16384)
+            fed += 16384
+            events += c.flush()
+        self.assertTrue(big.paused)
+        self.assertLessEqual(fed, 128 * 1024)
+        self.assertEqual(len(body(events, 1)), 1000)
+        small.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nsmall")
+        events = c.flush()
+        self.assertEqual(body(events, 3), b"small")
+        self.assertTrue(ended(events, 3))
+        self.assertEqual(due_now(h), [])
+        h.clock.advance(1)
+        h.clock.advance(0)
+        self.assertEqual(c.transport.value(), b"")
+        self.assertEqual(due_now(h), [])
+        self.assertTrue(big.paused)
+        # The client opens the window wide: the rest flows.
+        c.ack = True
+        c.conn.increment_flow_control_window(total, stream_id=1)
+        received = 1000
+        for _ in range(400):
+            events = c.flush()
+            received += len(body(events, 1))
+            if ended(events, 1):
+                break
+            if not big.paused and fed < total:
+                piece = min(65536, total - fed)
+                big.reply(b"b" * piece)
+                fed += piece
+        self.assertEqual(received, total)
+
+    def test_transport_backpressure_pauses_every_stream(self) -> None:
+        """When the client's transport buffer fills (pauseProducing on the
+        connection), every stream's upstream pauses; resumeProducing
+        resumes them."""
+        h = Harness()
+        c = H2Client(h)
+        c.get(1)
+        c.get(3)
+        for conn in h.conns:
+            conn.sent()
+            conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nxx")
+        c.flush()
+        self.assertFalse(any(conn.paused for conn in h.conns))
+        c.transport.producer.pauseProducing()
+        self.assertTrue(all(conn.paused for conn in h.conns))
+        for conn in h.conns:
+            conn.reply(b"y" * 1000)
+        self.assertEqual(c.transport.value(), b"")
+        c.transport.producer.resumeProducing()
+        self.assertFalse(any(conn.paused for conn in h.conns))
+        events = c.flush()
+        self.assertEqual(len(body(events, 1)) + len(body(events, 3)), 2000)
+
+
+class TrailerTests(SynchronousTestCase):
+    def test_rewrite_timing_as_trailers(self) -> None:
+        """A rewritten, streamed answer announces ``Trailer: Server-Timing``
+        and ends with the rewrite's Server-Timing in HTTP/2 trailers."""
+        h = harness()
+        c = H2Client(h)
+        c.get(1, b"/")
+        conn = h.conns[-1]
+        conn.sent()
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.reply(b"%x\r\n%s\r\n0\r\n\r\n" % (len(PAGE), PAGE))
+        h.settle()
+        events = c.flush()
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertIn((b"trailer", b"Server-Timing"), head.headers)
+        self.assertEqual(body(events, 1), REWRITTEN)
+        [trailers] = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+        [(name, value)] = trailers.headers
+        self.assertEqual(name, b"server-timing")
+        self.assertRegex(value, rb'^rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
+        self.assertTrue(ended(events, 1))
+
+
+class AbuseTests(SynchronousTestCase):
+    def test_rapid_reset(self) -> None:
+        """Streams opened and reset at once (CVE-2023-44487): past
+        max_resets the connection gets GOAWAY ENHANCE_YOUR_CALM and is
+        closed; no upstream request was started for a stream reset in the
+        read that opened it."""
+        h = Harness()
+        c = H2Client(h)
+        data = b""
+        for i in range(300):
             sid = 1 + 2 * i
             c.conn.send_headers(sid, [(b":method", b"GET"), (b":path", b"/r"), (b":scheme", b"https"),
                                       (b":authority", b"a")], end_stream=True)
             c.conn.reset_stream(sid)
+            data += c.conn.data_to_send()
+        for at in range(0, len(data), 4096):
             if c.transport.disconnecting:
                 break
-            c.server.dataReceived(c.conn.data_to_send())
+            c.server.dataReceived(data[at : at + 4096])
         self.assertTrue(c.transport.disconnecting)
-        open_upstream = [conn for conn in h.conns if not conn.transport.disconnecting]
-        self.assertLessEqual(len(open_upstream), 1)
+        [goaway] = [f for f in frames(c.transport.value()) if isinstance(f, GoAwayFrame)]
+        self.assertEqual(goaway.error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.assertEqual(h.conns, [])
+
+    def test_idle_connection_closed(self) -> None:
+        """No stream and nothing received for idle_timeout: GOAWAY, close."""
+        h = Harness()
+        c = H2Client(h)
+        h.clock.advance(74)
+        self.assertFalse(c.transport.disconnecting)
+        h.clock.advance(1.5)
+        self.assertTrue(c.transport.disconnecting)
+        [goaway] = [f for f in frames(c.transport.value()) if isinstance(f, GoAwayFrame)]
+        self.assertEqual(goaway.error_code, 0)
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+
+class DrainTests(SynchronousTestCase):
+    def test_goaway_lets_the_stream_in_flight_finish(self) -> None:
+        """A graceful stop (``close_idle_connections``): GOAWAY naming
+        stream 1 at once, stream 1's answer still arrives whole, then the
+        connection closes."""
+        h = Harness()
+        c = H2Client(h)
+        c.get(1)
+        conn = h.conns[-1]
+        conn.sent()
+        h.site.close_idle_connections()
+        out = frames(c.transport.value())
+        c.transport.clear()
+        [goaway] = [f for f in out if isinstance(f, GoAwayFrame)]
+        self.assertEqual((goaway.last_stream_id, goaway.error_code), (1, 0))
+        self.assertFalse(c.transport.disconnecting)
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")
+        h.settle()
+        data = [f for f in frames(c.transport.value()) if isinstance(f, DataFrame)]
+        self.assertEqual(b"".join(f.data for f in data), b"done")
+        self.assertIn("END_STREAM", data[-1].flags)
+        self.assertTrue(c.transport.disconnecting)
+        self.assertEqual(due_now(h), [])
+
+
+class PriorKnowledgeTests(SynchronousTestCase):
+    def connect(self, h: Harness) -> tuple[Any, ClosingTransport]:
+        protocol = PriorKnowledgeFactory(h.site).buildProtocol(IPv4Address("TCP", "10.1.2.3", 5555))
+        transport = new_transport()
+        transport.protocol = protocol
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def test_preface_speaks_http2(self) -> None:
+        """A cleartext connection starting with the preface (fed one byte
+        at a time) is served over HTTP/2."""
+        h = Harness()
+        protocol, transport = self.connect(h)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        client.initiate_connection()
+        client.send_headers(1, [(b":method", b"GET"), (b":path", b"/c"), (b":scheme", b"http"),
+                                (b":authority", b"a")], end_stream=True)
+        data = client.data_to_send()
+        self.assertTrue(data.startswith(PREFACE))
+        for i in range(len(data)):
+            protocol.dataReceived(data[i : i + 1])
+        self.assertIn(b"GET /c HTTP/1.1\r\n", h.conns[-1].sent())
+        h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nh2")
+        events = client.receive_data(transport.value())
+        self.assertEqual(body(events, 1), b"h2")
+
+    def test_http11_still_served(self) -> None:
+        """Anything else on that listener is HTTP/1.1."""
+        h = Harness()
+        protocol, transport = self.connect(h)
+        protocol.dataReceived(b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n")
+        self.assertIn(b"GET /one HTTP/1.1\r\n", h.conns[-1].sent())
+        h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nh1")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"))
