@@ -28,7 +28,8 @@ def _still_open(request: server.Request) -> Callable[[], bool]:
 
 
 class AdminResource(resource.Resource):
-    """``GET /health``, ``GET /metrics``, ``POST /reload``."""
+    """``GET /health``, ``GET /metrics``, ``POST /reload[?cluster=1]``,
+    ``POST /ban``."""
 
     isLeaf = True
 
@@ -40,13 +41,17 @@ class AdminResource(resource.Resource):
         path = request.path
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if path == b"/health":
+            cluster = getattr(self.owner, "cluster", None)
+            if cluster is not None:  # a node of a fleet: its link to Redis (it serves either way)
+                return b"ok\n" + cluster.health().encode("utf-8") + b"\n"
             return b"ok\n"
         if path == b"/metrics":
             request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
             collect = getattr(self.owner, "collect_metrics", None)
             if collect is not None:
                 return collect()
-            return render([self.owner.metrics])
+            cluster = getattr(self.owner, "cluster", None)
+            return render([self.owner.metrics], cluster.gauges() if cluster is not None else None)
         if path == b"/reload":
             if request.method != b"POST":
                 request.setResponseCode(405)
@@ -54,6 +59,24 @@ class AdminResource(resource.Resource):
                 return b"use POST /reload\n"
             still_open = _still_open(request)
             d = defer.maybeDeferred(self.owner.reload)
+            everywhere = (request.args or {}).get(b"cluster", [b""])[0] in (b"1", b"true", b"yes")
+            cluster = getattr(self.owner, "cluster", None)
+            if everywhere and cluster is None:
+                request.setResponseCode(409)
+                d.addCallback(lambda ok: ok and request.write(b"this node is in no cluster: reloaded here only\n"))
+            elif everywhere:
+                from prexy.cluster.messages import Invalidation
+
+                fleet: Any = cluster
+
+                def share(ok: bool) -> Any:
+                    if not ok:
+                        return ok
+                    shared = fleet.publish(Invalidation.reload())
+                    shared.addCallback(lambda note: still_open() and request.write(note))
+                    return shared.addCallback(lambda _: ok)
+
+                d.addCallback(share)
 
             def answer(ok: bool) -> None:
                 if not still_open():
@@ -106,6 +129,13 @@ class AdminResource(resource.Resource):
         d = deferToThread(store.ban, site, regex)
 
         def answer(count: int) -> None:
+            announce = getattr(self.owner, "announce", None)
+            if announce is not None:  # a cluster: answer once the other nodes applied it
+                from prexy.cluster.messages import Invalidation
+                from prexy.cluster.node import answer_with_note
+
+                answer_with_note(request, announce(Invalidation.ban(site, regex)), b"banned %d object(s)\n" % count)
+                return
             if still_open():
                 request.write(b"banned %d object(s)\n" % count)
                 request.finish()

@@ -27,6 +27,12 @@ HELP = {
     "prexy_map_hits_total": "Requests answered or rewritten by a URL map, by action.",
     "prexy_bytes_out_total": "Response body bytes written to clients.",
     "prexy_worker_restarts_total": "Worker processes restarted by the master.",
+    "prexy_cluster_published_total": "Invalidations (and reloads) this node added to the cluster's log, by kind.",
+    "prexy_cluster_applied_total": "Invalidations (and reloads) of other nodes applied here, by kind.",
+    "prexy_cluster_skipped_total": "Log entries not applied, by reason (own, seen, old-reload, malformed).",
+    "prexy_cluster_queued_total": "Invalidations made while Redis was unreachable (published when it returns).",
+    "prexy_cluster_outages_total": "Times this node lost Redis (one per outage, not per attempt).",
+    "prexy_cluster_flushes_total": "Stores emptied because entries this node never read were trimmed.",
 }
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]

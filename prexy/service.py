@@ -46,6 +46,7 @@ class Options(usage.Options):
         ["demo", None, "Run a built-in origin and Prexy in front of it on 127.0.0.1:8080."],
         ["check", None, "Validate the configuration (and its rules and maps), then exit 0 or 1."],
         ["reload", None, "Ask the running Prexy (through its admin endpoint) to reload, then exit."],
+        ["cluster", None, "With --reload: reload every node of the cluster ([cluster] in the config)."],
     ]
     optParameters = [
         ["config", "c", None, "TOML configuration file."],
@@ -90,7 +91,7 @@ class Options(usage.Options):
                 raise SystemExit(1) from None
             raise usage.UsageError(str(exc)) from None
         if self["reload"]:
-            raise SystemExit(request_reload(config))
+            raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
         if self["check"]:
             source = config.source or "command line"
             sys.stdout.write(
@@ -172,8 +173,9 @@ def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     return CacheLayer(reactor, store, metrics, events)
 
 
-def request_reload(config: Config) -> int:
-    """POST /reload to the admin endpoint the config names; exit status."""
+def request_reload(config: Config, everywhere: bool = False) -> int:
+    """POST /reload to the admin endpoint the config names (``?cluster=1``
+    with ``everywhere``: every node of the cluster); exit status."""
     import urllib.error
     import urllib.request
 
@@ -189,6 +191,8 @@ def request_reload(config: Config) -> int:
     host = kw.get("interface", "127.0.0.1")
     host = "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{args[0]}/reload"
+    if everywhere:
+        url += "?cluster=1"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=60) as answer:
             sys.stdout.write(answer.read().decode("utf-8", "replace"))
@@ -223,6 +227,7 @@ class ProxyService(service.MultiService):
         self._map_failed: dict[int, tuple[float, ...]] = {}
         self._adopted: list[Any] = []
         self._draining = False
+        self._cluster_cache: Any = None
         from prexy.metrics import Metrics
         from prexy.proxy.pool import UpstreamPool
         from prexy.proxy.resource import ProxyResource, ProxySite
@@ -258,10 +263,21 @@ class ProxyService(service.MultiService):
             admin_site = Site(admin)
             admin_site.log = lambda request: None  # type: ignore[method-assign]
             strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
+        #: This node's link to the fleet (prexy.cluster) when it runs alone
+        #: (workers = 0); in a pool the master holds it.
+        self.cluster: Any = None
+        self.announce: Any = None
+        if config.cluster is not None and not inherited:
+            from prexy.cluster.node import node_service
+
+            self.cluster = node_service(reactor, config, self.metrics, self.cache_store, self.reload)
+            self.cluster.setServiceParent(self)
+            self.announce = self.cluster.publish
 
     def cache_store(self) -> Any:
         """The shared cache store, if any (for the admin endpoint's ban)."""
-        return self.resource.cache.store if self.resource.cache is not None else None
+        cache = self.resource.cache if self.resource.cache is not None else self._cluster_cache
+        return cache.store if cache is not None else None
 
     def _factory_for(self, desc: str) -> Any:
         """The site, or for an ``h2c_listen`` endpoint the site behind a
@@ -315,7 +331,13 @@ class ProxyService(service.MultiService):
     def startService(self) -> None:
         super().startService()
         if self.config.cache_size and self.resource.cache is None:
-            self.resource.cache = open_cache(self.reactor, self.config, self.metrics)
+            cache = open_cache(self.reactor, self.config, self.metrics)
+            if self.cluster is None:
+                self.resource.cache = cache
+            else:  # serve from the store once the node caught up (prexy.cluster)
+                self._cluster_cache = cache
+                cache.announce = self.cluster.publish
+                self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
         for spec, fd in self._inherited:
             self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description)))
         self._inherited = []

@@ -68,6 +68,13 @@ def worker_main(spec_json: str) -> None:
 
     def started() -> None:
         svc.startService()
+        cluster = options.config.cluster
+        if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
+            from prexy.cluster.node import WorkerRelay
+
+            svc.resource.cache.announce = WorkerRelay(
+                reactor, send, svc.resource.cache.events, cluster.confirm_timeout + 2.0
+            )
         send({"ready": True, "pid": os.getpid()})
         from twisted.internet.task import LoopingCall
 

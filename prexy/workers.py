@@ -100,6 +100,10 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.master.worker_ready(self)
             if "metrics" in message:
                 self.metrics = message["metrics"]
+            if "cluster" in message and self.master.cluster is not None:  # a PURGE to share (prexy.cluster)
+                from prexy.cluster.node import relay_worker_message
+
+                relay_worker_message(self.master.cluster, self.master.config, self.pid, message)
 
     def processEnded(self, reason: Any) -> None:
         self.master.worker_ended(self, reason)
@@ -145,6 +149,15 @@ class MasterService(service.MultiService):
         self._reloading: defer.Deferred[bool] | None = None
         self.last_reload_error = ""
         self._store: Any = None
+        #: This node's link to the fleet (prexy.cluster), when [cluster] is set.
+        self.cluster: Any = None
+        self.announce: Any = None
+        if config.cluster is not None:
+            from prexy.cluster.node import node_service
+
+            self.cluster = node_service(reactor, config, self.metrics, self.cache_store, self.reload)
+            self.cluster.setServiceParent(self)
+            self.announce = self.cluster.publish
         if config.admin:
             from twisted.web.server import Site
 
@@ -166,8 +179,16 @@ class MasterService(service.MultiService):
             self.privilegedStartService()
         super().startService()
         self.generation = 1
-        for slot in range(self.count):
-            self._spawn(self.generation, slot)
+
+        def spawn(_: Any = None) -> None:
+            if not self.stopping:
+                for slot in range(self.count):
+                    self._spawn(self.generation, slot)
+
+        if self.cluster is not None:  # serve from the store once the node caught up
+            self.cluster.ready.addCallback(spawn)
+        else:
+            spawn()
         log.info(
             "prexy master {pid}: {n} worker(s) on {listen}",
             pid=os.getpid(),
@@ -337,4 +358,6 @@ class MasterService(service.MultiService):
             "prexy_workers": float(sum(1 for w in self.workers if w.ready and not w.retiring)),
             "prexy_worker_generation": float(self.generation),
         }
+        if self.cluster is not None:
+            extra.update(self.cluster.gauges())
         return render(parts, extra)

@@ -53,6 +53,7 @@ from prexy.cache.codings import (
     variant_key,
 )
 from prexy.cache.ranges import choose_range
+from prexy.cluster.messages import Invalidation
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
@@ -276,6 +277,9 @@ class CacheLayer:
         self.refreshing: set[bytes] = set()
         self.holder = b"%d" % os.getpid()
         self.variants = VariantMemo()
+        #: The cluster's seam (prexy.cluster): shares a PURGE applied here;
+        #: its Deferred fires with a line for the answer.  None: a node alone.
+        self.announce: Callable[[Invalidation], Any] | None = None
 
     # -- requests ----------------------------------------------------------------
 
@@ -565,9 +569,15 @@ class CacheLayer:
         if client not in allowed:
             request.setResponseCode(405)
             return b"405 Method Not Allowed: PURGE is not allowed from this address\n"
-        count = self.store.purge_url(site.name, key_url(site.cache_policy, host, target))
+        url = key_url(site.cache_policy, host, target)
+        count = self.store.purge_url(site.name, url)
         self.metrics.count("prexy_cache_purges_total")
         log.info("PURGE {url} from {client}: {n} object(s)", url=target.decode("latin-1"), client=client, n=count)
+        if self.announce is not None:  # a cluster: answer once the other nodes applied it
+            from prexy.cluster.node import answer_with_note
+
+            note = self.announce(Invalidation.purge(site.name, url))
+            return answer_with_note(request, note, b"purged %d object(s)\n" % count)
         return b"purged %d object(s)\n" % count
 
 
