@@ -131,8 +131,8 @@ class AdminResource(resource.Resource):
         def answer(count: int) -> None:
             announce = getattr(self.owner, "announce", None)
             if announce is not None:  # a cluster: answer once the other nodes applied it
+                from prexy.cluster.answer import answer_with_note
                 from prexy.cluster.messages import Invalidation
-                from prexy.cluster.node import answer_with_note
 
                 answer_with_note(request, announce(Invalidation.ban(site, regex)), b"banned %d object(s)\n" % count)
                 return

@@ -611,28 +611,6 @@ def tell_worker(path: str, datagram: bytes) -> None:
         pass
 
 
-def answer_with_note(request: Any, note: defer.Deferred[bytes], text: bytes) -> Any:
-    """Answer ``request`` with ``text`` and the cluster's note once ``note``
-    fires (unless the client went away meanwhile); for a resource's
-    ``render``: returns NOT_DONE_YET."""
-    from twisted.web import server
-
-    lost: list[bool] = []
-    request.notifyFinish().addErrback(lambda _: lost.append(True))
-
-    def answer(line: bytes) -> None:
-        if lost or request.finished:
-            return
-        body = text + line
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
-
-    note.addCallback(answer)
-    note.addErrback(lambda f: log.failure("cluster: answering after an invalidation failed", f))
-    return server.NOT_DONE_YET
-
-
 def store_path(config: Any) -> str | None:
     """The node's cache store directory (None without a cache): the
     position file and the workers' event sockets live beside it."""

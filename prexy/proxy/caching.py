@@ -574,7 +574,7 @@ class CacheLayer:
         self.metrics.count("prexy_cache_purges_total")
         log.info("PURGE {url} from {client}: {n} object(s)", url=target.decode("latin-1"), client=client, n=count)
         if self.announce is not None:  # a cluster: answer once the other nodes applied it
-            from prexy.cluster.node import answer_with_note
+            from prexy.cluster.answer import answer_with_note
 
             note = self.announce(Invalidation.purge(site.name, url))
             return answer_with_note(request, note, b"purged %d object(s)\n" % count)
