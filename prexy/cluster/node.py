@@ -190,12 +190,22 @@ class ClusterService(service.Service):
                 timer.cancel()
         if self._heartbeat.running:
             self._heartbeat.stop()
-        closing = [c.closed for c in (self.writer, self.subscriber) if c is not None and not c.closed.called]
-        for c in (self.writer, self.subscriber):
-            if c is not None:
-                c.abort()
         self._end_waits()
-        return defer.DeferredList(closing)
+        connections = [c for c in (self.writer, self.subscriber) if c is not None and not c.closed.called]
+        closing = defer.DeferredList([c.closed for c in connections])
+        # A node that stops cleanly leaves the table of live nodes, so no
+        # PURGE waits for it meanwhile.
+        left: defer.Deferred[Any] = (
+            self._timed(self.writer.command("HDEL", self.settings.nodes_key, self.settings.node), 1.0)
+            if self.writer is not None else defer.succeed(None)
+        )
+
+        def close(_: Any) -> Any:
+            for c in connections:
+                c.abort()
+            return closing
+
+        return left.addBoth(close)
 
     def _start_waited(self) -> None:
         if not self.ready.called:
@@ -359,7 +369,8 @@ class ClusterService(service.Service):
         else:
             log.info("cluster: node {node} live on {redis}", node=self.settings.node, redis=str(self.settings.redis))
         self._fire_ready()
-        self._heartbeat.start(HEARTBEAT, now=True)
+        self._ack()  # the position it caught up to, for those waiting on it
+        self._heartbeat.start(HEARTBEAT, now=False)
         for inv in queued:
             self._add(inv)
 
@@ -376,7 +387,7 @@ class ClusterService(service.Service):
 
     def _ack(self) -> None:
         writer = self.writer
-        if writer is None or self.core.position is None:
+        if writer is None:
             return
         value = node_value(self.core.position, self.reactor.seconds())
         d = self._timed(writer.command("HSET", self.settings.nodes_key, self.settings.node, value))

@@ -251,11 +251,14 @@ class ClusterServiceTests(SynchronousTestCase):
         self.assertEqual(list(a.service.core.queue), [PURGE])
 
     def test_stop(self) -> None:
-        """Stopping closes the connections and retries no more."""
+        """Stopping leaves the table of live nodes (nobody waits for a node
+        that stopped cleanly), closes the connections, retries no more."""
         a = self.node("a")
         self.start(a)
+        self.assertIn(b"a", self.server.hashes[b"prexy:nodes"])
         d = a.service.stopService()
         self.flush(a)
         self.successResultOf(d)
+        self.assertNotIn(b"a", self.server.hashes[b"prexy:nodes"])
         self.assertIs(a.service.core.phase, Phase.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
