@@ -114,6 +114,8 @@ class FakeRedisProtocol(Protocol):
         if name == b"HSET":
             s.hashes.setdefault(c[1], {})[c[2]] = c[3]
             return 1
+        if name == b"HDEL":
+            return 1 if s.hashes.get(c[1], {}).pop(c[2], None) is not None else 0
         if name == b"HGETALL":
             return [x for kv in s.hashes.get(c[1], {}).items() for x in kv]
         if name == b"XADD":
