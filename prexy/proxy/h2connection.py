@@ -21,8 +21,12 @@ Backpressure, both ways down to the upstream:
   transport's buffer fills, every stream's producer pauses and nothing
   more is framed; when it drains, sending goes on.
 
-Writes made while the client's bytes are being handled are written to the
-transport once, after them.
+Writes are framed and handed to the transport once per reactor turn: at
+the end of the client's bytes being handled, else in one ``callLater(0)``
+made by the first write of the turn (only when something was written, so
+never a loop).  The answers of several streams that complete in one turn
+go out in one TLS write; each ``transport.write`` on TLS is a record and
+an ``SSL_write``.
 """
 
 from __future__ import annotations
@@ -205,6 +209,7 @@ class H2ServerProtocol(Protocol):
     _handling = False
     _timer: Any = None
     _close_timer: Any = None
+    _flush_call: Any = None
 
     def __init__(self, site: Any, settings: H2Settings) -> None:
         self.site = site
@@ -318,10 +323,10 @@ class H2ServerProtocol(Protocol):
         pass
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
-        for timer in (self._timer, self._close_timer):
+        for timer in (self._timer, self._close_timer, self._flush_call):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._timer = self._close_timer = None
+        self._timer = self._close_timer = self._flush_call = None
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             stream.lost(reason)
@@ -330,11 +335,11 @@ class H2ServerProtocol(Protocol):
 
     def send_head(self, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
         self.core.send_head(sid, fields)
-        self._flush()
+        self._soon()
 
     def send_data(self, sid: int, data: bytes) -> None:
         self.core.send_data(sid, data)
-        self._flush()
+        self._soon()
 
     def queued(self, sid: int) -> int:
         return self.core.queued(sid)
@@ -345,22 +350,31 @@ class H2ServerProtocol(Protocol):
         stream.request = None
         stream.producer = None
         self.core.end(stream.stream_id, trailers)
-        self._flush()
+        self._soon()
 
     def reset(self, stream: StreamChannel) -> None:
         if self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
         self.core.reset(stream.stream_id)
         self.reactor.callLater(0, stream.lost, Failure(ConnectionLost("the stream was reset")))
-        self._flush()
+        self._soon()
 
     # -- sending ----------------------------------------------------------------------------------
+
+    def _soon(self) -> None:
+        """Flush at the end of this turn."""
+        if self._handling or self._flush_call is not None:
+            return
+        self._flush_call = self.reactor.callLater(0, self._flush)
 
     def _flush(self) -> None:
         """Frame what the streams queued and write it (once the client's
         bytes being handled are all handled)."""
         if self._handling:
             return
+        call, self._flush_call = self._flush_call, None
+        if call is not None and call.active():
+            call.cancel()
         transport: Any = self.transport
         if transport is None:
             return

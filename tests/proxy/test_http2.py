@@ -384,6 +384,7 @@ class PriorKnowledgeTests(SynchronousTestCase):
             protocol.dataReceived(data[i : i + 1])
         self.assertIn(b"GET /c HTTP/1.1\r\n", h.conns[-1].sent())
         h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nh2")
+        h.settle()  # written at the end of the turn
         events = client.receive_data(transport.value())
         self.assertEqual(body(events, 1), b"h2")
 
