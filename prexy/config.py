@@ -8,6 +8,7 @@ imports Twisted or opens sockets, so ``--check`` and the tests run it as is.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import tomllib
@@ -227,6 +228,8 @@ class Config:
     compression: Compression = Compression()
     #: The [cluster] table: nodes sharing invalidation; None: a node alone.
     cluster: ClusterConfig | None = None
+    #: The site files ``include`` brought in (absolute paths, sorted).
+    included: tuple[str, ...] = ()
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -280,6 +283,115 @@ class _Locator:
         return header_line
 
 
+class _Source:
+    """One file of a configuration: its path, directory and key locator."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.base = os.path.dirname(os.path.abspath(path))
+        self.locator = _Locator(text)
+        #: What a ``ConfigMemo`` knows this version of the file by.
+        self.key = (path, text)
+
+    def where(self, key: str) -> str:
+        line = self.locator.line_of(key)
+        return self.path if line is None else f"{self.path}:{line}"
+
+
+class ConfigMemo:
+    """What loading a configuration again may reuse (a reload of thousands
+    of site files, few of them changed): each included file's tables by its
+    path and text, and each site's validated ``SiteConfig`` by its file's
+    path and text, its name and what the main file gives every site (the
+    cache size, the server's compression).  A file is still read each time;
+    only parsing and checking an unchanged one is skipped.  The files a
+    reused site names (rules, map, CA) are checked to exist again."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[str, dict[str, Any], _Source]] = {}
+        self.sites: dict[tuple[Any, ...], SiteConfig] = {}
+
+    def keep_only(self, sources: Sequence[_Source]) -> None:
+        """Forget the files (and their sites) a load no longer included."""
+        keys = {source.key for source in sources}
+        self.files = {path: entry for path, entry in self.files.items() if entry[2].key in keys}
+        self.sites = {k: site for k, site in self.sites.items() if k[0] in keys}
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, None, f"not UTF-8: {exc}") from None
+
+
+def _toml(text: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line = int(m.group(1)) if m else None
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        raise ConfigError(path, line, None, f"TOML syntax: {reason}") from None
+
+
+def _include(
+    value: Any, sites: Any, main: _Source, files: dict[str, _Source], err: Any, memo: ConfigMemo | None = None
+) -> dict[str, Any]:
+    """The main file's ``[sites]`` with those of the files ``include`` names
+    (glob patterns relative to the main file, each file in name order; a
+    pattern matching no file is refused, so a moved folder never drops its
+    sites silently).  ``files`` gets each included site's own file."""
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
+        err("include", "must be a glob pattern or a list of them (such as \"sites.d/*.toml\")")
+    if sites is not None and not isinstance(sites, dict):
+        err("sites", "must be a table")
+    merged: dict[str, Any] = dict(sites or {})
+    seen: set[str] = set()
+    for pattern in patterns:
+        full = pattern if os.path.isabs(pattern) else os.path.join(main.base, pattern)
+        found = sorted(glob.glob(full))
+        if not found:
+            err("include", f"{pattern!r} matches no file")
+        for path in found:
+            if path in seen or os.path.isdir(path):
+                continue
+            seen.add(path)
+            text = _read_text(path)
+            known = memo.files.get(path) if memo is not None else None
+            if known is not None and known[0] == text:
+                _, table, source = known
+            else:
+                data = _toml(text, path)
+                source = _Source(path, text)
+                for key in data:
+                    if key != "sites":
+                        raise ConfigError(path, source.locator.line_of(key), key,
+                                          "an included file holds [sites.NAME] tables only")
+                found_sites = data.get("sites")
+                if not isinstance(found_sites, dict) or not found_sites:
+                    raise ConfigError(path, None, "sites", "an included file holds one or more [sites.NAME] tables")
+                table = found_sites
+                if memo is not None:
+                    memo.files[path] = (text, table, source)
+            for name, site in table.items():
+                if name in merged:
+                    first = files.get(name, main)
+                    raise ConfigError(
+                        path, source.locator.line_of(f"sites.{name}"), f"sites.{name}",
+                        f"site {name!r} is already defined at {first.where(f'sites.{name}')}",
+                    )
+                merged[name] = site
+                files[name] = source
+    return merged
+
+
 def _known(
     table: Mapping[str, Any], allowed: Sequence[str], where: str, err: Any
 ) -> None:
@@ -288,38 +400,27 @@ def _known(
             err(f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(allowed)})")
 
 
-def load_config(path: str) -> Config:
-    """Read and validate a TOML config file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ConfigError(path, None, None, f"cannot read: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, None, None, f"not UTF-8: {exc}") from None
-    return parse_config(text, path)
+def load_config(path: str, memo: ConfigMemo | None = None) -> Config:
+    """Read and validate a TOML config file (and the site files it includes;
+    with a ``memo``, those unchanged since the memo's last load are not
+    parsed and checked again)."""
+    return parse_config(_read_text(path), path, memo)
 
 
-def parse_config(text: str, path: str = "<config>") -> Config:
+def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = None) -> Config:
     """Validate a TOML config text; relative file names resolve against
     ``path``'s directory."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
-        line = int(m.group(1)) if m else None
-        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        raise ConfigError(path, line, None, f"TOML syntax: {reason}") from None
-    locator = _Locator(text)
-    base = os.path.dirname(os.path.abspath(path))
+    data = _toml(text, path)
+    # The file whose keys are being checked: the main file, or a site's
+    # own file (``include``); errors name it and relative names resolve
+    # against its directory.
+    here = main = _Source(path, text)
 
     def err(key: str, reason: str) -> None:
-        raise ConfigError(path, locator.line_of(key), key, reason)
+        raise ConfigError(here.path, here.locator.line_of(key), key, reason)
 
     def rel(value: str) -> str:
-        return value if os.path.isabs(value) else os.path.join(base, value)
+        return value if os.path.isabs(value) else os.path.join(here.base, value)
 
     def typed(table: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
         value = table[key]
@@ -330,7 +431,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
         return value
 
-    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites", "cluster"), "", err)
+    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites", "cluster",
+                  "include"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -478,13 +580,41 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     kwargs["compression"] = server_compression
 
     sites_table = data.get("sites")
+    site_files: dict[str, _Source] = {}
+    if "include" in data:
+        sites_table = _include(data["include"], sites_table, main, site_files, err, memo)
+        kwargs["included"] = tuple(sorted({f.path for f in site_files.values()}))
     if not isinstance(sites_table, dict) or not sites_table:
         err("sites", "at least one [sites.NAME] table with an upstream is required")
     assert isinstance(sites_table, dict)
     sites = []
     seen_hosts: dict[str, str] = {}
+    # What the main file gives every site: part of a memoised site's key.
+    context = (kwargs.get("cache_size"), server_compression)
+    exists: dict[str, bool] = {}
+
+    def still_there(site: SiteConfig) -> bool:
+        named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()))
+        for file in named:
+            if file not in exists:
+                exists[file] = os.path.isfile(file)
+            if not exists[file]:
+                return False  # checked again below, to be refused with its key and line
+        return True
+
     for name, table in sites_table.items():
+        here = site_files.get(name, main)
         where = f"sites.{name}"
+        memo_key = (here.key, name, context) if memo is not None and here is not main else None
+        known = memo.sites.get(memo_key) if memo is not None and memo_key is not None else None
+        if known is not None and still_there(known):
+            for h in known.hosts:
+                if h in seen_hosts:
+                    other = site_files.get(seen_hosts[h], main).path
+                    err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
+                seen_hosts[h] = name
+            sites.append(known)
+            continue
         if not isinstance(table, dict):
             err(where, "must be a table")
         _known(
@@ -508,7 +638,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         norm_hosts = tuple(h.lower().rstrip(".") for h in hosts)
         for h in norm_hosts:
             if h in seen_hosts:
-                err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r}")
+                other = site_files.get(seen_hosts[h], main).path
+                err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
             seen_hosts[h] = name
         host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
         allow_trace = typed(table, "allow_trace", bool, where) if "allow_trace" in table else False
@@ -596,6 +727,11 @@ def parse_config(text: str, path: str = "<config>") -> Config:
                 compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
             )
         )
+        if memo is not None and memo_key is not None:
+            memo.sites[memo_key] = sites[-1]
+    here = main
+    if memo is not None:
+        memo.keep_only(list(site_files.values()))
     if "default_site" in server:
         default = typed(server, "default_site", str, "server")
         if default not in sites_table:

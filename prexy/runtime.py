@@ -1,14 +1,24 @@
-"""What a running proxy serves with: a validated Config plus the compiled
-rules and loaded maps of each site, and the Host-header router.
+"""What a running proxy serves with: a validated Config plus the rule sets
+and loaded maps of each site, and the Host-header router.
 
 Built once per (re)load, before anything is swapped in: a rules or map file
 that does not load makes ``build_runtime`` raise ``ConfigError`` naming the
 file and line, so ``--check``, start-up and reload share one code path and a
 broken file never replaces a working runtime.  No Twisted here.
+
+Rule sets are kept by content (:class:`RuleSets`): one per distinct list of
+rules-file contents, however many sites name those files, and reused by a
+reload when the bytes did not change.  Loading a rules file parses and
+checks it (every directive, pattern and replacement, with file and line);
+its scanner, the expensive part, is compiled when a request for a site
+using it first arrives in a process (:meth:`Runtime.select`, before
+anything is timed), so start-up and memory follow the sites that get
+traffic, not the sites configured (issue 21).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +71,9 @@ class SiteRuntime:
     rules_version: str = attrs.field(
         default=attrs.Factory(lambda self: _rules_version(self.rules, self.header_rules), takes_self=True), eq=False
     )
+    #: The rule set its rules files loaded as (``rules`` is None when it
+    #: has header directives only): what a reload compares to reuse the site.
+    loaded: Any = attrs.field(default=None, eq=False)
 
     @property
     def name(self) -> str:
@@ -114,6 +127,9 @@ class Runtime:
     sites: tuple[SiteRuntime, ...]
     by_host: dict[str, SiteRuntime] = attrs.field(hash=False)
     default: SiteRuntime
+    #: The rule sets by content this runtime's sites use (reused by the
+    #: next reload); None when built with an injected rules loader.
+    rulesets: RuleSets | None = attrs.field(default=None, eq=False)
 
     def linear_rules(self) -> list[str]:
         """One line per rule that runs on RE2 rather than ``regex`` (for
@@ -126,12 +142,10 @@ class Runtime:
             if rules is None or id(rules) in seen:
                 continue
             seen.add(id(rules))
-            refused = rules.scanner.linear_refused if rules.scanner is not None else {}
-            for k, (rule, engine, why) in enumerate(rules.engines()):
-                if engine == "re2" or k in refused:
-                    lines.append(
-                        f"{rule.origin}: '{rule.pattern.decode('latin-1')}' runs on {engine}: {why}"
-                    )
+            for rule, engine, why in rules.engines():
+                line = f"{rule.origin}: '{rule.pattern.decode('latin-1')}' runs on {engine}: {why}"
+                if (engine == "re2" or "RE2 refused" in why) and line not in lines:
+                    lines.append(line)
         return lines
 
     def with_maps(self, maps: dict[str, Any]) -> Runtime:
@@ -144,24 +158,38 @@ class Runtime:
         )
         by_host = {h: s for s in sites for h in s.config.hosts}
         default = next(s for s in sites if s.name == self.config.default_site)
-        return Runtime(self.config, sites, by_host, default)
+        return Runtime(self.config, sites, by_host, default, self.rulesets)
 
     def select(self, host: bytes | None) -> SiteRuntime:
-        """The site for a Host header (port and one trailing dot ignored)."""
+        """The site for a Host header (port and one trailing dot ignored),
+        its rule set compiled: the first request for it in this process
+        compiles it here, before the request's scans are timed."""
+        site = self.default
         if host:
             name = host.decode("latin-1").lower()
             if name.startswith("["):
                 name = name[: name.find("]") + 1]
             else:
                 name = name.rsplit(":", 1)[0] if ":" in name else name
-            site = self.by_host.get(name.rstrip("."))
-            if site is not None:
-                return site
-        return self.default
+            site = self.by_host.get(name.rstrip("."), site)
+        rules = site.rules
+        if rules is not None and not rules.compiled:
+            compile_ruleset(rules)
+        return site
 
 
 RuleLoader = Callable[[tuple[str, ...]], Any]
 MapLoader = Callable[[str], Any]
+
+
+def _rules_error(exc: Any) -> ConfigError:
+    """A ``RulesError`` as the ``ConfigError`` naming its file and line."""
+    if not exc.line:  # the file itself (unreadable, not UTF-8, ...)
+        return ConfigError(exc.filename, None, None, exc.reason)
+    reason = f"column {exc.column}: {exc.reason}"
+    if exc.text and exc.text not in exc.reason:
+        reason += f" (at {exc.text!r})"
+    return ConfigError(exc.filename, exc.line, None, reason)
 
 
 def _load_rules(paths: tuple[str, ...]) -> Any:
@@ -170,14 +198,112 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
     try:
         return load_rules(paths)
     except RulesError as exc:
-        if not exc.line:  # the file itself (unreadable, not UTF-8, ...)
-            raise ConfigError(exc.filename, None, None, exc.reason) from None
-        reason = f"column {exc.column}: {exc.reason}"
-        if exc.text and exc.text not in exc.reason:
-            reason += f" (at {exc.text!r})"
-        raise ConfigError(exc.filename, exc.line, None, reason) from None
+        raise _rules_error(exc) from None
     except OSError as exc:
         raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
+
+
+def compile_ruleset(rules: Any) -> None:
+    """Compile a lazily built rule set's scanner now and warm it (one
+    rewrite of a sample made of its own rules: ``transducer.warm``)."""
+    from prexy.substitution.transducer import warm
+
+    warm(rules)
+
+
+class RuleSets:
+    """The rule sets of one process, by content.
+
+    A rules file is read and hashed (SHA-256 of its bytes) each time a
+    configuration is built, and parsed only when those bytes are new; a
+    site's rule set is keyed by the hashes of its files in order and the
+    prefilter engine (what else decides compilation), so every site naming
+    the same contents shares one ``RuleSet``, compiled at most once.  Built
+    from a ``previous`` store (a reload), entries whose key is unchanged
+    are taken over, compiled scanner and all; the rest are dropped with
+    the old runtime.
+
+    ``lazy`` (the default) leaves compilation to first use
+    (:meth:`Runtime.select`); otherwise every set is compiled as it loads.
+    ``check`` also compiles each rule's pattern alone on its engine
+    (``RuleSet.check_compiles``) once per file content: what the master
+    and ``--check`` do, so a pattern the dialect parses but the engine
+    refuses is still refused at load, with its file and line.
+    """
+
+    def __init__(self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None) -> None:
+        self.lazy = lazy
+        self.check = check
+        self._files: dict[tuple[str, bytes], Any] = {}
+        self._sets: dict[tuple[str, tuple[bytes, ...]], Any] = {}
+        self._old_files = previous._files if previous is not None else {}
+        self._old_sets = previous._sets if previous is not None else {}
+        self._checked: set[tuple[str, bytes]] = set(previous._checked) if previous is not None else set()
+        #: Rules files parsed (new contents) and rule sets made by this store.
+        self.parsed = 0
+        self.made = 0
+
+    def load(self, paths: tuple[str, ...]) -> Any:
+        """The rule set of these files in this order; ConfigError (file:line)
+        when one does not load."""
+        from prexy.headerrules import HeaderRulesConflict
+        from prexy.substitution import RulesError, parse_rules, prefilter
+        from prexy.substitution.ruleset import CompileError, RuleSet
+
+        engine = prefilter.ENGINE
+        sets = []
+        digests = []
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ConfigError(path, None, None, f"cannot read rules: {exc.strerror}") from None
+            key = (engine, hashlib.sha256(data).digest())
+            ruleset = self._files.get(key) or self._old_files.get(key)
+            if ruleset is None:
+                try:
+                    ruleset = parse_rules(data, path, lazy=True)
+                except RulesError as exc:
+                    raise _rules_error(exc) from None
+                self.parsed += 1
+            if self.check and key not in self._checked:
+                try:
+                    ruleset.check_compiles()
+                except CompileError as exc:
+                    where, _, line = exc.rule.origin.rpartition(":")
+                    raise ConfigError(where or path, int(line) if line.isdigit() else None, None,
+                                      f"pattern '{exc.rule.pattern.decode('latin-1')}': {exc.reason}") from None
+                self._checked.add(key)
+            self._files[key] = ruleset
+            sets.append(ruleset)
+            digests.append(key[1])
+        if len(sets) == 1:
+            combined = sets[0]
+        else:
+            set_key = (engine, tuple(digests))
+            combined = self._sets.get(set_key) or self._old_sets.get(set_key)
+            if combined is None:
+                try:
+                    combined = RuleSet.combine(sets, lazy=True)
+                except HeaderRulesConflict as exc:
+                    names = ", ".join(paths)
+                    raise ConfigError(names, None, None, str(exc)) from None
+                self.made += 1
+            self._sets[set_key] = combined
+        if not self.lazy and not combined.compiled:
+            compile_ruleset(combined)
+        return combined
+
+    def compiled(self) -> int:
+        """How many of the rule sets in use have a compiled scanner."""
+        used = {id(s): s for s in (*self._files.values(), *self._sets.values()) if s.rules}
+        return sum(1 for s in used.values() if s.compiled)
+
+    def done(self) -> None:
+        """Forget the previous store's entries (the build is over)."""
+        self._old_files = {}
+        self._old_sets = {}
 
 
 def _load_map(path: str) -> Any:
@@ -208,42 +334,67 @@ def map_changed(urlmap: Any) -> bool:
 
 def build_runtime(
     config: Config,
-    load_rules: RuleLoader = _load_rules,
+    load_rules: RuleLoader | None = None,
     load_map: MapLoader = _load_map,
     previous: Runtime | None = None,
+    *,
+    lazy: bool = True,
+    check: bool = False,
 ) -> Runtime:
-    """Compile every site's rules and maps; raise ConfigError on any failure.
+    """Load every site's rules and maps; raise ConfigError on any failure.
 
-    Rule sets and maps whose files did not change since ``previous`` are
-    reused rather than compiled again.
+    Rules go through a :class:`RuleSets` store (``lazy`` and ``check`` are
+    its options), which takes over ``previous``'s rule sets whose files
+    hold the same bytes; maps whose files did not change since
+    ``previous`` are reused rather than loaded again.  An injected
+    ``load_rules`` (tests) replaces the store.
     """
-    reuse_rules: dict[tuple[str, ...], Any] = {}
+    store: RuleSets | None = None
+    if load_rules is None:
+        store = RuleSets(lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None)
+        load_rules = store.load
     reuse_maps: dict[str, Any] = {}
+    previous_sites = {s.name: s for s in previous.sites} if previous is not None else {}
     if previous is not None:
         for s in previous.sites:
-            if s.rules is not None and _unchanged(s.rules):
-                reuse_rules[s.config.rules] = s.rules
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
     sites = []
     for site in config.sites:
-        rules = None
-        header_rules = _header_rules(site, None)
+        loaded = None
         if site.rules:
             if site.rules not in compiled:
-                compiled[site.rules] = reuse_rules.get(site.rules) or load_rules(site.rules)
-            rules = compiled[site.rules]
-            header_rules = _header_rules(site, rules)
-            if not rules.rules:
-                rules = None  # header directives only: bodies pass untouched
+                compiled[site.rules] = load_rules(site.rules)
+            loaded = compiled[site.rules]
         urlmap = None
         if site.map is not None:
             urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
-        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules))
+        before = previous_sites.get(site.name)
+        if (
+            before is not None and before.loaded is loaded and before.urlmap is urlmap
+            and (before.config is site or before.config == site)
+        ):
+            sites.append(before)  # unchanged: its header rules, digests and all
+            continue
+        header_rules = _header_rules(site, loaded)
+        # With header directives only, bodies pass untouched.
+        rules = loaded if loaded is not None and loaded.rules else None
+        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, loaded=loaded))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
-    return Runtime(config, tuple(sites), by_host, default)
+    if store is not None:
+        store.done()
+    return Runtime(config, tuple(sites), by_host, default, store)
+
+
+def reloads_in_place(old: Config, new: Config) -> bool:
+    """Whether a running worker can take ``new`` in place of ``old`` by
+    building a new runtime (``ProxyService.reload``): when they differ in
+    their sites only (sites, default site, the site files included).  Any
+    other change (listeners, workers, cache, timeouts, limits, the server's
+    compression, TLS, HTTP/2, cluster) starts a new generation of workers."""
+    return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
 def _unchanged(loaded: Any) -> bool:

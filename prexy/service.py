@@ -20,7 +20,14 @@ from twisted.application import service, strports
 from twisted.logger import Logger
 from twisted.python import usage
 
-from prexy.config import Config, ConfigError, load_config, parse_size, single_site_config
+from prexy.config import (
+    Config,
+    ConfigError,
+    ConfigMemo,
+    load_config,
+    parse_size,
+    single_site_config,
+)
 from prexy.listen import ListeningService, ListenSpec, adopt, listening_service
 from prexy.runtime import Runtime, build_runtime
 
@@ -58,11 +65,21 @@ class Options(usage.Options):
         ["host-header", None, "pass", "Host sent upstream: pass, upstream, or a literal name."],
     ]
 
+    #: Whether loading compiles each rule's pattern to validate it (see
+    #: ``RuleSets``): the master, ``--check`` and a single process do; a
+    #: worker, whose master checked the same files, only parses them.
+    check_rules = True
+
     def __init__(self) -> None:
         super().__init__()
         self["listen"] = []
         self["rules"] = []
         self.argv: list[str] = []
+        #: What a later load of the same files may reuse: the site files
+        #: parsed (``ConfigMemo``) and the runtime built before (its rule
+        #: sets, by content).  ``ConfigLoader`` carries both across reloads.
+        self.memo = ConfigMemo()
+        self.previous: Runtime | None = None
 
     def parseOptions(self, options: Any = None) -> None:
         # Keep the command line: workers and reloads parse it again.
@@ -84,7 +101,7 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         try:
             config = self._config()
-            runtime = build_runtime(config)
+            runtime = build_runtime(config, previous=self.previous, check=self.check_rules)
         except ConfigError as exc:
             if self["check"]:
                 sys.stderr.write(f"prexy: {exc}\nprexy: configuration test failed\n")
@@ -129,7 +146,7 @@ class Options(usage.Options):
         if self["config"]:
             if self["listen"] or self["rules"] or self["map"]:
                 raise usage.UsageError("--listen/--rules/--map go without --config (put them in the file)")
-            config = load_config(self["config"])
+            config = load_config(self["config"], self.memo)
             if workers is not None:
                 import attrs
 
@@ -156,6 +173,26 @@ def config_from_argv(argv: Sequence[str]) -> Config:
     options.parseOptions(list(argv))
     config: Config = options.config
     return config
+
+
+class ConfigLoader:
+    """``config_from_argv`` for a process that loads the same command line
+    again and again (the master, on every reload): it keeps the site files
+    parsed and the runtime built last time, so a reload parses, checks and
+    builds only what changed (issue 21: thousands of site files)."""
+
+    def __init__(self, memo: ConfigMemo | None = None, runtime: Runtime | None = None) -> None:
+        self.memo = memo if memo is not None else ConfigMemo()
+        self.runtime = runtime
+
+    def __call__(self, argv: Sequence[str]) -> Config:
+        options = Options()
+        options.memo = self.memo
+        options.previous = self.runtime
+        options.parseOptions(list(argv))
+        self.runtime = options.runtime
+        config: Config = options.config
+        return config
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -218,9 +255,15 @@ class ProxyService(service.MultiService):
         config: Config,
         runtime: Runtime,
         inherited: Sequence[tuple[ListenSpec, int]] = (),
+        check_rules: bool = True,
+        memo: ConfigMemo | None = None,
     ) -> None:
         super().__init__()
         self._inherited = list(inherited)
+        #: Passed to ``build_runtime`` on reload (see ``Options.check_rules``).
+        self.check_rules = check_rules
+        #: The site files parsed so far, for a reload to reuse.
+        self.memo = memo if memo is not None else ConfigMemo()
         self.last_reload_error = ""
         self._map_watch: Any = None
         self._map_loading = False
@@ -310,8 +353,8 @@ class ProxyService(service.MultiService):
         """Re-read the config file (if any) and its rules and maps; swap them in
         when all of it is valid. Returns whether the new config is in force."""
         try:
-            config = load_config(self.config.source) if self.config.source else self.config
-            runtime = build_runtime(config, previous=self.resource.runtime)
+            config = load_config(self.config.source, self.memo) if self.config.source else self.config
+            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
@@ -325,7 +368,12 @@ class ProxyService(service.MultiService):
         self.site.timeouts = config.timeouts
         self.site.h2_settings = config.http2_settings
         self.pool.limits = config.limits
-        log.info("reloaded configuration: {n} site(s)", n=len(runtime.sites))
+        store = runtime.rulesets
+        log.info(
+            "reloaded configuration: {n} site(s); {parsed} rules file(s) parsed, {made} rule set(s) new,"
+            " the others reused",
+            n=len(runtime.sites), parsed=store.parsed if store else "?", made=store.made if store else "?",
+        )
         return True
 
     def startService(self) -> None:
@@ -491,5 +539,6 @@ def makeService(options: Options) -> service.IService:
         reactor.callWhenRunning(sd_notify, "READY=1")
         log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
     else:
-        MasterService(reactor, config, options.argv, workers, config_from_argv).setServiceParent(top)
+        loader = ConfigLoader(options.memo, runtime)
+        MasterService(reactor, config, options.argv, workers, loader).setServiceParent(top)
     return top

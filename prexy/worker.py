@@ -7,6 +7,12 @@ descriptor, family, endpoint description, TLS files), the control pipe
 (``control_fd``) and the master's pid.  The worker runs a ``ProxyService``
 on the inherited sockets, writes ``{"ready": true}`` and then its metrics
 every second to the pipe, drains on SIGTERM and exits when the master dies.
+
+The master's commands come on the worker's stdin, one JSON object a line:
+``{"reload": N}`` reloads the configuration in place (``ProxyService.reload``:
+only the rule sets and maps whose files changed are loaded again; the
+process, its connections, its applicability memory and its compiled rule
+sets stay) and answers ``{"reloaded": N, "ok": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -17,11 +23,57 @@ import signal
 import sys
 from typing import Any
 
+from twisted.internet.interfaces import IReadDescriptor
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
 from prexy.listen import ListenSpec
 from prexy.service import Options, ProxyService
 
 #: Seconds between two metrics reports to the master.
 METRICS_INTERVAL = 1.0
+
+
+@implementer(IReadDescriptor)
+class CommandReader:
+    """Reads the master's commands, one JSON object a line, from a pipe
+    (the worker's stdin) in the reactor, and hands each to ``command``."""
+
+    def __init__(self, reactor: Any, fd: int, command: Any) -> None:
+        self.reactor = reactor
+        self.fd = fd
+        self.command = command
+        self._buffer = b""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def logPrefix(self) -> str:
+        return "master-commands"
+
+    def doRead(self) -> Any:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            return Failure(exc)
+        if not data:
+            return Failure(EOFError("the master closed the command pipe"))
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                self.command(message)
+        return None
+
+    def connectionLost(self, reason: Any) -> None:
+        # The master is gone (PDEATHSIG ends this worker): stop reading.
+        self.reactor.removeReader(self)
 
 
 def _die_with_parent() -> None:
@@ -49,12 +101,14 @@ def worker_main(spec_json: str) -> None:
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
     options = Options()
+    options.check_rules = False  # the master checked these files already
     options.parseOptions(spec["argv"])
     inherited = [
         (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
     ]
     control_fd = spec["control_fd"]
-    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited)
+    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited, check_rules=False,
+                       memo=options.memo)
 
     def send(message: dict[str, Any]) -> None:
         try:
@@ -66,8 +120,14 @@ def worker_main(spec_json: str) -> None:
     def report() -> None:
         send({"metrics": svc.metrics.snapshot()})
 
+    def command(message: dict[str, Any]) -> None:
+        if "reload" in message:
+            ok = svc.reload()
+            send({"reloaded": message["reload"], "ok": ok, "error": "" if ok else svc.last_reload_error})
+
     def started() -> None:
         svc.startService()
+        reactor.addReader(CommandReader(reactor, 0, command))
         cluster = options.config.cluster
         if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
             from prexy.cluster.node import WorkerRelay

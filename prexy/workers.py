@@ -8,9 +8,11 @@ the shared accept queue.
 The master supervises: a worker that dies is restarted (with backoff when it
 keeps dying); SIGTERM is forwarded and the master waits for the workers to
 drain; SIGHUP (or the admin endpoint's ``POST /reload``) validates the whole
-configuration first and, only if it loads, starts a new generation of
-workers and retires the old one once the new one is ready, so no request is
-refused or cut.  Workers report readiness and metrics over a pipe; the
+configuration first and, only if it loads, either has every worker reload
+in place (when only sites changed: ``runtime.reloads_in_place``; a worker
+loads again only the rules and maps whose files changed) or starts a new
+generation of workers and retires the old one once the new one is ready;
+either way no request is refused or cut.  Workers report readiness and metrics over a pipe; the
 master's admin endpoint serves health, the summed metrics and reload.
 
 A worker runs ``python -m prexy.worker SPEC`` (:mod:`prexy.worker`): SPEC
@@ -38,6 +40,7 @@ from twisted.logger import Logger
 from prexy.config import Config
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, render
+from prexy.runtime import reloads_in_place
 
 log = Logger()
 
@@ -100,6 +103,8 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.master.worker_ready(self)
             if "metrics" in message:
                 self.metrics = message["metrics"]
+            if "reloaded" in message:
+                self.master.worker_reloaded(self, message)
             if "cluster" in message and self.master.cluster is not None:  # a PURGE to share (prexy.cluster)
                 from prexy.cluster.node import relay_worker_message
 
@@ -109,12 +114,40 @@ class _WorkerProcess(protocol.ProcessProtocol):
         self.master.worker_ended(self, reason)
         self.ended.callback(None)
 
+    def command(self, message: dict[str, Any]) -> None:
+        """Send the worker a command (a line on its stdin: ``prexy.worker``)."""
+        if self.transport is not None:
+            self.transport.write((json.dumps(message) + "\n").encode())
+
     def signal(self, name: str) -> None:
         try:
             if self.transport is not None and self.transport.pid is not None:
                 self.transport.signalProcess(name)
         except Exception:  # already gone
             pass
+
+
+class _InPlaceReload:
+    """One reload the workers do in place: who has still to answer, and
+    what the refusals said.  ``done`` fires True when every worker reloaded,
+    False when one refused (it keeps its configuration)."""
+
+    def __init__(self, number: int, workers: Sequence[_WorkerProcess]) -> None:
+        self.number = number
+        self.waiting = set(workers)
+        self.errors: list[str] = []
+        self.done: defer.Deferred[bool] = defer.Deferred()
+
+    def answered(self, worker: _WorkerProcess, ok: bool, error: str) -> None:
+        if not ok:
+            self.errors.append(f"worker {worker.pid}: {error}")
+        self.gone(worker)
+
+    def gone(self, worker: _WorkerProcess) -> None:
+        """A worker answered or ended (its replacement reads the new files)."""
+        self.waiting.discard(worker)
+        if not self.waiting and not self.done.called:
+            self.done.callback(not self.errors)
 
 
 class MasterService(service.MultiService):
@@ -147,6 +180,8 @@ class MasterService(service.MultiService):
         self.stopping = False
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
+        self._in_place: dict[int, _InPlaceReload] = {}
+        self._reload_number = 0
         self.last_reload_error = ""
         self._store: Any = None
         #: This node's link to the fleet (prexy.cluster), when [cluster] is set.
@@ -285,6 +320,8 @@ class MasterService(service.MultiService):
     def worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
         if worker in self.workers:
             self.workers.remove(worker)
+        for pending in list(self._in_place.values()):
+            pending.gone(worker)
         if worker.metrics:
             self.retired_metrics.merge(worker.metrics)
         if self.stopping or worker.retiring or worker.generation != self.generation:
@@ -323,7 +360,9 @@ class MasterService(service.MultiService):
             return defer.succeed(False)
         if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
-        self.config = config
+        previous, self.config = self.config, config
+        if reloads_in_place(previous, config):
+            return self._reload_in_place()
         if self._reloading is not None:
             # A reload already in progress: supersede it.
             self._reloading.callback(True)
@@ -333,6 +372,39 @@ class MasterService(service.MultiService):
         for slot in range(self.count):
             self._spawn(self.generation, slot)
         return self._reloading
+
+    def _reload_in_place(self) -> Any:
+        """Only sites changed: each worker of the current generation loads
+        the configuration again itself, reusing the rule sets and maps whose
+        files did not change, and keeps its connections, applicability
+        memory and compiled rule sets.  Fires True once every worker has."""
+        self._reload_number += 1
+        number = self._reload_number
+        workers = [w for w in self.workers if w.generation == self.generation and not w.retiring]
+        pending = _InPlaceReload(number, workers)
+        self._in_place[number] = pending
+        log.info("reload: only sites changed; {n} worker(s) reload in place", n=len(workers))
+        for w in workers:
+            w.command({"reload": number})
+
+        def finished(ok: bool) -> bool:
+            del self._in_place[number]
+            if not ok:
+                self.last_reload_error = "; ".join(pending.errors)
+                log.error("reload refused by a worker, which keeps its configuration: {error}",
+                          error=self.last_reload_error)
+            sd_notify("READY=1")
+            return ok
+
+        pending.done.addCallback(finished)
+        if not workers:
+            pending.done.callback(True)
+        return pending.done
+
+    def worker_reloaded(self, worker: _WorkerProcess, message: dict[str, Any]) -> None:
+        pending = self._in_place.get(message.get("reloaded", -1))
+        if pending is not None:
+            pending.answered(worker, bool(message.get("ok")), str(message.get("error", "")))
 
     def cache_store(self) -> Any:
         """The shared store, opened by the master only for admin bans."""

@@ -277,9 +277,11 @@ def compile_rule(
     )
 
 
-def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
+def parse_rules(text: bytes | str, filename: str = "<rules>", *, lazy: bool = False) -> RuleSet:
     """Parse and compile the rules file ``text``; raise RulesError if refused.
-    The rule set is warmed (``transducer.warm``) before it is returned."""
+    The rule set is warmed (``transducer.warm``) before it is returned;
+    with ``lazy`` it is parsed and checked only, its scanner compiled on
+    first use (``RuleSet.build``)."""
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.transducer import warm
 
@@ -362,11 +364,11 @@ def parse_rules(text: bytes | str, filename: str = "<rules>") -> RuleSet:
         elif not headers.directive(name_tok, args, fail):
             raise fail(name_tok, f'unknown directive "{name.decode("latin-1")}"')
     header_rules = headers.build()
-    return warm(
-        RuleSet.build(
-            rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep, headers=header_rules
-        )
+    built = RuleSet.build(
+        rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep, headers=header_rules,
+        lazy=lazy,
     )
+    return built if lazy else warm(built)
 
 
 #: How many compiled rule sets :func:`load_rules` keeps (least recently used go).

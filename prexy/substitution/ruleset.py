@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import regex
+
 from prexy.headerrules import HeaderRules
 from prexy.substitution.byteclass import byte_class
 from prexy.substitution.dialect import (
@@ -23,11 +25,14 @@ from prexy.substitution.dialect import (
     first_bytes,
     last_bytes,
     leading_asserts,
+    to_re2_source,
+    to_regex_source,
 )
-from prexy.substitution.scanner import RegexScanner
+from prexy.substitution.linear import LinearError, LinearPattern
+from prexy.substitution.scanner import FLAGS, RegexScanner, _linear_reason
 from prexy.substitution.template import Template
 
-__all__ = ["Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
+__all__ = ["CompileError", "Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
 
 DEFAULT_MAX_BUFFERED_SIZE = 8192
 DEFAULT_TYPES = frozenset({"text/html"})
@@ -35,6 +40,15 @@ DEFAULT_TYPES = frozenset({"text/html"})
 #: The assertions whose "previous byte" the module takes from its register
 #: at a restart (``\\A`` fails there, as it does anywhere past the start).
 RESTART_KINDS = frozenset({"bol", "b", "B"})
+
+
+class CompileError(ValueError):
+    """A rule the dialect accepted but its engine would not compile."""
+
+    def __init__(self, rule: Rule, reason: str) -> None:
+        self.rule = rule
+        self.reason = reason
+        super().__init__(f"{rule.origin or '<rules>'}: pattern '{rule.pattern.decode('latin-1')}': {reason}")
 
 
 @dataclass(frozen=True)
@@ -74,9 +88,11 @@ class RuleSet:
     keep_last_modified: bool
     max_buffered_size_set: bool = field(default=False, compare=False)
     keep_last_modified_set: bool = field(default=False, compare=False)
-    scanner: RegexScanner | None = field(default=None, repr=False, compare=False)
     #: The file's response-header directives (``prexy.headerrules``).
     headers: HeaderRules = field(default_factory=HeaderRules.default, repr=False, compare=False)
+    #: How :attr:`scanner` is built (``build``'s ``engine`` and ``linear``).
+    engine: str | None = field(default=None, repr=False, compare=False)
+    linear: str = field(default="auto", repr=False, compare=False)
 
     @classmethod
     def build(
@@ -89,6 +105,7 @@ class RuleSet:
         engine: str | None = None,
         linear: str = "auto",
         headers: HeaderRules | None = None,
+        lazy: bool = False,
     ) -> RuleSet:
         """Compile ``rules`` into a rule set (text/html is always a type).
 
@@ -96,10 +113,12 @@ class RuleSet:
         or ``"none"``); the default is ``prefilter.ENGINE``.  ``linear``
         says which rules run on RE2 (``scanner.LINEAR_MODES``; by default
         exactly those ``regex`` cannot bound).  Both change speed only,
-        never the output.
+        never the output.  With ``lazy`` the scanner is compiled (and the
+        set warmed) on first use rather than now.
         """
         rules = tuple(rules)
-        scanner = RegexScanner([r.parsed for r in rules], engine, linear) if rules else None
+        if rules:
+            _linear_reason(rules[0].parsed, linear)  # refuses an unknown mode now, lazy or not
         built = cls(
             rules=rules,
             types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),
@@ -109,11 +128,47 @@ class RuleSet:
             keep_last_modified=bool(keep_last_modified),
             max_buffered_size_set=max_buffered_size is not None,
             keep_last_modified_set=keep_last_modified is not None,
-            scanner=scanner,
             headers=headers if headers is not None else HeaderRules.default(),
+            engine=engine,
+            linear=linear,
         )
-        built.warm()
+        if not lazy:
+            built.warm()
         return built
+
+    @cached_property
+    def scanner(self) -> RegexScanner | None:
+        """The compiled scanner every transducer on this set shares (None
+        without rules).  Built on first use: a set made with ``lazy=True``
+        costs its parse only until a response needs it (issue 21: thousands
+        of sites, most of them idle in any one worker)."""
+        if not self.rules:
+            return None
+        return RegexScanner([r.parsed for r in self.rules], self.engine, self.linear)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether :attr:`scanner` has been built (always, for a set without rules)."""
+        return not self.rules or "scanner" in self.__dict__
+
+    def check_compiles(self) -> None:
+        """Compile each rule's pattern on the engine it would run on, alone,
+        without building the scanner (its prefilters and indexes are the
+        expensive part): what ``--check`` adds to parsing, so a pattern the
+        dialect accepts but the engine refuses is still refused at load.
+        Raises ``CompileError`` naming the rule's origin (``file:line``)."""
+        for rule in self.rules:
+            p = rule.parsed
+            try:
+                if _linear_reason(p, self.linear) is not None:
+                    try:
+                        LinearPattern(to_re2_source(p.tree))
+                        continue
+                    except LinearError:
+                        pass  # runs on regex instead, as the scanner does
+                regex.compile(to_regex_source(p.tree, caseless=p.caseless).encode("latin-1"), FLAGS)
+            except (regex.error, ValueError, OverflowError) as exc:
+                raise CompileError(rule, str(exc)) from None
 
     def warm(self) -> None:
         """Compute now the per-rule facts every transducer reads, so that
@@ -130,8 +185,9 @@ class RuleSet:
         return b" ".join(r.prefix for r in self.scanner.reaches if r.prefix)
 
     @classmethod
-    def combine(cls, sets: Sequence[RuleSet]) -> RuleSet:
-        """One rule set from several: rules in order, first setting wins."""
+    def combine(cls, sets: Sequence[RuleSet], lazy: bool = False) -> RuleSet:
+        """One rule set from several: rules in order, first setting wins
+        (compiled on first use with ``lazy``)."""
         if len(sets) == 1:
             return sets[0]
         rules: list[Rule] = []
@@ -147,24 +203,45 @@ class RuleSet:
                 keep = s.keep_last_modified
         return cls.build(
             rules, types=types, max_buffered_size=max_buffered, keep_last_modified=keep,
-            headers=HeaderRules.combine([s.headers for s in sets]),
+            headers=HeaderRules.combine([s.headers for s in sets]), lazy=lazy,
         )
 
     def engines(self) -> list[tuple[Rule, str, str]]:
         """Per rule: (the rule, the engine it runs on, why), as decided at
         load; ``regex`` unless the rule is on RE2 (:mod:`.linear`)."""
-        if self.scanner is None:
+        if not self.rules:
             return []
+        # Without compiling a lazy set: the same choice its scanner makes.
+        scanner = self.scanner if self.compiled else None
+        linear, refused = (scanner.linear, scanner.linear_refused) if scanner is not None else self._plan
         out = []
         for k, rule in enumerate(self.rules):
-            why = self.scanner.linear[k]
+            why = linear[k]
             if why is not None:
                 out.append((rule, "re2", why))
-            elif k in self.scanner.linear_refused:
-                out.append((rule, "regex", f"RE2 refused it ({self.scanner.linear_refused[k]}); scans are time-limited"))
+            elif k in refused:
+                out.append((rule, "regex", f"RE2 refused it ({refused[k]}); scans are time-limited"))
             else:
                 out.append((rule, "regex", "runs in bounded time on regex"))
         return out
+
+    @cached_property
+    def _plan(self) -> tuple[list[str | None], dict[int, str]]:
+        """Per rule, why it runs on RE2 (or None), and why RE2 refused the
+        ones it should have run: ``RegexScanner``'s choice, made without
+        compiling anything but the RE2 patterns."""
+        linear: list[str | None] = []
+        refused: dict[int, str] = {}
+        for k, rule in enumerate(self.rules):
+            why = _linear_reason(rule.parsed, self.linear)
+            if why is not None:
+                try:
+                    LinearPattern(to_re2_source(rule.parsed.tree))
+                except LinearError as exc:
+                    refused[k] = str(exc)
+                    why = None
+            linear.append(why)
+        return linear, refused
 
     def explain(self) -> list[str]:
         """One line per rule: where it was written, its pattern, its engine
