@@ -127,9 +127,15 @@ __all__ = [
 
 Headers = Iterable[tuple[bytes, bytes]]
 
-DEFAULT_CACHEABLE = frozenset({200, 203, 204, 300, 301, 404, 410, 414})
-#: Cacheable only when the response gives explicit freshness (Varnish).
-DEFAULT_EXPLICIT_ONLY = frozenset({302, 307})
+#: Varnish's list plus the rest of RFC 9110 15.1's heuristically cacheable
+#: statuses (308, 405, 501; 206 is answered from whole objects instead).
+DEFAULT_CACHEABLE = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
+#: Cacheable only when the response gives explicit freshness (Varnish's 302
+#: and 307, and 303).
+DEFAULT_EXPLICIT_ONLY = frozenset({302, 303, 307})
+#: Directives that forbid serving the response stale without revalidating it
+#: (RFC 9111 5.2.2.2, 5.2.2.8; s-maxage implies proxy-revalidate, 5.2.2.10).
+_REVALIDATE = ("must-revalidate", "proxy-revalidate", "s-maxage")
 LOOKUP_METHODS = frozenset({b"GET", b"HEAD"})
 #: RFC 9110 9.2.1's safe methods (CONNECT aside: the proxy refuses it).
 SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
@@ -728,9 +734,16 @@ def response_decision(
 
     if _values(headers, b"set-cookie"):
         return hfm("set-cookie")
-    for directive in ("private", "no-store", "no-cache"):
-        if directive in cc:
-            return hfm(directive)
+    understood = status in policy.cacheable_statuses or status in policy.explicit_only_statuses
+    # must-understand (RFC 9111 5.2.2.3): no-store is for caches that do not
+    # know the status; one that does ignores it, the others store nothing.
+    must_understand = "must-understand" in cc
+    if must_understand and not understood:
+        return hfm("status")
+    if "private" in cc:
+        return hfm("private")
+    if "no-store" in cc and not must_understand:
+        return hfm("no-store")
     surrogate = b" ".join(_values(headers, b"surrogate-control")).lower()
     if b"no-store" in surrogate:
         return hfm("surrogate-no-store")
@@ -757,26 +770,42 @@ def response_decision(
     explicit = ttl is not None
     if status not in policy.cacheable_statuses and not (explicit and status in policy.explicit_only_statuses):
         return hfm("status")
+    # Keeping a dead object only helps when it can be revalidated.
+    validators = bool(_values(headers, b"etag") or _values(headers, b"last-modified"))
+    if "no-cache" in cc:
+        # RFC 9111 5.2.2.4: stored, but never used without revalidating it
+        # (a field-list no-cache is taken whole).  Without validators or a
+        # keep time there is nothing to revalidate: hit-for-miss.
+        if not validators or policy.keep <= 0:
+            return hfm("no-cache")
+        return StoreDecision(StoreAction.STORE, 0.0, now, keep=policy.keep, vary=vary, reason="no-cache")
     if ttl is None:
         ttl = policy.default_ttl
     if ttl <= 0:
         return hfm("ttl")
+    # max-age and s-maxage count from now less Age, as Varnish and nginx
+    # count them: the apparent age (now - Date) would make every answer
+    # of an origin whose clock is behind stale on arrival, and Date's
+    # one-second resolution alone ages a max-age=1 answer by up to a
+    # second.  Expires, whose lifetime is Expires - Date, counts it
+    # (RFC 9111 4.2.3), so the origin's clock cancels out there.
+    stored_at = now - current_age(headers, now, apparent=source == "expires") if explicit else now
+    # The site's grace and stale-if-error are out-of-band permission to serve
+    # stale (RFC 9111 4.2.4); not where the response demands revalidation,
+    # and grace not for an answer already stale on arrival (never fresh
+    # here).  The response's own stale-while-revalidate / stale-if-error
+    # (RFC 5861) still count: the same origin allowed them explicitly.
+    demands = any(d in cc for d in _REVALIDATE)
+    site_grace = 0.0 if demands or stored_at + ttl <= now else policy.grace
     swr = _seconds(cc.get("stale-while-revalidate"))
     sie = _seconds(cc.get("stale-if-error"))
     return StoreDecision(
         StoreAction.STORE,
         ttl,
-        # max-age and s-maxage count from now less Age, as Varnish and nginx
-        # count them: the apparent age (now - Date) would make every answer
-        # of an origin whose clock is behind stale on arrival, and Date's
-        # one-second resolution alone ages a max-age=1 answer by up to a
-        # second.  Expires, whose lifetime is Expires - Date, counts it
-        # (RFC 9111 4.2.3), so the origin's clock cancels out there.
-        now - current_age(headers, now, apparent=source == "expires") if explicit else now,
-        grace=policy.grace if swr is None else swr,
-        # Keeping a dead object only helps when it can be revalidated.
-        keep=policy.keep if (_values(headers, b"etag") or _values(headers, b"last-modified")) else 0.0,
-        stale_if_error=policy.stale_if_error if sie is None else sie,
+        stored_at,
+        grace=site_grace if swr is None else swr,
+        keep=policy.keep if validators else 0.0,
+        stale_if_error=(0.0 if demands else policy.stale_if_error) if sie is None else sie,
         vary=vary,
         reason=source,
     )
@@ -897,10 +926,28 @@ def vary_key(
             ]
             value = b"; ".join(kept)
         else:
-            value = b", ".join(v.strip() for v in values) if values else b""
+            value = _list_value(name, values)
         present = b"+" if values else b"-"
         out.append(name + b"\0" + present + b"%d:" % len(value) + value)
     return b"\0".join(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _list_member_value(name: bytes, values: tuple[bytes, ...]) -> bytes:
+    members = _split_commas(", ".join(v.decode("latin-1") for v in values))
+    value = ", ".join(members).encode("latin-1")
+    # Language tags and their parameters are case-insensitive (RFC 4647 2.1).
+    return value.lower() if name == b"accept-language" else value
+
+
+def _list_value(name: bytes, values: list[bytes]) -> bytes:
+    """A varied-on request header's value for the key, normalised as RFC
+    9111 4.1 allows: the field lines combined into one list, each member
+    without the whitespace around it, empty members dropped (commas inside
+    quoted strings are not separators); ``Accept-Language`` lower-cased."""
+    if not values:
+        return b""
+    return _list_member_value(name, tuple(values))
 
 
 # -- conditional requests -------------------------------------------------------
