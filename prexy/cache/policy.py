@@ -21,11 +21,17 @@ where Varnish does not:
   (RFC 9111 4.4; the proxy does it once the answer is not an error).
 * Storability (:func:`response_decision`, ``vcl_backend_response``): a
   response is stored when its status is cacheable (200, 203, 204, 300, 301,
-  404, 410, 414; 302 and 307 only with explicit freshness) and it has no
-  ``Set-Cookie``, no ``private / no-store / no-cache`` directive, no
+  308, 404, 405, 410, 414, 501: RFC 9110 15.1's heuristically cacheable
+  ones; 302, 303 and 307 only with explicit freshness; errors and unknown
+  statuses never, even with explicit freshness: a transient error page is
+  not served for the origin's max-age) and it has no ``Set-Cookie``, no
+  ``private / no-store`` directive (``no-store`` with ``must-understand``
+  counts only for a status not in those lists, RFC 9111 5.2.2.3), no
   ``Surrogate-Control: no-store`` and no ``Vary: *``.  Otherwise it becomes
   hit-for-miss for ``hit_for_miss_ttl`` (120 s): later requests go straight
-  upstream without queueing behind one another.
+  upstream without queueing behind one another.  ``no-cache`` (RFC 9111
+  5.2.2.4) is stored with a TTL of 0 and ``keep`` when it has a validator,
+  so every use revalidates it; without one it is hit-for-miss.
 * Which directives (RFC 9213 2.2, :func:`_directives`): the first of the
   site's targeted field (``targeted_cache_control``, by default
   ``Prexy-Cache-Control``, case-insensitive; "" for none),
@@ -61,7 +67,15 @@ where Varnish does not:
 * Stale use: ``stale-while-revalidate`` sets the grace (else the site's
   ``grace``), ``stale-if-error`` (RFC 5861) how long a stale copy may
   replace an upstream error (else the site's ``stale_if_error``); ``keep``
-  applies to responses with a validator only.
+  applies to responses with a validator only.  The site's two settings are
+  the out-of-band permission RFC 9111 4.2.4 allows; they do not apply to a
+  response with ``must-revalidate``, ``proxy-revalidate`` or ``s-maxage``
+  (RFC 9111 5.2.2.2, 5.2.2.8, 5.2.2.10), and the site's grace not to one
+  already stale on arrival; the response's own RFC 5861 directives do.
+* Vary (:func:`vary_key`): a varied-on request header's lines are combined
+  into one list, without the whitespace around members or empty members
+  (RFC 9111 4.1); ``Accept-Language`` is lower-cased, ``Accept-Encoding``
+  reduced to its bucket, ignored cookies dropped from ``Cookie``.
 * HTTP-date (RFC 9110 5.6.7, :func:`parse_http_date`): only IMF-fixdate
   (``Sun, 06 Nov 1994 08:49:37 GMT``), the obsolete RFC 850 form
   (``Sunday, 06-Nov-94 08:49:37 GMT``) and asctime

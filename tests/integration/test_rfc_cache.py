@@ -91,7 +91,7 @@ def origin() -> Any:
 
 
 @defer.inlineCallbacks
-def start(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+def start(cleanup: Cleanups, origin: ScriptedOrigin, grace: int = 0) -> Any:
     d = tempfile.mkdtemp(prefix="prexy-rfc-")
     port = free_port()
     config = os.path.join(d, "prexy.toml")
@@ -99,7 +99,7 @@ def start(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
         f.write(
             f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 1\naccess_log = "off"\n'
             f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
-            f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\ncache_grace = 0\ncache_keep = 600\n'
+            f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\ncache_grace = {grace}\ncache_keep = 600\n'
             f'purge_from = ["127.0.0.1"]\n'
         )
     child = Twistd("--config", config)
@@ -176,3 +176,38 @@ def test_unsafe_method_invalidates_after_success_only(cleanup: Cleanups, origin:
     origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
     status, headers, _ = yield get(port)
     assert len(origin.requests) == 4, "fetched again after the invalidation"
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_cache_is_stored_and_revalidated_on_every_use(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """Cache-Control: no-cache with an ETag: each request revalidates
+    (If-None-Match upstream) and a 304 is answered with the stored body."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b"Cache-Control: no-cache\r\n"))
+    status, headers, body = yield get(port)
+    assert (status, body) == (200, BODY) and b"stored" in headers[b"cache-status"]
+    for n in (2, 3):
+        origin.replies.append(b"HTTP/1.1 304 Not Modified\r\nETag: \"e1\"\r\nCache-Control: no-cache\r\n\r\n")
+        status, headers, body = yield get(port)
+        assert (status, body) == (200, BODY)
+        assert len(origin.requests) == n
+        assert b'if-none-match: "e1"' in origin.requests[-1].lower()
+
+
+@pytest_twisted.inlineCallbacks
+def test_must_revalidate_and_stale_on_arrival_get_no_grace(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """With the site's grace at 60 s, a stale object with must-revalidate, or
+    one that arrived already stale, is revalidated before it is served (the
+    client gets the new version), never served from grace."""
+    port = yield start(cleanup, origin, grace=60)
+    for extra in (b"Cache-Control: max-age=10, must-revalidate\r\nAge: 10\r\n", b"Cache-Control: max-age=10\r\nAge: 10\r\n"):
+        origin.requests.clear()
+        origin.replies.append(ok(extra + b"X-V: 1\r\n"))
+        status, headers, _ = yield get(port)
+        assert headers[b"x-v"] == b"1"
+        origin.replies.append(ok(b"Cache-Control: max-age=600\r\nX-V: 2\r\n", status=b"200 OK"))
+        status, headers, body = yield get(port)
+        assert b"grace" not in headers[b"cache-status"] and headers[b"x-v"] == b"2", headers
+        assert b'if-none-match: "e1"' in origin.requests[-1].lower()
+        # The next object of the same URL: purge so the loop starts afresh.
+        yield threads.deferToThread(fetch, port, b"", b"PURGE")
