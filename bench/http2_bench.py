@@ -161,7 +161,7 @@ rules = ["{rules}"]
     )
     table += "\n" + markdown_table(
         ["200 streams on one connection", "requests", "failed", "req/s", "RSS idle MB", "RSS peak MB"],
-        [[many["streams"], f"{many['succeeded']:,}", f"{many['failed']}", f"{many['rps']:,.0f}",
+        [[str(many["streams"]), f"{many['succeeded']:,}", f"{many['failed']}", f"{many['rps']:,.0f}",
           f"{many['rss_idle_mb']:.1f}", f"{many['rss_peak_mb']:.1f}"]],
     )
     targets += [
