@@ -332,8 +332,21 @@ class ServerConnection:
             self._round.append(stream_id)
 
     def reset(self, stream_id: int, error_code: int = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:
-        """Abandon a stream's answer: RST_STREAM, nothing more of it."""
+        """Abandon a stream's answer: what is queued goes out as far as the
+        windows allow (a 413's body before the reset that stops the
+        upload; a broken answer's bytes, never its end), then RST_STREAM."""
         if stream_id in self.open:
+            out = self._out.get(stream_id)
+            conn = self.h2
+            while out is not None and out.chunks:
+                size = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)
+                if size <= 0:
+                    break
+                chunk = out.chunks.popleft()
+                if len(chunk) > size:
+                    out.chunks.appendleft(chunk[size:])
+                    chunk = chunk[:size]
+                conn.send_data(stream_id, chunk)
             self._drop(stream_id)
             try:
                 self.h2.reset_stream(stream_id, error_code)
@@ -411,7 +424,11 @@ class ServerConnection:
         self._round.popleft()
         del self._out[sid]
         self.open.discard(sid)
-        self._receiving.discard(sid)
+        if sid in self._receiving:
+            # Answered before the request body ended: the rest of it is not
+            # wanted (RFC 9113 8.1).
+            self._receiving.discard(sid)
+            self.h2.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
         self._check_drained(None)
 
     def _drop(self, sid: int) -> None:

@@ -261,7 +261,8 @@ class SendTests(SynchronousTestCase):
         self.assertEqual(len(body_of(events, 1)) + len(body_of(events, 3)), 120000 - 65535)
 
     def test_reset_drops_the_queue(self) -> None:
-        """reset() sends RST_STREAM and forgets what was queued."""
+        """reset() sends RST_STREAM and forgets what was queued beyond the
+        window."""
         p = Pair(window=10)
         p.client.send_headers(1, GET, end_stream=True)
         p.to_server()
@@ -270,7 +271,21 @@ class SendTests(SynchronousTestCase):
         p.server.reset(1)
         self.assertEqual(p.server.queued(1), 0)
         events = p.to_client()
+        self.assertEqual(body_of(events, 1), b"q" * 10)
+        self.assertFalse(any(isinstance(e, h2.events.StreamEnded) for e in events))
         self.assertTrue(any(isinstance(e, h2.events.StreamReset) for e in events))
+
+    def test_reset_sends_what_fits_first(self) -> None:
+        """A short answer queued and not yet pumped (a 413 before the reset
+        that stops an upload) goes out before the RST_STREAM."""
+        p = Pair()
+        p.client.send_headers(1, post(10**6))
+        p.to_server()
+        self.answer(p, 1, b"413 too large", end=False)
+        p.server.reset(1, h2.errors.ErrorCodes.NO_ERROR)
+        events = p.to_client()
+        self.assertEqual(body_of(events, 1), b"413 too large")
+        self.assertIsInstance(events[-1], h2.events.StreamReset)
 
 
 class LimitTests(SynchronousTestCase):
@@ -396,3 +411,23 @@ class DrainTests(SynchronousTestCase):
         self.assertEqual(p.server.idle(), Close("idle timeout", graceful=True))
         [goaway] = [e for e in p.to_client() if isinstance(e, h2.events.ConnectionTerminated)]
         self.assertEqual(goaway.error_code, 0)
+
+
+class EarlyAnswerTests(SynchronousTestCase):
+    def test_answer_before_the_body_ends(self) -> None:
+        """An answer complete while the request body is still coming: the
+        stream ends, then RST_STREAM NO_ERROR tells the client to stop
+        sending; later DATA for it gives no event."""
+        p = Pair()
+        p.client.send_headers(1, post(100))
+        p.client.send_data(1, b"x" * 10)
+        p.to_server()
+        p.take()
+        p.server.send_head(1, [(b":status", b"413")])
+        p.server.end(1)
+        p.server.pump()
+        events = p.to_client()
+        self.assertTrue(any(isinstance(e, h2.events.StreamEnded) for e in events))
+        [reset] = [e for e in events if isinstance(e, h2.events.StreamReset)]
+        self.assertEqual(reset.error_code, h2.errors.ErrorCodes.NO_ERROR)
+        self.assertEqual(p.server.open, set())
