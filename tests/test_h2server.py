@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy.config import ConfigError, parse_config
 from prexy.h2server import Body, Close, End, H2Settings, Head, Reset, ServerConnection
 
 GET = [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"https"), (b":authority", b"a.test")]
@@ -431,3 +432,45 @@ class EarlyAnswerTests(SynchronousTestCase):
         [reset] = [e for e in events if isinstance(e, h2.events.StreamReset)]
         self.assertEqual(reset.error_code, h2.errors.ErrorCodes.NO_ERROR)
         self.assertEqual(p.server.open, set())
+
+
+SITE = '\n[sites.a]\nupstream = "http://127.0.0.1:8000"\n'
+
+
+class ConfigTests(SynchronousTestCase):
+    """The [http2] table and [server] h2c_listen: accepted, and refused with
+    file, line and key."""
+
+    def test_defaults(self) -> None:
+        config = parse_config(SITE, "/etc/prexy.toml")
+        self.assertEqual((config.http2_settings, config.h2c_listen), (H2Settings(), ()))
+
+    def test_values(self) -> None:
+        config = parse_config(
+            '[server]\nlisten = ["tcp:8080", "tcp:8081"]\nh2c_listen = "tcp:8081"\n'
+            '[http2]\nmax_concurrent_streams = 10\nmax_header_list_size = "16k"\nidle_timeout = 5\n'
+            "max_resets = 50\nmax_settings = 7\nmax_pings = 9\nflood_window = 2.5\n" + SITE,
+            "/etc/prexy.toml",
+        )
+        self.assertEqual(config.http2_settings, H2Settings(10, 16384, 5.0, 50, 7, 9, 2.5))
+        self.assertEqual(config.h2c_listen, ("tcp:8081",))
+
+    def test_refused(self) -> None:
+        cases = [
+            ("[http2]\nmax_resets = 0\n", 2, "http2.max_resets: must be from 1 to 2147483647"),
+            ("[http2]\nmax_concurrent_streams = true\n", 2, "http2.max_concurrent_streams: must be a int"),
+            ("[http2]\nfoo = 1\n", 2, "http2.foo: unknown key"),
+            ("[http2]\n\nflood_window = 0\n", 3, "http2.flood_window: must be more than 0 seconds"),
+            ("[http2]\nidle_timeout = -1\n", 2, "http2.idle_timeout: must be 0 (off) or more seconds"),
+            ("[http2]\nmax_header_list_size = \"100\"\n", 2, "http2.max_header_list_size: must be from 1k to 2G"),
+            ("http2 = 3\n", 1, "http2: must be a table"),
+            ('[server]\nlisten = ["tcp:8080"]\nh2c_listen = ["tcp:9"]\n', 3,
+             "server.h2c_listen: 'tcp:9' is not one of server.listen"),
+            ('[server]\nlisten = ["ssl:8443:privateKey=k.pem"]\nh2c_listen = ["ssl:8443:privateKey=k.pem"]\n', 3,
+             "server.h2c_listen: 'ssl:8443:privateKey=k.pem': h2c is cleartext HTTP/2"),
+            ('[server]\nh2c_listen = 5\n', 2, "server.h2c_listen: must be a list of endpoint strings"),
+        ]
+        for text, line, message in cases:
+            with self.assertRaises(ConfigError) as caught:
+                parse_config(text + SITE, "/etc/prexy.toml")
+            self.assertIn(f"/etc/prexy.toml:{line}: {message}", str(caught.exception), text)
