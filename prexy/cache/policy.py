@@ -107,6 +107,7 @@ import functools
 import hashlib
 import re
 import time
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -127,6 +128,7 @@ __all__ = [
     "cache_status_header",
     "current_age",
     "key_url",
+    "location_urls",
     "not_modified",
     "parse_cache_control",
     "parse_http_date",
@@ -840,6 +842,36 @@ def key_url(policy: CachePolicy, host: bytes | None, target: bytes) -> bytes:
     if policy.key_host:
         return (host or b"").lower() + target
     return target
+
+
+def location_urls(policy: CachePolicy, host: bytes | None, target: bytes, headers: Headers) -> list[bytes]:
+    """The key URLs (as :func:`key_url` makes them) of an answer's
+    ``Location`` and ``Content-Location`` that an unsafe request's success
+    invalidates too (RFC 9111 4.4): each resolved against the request's
+    target, kept when it is on the request's host (a reference without an
+    authority always is; the scheme is not part of a key), and not the
+    request's own URL.  A repeated or unparsable field is ignored."""
+    headers = list(headers)
+    base = "http://" + (host or b"").decode("latin-1") + target.decode("latin-1")
+    own = key_url(policy, host, target)
+    out: list[bytes] = []
+    for name in (b"location", b"content-location"):
+        value = _singleton(_values(headers, name))
+        if not value:
+            continue
+        try:
+            reference = value.decode("latin-1").strip()
+            absolute = urllib.parse.urlsplit(reference).netloc != ""
+            joined = urllib.parse.urlsplit(urllib.parse.urljoin(base, reference))
+        except ValueError:
+            continue
+        if absolute and (host is None or joined.netloc.lower() != host.decode("latin-1").lower()):
+            continue
+        path = joined.path or "/"
+        url = key_url(policy, host, (path + ("?" + joined.query if joined.query else "")).encode("latin-1"))
+        if url != own and url not in out:
+            out.append(url)
+    return out
 
 
 def primary_key(site: str, url: bytes) -> bytes:

@@ -52,6 +52,7 @@ from prexy.cache.codings import (
     stored_coding,
     variant_key,
 )
+from prexy.cache.policy import location_urls
 from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
@@ -93,6 +94,9 @@ class CacheContext:
         #: The URL whose objects go when the upstream answers 2xx or 3xx
         #: (a request with an unsafe method).
         self.invalidate: bytes | None = None
+        #: Its Host and target: Location and Content-Location on that host
+        #: go too (RFC 9111 4.4).
+        self.invalidate_from: tuple[bytes | None, bytes] = (None, b"")
         #: The key (and Vary) begin_store chose, for a too-large marker.
         self.store_key: bytes | None = None
         self.store_vary: tuple[bytes, ...] = ()
@@ -330,6 +334,7 @@ class CacheLayer:
                 # An unsafe method: the URL's objects go once the upstream
                 # answered it without an error (RFC 9111 4.4).
                 ctx.invalidate = url
+                ctx.invalidate_from = (host, target)
             return None, ctx
         if way is Route.HIT_FOR_MISS:
             self.metrics.count("prexy_cache_total", result="hit-for-miss")
@@ -495,15 +500,21 @@ class CacheLayer:
         self.metrics.count("prexy_cache_total", result="pass")
         ctx = CacheContext("bypass", "request-body")
         ctx.invalidate = key_url(policy, host, target)
+        ctx.invalidate_from = (host, target)
         return ctx
 
-    def answered(self, site: SiteRuntime, ctx: CacheContext, code: int) -> None:
-        """The upstream's status for a forwarded request: an unsafe
-        request's URL is invalidated on a non-error answer only."""
+    def answered(self, site: SiteRuntime, ctx: CacheContext, code: int,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The upstream's status (and head) for a forwarded request: an
+        unsafe request's URL is invalidated on a non-error answer only, with
+        the answer's Location and Content-Location on the same host."""
         url = ctx.invalidate
         if url is not None and code < 400:
             ctx.invalidate = None
             count = self.store.purge_url(site.name, url)
+            host, target = ctx.invalidate_from
+            for other in location_urls(site.cache_policy, host, target, headers or ()):
+                count += self.store.purge_url(site.name, other)
             self.metrics.count("prexy_cache_invalidations_total")
             if count:
                 log.debug("invalidated {n} object(s) of {url}", n=count, url=url)

@@ -128,7 +128,7 @@ class Exchange(Outcomes):
         ctx = self.ctx
         if ctx is not None:
             if ctx.invalidate is not None:
-                resource.cache.answered(self.site, ctx, response.code)
+                resource.cache.answered(self.site, ctx, response.code, response.headers)
             if ctx.revalidating and response.code == 304:
                 self._serve_revalidated(response)
                 return

@@ -19,6 +19,7 @@ from prexy.cache.policy import (
     CachePolicy,
     StoreAction,
     StoreDecision,
+    location_urls,
     response_decision,
     vary_key,
 )
@@ -252,3 +253,36 @@ class VaryNormalisationTests(SynchronousTestCase):
         tight = ",".join(members).encode()
         spaced = ",".join(spaces[i % 8] + m + spaces[(i + 1) % 8] for i, m in enumerate(members)).encode()
         assert self.key(b"Foo", tight) == self.key(b"Foo", spaced)
+
+
+@expand
+class LocationInvalidationTests(SynchronousTestCase):
+    """An unsafe request's success also invalidates its answer's Location
+    and Content-Location on the same host (RFC 9111 4.4)."""
+
+    @parametrize("headers, urls", [
+        param([(b"Location", b"/a/b")], [b"example.com/a/b"], id="absolute-path"),
+        param([(b"Content-Location", b"c?x=1")], [b"example.com/posts/c?x=1"], id="relative-path"),
+        param([(b"Location", b"http://EXAMPLE.com/z")], [b"example.com/z"], id="same-host"),
+        param([(b"Location", b"https://example.com/z")], [b"example.com/z"], id="other-scheme"),
+        param([(b"Location", b"http://other.example/z")], [], id="other-host"),
+        param([(b"Location", b"//other.example/z")], [], id="network-path"),
+        param([(b"Location", b"/posts/new")], [], id="own-url"),
+        param([(b"Location", b"/a"), (b"Content-Location", b"/a")], [b"example.com/a"], id="once"),
+        param([(b"Location", b"/a"), (b"Location", b"/b")], [], id="repeated"),
+        param([(b"Location", b"http://[::1/x")], [], id="unparsable"),
+        param([(b"Location", b"/a"), (b"Content-Location", b"/b")], [b"example.com/a", b"example.com/b"], id="both"),
+        param([], [], id="none"),
+    ])
+    def test_location_urls(self, headers: list[tuple[bytes, bytes]], urls: list[bytes]) -> None:
+        assert location_urls(DEFAULT, b"example.com", b"/posts/new", headers) == urls
+
+    def test_key_settings(self) -> None:
+        """The URLs are keys as the site makes them (no host, no query)."""
+        policy = CachePolicy(key_host=False, key_query=False)
+        assert location_urls(policy, b"example.com", b"/p", [(b"Location", b"/a?x=1")]) == [b"/a"]
+
+    def test_without_host(self) -> None:
+        """No Host: only references without an authority count."""
+        headers = [(b"Location", b"/a"), (b"Content-Location", b"http://example.com/b")]
+        assert location_urls(DEFAULT, None, b"/p", headers) == [b"/a"]

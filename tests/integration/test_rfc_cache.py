@@ -65,8 +65,9 @@ def ok(extra: bytes, body: bytes = BODY, status: bytes = b"200 OK") -> bytes:
         status, extra, len(body), body)
 
 
-def fetch(port: int, extra: bytes = b"", method: bytes = b"GET", body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
-    raw = method + b" /obj HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + extra
+def fetch(port: int, extra: bytes = b"", method: bytes = b"GET", body: bytes = b"",
+          path: bytes = b"/obj") -> tuple[int, dict[bytes, bytes], bytes]:
+    raw = method + b" " + path + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + extra
     if body:
         raw += b"Content-Length: %d\r\n" % len(body)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -211,3 +212,24 @@ def test_must_revalidate_and_stale_on_arrival_get_no_grace(cleanup: Cleanups, or
         assert b'if-none-match: "e1"' in origin.requests[-1].lower()
         # The next object of the same URL: purge so the loop starts afresh.
         yield threads.deferToThread(fetch, port, b"", b"PURGE")
+
+
+@pytest_twisted.inlineCallbacks
+def test_unsafe_method_invalidates_its_location(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """A POST answered 201 with Location and Content-Location on the same
+    host drops those URLs' objects too; one on another host is left."""
+    port = yield start(cleanup, origin)
+    for path in (b"/a", b"/b", b"/c"):
+        origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
+        yield get(port, b"", b"GET", b"", path)
+    origin.replies.append(ok(b"Location: /a\r\nContent-Location: http://t/b\r\n", b"made", b"201 Created"))
+    yield get(port, b"", b"POST", b"x", b"/new")
+    origin.replies.append(ok(b"Location: http://elsewhere/c\r\n", b"made", b"201 Created"))
+    yield get(port, b"", b"POST", b"x", b"/new")
+    assert len(origin.requests) == 5
+    status, headers, _ = yield get(port, b"", b"GET", b"", b"/c")
+    assert b"hit" in headers[b"cache-status"], "another host's URL stays"
+    for n, path in enumerate((b"/a", b"/b"), start=6):
+        origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
+        status, headers, _ = yield get(port, b"", b"GET", b"", path)
+        assert len(origin.requests) == n and b"hit" not in headers[b"cache-status"], path
