@@ -133,7 +133,7 @@ rules = ["{rules}"]
         from scenarios import _big_page, rss_mb
 
         big = _big_page(bench)
-        slow = slow_beside_fast(prexy.port, path, big, 150 if s.quick else 500, lambda: rss_mb(prexy))
+        slow = slow_beside_fast(prexy.port, path, big, 150 if s.quick else 500, lambda: rss_mb(prexy), prexy.cpu)
         many = many_streams(prexy.port, REAL_PATHS["html-1m"], 200, 600 if s.quick else 2000, lambda: rss_mb(prexy))
     finally:
         prexy.stop()
@@ -154,10 +154,11 @@ rules = ["{rules}"]
                  "every time (no cache); one Prexy worker, one nginx worker with subs_filter.")
     p99_ratio = slow["p99_loaded_ms"] / slow["p99_alone_ms"]
     table += "\n" + markdown_table(
-        ["Prexy HTTP/2, one connection", "fast p50 ms", "fast p99 ms", "RSS growth MB", "slow stream got"],
-        [["fast stream alone", f"{slow['p50_alone_ms']:.2f}", f"{slow['p99_alone_ms']:.2f}", "-", "-"],
+        ["Prexy HTTP/2, one connection", "fast p50 ms", "fast p99 ms", "RSS growth MB", "slow stream got",
+         "CPU, stalled stream alone"],
+        [["fast stream alone", f"{slow['p50_alone_ms']:.2f}", f"{slow['p99_alone_ms']:.2f}", "-", "-", "-"],
          ["beside a stalled 100 MB stream", f"{slow['p50_loaded_ms']:.2f}", f"{slow['p99_loaded_ms']:.2f}",
-          f"{slow['rss_growth_mb']:.1f}", f"{slow['slow_bytes']:,} B"]],
+          f"{slow['rss_growth_mb']:.1f}", f"{slow['slow_bytes']:,} B", f"{slow['stalled_cpu'] * 100:.0f}%"]],
     )
     table += "\n" + markdown_table(
         ["200 streams on one connection", "requests", "failed", "req/s", "RSS idle MB", "RSS peak MB"],
@@ -168,6 +169,8 @@ rules = ["{rules}"]
         target(f"fast stream's p99 beside a stalled one at most 2x alone ({p99_ratio:.2f}x)", p99_ratio <= 2),
         target(f"RSS growth with a stalled 100 MB rewritten stream under 20 MB ({slow['rss_growth_mb']:.1f} MB)",
                slow["rss_growth_mb"] < 20),
+        target(f"no busy loop: a stalled stream alone uses under 5% of a core ({slow['stalled_cpu'] * 100:.0f}%)",
+               slow["stalled_cpu"] < 0.05),
         target(f"200 concurrent streams: none fails ({many['failed']} failed)", many["failed"] == 0),
         target(f"200 concurrent streams: RSS under 100 MB above idle "
                f"({many['rss_peak_mb'] - many['rss_idle_mb']:.1f} MB)", many["rss_peak_mb"] - many["rss_idle_mb"] < 100),
@@ -175,7 +178,8 @@ rules = ["{rules}"]
     notes.append(f"Slow stream: stream 1 GETs {big} (rewritten) and never opens its window; the fast stream GETs "
                  f"{path} {slow['n']} times one after another on the same connection, and as often on a "
                  "connection of its own, interleaved in 2 rounds each; RSS of the Prexy processes before the "
-                 "slow stream and after the last fast request.")
+                 "slow stream and after the last fast request; then Prexy's CPU in 1 s with only the stalled "
+                 "stream open.")
     notes.append(f"200 streams: h2load -c1 -m{many['streams']} -n{many['requested']} on "
                  f"{REAL_PATHS['html-1m']} (rewritten); peak RSS sampled every 20 ms.")
     data = {"rps": rps, "cpu_us": cpu, "slow_beside_fast": slow, "many_streams": many}
@@ -276,9 +280,10 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
 
 
-def slow_beside_fast(port: int, fast_path: str, slow_path: str, n: int, rss: Any) -> dict[str, Any]:
+def slow_beside_fast(port: int, fast_path: str, slow_path: str, n: int, rss: Any, cpu: Any) -> dict[str, Any]:
     """The fast stream's latency alone and beside a stalled stream of
-    ``slow_path`` on the same connection; Prexy's RSS growth meanwhile."""
+    ``slow_path`` on the same connection; Prexy's RSS growth meanwhile, and
+    the CPU it uses in a second with only the stalled stream open."""
     warm = Probe(port)
     _fast_loop(warm, 1, fast_path, 20)
     warm.close()
@@ -286,6 +291,7 @@ def slow_beside_fast(port: int, fast_path: str, slow_path: str, n: int, rss: Any
     loaded: list[float] = []
     growth = 0.0
     slow_bytes = 0
+    stalled_cpu = 0.0
     for _ in range(2):
         probe = Probe(port)
         alone += _fast_loop(probe, 1, fast_path, n)
@@ -298,11 +304,14 @@ def slow_beside_fast(port: int, fast_path: str, slow_path: str, n: int, rss: Any
         loaded += _fast_loop(probe, 3, fast_path, n)
         growth = max(growth, rss() - before)
         slow_bytes = probe.received.get(1, 0)
+        started, used = time.perf_counter(), cpu()
+        time.sleep(1.0)
+        stalled_cpu = max(stalled_cpu, (cpu() - used) / (time.perf_counter() - started))
         probe.close()
     return {
         "n": n, "p50_alone_ms": _p(alone, 0.5), "p99_alone_ms": _p(alone, 0.99),
         "p50_loaded_ms": _p(loaded, 0.5), "p99_loaded_ms": _p(loaded, 0.99),
-        "rss_growth_mb": growth, "slow_bytes": slow_bytes,
+        "rss_growth_mb": growth, "slow_bytes": slow_bytes, "stalled_cpu": stalled_cpu,
     }
 
 
