@@ -34,6 +34,7 @@ production server needs on top of it:
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,7 @@ from hyperframe.frame import GoAwayFrame
 
 __all__ = [
     "Body", "Close", "End", "H2Settings", "Head", "Reset", "ServerConnection", "CONNECTION_SPECIFIC", "PREFACE",
+    "check_request",
 ]
 
 #: What a client with prior knowledge (h2c) sends first (RFC 9113 3.4).
@@ -63,6 +65,56 @@ CONNECTION_SPECIFIC = frozenset(
 
 #: A stream's producer is asked to pause once this much of its answer waits.
 HIGH_WATER = 64 * 1024
+
+#: What HTTP/1.1's head gate (``prexy.requesthead``) lets through as a
+#: method and as a field name; the upstream side speaks HTTP/1.1, so an
+#: HTTP/2 request must fit in an HTTP/1.1 head.
+_METHOD = re.compile(rb"[A-Z_-]{1,32}")
+_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9a-z-]+")
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tuple[int, str] | None:
+    """Why an HTTP/2 request head cannot be forwarded as an HTTP/1.1 one
+    (the status to answer and the reason), or None.  The same rules as
+    the HTTP/1.1 gate: a token method, an origin-form target that does not
+    climb above the root, a valid authority, token field names and values
+    without control bytes.  CONNECT (no ``:path``) is not served."""
+    # Imported here: prexy.requesthead imports prexy.config, which imports
+    # this module for H2Settings.
+    from prexy.requesthead import Refusal, check_host, check_target
+
+    method = path = authority = None
+    for name, value in fields:
+        if name[:1] == b":":
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+        elif not _NAME.fullmatch(name):
+            return 400, "a field name holds a byte it cannot hold"
+        elif _BAD_VALUE.search(value):
+            return 400, "a field value holds a control byte"
+        elif name == b"host" and check_host(value) is not None:
+            return 400, f"host: {check_host(value)}"
+    if method is None or not _METHOD.fullmatch(method):
+        return (501 if method == b"CONNECT" else 400), "method not served over HTTP/2"
+    if path is None:
+        return 501, "CONNECT is not served over HTTP/2"
+    if len(path) > max_target:
+        return 414, "request target too long"
+    if path[:1] != b"/":
+        return 400, "request target is not /path"
+    checked = check_target(method, path)
+    if isinstance(checked, Refusal):
+        return checked.status, checked.reason
+    if authority is not None:
+        why = check_host(authority)
+        if why is not None:
+            return 400, f":authority: {why}"
+    return None
 
 
 @attrs.frozen
@@ -300,6 +352,15 @@ class ServerConnection:
                 self._round.append(sid)
 
     # -- output -----------------------------------------------------------------------
+
+    def refuse(self, stream_id: int, status: int, reason: str) -> None:
+        """Answer a request that will not be served with a short text/plain
+        ``status``, and end the stream."""
+        body = b"%d %s\n" % (status, reason.encode("ascii", "replace"))
+        self.send_head(stream_id, [(b":status", b"%d" % status), (b"content-type", b"text/plain; charset=utf-8"),
+                                   (b"content-length", b"%d" % len(body))])
+        self.send_data(stream_id, body)
+        self.end(stream_id)
 
     def send_head(self, stream_id: int, fields: list[tuple[bytes, bytes]]) -> None:
         """Send a response head, or an informational one (``fields``:

@@ -20,7 +20,16 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import ConfigError, parse_config
-from prexy.h2server import Body, Close, End, H2Settings, Head, Reset, ServerConnection
+from prexy.h2server import (
+    Body,
+    Close,
+    End,
+    H2Settings,
+    Head,
+    Reset,
+    ServerConnection,
+    check_request,
+)
 
 GET = [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"https"), (b":authority", b"a.test")]
 
@@ -474,3 +483,58 @@ class ConfigTests(SynchronousTestCase):
             with self.assertRaises(ConfigError) as caught:
                 parse_config(text + SITE, "/etc/prexy.toml")
             self.assertIn(f"/etc/prexy.toml:{line}: {message}", str(caught.exception), text)
+
+
+class CheckRequestTests(SynchronousTestCase):
+    """``check_request``: an HTTP/2 head is forwarded only if it fits the
+    HTTP/1.1 gate's rules."""
+
+    def test_ordinary_heads_pass(self) -> None:
+        for fields in (GET, post(3), GET + [(b"x-a", b"v w"), (b"cookie", b"a=1; b=2")],
+                       [(b":method", b"OPTIONS"), (b":path", b"/?q=%20"), (b":scheme", b"https"), (b":authority", b"[::1]:8443")]):
+            self.assertIsNone(check_request(fields, 8192), fields)
+
+    def test_refused(self) -> None:
+        def head(method: bytes = b"GET", path: bytes | None = b"/x", authority: bytes = b"a.test",
+                 extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[tuple[bytes, bytes]]:
+            fields = [(b":method", method), (b":scheme", b"https"), (b":authority", authority)]
+            if path is not None:
+                fields.append((b":path", path))
+            return fields + list(extra)
+
+        cases = [
+            (head(path=b"/a b"), 400),
+            (head(path=b"/a\x01"), 400),
+            (head(path=b"/../etc/passwd"), 400),
+            (head(path=b"/%2e%2e/x"), 400),
+            (head(path=b"/%zz"), 400),
+            (head(path=b"*", method=b"OPTIONS"), 400),
+            (head(path=b"http://a/x"), 400),
+            (head(path=b"/" + b"a" * 9000), 414),
+            (head(method=b"get"), 400),
+            (head(method=b"G\x00T"), 400),
+            (head(method=b"CONNECT", path=None), 501),
+            (head(authority=b"a b"), 400),
+            (head(authority=b"a.test:http"), 400),
+            (head(extra=((b"x a", b"v"),)), 400),
+            (head(extra=((b"x-a", b"v\x1fw"),)), 400),
+            (head(extra=((b"host", b"a..b"),)), 400),
+        ]
+        for fields, status in cases:
+            refusal = check_request(fields, 8192)
+            self.assertIsNotNone(refusal, fields)
+            assert refusal is not None
+            self.assertEqual(refusal[0], status, fields)
+
+    def test_refusal_answers_on_the_stream(self) -> None:
+        """refuse(): a short text/plain answer that ends the stream."""
+        p = Pair()
+        p.client.send_headers(1, GET, end_stream=True)
+        p.to_server()
+        p.server.refuse(1, 400, "request target holds a byte it cannot hold")
+        p.server.pump()
+        events = p.to_client()
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b":status"], b"400")
+        self.assertEqual(body_of(events, 1), b"400 request target holds a byte it cannot hold\n")
+        self.assertEqual(p.server.open, set())

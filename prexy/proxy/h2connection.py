@@ -51,7 +51,9 @@ from prexy.h2server import (
     Head,
     Reset,
     ServerConnection,
+    check_request,
 )
+from prexy.requesthead import Refusal
 
 __all__ = ["H2ServerProtocol", "StreamChannel"]
 
@@ -265,6 +267,11 @@ class H2ServerProtocol(Protocol):
 
     def _head(self, event: Head) -> None:
         sid = event.stream_id
+        refusal = check_request(event.fields, self.site.limits.max_request_line)
+        if refusal is not None:
+            self.core.refuse(sid, *refusal)
+            self.site.refused(self, Refusal(*refusal))
+            return
         stream = StreamChannel(self, sid)
         self.streams[sid] = stream
         method, path, fields = request_fields(event.fields)
@@ -298,6 +305,9 @@ class H2ServerProtocol(Protocol):
             self.reset(stream)
             return
         request.requestReceived(stream.method, path, b"HTTP/2")  # type: ignore[attr-defined]
+
+    def getPeer(self) -> Any:
+        return self.peer
 
     def pauseProducing(self) -> None:
         """The transport's buffer is full: every stream waits."""

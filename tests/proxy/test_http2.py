@@ -396,3 +396,18 @@ class PriorKnowledgeTests(SynchronousTestCase):
         self.assertIn(b"GET /one HTTP/1.1\r\n", h.conns[-1].sent())
         h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nh1")
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"))
+
+
+class RefusalTests(SynchronousTestCase):
+    def test_bad_target_answered_400_never_forwarded(self) -> None:
+        """A :path with a space (it would break the upstream's HTTP/1.1
+        request line) gets a 400 on its stream; nothing reaches the origin;
+        the connection goes on serving."""
+        h = Harness()
+        c = H2Client(h)
+        events = c.get(1, b"/a b")
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b":status"], b"400")
+        self.assertEqual(h.conns, [])
+        c.get(3, b"/ok")
+        self.assertIn(b"GET /ok HTTP/1.1\r\n", h.conns[-1].sent())
