@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cluster_bench
 import content
 import harness
 import hits
@@ -1737,6 +1738,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "tunnel": tunnel.scenario_tunnel,
     "compress-hits": hits.scenario_compressed_hits,
     "http2": http2_bench.scenario_http2,
+    "cluster": cluster_bench.scenario_cluster,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
