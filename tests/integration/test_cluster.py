@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet import defer, protocol, reactor
+from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
@@ -29,11 +32,14 @@ from prexy.cluster.messages import Invalidation, parse_id
 from prexy.cluster.node import ClusterService, PositionFile
 from prexy.cluster.redis import RedisConnection, connect
 from prexy.cluster.settings import ClusterConfig, RedisAddress
+from prexy.config import parse_config
 from prexy.metrics import Metrics
+from prexy.runtime import build_runtime
+from prexy.service import ProxyService
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
-from .twistd_support import Twistd, free_port
+from .twistd_support import TWISTD, Twistd, child_env, free_port
 
 REDIS = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
 pytestmark = [
@@ -230,6 +236,48 @@ def test_two_services(redis: Redis, cleanup: Cleanups) -> Any:
     assert targets[0].applied == []
 
 
+@pytest_twisted.inlineCallbacks
+def test_single_process_nodes(redis: Redis, cleanup: Cleanups) -> Any:
+    """Two nodes with workers = 0 (one process each, the cluster service in
+    the proxy's own process): a PURGE on X empties Y's store before X answers."""
+    origin = Origin()
+    origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+    cleanup(origin_port.stopListening)
+    tmp = tempfile.mkdtemp(prefix="prexy-cluster-inproc-")
+    ports = {}
+    for name in "xy":
+        config = parse_config(
+            f"[server]\nlisten = ['tcp:0:interface=127.0.0.1']\nworkers = 0\naccess_log = 'off'\n"
+            f"[cache]\nsize = '16M'\npath = '{os.path.join(tmp, name)}'\n"
+            f"[cluster]\nredis = '{redis.url}'\nnode = '{name}'\n"
+            f"[sites.t]\nupstream = 'http://127.0.0.1:{origin_port.getHost().port}'\n",
+            os.path.join(tmp, f"{name}.toml"),
+        )
+        svc = ProxyService(reactor, config, build_runtime(config))
+        svc.startService()
+        cleanup(svc.stopService)
+        (port,) = yield svc.listening_ports()
+        ports[name] = port.getHost().port
+        yield bounded(svc.cluster.ready, 10, f"node {name} caught up")
+    agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
+
+    @defer.inlineCallbacks
+    def ask(name: str, method: bytes) -> Any:
+        response = yield agent.request(method, b"http://127.0.0.1:%d/c/inproc" % ports[name],
+                                       Headers({b"host": [b"t"]}))
+        body = yield readBody(response)
+        return (response.headers.getRawHeaders(b"cache-status") or [b""])[0], body
+
+    for name in "xy":
+        yield ask(name, b"GET")
+        status, _ = yield ask(name, b"GET")
+        assert hit(status), (name, status)
+    _, body = yield ask("x", b"PURGE")
+    assert body == b"purged 1 object(s)\ncluster: applied by all 1 other node(s)\n", body
+    status, _ = yield ask("y", b"GET")
+    assert status.startswith(b"prexy; fwd=uri-miss"), status
+
+
 # -- three twistd nodes ----------------------------------------------------------------
 
 
@@ -321,9 +369,13 @@ def test_purge_on_a_is_a_miss_on_c_at_once(fleet: Fleet) -> Any:
         _, status, _ = yield fleet.request(name, b"GET", b"/c/q")
         assert status.startswith(b"prexy; fwd=uri-miss"), (name, status)
 
+    # twistd prexy --config A --reload --cluster: every node reloads.
     reloaded = [fleet.nodes[n].notified("READY=1", 30) for n in "abc"]
-    code, _, body = yield fleet.request("a", b"POST", b"/reload?cluster=1", admin=True)
-    assert code == 200 and b"reloaded" in body and b"applied by all 2 other node(s)" in body, body
+    args = [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", "--config", fleet.config("a"),
+            "--reload", "--cluster"]
+    result = yield deferToThread(subprocess.run, args, capture_output=True, text=True, timeout=60, env=child_env())
+    assert result.returncode == 0, result.stderr
+    assert "reloaded" in result.stdout and "applied by all 2 other node(s)" in result.stdout, result.stdout
     yield defer.gatherResults(reloaded)
 
     code, _, body = yield fleet.request("a", b"GET", b"/health", admin=True)
