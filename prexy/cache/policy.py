@@ -31,7 +31,9 @@ where Varnish does not:
   hit-for-miss for ``hit_for_miss_ttl`` (120 s): later requests go straight
   upstream without queueing behind one another.  ``no-cache`` (RFC 9111
   5.2.2.4) is stored with a TTL of 0 and ``keep`` when it has a validator,
-  so every use revalidates it; without one it is hit-for-miss.
+  so every use revalidates it; without one it is hit-for-miss.  With field
+  names in ``Cache-Control`` (``no-cache="X-User"``) the response is stored
+  as usual without those fields (``StoreDecision.omit``).
 * Which directives (RFC 9213 2.2, :func:`_directives`): the first of the
   site's targeted field (``targeted_cache_control``, by default
   ``Prexy-Cache-Control``, case-insensitive; "" for none),
@@ -473,6 +475,8 @@ class StoreDecision:
     stale_if_error: float = 0.0
     #: Lower-case names from ``Vary`` (see :func:`vary_names`).
     vary: tuple[bytes, ...] = ()
+    #: Lower-case field names not to store (``no-cache="name, ..."``).
+    omit: frozenset[bytes] = frozenset()
     #: Why not stored (set-cookie, private, no-store, no-cache,
     #: surrogate-no-store, vary-star, status, ttl, too-large), or the source
     #: of the TTL when stored (s-maxage, max-age, expires, default).
@@ -788,9 +792,14 @@ def response_decision(
         return hfm("status")
     # Keeping a dead object only helps when it can be revalidated.
     validators = bool(_values(headers, b"etag") or _values(headers, b"last-modified"))
-    if "no-cache" in cc:
-        # RFC 9111 5.2.2.4: stored, but never used without revalidating it
-        # (a field-list no-cache is taken whole).  Without validators or a
+    # A field list counts in Cache-Control; in a targeted field a
+    # restrictive directive counts whole, whatever its value.
+    names = "" if targeted else cc.get("no-cache") or ""
+    omit = frozenset(n.strip().lower().encode("latin-1") for n in names.split(",") if n.strip())
+    if "no-cache" in cc and not omit:
+        # RFC 9111 5.2.2.4: stored, but never used without revalidating it.
+        # (With field names, only those fields need it: they are not
+        # stored, the rest is reused as usual.)  Without validators or a
         # keep time there is nothing to revalidate: hit-for-miss.
         if not validators or policy.keep <= 0:
             return hfm("no-cache")
@@ -823,6 +832,7 @@ def response_decision(
         keep=policy.keep if validators else 0.0,
         stale_if_error=(0.0 if demands else policy.stale_if_error) if sie is None else sie,
         vary=vary,
+        omit=omit,
         reason=source,
     )
 

@@ -470,7 +470,8 @@ class CacheLayer:
             # objects): passed on, and the URL stays cacheable.
             return None, ctx.status(code)
         decision = response_decision(policy, code, upstream_headers, now, length)
-        stored = [(n, v) for n, v in client_headers if n.lower() not in _NOT_STORED]
+        omit = _NOT_STORED | decision.omit
+        stored = [(n, v) for n, v in client_headers if n.lower() not in omit]
         key = ctx.store_key = _variant_key(site, ctx, decision.vary)
         ctx.store_vary = decision.vary
         if decision.store:
@@ -551,6 +552,8 @@ class CacheLayer:
         decision = response_decision(site.cache_policy, stale.status, headers, now)
         if not decision.store:
             return stale
+        if decision.omit:
+            headers = [(n, v) for n, v in headers if n.lower() not in decision.omit]
         targeted = site.targeted
         if targeted:  # decided on; never stored nor sent
             headers = [(n, v) for n, v in headers if n.lower() not in targeted]

@@ -140,7 +140,6 @@ class PolicyTests(SynchronousTestCase):
             (200, [(b"Cache-Control", b"max-age=60, private")], "private"),
             (200, [(b"Cache-Control", b"no-store")], "no-store"),
             (200, [(b"Cache-Control", b"no-cache")], "no-cache"),
-            (200, [(b"Cache-Control", b'no-cache="Set-Cookie", max-age=60')], "no-cache"),
             (200, [(b"CACHE-CONTROL", b"Max-Age=60"), (b"Cache-Control", b"No-Store")], "no-store"),
             (200, [(b"Surrogate-Control", b"no-store")], "surrogate-no-store"),
             (200, [(b"Vary", b"*")], "vary-star"),

@@ -133,7 +133,7 @@ class NoCacheTests(SynchronousTestCase):
         b"no-cache",
         b"max-age=10000, no-cache",
         b"No-CaChE, max-age=60",
-        b'no-cache="Set-Cookie", max-age=60',
+        b'no-cache="", max-age=60',
     ])
     def test_stored_to_revalidate(self, cc: bytes) -> None:
         decision = response_decision(SIE, 200, [(b"Cache-Control", cc), ETAG], NOW)
@@ -172,6 +172,36 @@ class NoCacheTests(SynchronousTestCase):
             (500, [(b"Cache-Control", b"no-cache"), ETAG], "status"),
         ]:
             assert response_decision(DEFAULT, status, headers, NOW).reason == reason
+
+
+@expand
+class NoCacheFieldsTests(SynchronousTestCase):
+    """no-cache with field names (RFC 9111 5.2.2.4): the response is stored
+    and reused as usual; the named fields are not stored."""
+
+    @parametrize("cc, omit", [
+        param([b'no-cache="a"', b"max-age=3600"], {b"a"}, id="one"),
+        param([b'no-cache="A, b", max-age=3600'], {b"a", b"b"}, id="two"),
+        param([b'max-age=3600, no-cache="X-User,  ,Set-Cookie2"'], {b"x-user", b"set-cookie2"}, id="spaces"),
+    ])
+    def test_stored_without_them(self, cc: list[bytes], omit: set[bytes]) -> None:
+        decision = response_decision(DEFAULT, 200, [(b"Cache-Control", v) for v in cc], NOW)
+        assert decision.store and decision.ttl == 3600 and decision.reason == "max-age"
+        assert decision.omit == omit
+
+    def test_unqualified_omits_nothing(self) -> None:
+        assert response_decision(DEFAULT, 200, [(b"Cache-Control", b"max-age=60")], NOW).omit == frozenset()
+
+    def test_targeted_field_counts_whole(self) -> None:
+        """In a targeted field a restrictive directive counts whatever its value."""
+        headers = [(b"CDN-Cache-Control", b'no-cache="a", max-age=60'), (b"Cache-Control", b"max-age=60"), ETAG]
+        decision = response_decision(DEFAULT, 200, headers, NOW)
+        assert (decision.reason, decision.ttl, decision.omit) == ("no-cache", 0, frozenset())
+
+    def test_set_cookie_still_refuses(self) -> None:
+        """Naming Set-Cookie does not make a response that sets one storable."""
+        headers = [(b"Cache-Control", b'no-cache="Set-Cookie", max-age=60'), (b"Set-Cookie", b"s=1")]
+        assert response_decision(DEFAULT, 200, headers, NOW).reason == "set-cookie"
 
 
 class MustUnderstandTests(SynchronousTestCase):

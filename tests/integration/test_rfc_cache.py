@@ -233,3 +233,17 @@ def test_unsafe_method_invalidates_its_location(cleanup: Cleanups, origin: Scrip
         origin.replies.append(ok(b"Cache-Control: max-age=600\r\n"))
         status, headers, _ = yield get(port, b"", b"GET", b"", path)
         assert len(origin.requests) == n and b"hit" not in headers[b"cache-status"], path
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_cache_field_names_are_not_stored(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+    """no-cache="X-User": the miss's own client gets X-User; hits are
+    served without it, and without asking the origin."""
+    port = yield start(cleanup, origin)
+    origin.replies.append(ok(b'Cache-Control: max-age=600, no-cache="X-User"\r\nX-User: alice\r\nX-Other: 1\r\n'))
+    status, headers, _ = yield get(port)
+    assert headers[b"x-user"] == b"alice"
+    status, headers, body = yield get(port)
+    assert (status, body) == (200, BODY) and b"hit" in headers[b"cache-status"]
+    assert b"x-user" not in headers and headers[b"x-other"] == b"1"
+    assert len(origin.requests) == 1
