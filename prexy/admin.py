@@ -63,7 +63,13 @@ class AdminResource(resource.Resource):
             cluster = getattr(self.owner, "cluster", None)
             if everywhere and cluster is None:
                 request.setResponseCode(409)
-                d.addCallback(lambda ok: ok and request.write(b"this node is in no cluster: reloaded here only\n"))
+
+                def alone(ok: bool) -> bool:
+                    if ok and still_open():
+                        request.write(b"this node is in no cluster: reloaded here only\n")
+                    return ok
+
+                d.addCallback(alone)
             elif everywhere:
                 from prexy.cluster.messages import Invalidation
 
