@@ -4,13 +4,17 @@ live node's acknowledgement, a node cut off keeps serving, logs the outage
 once, retries on the backoff schedule, queues what it publishes and, when
 Redis returns, reads what it missed before publishing its queue; a
 restarted node replays only what it has not seen; trimmed history empties
-the store; a start without Redis is held at most start_wait."""
+the store; a start without Redis is held at most start_wait; and any
+script of publications, cuts and returns converges (hypothesis)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
@@ -262,3 +266,65 @@ class ClusterServiceTests(SynchronousTestCase):
         self.assertNotIn(b"a", self.server.hashes[b"prexy:nodes"])
         self.assertIs(a.service.core.phase, Phase.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 1)),
+        st.tuples(st.just("cut"), st.integers(0, 1)),
+        st.tuples(st.just("restore"), st.integers(0, 1)),
+        st.tuples(st.just("advance"), st.sampled_from([0.1, 0.5, 2.0, 7.0])),
+    ),
+    max_size=25,
+)
+
+
+class ConvergenceTests(SynchronousTestCase):
+    @settings(max_examples=60, deadline=None)
+    @given(actions)
+    def test_every_invalidation_reaches_the_other_node(self, script: list[tuple[str, Any]]) -> None:
+        """Whatever the order of publications, cuts, returns and waits, once
+        Redis is back for both, each node has applied every invalidation the
+        other made (at least once: applying again is harmless) and none of
+        its own."""
+        clock = Clock()
+        clock.advance(1_700_000_000)
+        server = FakeRedis(clock)
+        directory = tempfile.mkdtemp(prefix="prexy-cluster-conv-")
+        nodes = [Node(self, name, server, clock, directory) for name in "ab"]
+        made: list[set[bytes]] = [set(), set()]
+
+        def flush() -> None:
+            for _ in range(20):
+                for node in nodes:
+                    node.net.flush()
+
+        for node in nodes:
+            node.service.startService()
+        flush()
+        for i, (action, arg) in enumerate(script):
+            node = nodes[arg] if action != "advance" else None
+            if action == "publish":
+                subject = b"x/%d" % i
+                made[arg].add(subject)
+                node.service.publish(Invalidation.purge("s", subject))
+            elif action == "cut":
+                node.net.refuse = True
+                node.net.drop_all()
+            elif action == "restore":
+                node.net.refuse = False
+            else:
+                clock.advance(arg)
+            flush()
+        for node in nodes:
+            node.net.refuse = False
+        for _ in range(40):
+            clock.advance(1.0)
+            flush()
+        for me, other in ((0, 1), (1, 0)):
+            applied = {inv.subject for inv in nodes[me].target.applied}
+            self.assertEqual(applied, made[other])
+        for node in nodes:
+            stopped = node.service.stopService()
+            flush()
+            self.successResultOf(stopped)
