@@ -411,3 +411,35 @@ class RefusalTests(SynchronousTestCase):
         self.assertEqual(h.conns, [])
         c.get(3, b"/ok")
         self.assertIn(b"GET /ok HTTP/1.1\r\n", h.conns[-1].sent())
+
+
+class UploadTests(SynchronousTestCase):
+    def test_body_larger_than_the_window_arrives_whole(self) -> None:
+        """A 300 KB POST body (over the 64 KB initial windows): the server
+        returns the credit as it reads, the client sends it all, and the
+        origin gets the whole body after the head, with its length."""
+        h = Harness()
+        c = H2Client(h)
+        payload = bytes(range(256)) * 1200
+        c.conn.send_headers(1, [(b":method", b"POST"), (b":path", b"/up"), (b":scheme", b"https"),
+                                (b":authority", b"a"), (b"content-length", b"%d" % len(payload))])
+        sent = 0
+        for _ in range(100):
+            window = min(c.conn.local_flow_control_window(1), c.conn.max_outbound_frame_size)
+            piece = payload[sent : sent + window]
+            if piece:
+                sent += len(piece)
+                c.conn.send_data(1, piece, end_stream=sent == len(payload))
+            c.flush()
+            if sent == len(payload):
+                break
+        self.assertEqual(sent, len(payload))
+        origin = h.conns[-1]
+        upstream = origin.sent()
+        while origin.transport.producer is not None:  # the spooled body, pulled a piece at a time
+            origin.transport.producer.resumeProducing()
+            upstream += origin.sent()
+        head, _, body = upstream.partition(b"\r\n\r\n")
+        self.assertIn(b"POST /up HTTP/1.1\r\n", head)
+        self.assertIn(b"\r\ncontent-length: %d" % len(payload), head.lower())
+        self.assertEqual(body, payload)
