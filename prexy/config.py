@@ -420,7 +420,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
         raise ConfigError(here.path, here.locator.line_of(key), key, reason)
 
     def rel(value: str) -> str:
-        return value if os.path.isabs(value) else os.path.join(here.base, value)
+        return value if os.path.isabs(value) else os.path.normpath(os.path.join(here.base, value))
 
     def typed(table: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
         value = table[key]
@@ -593,14 +593,15 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     context = (kwargs.get("cache_size"), server_compression)
     exists: dict[str, bool] = {}
 
+    def is_file(path: str) -> bool:  # once per file, however many sites name it
+        if path not in exists:
+            exists[path] = os.path.isfile(path)
+        return exists[path]
+
     def still_there(site: SiteConfig) -> bool:
         named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()))
-        for file in named:
-            if file not in exists:
-                exists[file] = os.path.isfile(file)
-            if not exists[file]:
-                return False  # checked again below, to be refused with its key and line
-        return True
+        # (a missing one: the site is checked again below, and refused with its key and line)
+        return all(is_file(file) for file in named)
 
     for name, table in sites_table.items():
         here = site_files.get(name, main)
@@ -660,7 +661,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
             err(f"{where}.rules", "must be a file name or a list of file names")
         rule_files = tuple(rel(r) for r in rules)
         for r in rule_files:
-            if not os.path.isfile(r):
+            if not is_file(r):
                 err(f"{where}.rules", f"no such file: {r}")
         map_cfg = None
         if "map" in table:

@@ -239,7 +239,7 @@ class RuleSets:
         self._old_files = previous._files if previous is not None else {}
         self._old_sets = previous._sets if previous is not None else {}
         self._checked: set[tuple[str, bytes]] = set(previous._checked) if previous is not None else set()
-        #: Rules files parsed (new contents) and rule sets made by this store.
+        #: Rules files parsed (new contents) and sites' rule sets new in this store.
         self.parsed = 0
         self.made = 0
 
@@ -253,6 +253,7 @@ class RuleSets:
         engine = prefilter.ENGINE
         sets = []
         digests = []
+        parsed_before = self.parsed
         for path in paths:
             try:
                 with open(path, "rb") as f:
@@ -280,6 +281,8 @@ class RuleSets:
             digests.append(key[1])
         if len(sets) == 1:
             combined = sets[0]
+            if self.parsed > parsed_before:
+                self.made += 1
         else:
             set_key = (engine, tuple(digests))
             combined = self._sets.get(set_key) or self._old_sets.get(set_key)
@@ -360,6 +363,7 @@ def build_runtime(
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
+    bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes]]] = {}
     sites = []
     for site in config.sites:
         loaded = None
@@ -377,10 +381,16 @@ def build_runtime(
         ):
             sites.append(before)  # unchanged: its header rules, digests and all
             continue
-        header_rules = _header_rules(site, loaded)
+        # Header rules bound once per rule set and upstream, not per site.
+        bind_key = (id(loaded), site.upstream)
+        if bind_key not in bound:
+            header_rules = _header_rules(site, loaded)
+            bound[bind_key] = (header_rules, _header_names(header_rules))
+        header_rules, header_names = bound[bind_key]
         # With header directives only, bodies pass untouched.
         rules = loaded if loaded is not None and loaded.rules else None
-        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, loaded=loaded))
+        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, header_names=header_names,
+                                 loaded=loaded))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
     if store is not None:

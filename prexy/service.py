@@ -111,8 +111,9 @@ class Options(usage.Options):
             raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
         if self["check"]:
             source = config.source or "command line"
+            files = f" ({len(config.included)} site file(s) included)" if config.included else ""
             sys.stdout.write(
-                f"prexy: configuration {source} is ok: {len(config.sites)} site(s), "
+                f"prexy: configuration {source} is ok: {len(config.sites)} site(s){files}, "
                 f"listening on {', '.join(config.listen)}\n"
             )
             for line in runtime.linear_rules():

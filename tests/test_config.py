@@ -12,6 +12,7 @@ from prexy.cache.policy import CachePolicy
 from prexy.codec import Compression
 from prexy.config import (
     ConfigError,
+    ConfigMemo,
     Timeouts,
     load_config,
     parse_config,
@@ -209,3 +210,143 @@ class ConfigTests(SynchronousTestCase):
         assert config.site("b").upgrade == frozenset()
         assert config.site("c").upgrade == frozenset({b"websocket"})
         assert config.timeouts.tunnel_idle == 300.0
+
+
+class IncludeTests(SynchronousTestCase):
+    """``include``: sites in files of their own (issue 21), each error named
+    with the site file's own path and line."""
+
+    def setUp(self) -> None:
+        self.tmp = str(tmp_dir(self))
+        os.mkdir(os.path.join(self.tmp, "sites.d"))
+        write(self.tmp, "sites.d/a.rules", "replace_filter 'a' 'b' g;\n")
+        self.main = write(
+            self.tmp, "prexy.toml",
+            'include = "sites.d/*.toml"\n[server]\ndefault_site = "b"\n[sites.main]\nupstream = "http://m"\n',
+        )
+
+    def site_file(self, name: str, text: str) -> str:
+        return write(self.tmp, f"sites.d/{name}", text)
+
+    def refused(self, memo: ConfigMemo | None = None) -> ConfigError:
+        with self.assertRaises(ConfigError) as caught:
+            load_config(self.main, memo)
+        return caught.exception
+
+    def test_sites_from_several_files(self) -> None:
+        """Every [sites.NAME] of every matching file joins the main file's
+        sites (main file first, then the files in name order, a file's
+        sites in its order); relative names resolve against the site file's
+        own folder; ``included`` lists the files."""
+        b = self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\nrules = "a.rules"\nhosts = ["b.test"]\n')
+        a = self.site_file("a.toml", '[sites.a1]\nupstream = "http://a1"\n[sites.a2]\nupstream = "http://a2"\n')
+        self.site_file("notes.txt", "not toml, not matched")
+        config = load_config(self.main)
+        assert [s.name for s in config.sites] == ["main", "a1", "a2", "b"]
+        assert config.site("b").rules == (os.path.join(self.tmp, "sites.d", "a.rules"),)
+        assert config.default_site == "b"
+        assert config.included == (a, b)
+
+    def test_list_of_patterns(self) -> None:
+        """``include`` may be a list of patterns; a file two patterns match is read once."""
+        self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\n')
+        write(self.tmp, "prexy.toml", 'include = ["sites.d/*.toml", "sites.d/a.toml"]\n[sites.m]\nupstream = "http://m"\n')
+        assert [s.name for s in load_config(self.main).sites] == ["m", "a"]
+
+    def test_errors_name_the_site_file_and_line(self) -> None:
+        """A bad key in a site file is reported with that file's path and
+        line, as is a TOML syntax error there and a missing rules file."""
+        self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\n')
+        bad = self.site_file("b.toml", '# site b\n\n[sites.b]\nupstream = "ftp://b"\n')
+        error = self.refused()
+        assert (error.path, error.line, error.key) == (bad, 4, "sites.b.upstream")
+        assert "http:// or https://" in error.reason
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\nhosts = [1 2]\n')
+        error = self.refused()
+        assert (error.path, error.line) == (bad, 3) and "TOML syntax" in str(error)
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\nrules = "gone.rules"\n')
+        error = self.refused()
+        assert (error.path, error.line, error.key) == (bad, 3, "sites.b.rules")
+        assert str(error).startswith(f"{bad}:3: sites.b.rules: no such file: ")
+
+    def test_a_site_defined_twice_names_both_places(self) -> None:
+        """The same site name in two files (or in the main file and a site
+        file) is refused naming the second place, with the first one in the
+        reason."""
+        first = self.site_file("a.toml", '\n[sites.x]\nupstream = "http://a"\n')
+        second = self.site_file("b.toml", '[sites.y]\nupstream = "http://y"\n\n[sites.x]\nupstream = "http://b"\n')
+        error = self.refused()
+        assert str(error) == f"{second}:4: sites.x: site 'x' is already defined at {first}:2"
+        os.remove(first)
+        self.site_file("b.toml", '[sites.main]\nupstream = "http://b"\n')
+        error = self.refused()
+        assert str(error) == f"{second}:1: sites.main: site 'main' is already defined at {self.main}:4"
+
+    def test_a_host_of_two_sites_names_the_other_file(self) -> None:
+        """Two sites in different files answering the same host: refused where
+        the second says it, naming the first site and its file."""
+        first = self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\nhosts = ["h.test"]\n')
+        second = self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\nhosts = ["H.test"]\n')
+        error = self.refused()
+        assert (error.path, error.line) == (second, 3)
+        assert error.reason == f"host 'h.test' already belongs to site 'a' ({first})"
+
+    def test_a_pattern_matching_nothing_is_refused(self) -> None:
+        """An empty glob (a folder moved, a typo) is refused with the main
+        file's line, so that a reload never drops every site in silence."""
+        error = self.refused()
+        assert (error.path, error.line, error.key) == (self.main, 1, "include")
+        assert error.reason == "'sites.d/*.toml' matches no file"
+
+    def test_bad_include_values_and_files(self) -> None:
+        """``include`` must be a pattern or a list of them; an included file
+        holds [sites.NAME] tables only, and at least one."""
+        write(self.tmp, "prexy.toml", "include = 3\n[sites.m]\nupstream = 'http://m'\n")
+        error = self.refused()
+        assert (error.line, error.key) == (1, "include") and "glob pattern" in error.reason
+        write(self.tmp, "prexy.toml", 'include = "sites.d/*.toml"\n[sites.m]\nupstream = "http://m"\n')
+        bad = self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\n[server]\nworkers = 2\n')
+        error = self.refused()
+        assert (error.path, error.line, error.key) == (bad, 3, "server")
+        assert error.reason == "an included file holds [sites.NAME] tables only"
+        self.site_file("a.toml", "# nothing yet\n")
+        error = self.refused()
+        assert (error.path, error.key) == (bad, "sites")
+
+    def test_only_included_sites(self) -> None:
+        """The main file may hold no site at all when its include brings some."""
+        write(self.tmp, "prexy.toml", 'include = "sites.d/*.toml"\n')
+        self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\n')
+        config = load_config(self.main)
+        assert [s.name for s in config.sites] == ["a"] and config.default_site == "a"
+
+    def test_memo_reuses_unchanged_site_files(self) -> None:
+        """Loaded again with the same ``ConfigMemo``, the sites of unchanged
+        files are the very same values (not parsed again); a changed file's
+        sites are new; the result equals a load without the memo."""
+        self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\nrules = "a.rules"\n')
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\n')
+        memo = ConfigMemo()
+        first = load_config(self.main, memo)
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b2"\n')
+        second = load_config(self.main, memo)
+        assert second.site("a") is first.site("a")
+        assert second.site("b") is not first.site("b")
+        assert str(second.site("b").upstream) == "http://b2"
+        assert second == load_config(self.main)
+        # A new [cache] size changes what every site inherits: none is reused.
+        with open(self.main, "a") as f:
+            f.write('[cache]\nsize = "1M"\n')
+        third = load_config(self.main, memo)
+        assert third.site("a") is not second.site("a") and third.site("a").cache is not None
+
+    def test_memo_still_refuses_a_vanished_rules_file(self) -> None:
+        """An unchanged site file whose rules file was deleted is refused on
+        the next load with the memo too, with its key and line."""
+        path = self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\nrules = "a.rules"\n')
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\n')
+        memo = ConfigMemo()
+        load_config(self.main, memo)
+        os.remove(os.path.join(self.tmp, "sites.d", "a.rules"))
+        error = self.refused(memo)
+        assert (error.path, error.line, error.key) == (path, 3, "sites.a.rules")

@@ -1,0 +1,174 @@
+"""Reload at scale (issue 21): when only sites changed, the master has its
+workers reload in place over their command pipe, and answers once every
+worker has; any other change starts a new generation as before."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
+from prexy.worker import CommandReader
+from prexy.workers import CONTROL_FD, MasterService, _WorkerProcess
+
+
+def _config(*names: str, **changes: Any) -> Config:
+    sites = tuple(SiteConfig(n, UpstreamURL.parse(f"http://{n}.origin")) for n in names)
+    return attrs.evolve(Config(listen=("tcp:0",), sites=sites, default_site=names[0]), **changes)
+
+
+class _Pipe:
+    """The master's end of a worker's stdin: what was written to it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.written.splitlines()]
+
+
+class MasterReloadTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.loads = [_config("a", "b")]
+        self.master = MasterService(self.reactor, self.loads[0], ["--config", "x"], 2, lambda argv: self.loads[-1])
+        self.spawned: list[int] = []
+        self.patch(self.master, "_spawn", lambda generation, slot: self.spawned.append(generation))
+        self.master.generation = 1
+        self.workers = []
+        for slot in range(2):
+            w = _WorkerProcess(self.master, 1, slot)
+            w.transport = _Pipe(100 + slot)  # type: ignore[assignment]
+            w.pid = 100 + slot
+            w.ready = True
+            self.workers.append(w)
+        self.master.workers = list(self.workers)
+
+    def answer(self, worker: _WorkerProcess, number: int, ok: bool = True, error: str = "") -> None:
+        line = json.dumps({"reloaded": number, "ok": ok, "error": error}).encode() + b"\n"
+        worker.childDataReceived(CONTROL_FD, line[:5])
+        worker.childDataReceived(CONTROL_FD, line[5:])
+
+    def test_sites_only_reload_in_place(self) -> None:
+        """A reload that changes sites only sends every worker a reload
+        command, starts no process, and fires True once all have answered."""
+        self.loads.append(_config("a", "b", "c"))
+        d = self.master.reload()
+        assert [w.transport.messages() for w in self.workers] == [[{"reload": 1}], [{"reload": 1}]]  # type: ignore[union-attr]
+        assert self.spawned == [] and self.master.generation == 1
+        self.answer(self.workers[0], 1)
+        self.assertNoResult(d)
+        self.answer(self.workers[1], 1)
+        assert self.successResultOf(d) is True
+        assert self.master.config == self.loads[-1]
+
+    def test_a_refusing_worker_is_reported(self) -> None:
+        """A worker that could not reload (it keeps its configuration) makes
+        the reload answer False with its reason."""
+        self.loads.append(_config("a", "c"))
+        d = self.master.reload()
+        self.answer(self.workers[0], 1, ok=False, error="x.rules:3: bad")
+        self.answer(self.workers[1], 1)
+        assert self.successResultOf(d) is False
+        assert self.master.last_reload_error == "worker 100: x.rules:3: bad"
+
+    def test_a_worker_that_dies_is_not_waited_for(self) -> None:
+        """A worker ending before it answers is not waited for (its
+        replacement loads the new files when it starts)."""
+        self.loads.append(_config("a", "c"))
+        d = self.master.reload()
+        self.answer(self.workers[0], 1)
+        self.master.stopping = True  # (no respawn timer in this test)
+        self.master.worker_ended(self.workers[1], Failure(Exception("killed")))
+        assert self.successResultOf(d) is True
+
+    def test_overlapping_reloads_answer_each(self) -> None:
+        """Two reloads in a row: each answers when its own command was answered."""
+        self.loads.append(_config("a", "c"))
+        first = self.master.reload()
+        self.loads.append(_config("a", "d"))
+        second = self.master.reload()
+        for w in self.workers:
+            self.answer(w, 1)
+        assert self.successResultOf(first) is True
+        self.assertNoResult(second)
+        for w in self.workers:
+            self.answer(w, 2)
+        assert self.successResultOf(second) is True
+
+    def test_other_changes_start_a_new_generation(self) -> None:
+        """A server-level change (here a timeout) starts a new generation of
+        workers, as before; no command is sent."""
+        self.loads.append(_config("a", "b", timeouts=Timeouts(connect=1)))
+        d = self.master.reload()
+        assert self.spawned == [2, 2] and self.master.generation == 2
+        assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+        self.assertNoResult(d)
+
+    def test_a_refused_configuration_sends_nothing(self) -> None:
+        """A configuration that does not load is refused by the master alone."""
+        def broken(argv: Any) -> Config:
+            raise SystemExit("x.toml:2: sites.a.upstream: bad")
+
+        self.master.load = broken
+        assert self.successResultOf(self.master.reload()) is False
+        assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+
+
+class _Reactor:
+    def __init__(self) -> None:
+        self.removed: list[Any] = []
+
+    def removeReader(self, reader: Any) -> None:
+        self.removed.append(reader)
+
+
+class CommandReaderTests(SynchronousTestCase):
+    """The worker's end: JSON lines from a pipe, whatever the reads' sizes."""
+
+    def read_all(self, pieces: list[bytes]) -> tuple[list[dict[str, Any]], Any]:
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        got: list[dict[str, Any]] = []
+        reactor = _Reactor()
+        reader = CommandReader(reactor, r, got.append)
+        result = None
+        for piece in pieces:
+            os.write(w, piece)
+            result = reader.doRead()
+            assert result is None
+        os.close(w)
+        result = reader.doRead()
+        assert isinstance(result, Failure)
+        reader.connectionLost(result)
+        assert reactor.removed == [reader]
+        return got, result
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.data())
+    def test_lines_in_any_pieces(self, data: st.DataObject) -> None:
+        """Each whole line is one command, however the bytes are split;
+        lines that are not JSON objects are skipped; a last unfinished line
+        is never acted on."""
+        text = b'{"reload": 1}\nnot json\n[1, 2]\n{"reload": 2, "x": "\\u00e9"}\n{"reload": 3'
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True) if text[a:b]]
+        got, _ = self.read_all(pieces)
+        assert got == [{"reload": 1}, {"reload": 2, "x": "\u00e9"}]
+
+    def test_end_of_pipe(self) -> None:
+        """The master closing the pipe ends the reader (removed from the reactor)."""
+        got, result = self.read_all([])
+        assert got == [] and result.check(EOFError)
