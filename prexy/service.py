@@ -362,6 +362,8 @@ class ProxyService(service.MultiService):
             return False
         if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
+        if config.cluster != self.config.cluster:
+            log.warn("reload: [cluster] changed; it takes effect on restart")
         self.config = config
         self.resource.runtime = runtime
         self.site.max_request_body = config.max_request_body

@@ -360,6 +360,8 @@ class MasterService(service.MultiService):
             return defer.succeed(False)
         if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
+        if config.cluster != self.config.cluster:
+            log.warn("reload: [cluster] changed; it takes effect on restart")
         previous, self.config = self.config, config
         if reloads_in_place(previous, config):
             return self._reload_in_place()
