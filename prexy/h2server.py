@@ -85,6 +85,7 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
     from prexy.requesthead import Refusal, check_host, check_target
 
     method = path = authority = None
+    hosts = 0
     for name, value in fields:
         if name[:1] == b":":
             if name == b":method":
@@ -97,8 +98,13 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
             return 400, "a field name holds a byte it cannot hold"
         elif _BAD_VALUE.search(value):
             return 400, "a field value holds a control byte"
-        elif name == b"host" and check_host(value) is not None:
-            return 400, f"host: {check_host(value)}"
+        elif name == b"host":
+            hosts += 1
+            why = check_host(value)
+            if why is not None or hosts > 1:
+                return 400, f"host: {why or 'more than one'}"
+        elif name == b"content-length" and not value.isdigit():
+            return 400, "content-length is not a number"
     if method is None or not _METHOD.fullmatch(method):
         return (501 if method == b"CONNECT" else 400), "method not served over HTTP/2"
     if path is None:

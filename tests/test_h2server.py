@@ -519,6 +519,8 @@ class CheckRequestTests(SynchronousTestCase):
             (head(extra=((b"x a", b"v"),)), 400),
             (head(extra=((b"x-a", b"v\x1fw"),)), 400),
             (head(extra=((b"host", b"a..b"),)), 400),
+            (head(extra=((b"host", b"a"), (b"host", b"b"))), 400),
+            (head(method=b"POST", extra=((b"content-length", b"-5"),)), 400),
         ]
         for fields, status in cases:
             refusal = check_request(fields, 8192)
@@ -538,3 +540,31 @@ class CheckRequestTests(SynchronousTestCase):
         self.assertEqual(dict(head.headers)[b":status"], b"400")
         self.assertEqual(body_of(events, 1), b"400 request target holds a byte it cannot hold\n")
         self.assertEqual(p.server.open, set())
+
+
+class FuzzTests(SynchronousTestCase):
+    """Whatever bytes a client sends, ``receive`` gives events or a Close;
+    no exception escapes it."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.data())
+    def test_mutated_client_bytes(self, data: st.DataObject) -> None:
+        p = Pair()
+        p.client.send_headers(1, post(20) + [(b"x-a", b"b")])
+        p.client.send_data(1, b"0123456789" * 2, end_stream=True)
+        p.client.send_headers(3, GET, end_stream=True)
+        p.client.ping(b"12345678")
+        p.client.reset_stream(3)
+        raw = bytearray(p.client.data_to_send())
+        for _ in range(data.draw(st.integers(0, 8))):
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at] = data.draw(st.integers(0, 255))
+        cut = data.draw(st.integers(0, len(raw)))
+        events = p.server.receive(bytes(raw[:cut]), 0) + p.server.receive(bytes(raw[cut:]), 0)
+        for i, event in enumerate(events):
+            if isinstance(event, Close):
+                self.assertEqual(i, len(events) - 1)
+            if isinstance(event, Head):
+                check_request(event.fields, 8192)
+        p.server.pump()
+        p.server.data_to_send()

@@ -22,6 +22,8 @@ import h2.errors
 import h2.events
 import h2.settings
 from hyperframe.frame import DataFrame, GoAwayFrame
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionLost
 from twisted.python.failure import Failure
@@ -443,3 +445,32 @@ class UploadTests(SynchronousTestCase):
         self.assertIn(b"POST /up HTTP/1.1\r\n", head)
         self.assertIn(b"\r\ncontent-length: %d" % len(payload), head.lower())
         self.assertEqual(body, payload)
+
+
+class ShellFuzzTests(SynchronousTestCase):
+    @settings(max_examples=150, deadline=None)
+    @given(st.data())
+    def test_mutated_client_bytes_never_raise(self, data: st.DataObject) -> None:
+        """Mutated client bytes through the whole connection (requests,
+        their answers from the origin): nothing raises out of
+        dataReceived; the connection serves or closes."""
+        h = Harness()
+        c = H2Client(h)
+        c.conn.send_headers(1, [(b":method", b"POST"), (b":path", b"/p?q=1"), (b":scheme", b"https"),
+                                (b":authority", b"a"), (b"content-length", b"4"), (b"cookie", b"a=1")])
+        c.conn.send_data(1, b"body", end_stream=True)
+        c.conn.send_headers(3, [(b":method", b"GET"), (b":path", b"/g"), (b":scheme", b"https"),
+                                (b":authority", b"a")], end_stream=True)
+        raw = bytearray(c.conn.data_to_send())
+        for _ in range(data.draw(st.integers(0, 6))):
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at] = data.draw(st.integers(0, 255))
+        step = data.draw(st.integers(1, len(raw)))
+        for at in range(0, len(raw), step):
+            if c.transport.disconnecting:
+                break
+            c.server.dataReceived(bytes(raw[at : at + step]))
+        for conn in h.conns:
+            conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        h.settle()
+        h.clock.advance(100)
