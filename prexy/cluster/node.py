@@ -169,6 +169,8 @@ class ClusterService(service.Service):
         self.subscriber: RedisConnection | None = None
         self._reading = False
         self._again = False
+        #: Counts connections: a read begun on an older one ends quietly.
+        self._link = 0
         self._retry: Any = None
         self._start_timer: Any = None
         self._waiters: dict[int, tuple[defer.Deferred[Outcome | None], Any]] = {}
@@ -228,6 +230,7 @@ class ClusterService(service.Service):
         if self.core.phase is Phase.STOPPED:
             return
         self.core.move("connect")
+        self._link += 1
         writer_d = self.connect_to()
         sub_d = self.connect_to(on_message=self._event)
         d = defer.gatherResults([writer_d, sub_d], consumeErrors=True)
@@ -314,7 +317,7 @@ class ClusterService(service.Service):
         self._reading, self._again = True, False
         d = self._timed(writer.command("XREAD", "COUNT", BATCH, "STREAMS", self.settings.stream, self.core.read_from()))
         d.addCallback(self._entries)
-        d.addCallback(self._read_done)
+        d.addCallback(self._read_done, self._link)
         d.addErrback(self._down)
 
     def _entries(self, reply: Any) -> defer.Deferred[int]:
@@ -348,7 +351,9 @@ class ClusterService(service.Service):
         d.addErrback(lambda f: log.failure("cluster: applying {what} failed", f, what=inv.describe()))
         return d
 
-    def _read_done(self, count: int) -> None:
+    def _read_done(self, count: int, link: int) -> None:
+        if link != self._link:
+            return  # that connection is gone; the current one reads on its own
         self._reading = False
         if self.core.phase is Phase.STOPPED or self.writer is None:
             return
