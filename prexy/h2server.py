@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -51,7 +51,7 @@ from hyperframe.frame import GoAwayFrame
 
 __all__ = [
     "Body", "Close", "End", "H2Settings", "Head", "Reset", "ServerConnection", "CONNECTION_SPECIFIC", "PREFACE",
-    "check_request",
+    "check_request", "request_fields", "response_fields",
 ]
 
 #: What a client with prior knowledge (h2c) sends first (RFC 9113 3.4).
@@ -121,6 +121,53 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
         if why is not None:
             return 400, f":authority: {why}"
     return None
+
+
+def response_fields(code: bytes, headers: Iterable[tuple[bytes, Sequence[bytes]]]) -> list[tuple[bytes, bytes]]:
+    """An HTTP/2 response head from a status and twisted.web's raw header
+    pairs: names in lower case, the connection-specific fields (and those
+    a Connection field names) left out."""
+    fields = [(b":status", code)]
+    nominated: set[bytes] = set()
+    pairs = [(name.lower(), values) for name, values in headers]
+    for name, values in pairs:
+        if name == b"connection":
+            for value in values:
+                nominated.update(token.strip().lower() for token in value.split(b","))
+    for name, values in pairs:
+        if name in CONNECTION_SPECIFIC or name in nominated:
+            continue
+        for value in values:
+            fields.append((name, value))
+    return fields
+
+
+def request_fields(fields: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes | None, list[tuple[bytes, bytes]]]:
+    """(method, path, ordinary fields) of an HTTP/2 request head; the
+    ``:authority`` becomes the Host field (RFC 9113 8.3.1)."""
+    method = b"GET"
+    path: bytes | None = None
+    authority: bytes | None = None
+    ordinary: list[tuple[bytes, bytes]] = []
+    has_host = False
+    for name, value in fields:
+        if name[:1] != b":":
+            if name == b"host":
+                has_host = True
+                if authority is not None:
+                    continue
+            ordinary.append((name, value))
+        elif name == b":method":
+            method = value
+        elif name == b":path":
+            path = value
+        elif name == b":authority":
+            authority = value
+    if authority is not None:
+        if has_host:
+            ordinary = [(n, v) for n, v in ordinary if n != b"host"]
+        ordinary.insert(0, (b"host", authority))
+    return method, path, ordinary
 
 
 @attrs.frozen

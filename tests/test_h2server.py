@@ -29,6 +29,8 @@ from prexy.h2server import (
     Reset,
     ServerConnection,
     check_request,
+    request_fields,
+    response_fields,
 )
 
 GET = [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"https"), (b":authority", b"a.test")]
@@ -568,3 +570,24 @@ class FuzzTests(SynchronousTestCase):
                 check_request(event.fields, 8192)
         p.server.pump()
         p.server.data_to_send()
+
+
+class FieldTests(SynchronousTestCase):
+    def test_response_fields(self) -> None:
+        """Names in lower case, repeated fields kept in order, the
+        connection-specific ones and those Connection names left out."""
+        fields = response_fields(b"200", [
+            (b"Content-Type", [b"text/html"]), (b"Connection", [b"X-Hop, close"]), (b"X-Hop", [b"1"]),
+            (b"Set-Cookie", [b"a=1", b"b=2"]), (b"Keep-Alive", [b"timeout=5"]), (b"Transfer-Encoding", [b"chunked"]),
+            (b"Upgrade", [b"h2c"]), (b"TE", [b"trailers"]), (b"Proxy-Connection", [b"keep-alive"]), (b"Trailer", [b"x"]),
+        ])
+        self.assertEqual(fields, [(b":status", b"200"), (b"content-type", b"text/html"), (b"set-cookie", b"a=1"),
+                                  (b"set-cookie", b"b=2"), (b"trailer", b"x")])
+
+    def test_request_fields(self) -> None:
+        """Method and path out of the pseudo-fields; :authority becomes the
+        first Host field and a Host beside it is dropped."""
+        method, path, fields = request_fields(GET + [(b"host", b"other"), (b"accept", b"*/*")])
+        self.assertEqual((method, path, fields), (b"GET", b"/x", [(b"host", b"a.test"), (b"accept", b"*/*")]))
+        method, path, fields = request_fields([(b":method", b"CONNECT"), (b"host", b"h")])
+        self.assertEqual((method, path, fields), (b"CONNECT", None, [(b"host", b"h")]))

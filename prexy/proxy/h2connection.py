@@ -52,6 +52,8 @@ from prexy.h2server import (
     Reset,
     ServerConnection,
     check_request,
+    request_fields,
+    response_fields,
 )
 from prexy.requesthead import Refusal
 
@@ -71,6 +73,9 @@ class StreamChannel:
 
     producer: Any = None
     request: Any = None
+    #: The request's method and target (None: a CONNECT).
+    method = b"GET"
+    path: bytes | None = None
     _paused = False
 
     def __init__(self, connection: H2ServerProtocol, stream_id: int) -> None:
@@ -154,53 +159,6 @@ class StreamChannel:
             request.connectionLost(reason)
 
 
-def response_fields(code: bytes, headers: Any) -> list[tuple[bytes, bytes]]:
-    """An HTTP/2 response head from a status and twisted.web's raw header
-    pairs: names in lower case, the connection-specific fields (and those
-    a Connection field names) left out."""
-    fields = [(b":status", code)]
-    nominated: set[bytes] = set()
-    pairs = [(name.lower(), values) for name, values in headers]
-    for name, values in pairs:
-        if name == b"connection":
-            for value in values:
-                nominated.update(token.strip().lower() for token in value.split(b","))
-    for name, values in pairs:
-        if name in CONNECTION_SPECIFIC or name in nominated:
-            continue
-        for value in values:
-            fields.append((name, value))
-    return fields
-
-
-def request_fields(fields: Any) -> tuple[bytes, bytes | None, list[tuple[bytes, bytes]]]:
-    """(method, path, ordinary fields) of an HTTP/2 request head; the
-    ``:authority`` becomes the Host field (RFC 9113 8.3.1)."""
-    method = b"GET"
-    path: bytes | None = None
-    authority: bytes | None = None
-    ordinary: list[tuple[bytes, bytes]] = []
-    has_host = False
-    for name, value in fields:
-        if name[:1] != b":":
-            if name == b"host":
-                has_host = True
-                if authority is not None:
-                    continue
-            ordinary.append((name, value))
-        elif name == b":method":
-            method = value
-        elif name == b":path":
-            path = value
-        elif name == b":authority":
-            authority = value
-    if authority is not None:
-        if has_host:
-            ordinary = [(n, v) for n, v in ordinary if n != b"host"]
-        ordinary.insert(0, (b"host", authority))
-    return method, path, ordinary
-
-
 @implementer(IPushProducer)
 class H2ServerProtocol(Protocol):
     """One client connection speaking HTTP/2 (after ALPN ``h2``, or a
@@ -275,7 +233,7 @@ class H2ServerProtocol(Protocol):
         stream = StreamChannel(self, sid)
         self.streams[sid] = stream
         method, path, fields = request_fields(event.fields)
-        stream.method, stream.path = method, path  # type: ignore[attr-defined]
+        stream.method, stream.path = method, path
         request = stream.request = self.site.requestFactory(stream)
         add = request.requestHeaders.addRawHeader
         length: int | None = None
@@ -298,13 +256,13 @@ class H2ServerProtocol(Protocol):
     def _received(self, stream: StreamChannel) -> None:
         """The whole request is in: process it."""
         request = stream.request
-        path = stream.path  # type: ignore[attr-defined]
+        path = stream.path
         if request is None:
             return
         if path is None:  # CONNECT: no tunnel over HTTP/2
             self.reset(stream)
             return
-        request.requestReceived(stream.method, path, b"HTTP/2")  # type: ignore[attr-defined]
+        request.requestReceived(stream.method, path, b"HTTP/2")
 
     def getPeer(self) -> Any:
         return self.peer
