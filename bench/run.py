@@ -10,7 +10,7 @@ markdown table per scenario.  Results also go to
 ``bench/.work/results-<scenario>.json`` and all tables of the run to
 ``bench/.work/results.md``.  Every child process is stopped at
 exit.  Scenarios: proxy, subs, stream, slowclient, workers, cache, urlmap, transducer,
-urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster (see bench/README.md).
+urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import harness  # noqa: E402
 from scenarios import SCENARIOS, Bench, Report, Settings  # noqa: E402
 
 DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
-                 "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster")
+                 "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster", "sites")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

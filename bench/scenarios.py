@@ -30,6 +30,7 @@ import hits
 import http2_bench
 import realistic
 import servers
+import sites_bench
 import tunnel
 from harness import WORK, Client, WrkResult, fmt, fmt_ms, markdown_table, ratio
 from servers import MissingFlag, PrexyInstall, Server
@@ -1739,6 +1740,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "compress-hits": hits.scenario_compressed_hits,
     "http2": http2_bench.scenario_http2,
     "cluster": cluster_bench.scenario_cluster,
+    "sites": sites_bench.scenario_sites,
     "transducer": _script("bench_transducer.py"),
     "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),

@@ -301,14 +301,17 @@ class _Source:
 class ConfigMemo:
     """What loading a configuration again may reuse (a reload of thousands
     of site files, few of them changed): each included file's tables by its
-    path and text, and each site's validated ``SiteConfig`` by its file's
-    path and text, its name and what the main file gives every site (the
-    cache size, the server's compression).  A file is still read each time;
-    only parsing and checking an unchanged one is skipped.  The files a
-    reused site names (rules, map, CA) are checked to exist again."""
+    path and file status, and each site's validated ``SiteConfig`` by its
+    file's path and text, its name and what the main file gives every site
+    (the cache size, the server's compression).  An included file whose
+    status (device, inode, size, modification and change times in
+    nanoseconds, as git's index compares them) is unchanged is not read
+    again; one whose status changed is read, and parsed only if its text
+    changed.  The files a reused site names (rules, map, CA) are checked to
+    exist again."""
 
     def __init__(self) -> None:
-        self.files: dict[str, tuple[str, dict[str, Any], _Source]] = {}
+        self.files: dict[str, tuple[Any, dict[str, Any], _Source]] = {}
         self.sites: dict[tuple[Any, ...], SiteConfig] = {}
 
     def keep_only(self, sources: Sequence[_Source]) -> None:
@@ -316,6 +319,15 @@ class ConfigMemo:
         keys = {source.key for source in sources}
         self.files = {path: entry for path, entry in self.files.items() if entry[2].key in keys}
         self.sites = {k: site for k, site in self.sites.items() if k[0] in keys}
+
+
+def _status(path: str) -> tuple[int, ...] | None:
+    """What tells a file changed without reading it (None: cannot stat)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _read_text(path: str) -> str:
@@ -340,6 +352,19 @@ def _toml(text: str, path: str) -> dict[str, Any]:
         raise ConfigError(path, line, None, f"TOML syntax: {reason}") from None
 
 
+def _site_file(path: str, text: str) -> tuple[dict[str, Any], _Source]:
+    """An included file's ``[sites]`` table, and the file as a ``_Source``."""
+    data = _toml(text, path)
+    source = _Source(path, text)
+    for key in data:
+        if key != "sites":
+            raise ConfigError(path, source.locator.line_of(key), key, "an included file holds [sites.NAME] tables only")
+    table = data.get("sites")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(path, None, "sites", "an included file holds one or more [sites.NAME] tables")
+    return table, source
+
+
 def _include(
     value: Any, sites: Any, main: _Source, files: dict[str, _Source], err: Any, memo: ConfigMemo | None = None
 ) -> dict[str, Any]:
@@ -360,26 +385,21 @@ def _include(
         if not found:
             err("include", f"{pattern!r} matches no file")
         for path in found:
-            if path in seen or os.path.isdir(path):
+            if path in seen:  # (a folder the pattern matches is refused: it cannot be read)
                 continue
             seen.add(path)
-            text = _read_text(path)
             known = memo.files.get(path) if memo is not None else None
-            if known is not None and known[0] == text:
-                _, table, source = known
+            status = _status(path) if memo is not None else None
+            if known is not None and status is not None and known[0] == status:
+                _, table, source = known  # unchanged: not even read
             else:
-                data = _toml(text, path)
-                source = _Source(path, text)
-                for key in data:
-                    if key != "sites":
-                        raise ConfigError(path, source.locator.line_of(key), key,
-                                          "an included file holds [sites.NAME] tables only")
-                found_sites = data.get("sites")
-                if not isinstance(found_sites, dict) or not found_sites:
-                    raise ConfigError(path, None, "sites", "an included file holds one or more [sites.NAME] tables")
-                table = found_sites
+                text = _read_text(path)
+                if known is not None and known[2].key[1] == text:
+                    _, table, source = known  # touched, same text
+                else:
+                    table, source = _site_file(path, text)
                 if memo is not None:
-                    memo.files[path] = (text, table, source)
+                    memo.files[path] = (status, table, source)
             for name, site in table.items():
                 if name in merged:
                     first = files.get(name, main)
@@ -590,7 +610,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     sites = []
     seen_hosts: dict[str, str] = {}
     # What the main file gives every site: part of a memoised site's key.
-    context = (kwargs.get("cache_size"), server_compression)
+    context = repr((kwargs.get("cache_size"), server_compression))  # (a str: hashed once)
     exists: dict[str, bool] = {}
 
     def is_file(path: str) -> bool:  # once per file, however many sites name it

@@ -350,3 +350,16 @@ class IncludeTests(SynchronousTestCase):
         os.remove(os.path.join(self.tmp, "sites.d", "a.rules"))
         error = self.refused(memo)
         assert (error.path, error.line, error.key) == (path, 3, "sites.a.rules")
+
+    def test_memo_touched_file_same_text(self) -> None:
+        """A site file whose status changed but whose text did not (touched,
+        copied over with the same bytes) keeps its sites; one rewritten with
+        other bytes of the same length does not."""
+        path = self.site_file("a.toml", '[sites.a]\nupstream = "http://a"\n')
+        self.site_file("b.toml", '[sites.b]\nupstream = "http://b"\n')
+        memo = ConfigMemo()
+        first = load_config(self.main, memo)
+        os.utime(path, ns=(1, 1))
+        assert load_config(self.main, memo).site("a") is first.site("a")
+        self.site_file("a.toml", '[sites.a]\nupstream = "http://b"\n')
+        assert str(load_config(self.main, memo).site("a").upstream) == "http://b"
