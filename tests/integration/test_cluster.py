@@ -408,6 +408,7 @@ def test_redis_restart_under_load(fleet: Fleet, redis: Redis, cleanup: Cleanups)
     answers: list[int] = []
     failures: list[Any] = []
     running = [True]
+    first: defer.Deferred[None] = defer.Deferred()
 
     @defer.inlineCallbacks
     def load(i: int) -> Any:
@@ -418,12 +419,15 @@ def test_redis_restart_under_load(fleet: Fleet, redis: Redis, cleanup: Cleanups)
             try:
                 code, _, _ = yield fleet.request(name, b"GET", b"/c/load%d" % (n % 7))
                 answers.append(code)
+                if not first.called:
+                    first.callback(None)
                 if code != 200:
                     failures.append((name, code))
             except Exception as exc:  # a refused or cut connection is a failure too
                 failures.append((name, repr(exc)))
 
     loads = [load(i) for i in range(3)]
+    yield bounded(first, 30, "a first answer under load")
     yield redis.stop()
     during = len(answers)
     code, _, body = yield fleet.request("a", b"PURGE", b"/c/r")
