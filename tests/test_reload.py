@@ -172,3 +172,48 @@ class CommandReaderTests(SynchronousTestCase):
         """The master closing the pipe ends the reader (removed from the reactor)."""
         got, result = self.read_all([])
         assert got == [] and result.check(EOFError)
+
+
+class WorkerReloadTests(SynchronousTestCase):
+    """What a worker's in-place reload keeps (``ProxyService.reload``)."""
+
+    def test_unchanged_sites_keep_everything(self) -> None:
+        """After one site file's rules change, a reload swaps in a runtime in
+        which every other site is the same SiteRuntime (compiled rule set,
+        rules_version: their cache keys), the process's applicability memory
+        is the same object, and only the changed site has a new rule set
+        and rules_version; a broken file leaves all of it as it was."""
+        from prexy.config import load_config
+        from prexy.runtime import build_runtime
+        from prexy.service import ProxyService
+
+        tmp = self.mktemp()
+        os.makedirs(os.path.join(tmp, "sites.d"))
+
+        def write(name: str, text: str) -> None:
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
+
+        write("prexy.toml", 'include = "sites.d/*.toml"\n')
+        for name in ("a", "b", "c"):
+            write(f"{name}.rules", f"replace_filter 'x' '{name}' g;\n")
+            write(f"sites.d/{name}.toml",
+                  f'[sites.{name}]\nhosts = ["{name}.test"]\nupstream = "http://o"\nrules = "../{name}.rules"\n')
+        config = load_config(os.path.join(tmp, "prexy.toml"))
+        service = ProxyService(MemoryReactorClock(), config, build_runtime(config), check_rules=False)
+        before = {s.name: s for s in service.runtime.sites}
+        for host in (b"a.test", b"b.test", b"c.test"):
+            service.runtime.select(host)
+        memory = service.resource.applicability
+        write("b.rules", "replace_filter 'x' 'B' g;\n")
+        assert service.reload()
+        after = {s.name: s for s in service.runtime.sites}
+        assert after["a"] is before["a"] and after["c"] is before["c"] and after["a"].rules.compiled
+        assert after["b"].rules is not before["b"].rules
+        assert after["b"].rules_version != before["b"].rules_version
+        assert service.resource.applicability is memory
+        runtime = service.runtime
+        write("sites.d/c.toml", '[sites.c]\nupstream = "ftp://o"\n')
+        assert not service.reload()
+        assert service.runtime is runtime
+        assert "sites.d/c.toml:2: sites.c.upstream" in service.last_reload_error

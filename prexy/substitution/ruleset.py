@@ -25,6 +25,7 @@ from prexy.substitution.dialect import (
     first_bytes,
     last_bytes,
     leading_asserts,
+    pure_literal,
     to_re2_source,
     to_regex_source,
 )
@@ -156,9 +157,13 @@ class RuleSet:
         without building the scanner (its prefilters and indexes are the
         expensive part): what ``--check`` adds to parsing, so a pattern the
         dialect accepts but the engine refuses is still refused at load.
-        Raises ``CompileError`` naming the rule's origin (``file:line``)."""
+        Raises ``CompileError`` naming the rule's origin (``file:line``).
+        A pure literal (most of a clone's rules) is escaped bytes to either
+        engine and is not compiled here."""
         for rule in self.rules:
             p = rule.parsed
+            if pure_literal(p.tree) is not None:
+                continue
             try:
                 if _linear_reason(p, self.linear) is not None:
                     try:
