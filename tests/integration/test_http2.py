@@ -342,7 +342,7 @@ def start_held(cleanup: Cleanups, routes: dict[bytes, list[Any]], extra: str = "
     child = Twistd("--config", str(d / "prexy.toml"))
     cleanup(child.stop)
     yield child.ready()
-    return child, port, origin
+    return child, port, origin, d / "prexy.toml"
 
 
 def dechunk(raw: bytes) -> bytes:
@@ -391,7 +391,7 @@ def test_trailers(cleanup: Cleanups) -> Any:
     in HTTP/2 trailers, announced by ``Trailer``."""
     go = threading.Event()
     head, rest = chunked_html(PAGE)
-    child, port, origin = yield start_held(cleanup, {b"/t": [head, go, rest]})
+    child, port, origin, config = yield start_held(cleanup, {b"/t": [head, go, rest]})
     client = RawH2(port)
     cleanup(client.close)
     client.request(1, "/t")
@@ -408,7 +408,7 @@ def test_slow_stream_beside_a_fast_one(cleanup: Cleanups) -> Any:
     stream 3 beside it gets its page whole; meanwhile the worker uses
     (almost) no CPU: it waits for a WINDOW_UPDATE instead of spinning."""
     big = PAGE * (2 * 1024 * 1024 // len(PAGE))
-    child, port, origin = yield start_held(cleanup, {
+    child, port, origin, config = yield start_held(cleanup, {
         b"/big": chunked_html(big),
         b"/small": [b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)],
     })
@@ -436,7 +436,7 @@ def test_slow_stream_beside_a_fast_one(cleanup: Cleanups) -> Any:
 def test_rapid_reset_flood(cleanup: Cleanups) -> Any:
     """1000 streams opened and reset at once: GOAWAY ENHANCE_YOUR_CALM and
     the connection closed; the worker serves the next connection."""
-    child, port, origin = yield start_held(cleanup, {b"/r": [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]})
+    child, port, origin, config = yield start_held(cleanup, {b"/r": [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]})
     client = RawH2(port)
     cleanup(client.close)
     flood = b""
@@ -455,16 +455,19 @@ def test_rapid_reset_flood(cleanup: Cleanups) -> Any:
 
 @pytest_twisted.inlineCallbacks
 def test_reload_goaway_lets_the_stream_finish(cleanup: Cleanups) -> Any:
-    """A reload while stream 1 waits for its origin: the old worker sends
-    GOAWAY (NO_ERROR, last stream 1), stream 1 still gets its whole answer,
-    then the connection closes; a new connection is served."""
+    """A reload that starts a new generation of workers (here: a new
+    [http2] idle_timeout) while stream 1 waits for its origin: the old
+    worker sends GOAWAY (NO_ERROR, last stream 1), stream 1 still gets its
+    whole answer, then the connection closes; a new connection is served
+    by the new worker."""
     go = threading.Event()
     head, rest = chunked_html(PAGE)
-    child, port, origin = yield start_held(cleanup, {b"/held": [head, go, rest], b"/next": [head, rest]})
+    child, port, origin, config = yield start_held(cleanup, {b"/held": [head, go, rest], b"/next": [head, rest]})
     client = RawH2(port)
     cleanup(client.close)
     client.request(1, "/held")
     yield threads.deferToThread(origin.arrived[b"/held"].wait, 10)
+    config.write_text(config.read_text().replace("[sites.t]", "[http2]\nidle_timeout = 60\n[sites.t]"))
     reloaded = child.notified("READY=1")
     os.kill(child.process.pid, signal.SIGHUP)
     yield reloaded
