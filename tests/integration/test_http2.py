@@ -521,3 +521,26 @@ def test_h2c_prior_knowledge(cleanup: Cleanups) -> Any:
             subprocess.run, ["curl", "-s", "--http2-prior-knowledge", "-w", " %{http_version}",
                              f"http://127.0.0.1:{port}/c"], capture_output=True, timeout=30)
         assert done.stdout == b"h2c 2", done
+
+
+@pytest_twisted.inlineCallbacks
+def test_reload_in_place_keeps_the_connection(cleanup: Cleanups) -> Any:
+    """A reload that changes only the site's rules happens in the running
+    worker: the HTTP/2 connection gets no GOAWAY and its next stream is
+    rewritten by the new rules."""
+    head, rest = chunked_html(PAGE)
+    child, port, origin, config = yield start_held(cleanup, {b"/a": [head, rest], b"/b": [head, rest]})
+    client = RawH2(port)
+    cleanup(client.close)
+    client.request(1, "/a")
+    yield threads.deferToThread(client.read_until, lambda: 1 in client.ended)
+    assert client.bodies[1] == REWRITTEN
+    rules = config.parent / "site.rules"
+    rules.write_text("replace_filter 'www\\.origin\\.test' 'other.test' g;\n")
+    reloaded = child.notified("READY=1")
+    os.kill(child.process.pid, signal.SIGHUP)
+    yield reloaded
+    client.request(3, "/b")
+    yield threads.deferToThread(client.read_until, lambda: 3 in client.ended)
+    assert client.bodies[3] == PAGE.replace(b"www.origin.test", b"other.test")
+    assert client.goaway is None and not client.closed
