@@ -30,6 +30,11 @@ production server needs on top of it:
 * A graceful GOAWAY (:meth:`~ServerConnection.drain`): the streams opened so
   far finish, newer ones are refused (REFUSED_STREAM), and :class:`Close`
   comes once none is left.
+* The request heads as the HTTP/1.1 upstream side needs them:
+  :func:`check_request` (the HTTP/1.1 gate's rules, so nothing reaches an
+  origin that an HTTP/1.1 client could not send), :func:`request_fields`
+  (``:authority`` as Host) and :func:`response_fields` (no
+  connection-specific field goes to the client).
 """
 
 from __future__ import annotations
