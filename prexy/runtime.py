@@ -363,7 +363,7 @@ def build_runtime(
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
-    bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes]]] = {}
+    bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
     sites = []
     for site in config.sites:
         loaded = None
@@ -381,16 +381,17 @@ def build_runtime(
         ):
             sites.append(before)  # unchanged: its header rules, digests and all
             continue
-        # Header rules bound once per rule set and upstream, not per site.
+        # With header directives only, bodies pass untouched.
+        rules = loaded if loaded is not None and loaded.rules else None
+        # Header rules bound (and the digests taken) once per rule set and
+        # upstream, not per site.
         bind_key = (id(loaded), site.upstream)
         if bind_key not in bound:
             header_rules = _header_rules(site, loaded)
-            bound[bind_key] = (header_rules, _header_names(header_rules))
-        header_rules, header_names = bound[bind_key]
-        # With header directives only, bodies pass untouched.
-        rules = loaded if loaded is not None and loaded.rules else None
+            bound[bind_key] = (header_rules, _header_names(header_rules), _rules_version(rules, header_rules))
+        header_rules, header_names, version = bound[bind_key]
         sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, header_names=header_names,
-                                 loaded=loaded))
+                                 rules_version=version, loaded=loaded))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
     if store is not None:
