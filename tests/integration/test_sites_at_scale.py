@@ -6,6 +6,7 @@ site only."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,8 @@ class TestSitesFolder:
         port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(port.stopListening)
         upstream = f"http://127.0.0.1:{port.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-sites-")
+        self.dir = tempfile.mkdtemp(prefix="prexy-sites-test-")
+        cleanup(shutil.rmtree, self.dir, True)
         os.mkdir(os.path.join(self.dir, "sites.d"))
         os.mkdir(os.path.join(self.dir, "rules"))
         self.port = free_port()
