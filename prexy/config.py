@@ -209,9 +209,8 @@ class Config:
     admin: str | None = None
     tls_certificate: str | None = None
     tls_key: str | None = None
-    #: Offer HTTP/2 (ALPN h2) on the ssl: listeners; off until issue 20's
-    #: limits are in, and twisted.web's HTTP/2 send loop spins while a
-    #: stream's window is closed (see README).
+    #: Offer HTTP/2 (ALPN h2) on the ssl: listeners (Prexy's own HTTP/2
+    #: connection, prexy.h2server); opt-in until it has met browsers.
     http2: bool = False
     #: The [http2] table: limits of HTTP/2 connections.
     http2_settings: H2Settings = H2Settings()
