@@ -304,9 +304,11 @@ class RuleSets:
         return sum(1 for s in used.values() if s.compiled)
 
     def done(self) -> None:
-        """Forget the previous store's entries (the build is over)."""
+        """Forget the previous store's entries (the build is over), and
+        which contents were checked but are no longer in use."""
         self._old_files = {}
         self._old_sets = {}
+        self._checked &= set(self._files)
 
 
 def _load_map(path: str) -> Any:
