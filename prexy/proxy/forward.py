@@ -277,12 +277,12 @@ class Exchange(Outcomes):
 
     def on_interim(self, interim: Any) -> None:
         """A 103 Early Hints (or another 1xx) before the response: passed on
-        to an HTTP/1.1 client that has nothing of its answer yet, after the
+        to an HTTP/1.1 or HTTP/2 client that has nothing of its answer yet, after the
         header rules; never to a background fetch nor to followers, never
         cached."""
         request = self.request
         channel = getattr(request, "channel", None)
-        if self.life.over or channel is None or request.startedWriting or request.clientproto != b"HTTP/1.1":
+        if self.life.over or channel is None or request.startedWriting or request.clientproto not in TRAILERS_OVER:
             return
         headers = interim.headers
         names = self.site.header_names

@@ -109,6 +109,11 @@ class StreamChannel:
     def writeSequence(self, iovec: Any) -> None:
         self.write(b"".join(iovec))
 
+    def write_interim(self, code: int, phrase: bytes, headers: Any) -> None:
+        """An informational head (103 Early Hints) before the answer's own."""
+        fields = response_fields(b"%d" % code, ((name, [value]) for name, value in headers))
+        self.connection.send_head(self.stream_id, fields)
+
     def send_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
         """Trailer fields to end the stream with (after the last data)."""
         self.trailers = [(name.lower(), value) for name, value in fields if name.lower() not in CONNECTION_SPECIFIC]

@@ -38,7 +38,8 @@ _log = Logger("prexy")
 SPOOL_IN_MEMORY = 1024 * 1024
 
 #: Client protocols whose answers can end with trailer fields (an HTTP/1.1
-#: chunked body; an HTTP/2 stream, whose request says ``HTTP/2``).
+#: chunked body; an HTTP/2 stream, whose request says ``HTTP/2``) and be
+#: preceded by 1xx heads (``write_interim`` on the channel).
 TRAILERS_OVER = frozenset({b"HTTP/1.1", b"HTTP/2"})
 
 

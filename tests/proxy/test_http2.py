@@ -474,3 +474,25 @@ class ShellFuzzTests(SynchronousTestCase):
             conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         h.settle()
         h.clock.advance(100)
+
+
+class EarlyHintsTests(SynchronousTestCase):
+    def test_103_before_the_answer(self) -> None:
+        """A 103 Early Hints from the upstream reaches an HTTP/2 client as an
+        informational head (after the header rules) before the 200."""
+        from .test_header_rules import harness as rules_harness
+
+        h = rules_harness(b"replace_filter 'www\\.origin\\.test' 'clone.test' g;\nreplace_filter_headers Link;\n")
+        c = H2Client(h)
+        c.get(1)
+        conn = h.conns[-1]
+        conn.sent()
+        conn.reply(b"HTTP/1.1 103 Early Hints\r\nLink: <https://www.origin.test/a.css>; rel=preload\r\n\r\n")
+        events = c.flush()
+        [hints] = [e for e in events if isinstance(e, h2.events.InformationalResponseReceived)]
+        self.assertEqual(hints.headers, [(b":status", b"103"), (b"link", b"<https://clone.test/a.css>; rel=preload")])
+        conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+        events = c.flush()
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b":status"], b"200")
+        self.assertEqual(body(events, 1), b"ok")
