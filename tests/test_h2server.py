@@ -14,7 +14,15 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.settings
-from hyperframe.frame import DataFrame, Frame, GoAwayFrame, RstStreamFrame, WindowUpdateFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    RstStreamFrame,
+    WindowUpdateFrame,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
@@ -354,6 +362,18 @@ class LimitTests(SynchronousTestCase):
         events = p.to_server()
         self.assertIsInstance(events[-1], Close)
         self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def test_continuation_flood(self) -> None:
+        """A head that never ends (CONTINUATION after CONTINUATION, the 2024
+        "CONTINUATION flood"): the connection is closed after h2's backlog
+        of 64 frames, holding at most about 1 MB."""
+        p = Pair()
+        frames_ = HeadersFrame(1, b"\x82").serialize()  # :method GET, no END_HEADERS
+        for _ in range(70):
+            frames_ += ContinuationFrame(1, b"\x40\x01a\x01b").serialize()
+        events = p.server.receive(frames_, 0)
+        self.assertIsInstance(events[-1], Close)
+        self.assertFalse(any(isinstance(e, Head) for e in events))
 
     def test_settings_advertised(self) -> None:
         """The client learns the stream and header-list limits."""
