@@ -175,6 +175,10 @@ class H2ServerProtocol(Protocol):
     _timer: Any = None
     _close_timer: Any = None
     _flush_call: Any = None
+    #: Bytes written while the transport is paused (the client reads nothing).
+    _unread = 0
+    #: How many of those before the connection is cut.
+    unread_budget = 1024 * 1024
 
     def __init__(self, site: Any, settings: H2Settings) -> None:
         self.site = site
@@ -284,6 +288,7 @@ class H2ServerProtocol(Protocol):
         if not self.paused:
             return
         self.paused = False
+        self._unread = 0
         self._flush()
         core = self.core
         for sid, stream in list(self.streams.items()):
@@ -356,6 +361,17 @@ class H2ServerProtocol(Protocol):
             more = False if self.paused else core.pump()
             data = core.data_to_send()
             if data:
+                if self.paused:
+                    # Frames the client makes us send (acks, resets) while
+                    # it reads nothing: bounded, or a client could fill our
+                    # memory with them (CVE-2019-9512/9514/9515).
+                    self._unread += len(data)
+                    if self._unread > self.unread_budget:
+                        log.info("HTTP/2 connection from {peer} closed: it reads nothing and makes us write",
+                                 peer=getattr(self.peer, "host", "?"))
+                        self._closing = True
+                        transport.abortConnection()
+                        return
                 transport.write(data)
                 self._last = self.reactor.seconds()
             if not more or self.paused:

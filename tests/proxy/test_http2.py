@@ -496,3 +496,23 @@ class EarlyHintsTests(SynchronousTestCase):
         [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
         self.assertEqual(dict(head.headers)[b":status"], b"200")
         self.assertEqual(body(events, 1), b"ok")
+
+
+class UnreadTests(SynchronousTestCase):
+    def test_a_client_that_reads_nothing_cannot_fill_memory_with_resets(self) -> None:
+        """While the client's socket is full, frames on a closed stream make
+        the server answer RST_STREAM each time; past the budget of bytes
+        written while paused, the connection is aborted."""
+        h = Harness()
+        c = H2Client(h)
+        c.server.unread_budget = 2000
+        c.get(1)
+        h.conns[-1].sent()
+        h.conns[-1].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        c.flush()
+        c.transport.producer.pauseProducing()
+        for _ in range(400):
+            if c.transport.disconnecting:
+                break
+            c.server.dataReceived(DataFrame(1, b"x").serialize())
+        self.assertTrue(c.transport.aborted)
