@@ -19,7 +19,8 @@ Backpressure, both ways down to the upstream:
   stream is simply left out of the send round until a WINDOW_UPDATE.
 * the connection is the transport's streaming producer: when the
   transport's buffer fills, every stream's producer pauses and nothing
-  more is framed; when it drains, sending goes on.
+  more is framed; when it drains, sending goes on.  What the client still
+  makes us write meanwhile (acks, resets) is capped (``unread_budget``).
 
 Writes are framed and handed to the transport once per reactor turn: at
 the end of the client's bytes being handled, else in one ``callLater(0)``
