@@ -21,7 +21,7 @@ import attrs
 from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
-from prexy.h2server import H2Settings
+from prexy.h2settings import H2Settings
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)

@@ -54,6 +54,9 @@ import h2.settings
 import hpack
 from hyperframe.frame import GoAwayFrame
 
+from prexy.h2settings import H2Settings
+from prexy.requesthead import Refusal, check_host, check_target
+
 __all__ = [
     "Body", "Close", "End", "H2Settings", "Head", "Reset", "ServerConnection", "CONNECTION_SPECIFIC", "PREFACE",
     "check_request", "request_fields", "response_fields",
@@ -85,10 +88,6 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
     the HTTP/1.1 gate: a token method, an origin-form target that does not
     climb above the root, a valid authority, token field names and values
     without control bytes.  CONNECT (no ``:path``) is not served."""
-    # Imported here: prexy.requesthead imports prexy.config, which imports
-    # this module for H2Settings.
-    from prexy.requesthead import Refusal, check_host, check_target
-
     method = path = authority = None
     hosts = 0
     for name, value in fields:
@@ -173,28 +172,6 @@ def request_fields(fields: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes 
             ordinary = [(n, v) for n, v in ordinary if n != b"host"]
         ordinary.insert(0, (b"host", authority))
     return method, path, ordinary
-
-
-@attrs.frozen
-class H2Settings:
-    """The ``[http2]`` table: limits of every HTTP/2 connection (defaults
-    like nginx's)."""
-
-    #: SETTINGS_MAX_CONCURRENT_STREAMS (nginx ``http2_max_concurrent_streams``).
-    max_concurrent_streams: int = 128
-    #: SETTINGS_MAX_HEADER_LIST_SIZE, the decoded request head (nginx's
-    #: ``large_client_header_buffers 4 8k`` allows 32 KiB).
-    max_header_list_size: int = 32 * 1024
-    #: A connection with nothing sent or received for this long is closed
-    #: (GOAWAY first when no stream is open; nginx ``keepalive_timeout``).
-    idle_timeout: float = 75.0
-    #: RST_STREAM frames a client may send within ``flood_window`` seconds.
-    max_resets: int = 200
-    #: SETTINGS frames a client may send within ``flood_window`` seconds.
-    max_settings: int = 100
-    #: PING frames a client may send within ``flood_window`` seconds.
-    max_pings: int = 100
-    flood_window: float = 10.0
 
 
 @attrs.frozen
@@ -290,8 +267,8 @@ class _Counter:
 class ServerConnection:
     """One HTTP/2 connection, server side (see the module docstring)."""
 
-    def __init__(self, settings: H2Settings = H2Settings()) -> None:
-        self.settings = settings
+    def __init__(self, settings: H2Settings | None = None) -> None:
+        self.settings = settings = settings or H2Settings()
         # The answer heads are built here already lower-case and without
         # connection-specific fields (``CONNECTION_SPECIFIC``), so h2's
         # outbound checks would only repeat the work.

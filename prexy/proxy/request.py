@@ -27,7 +27,7 @@ from zope.interface import provider
 
 from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
-from prexy.h2server import H2Settings
+from prexy.h2settings import H2Settings
 from prexy.metrics import Metrics
 from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
