@@ -126,10 +126,11 @@ def run_client(root: Path, port: int, name: str) -> dict[str, object]:
 # The servers under test
 
 
-def start_prexy(origin: int, workers: int, twistd: str | None, settings: list[str]) -> servers.Server:
-    """Prexy from this working tree (or ``--prexy-twistd``), cache on, the
-    site's defaults otherwise; ``settings`` are extra ``key = value`` lines
-    for the site (``--prexy-set``)."""
+def start_prexy(origin: int, workers: int, twistd: str | None, settings: list[str],
+                tree: Path) -> servers.Server:
+    """Prexy from a source ``tree`` (this working tree by default; or an
+    installed ``twistd``), cache on, the site's defaults otherwise;
+    ``settings`` are extra ``key = value`` lines for the site (``--prexy-set``)."""
     rundir = WORK / "cache-conformance-prexy"
     rundir.mkdir(parents=True, exist_ok=True)
     port = harness.free_port()
@@ -150,7 +151,7 @@ def start_prexy(origin: int, workers: int, twistd: str | None, settings: list[st
         env.pop("PYTHONPATH", None)
     else:
         argv = [sys.executable, "-c", TWISTD]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(harness.REPO), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     child = harness.spawn("cache-conformance-prexy",
                           [*argv, "-n", "--pidfile=", "prexy", "--config", str(conf)], cwd=rundir, env=env)
     harness.wait_port(child, port, timeout=120)
@@ -280,7 +281,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prexy-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a site setting for Prexy, in TOML (e.g. cache_grace=0); the run"
                              " is then named prexy[KEY=VALUE]")
-    parser.add_argument("--prexy-twistd", help="an installed twistd to run instead of this working tree")
+    parser.add_argument("--prexy-twistd", help="an installed twistd to run instead of a source tree")
+    parser.add_argument("--prexy-tree", type=Path, default=harness.REPO,
+                        help="the Prexy source tree to run (default: this working tree; e.g. an older"
+                             " commit from `git archive`), with this interpreter's packages")
     parser.add_argument("--failures", default="prexy",
                         help="comma-separated servers whose failures are listed (default prexy)")
     parser.add_argument("--compare", action="store_true",
@@ -311,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in wanted:
                 if name == "prexy":
-                    server = start_prexy(origin_port, args.workers, args.prexy_twistd, args.prexy_set)
+                    server = start_prexy(origin_port, args.workers, args.prexy_twistd, args.prexy_set,
+                                         args.prexy_tree.resolve())
                 elif name == "varnish":
                     server = start_varnish(origin_port)
                 else:
