@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from harness import LOCAL, WORK  # noqa: E402
 
 OUT = WORK / "cache-conformance"
 SERVERS = ("prexy", "varnish", "nginx")
+#: The binary each peer needs (a missing one is skipped with a note).
+BINARIES = {"varnish": "varnishd", "nginx": "nginx"}
 KINDS = ("required", "optimal", "check")
 
 #: Reads the suite's test list and prints, per test: id, kind, suite,
@@ -168,7 +171,7 @@ def start_varnish(origin: int) -> servers.Server:
     vcl.write_text(f'vcl 4.1;\nbackend suite {{ .host = "{LOCAL}"; .port = "{origin}"; }}\n')
     port = harness.free_port()
     child = harness.spawn("cache-conformance-varnish", [
-        "varnishd", "-F", "-a", f"{LOCAL}:{port}", "-f", str(vcl), "-n", str(workdir),
+        shutil.which("varnishd") or "/usr/sbin/varnishd", "-F", "-a", f"{LOCAL}:{port}", "-f", str(vcl), "-n", str(workdir),
         "-s", "malloc,64m", "-T", "none",
     ])
     harness.wait_port(child, port, timeout=120)
@@ -314,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         origin, origin_port = start_origin(root)
         try:
             for name in wanted:
+                binary = BINARIES.get(name)
+                if binary and not (shutil.which(binary) or Path(f"/usr/sbin/{binary}").exists()):
+                    harness.log(f"{name}: skipped, no {binary} (apt-get install {name})")
+                    continue
                 if name == "prexy":
                     server = start_prexy(origin_port, args.workers, args.prexy_twistd, args.prexy_set,
                                          args.prexy_tree.resolve())
