@@ -32,6 +32,8 @@ __all__ = [
     "has_empty_loop",
     "last_bytes",
     "leading_asserts",
+    "to_settled_source",
+    "trailing_asserts",
     "literal_prefix",
     "max_width",
     "min_width",
@@ -675,6 +677,26 @@ def to_regex_source(tree: Node, probe: bool = False, caseless: bool = False) -> 
     return f"(?i:{body})" if caseless else body
 
 
+#: Look-ahead assertions that hold only where the byte after them is there
+#: (they fail at the end of the buffer; elsewhere they mean what they did).
+_SETTLED_ASSERT_SRC = dict(
+    _ASSERT_SRC,
+    eol="(?=\\n)",
+    z="(?!)",
+    b="(?:(?<=\\w)(?=\\W)|(?<!\\w)(?=\\w))",
+    B="(?:(?<=\\w)(?=\\w)|(?<!\\w)(?=\\W))",
+)
+
+
+def to_settled_source(tree: Node, caseless: bool = False) -> str:
+    """:func:`to_regex_source`, but ``$ \\z \\b \\B`` fail at the end of the
+    buffer: the matches sregex has completed before it sees the next byte."""
+    out: list[str] = []
+    _emit(tree, False, caseless, out, _SETTLED_ASSERT_SRC, _AT_END, "")
+    body = "".join(out)
+    return f"(?i:{body})" if caseless else body
+
+
 def to_re2_source(tree: Node, probe: bool = False) -> str:
     """The same pattern (or probe) as :func:`to_regex_source`, in RE2 syntax.
 
@@ -913,6 +935,32 @@ def leading_asserts(node: Node) -> frozenset[str]:
         acc = frozenset()
         for item in node.items:
             acc |= leading_asserts(item)
+            if not _nullable(item):
+                break
+        return acc
+    raise TypeError(node)  # pragma: no cover
+
+
+def trailing_asserts(node: Node) -> frozenset[str]:
+    """Kinds of the assertions a match of ``node`` can test after it has
+    consumed its last byte (``$`` in ``\\s+$``, ``\\b`` in ``a\\b\\s*``)."""
+    if isinstance(node, (Char, Set)):
+        return frozenset()
+    if isinstance(node, Assert):
+        return frozenset((node.kind,))
+    if isinstance(node, Group):
+        return trailing_asserts(node.child)
+    if isinstance(node, Repeat):
+        return trailing_asserts(node.child) if node.high != 0 else frozenset()
+    if isinstance(node, Alt):
+        acc: frozenset[str] = frozenset()
+        for item in node.items:
+            acc |= trailing_asserts(item)
+        return acc
+    if isinstance(node, Cat):
+        acc = frozenset()
+        for item in reversed(node.items):
+            acc |= trailing_asserts(item)
             if not _nullable(item):
                 break
         return acc

@@ -28,6 +28,8 @@ from prexy.substitution.dialect import (
     pure_literal,
     to_re2_source,
     to_regex_source,
+    to_settled_source,
+    trailing_asserts,
 )
 from prexy.substitution.linear import LinearError, LinearPattern
 from prexy.substitution.scanner import FLAGS, RegexScanner, _linear_reason
@@ -41,6 +43,10 @@ DEFAULT_TYPES = frozenset({"text/html"})
 #: The assertions whose "previous byte" the module takes from its register
 #: at a restart (``\\A`` fails there, as it does anywhere past the start).
 RESTART_KINDS = frozenset({"bol", "b", "B"})
+
+#: The assertions sregex evaluates with the byte after them (postponed to
+#: the next step of its VM): ``$``, ``\\z``, ``\\b``, ``\\B``.
+LOOKAHEAD_KINDS = frozenset({"eol", "z", "b", "B"})
 
 
 class CompileError(ValueError):
@@ -329,6 +335,29 @@ class RuleSet:
         if any(not r.template.is_literal for r in self.rules):
             return True
         return len(self.rules) > 1 and any(r.once for r in self.rules)
+
+    @cached_property
+    def settled_patterns(self) -> list[regex.Pattern[bytes] | None]:
+        """Per rule whose match can end with a look-ahead assertion (``$
+        \\z \\b \\B`` after its last byte), the rule with those assertions
+        holding only where the byte after them is present (``to_settled_source``);
+        None for the others.  The module's engine tests such an assertion
+        with the next byte, so at the end of a buffer a match that needs one
+        is not yet a match found so far (see ``Transducer._run``).
+
+        Also None for a rule that runs on RE2: ``regex`` cannot bound it,
+        and RE2 has no look-ahead; its whole match counts, as before."""
+        out: list[regex.Pattern[bytes] | None] = []
+        for r in self.rules:
+            p = r.parsed
+            if trailing_asserts(p.tree) & LOOKAHEAD_KINDS and _linear_reason(p, self.linear) is None:
+                out.append(regex.compile(
+                    to_settled_source(p.tree, p.caseless).encode("latin-1"),
+                    regex.DOTALL | regex.MULTILINE,
+                ))
+            else:
+                out.append(None)
+        return out
 
     @cached_property
     def restart_facts(self) -> tuple[frozenset[str], frozenset[int] | None] | None:

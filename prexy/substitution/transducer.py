@@ -154,6 +154,8 @@ class Transducer:
         # The module's count of held bytes (see _run); the rule of the last
         # completed match; the match kept apart by the last hold, if any.
         self._capturing = ruleset.capturing
+        self._settled = ruleset.settled_patterns
+        self._tail_match = False
         self._last_rule = 0
         self._candidate: tuple[int, int, int] | None = None
         self._last0 = NONE
@@ -315,6 +317,12 @@ class Transducer:
         once = self._once
         rules_matched = self.rules_matched
         mark = -1  # len(out) while a run of replacements is in progress
+        # Whether the last thing done was a non-empty match ending at n: the
+        # module makes no empty match at the end of the body right after one
+        # (see the module docstring).  Carried over from the previous call
+        # while nothing has come since.
+        ended_at_end = self._tail_match and pos == n
+        self._tail_match = False
         try:
             cursor = scanner.cursor(buf, timeout, self._active)
             find = cursor.find
@@ -330,7 +338,7 @@ class Transducer:
             fast_stop = min(floor, n)
             global_literals = self.ruleset.global_literals
             memo = self._memo
-            while pos < n or (final and pos == n):
+            while pos < n or (final and pos == n and not ended_at_end):
                 skip = False
                 if pos == restart_at:
                     kind, quirk = self._restart_rule(buf, pos, final)
@@ -340,7 +348,9 @@ class Transducer:
                         self._restart = True
                         return pos
                     if quirk is not None:
+                        before = pos
                         pos, restart_at = self._apply_restart_match(buf, pos, quirk, emit)
+                        ended_at_end = pos == n and restart_at == n > before
                         if self.state is not State.SCANNING:
                             emit(buf[pos:])
                             return n
@@ -360,11 +370,13 @@ class Transducer:
                     )
                     mark = -1
                     self.match_count += count
+                    if count:
+                        ended_at_end = pos == n  # the run's last match ends at n
                     if count and stops is not None:
                         restart_at = pos
                         if pos < n or final:
                             continue  # the restart rule first
-                    if pos >= n and not final:
+                    if pos >= n and (not final or ended_at_end):
                         break
                 found = find(pos + 1 if skip else pos)
                 if found is None:
@@ -389,11 +401,20 @@ class Transducer:
                         # The module's count (see _run): everything held,
                         # less the match found so far unless a replacement
                         # needs the matched bytes.
-                        if self._capturing:
+                        settled = self._settled[found.rule] if found.end == n else None
+                        so_far: tuple[int, int] | None = (start, found.end)
+                        if settled is not None:
+                            # The module tests a look-ahead assertion only
+                            # with the byte after it: a match that needs one
+                            # at the end of the buffer is not found yet; the
+                            # rule's first match that needs none is.
+                            m = settled.search(buf, start, n, timeout=timeout)
+                            so_far = m.span() if m is not None and m.end() > m.start() else None
+                        if self._capturing or so_far is None:
                             self._pending = n - hold
                         else:
-                            self._pending = n - hold - (found.end - start)
-                            self._candidate = (hold, start, found.end)
+                            self._pending = n - hold - (so_far[1] - so_far[0])
+                            self._candidate = (hold, *so_far)
                         self._defer_cap = self.ruleset.max_buffered_size
                         self._restart = hold == restart_at
                         return hold
@@ -401,6 +422,7 @@ class Transducer:
                         # An empty match at the end: decide it with the next bytes.
                         emit(buf[pos:])
                         self._restart = n == restart_at
+                        self._tail_match = ended_at_end and pos == n
                         return n
                 end = found.end
                 if start > pos:
@@ -417,6 +439,7 @@ class Transducer:
                 else:
                     emit(self._replacement(found))
                 if end == start:
+                    ended_at_end = False
                     if rule == 0 and stops is not None and start != restart_at and start > 0:
                         self._last0 = _CLASS[buf[start - 1]]
                     if start < n:
@@ -425,6 +448,7 @@ class Transducer:
                     restart_at = -1
                 else:
                     pos = end
+                    ended_at_end = end == n
                     if stops is not None:
                         restart_at = end
                         if rule == 0:
@@ -441,6 +465,7 @@ class Transducer:
             return n
         if pos >= n and restart_at == n:
             self._restart = True
+        self._tail_match = ended_at_end and pos >= n
         return min(pos, n)
 
     def _restart_rule(self, buf: bytes, r: int, final: bool) -> tuple[str, Found | None]:
