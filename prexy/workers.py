@@ -348,8 +348,10 @@ class MasterService(service.MultiService):
 
     def reload(self) -> Any:
         """Validate the configuration from the original command line; if it
-        loads, start a new generation and retire the old one when it is ready.
-        Returns a Deferred firing True (switched) or False (refused)."""
+        loads, have the workers reload in place when only sites changed
+        (``runtime.reloads_in_place``), else start a new generation and
+        retire the old one when it is ready.  Returns a Deferred firing True
+        (switched) or False (refused, by the master or by a worker)."""
         sd_notify("RELOADING=1")
         try:
             config = self.load(self.argv)
