@@ -988,22 +988,20 @@ def vary_key(
     return b"\0".join(out)
 
 
-@functools.lru_cache(maxsize=512)
-def _list_member_value(name: bytes, values: tuple[bytes, ...]) -> bytes:
-    members = _split_commas(", ".join(v.decode("latin-1") for v in values))
-    value = ", ".join(members).encode("latin-1")
-    # Language tags and their parameters are case-insensitive (RFC 4647 2.1).
-    return value.lower() if name == b"accept-language" else value
-
-
 def _list_value(name: bytes, values: list[bytes]) -> bytes:
     """A varied-on request header's value for the key, normalised as RFC
     9111 4.1 allows: the field lines combined into one list, each member
     without the whitespace around it, empty members dropped (commas inside
     quoted strings are not separators); ``Accept-Language`` lower-cased."""
-    if not values:
-        return b""
-    return _list_member_value(name, tuple(values))
+    joined = b",".join(values)
+    if b'"' in joined:
+        value = ", ".join(_split_commas(joined.decode("latin-1"))).encode("latin-1")
+    elif b"," in joined:
+        value = b", ".join(m for m in (p.strip() for p in joined.split(b",")) if m)
+    else:
+        value = joined.strip()
+    # Language tags and their parameters are case-insensitive (RFC 4647 2.1).
+    return value.lower() if name == b"accept-language" else value
 
 
 # -- conditional requests -------------------------------------------------------
