@@ -209,9 +209,9 @@ class Config:
     admin: str | None = None
     tls_certificate: str | None = None
     tls_key: str | None = None
-    #: Offer HTTP/2 (ALPN h2) on the ssl: listeners (Prexy's own HTTP/2
-    #: connection, prexy.h2server); opt-in until it has met browsers.
-    http2: bool = False
+    #: Offer HTTP/2 (ALPN h2 beside http/1.1) on the ssl: listeners
+    #: (Prexy's own HTTP/2 connection, prexy.h2server); false: HTTP/1.1 only.
+    http2: bool = True
     #: The [http2] table: limits of HTTP/2 connections.
     http2_settings: H2Settings = H2Settings()
     #: Listen endpoints (of ``listen``) that also take cleartext HTTP/2

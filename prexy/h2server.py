@@ -26,7 +26,12 @@ production server needs on top of it:
   SETTINGS and PINGs within ``flood_window`` seconds (CVE-2023-44487 "rapid
   reset" and the older floods): past one, GOAWAY ENHANCE_YOUR_CALM and the
   :class:`Close` event.  A stream the client resets in the same read that
-  opened it is never started.
+  opened it is never started.  Each answer sent whole takes one reset off
+  the count: a browser cancels the pending assets of a page at every
+  navigation, but between two navigations it gets answers, where a
+  rapid-reset flood gets none (Chromium through Prexy, 40 pages of 100
+  assets navigated away from after 5-50 ms: no GOAWAY; 200 resets in a
+  row: GOAWAY).
 * A graceful GOAWAY (:meth:`~ServerConnection.drain`): the streams opened so
   far finish, newer ones are refused (REFUSED_STREAM), and :class:`Close`
   comes once none is left.
@@ -262,6 +267,11 @@ class _Counter:
             self.count = 0
         self.count += 1
         return self.count > self.limit
+
+    def forgive(self) -> None:
+        """Take one off the count (not below zero)."""
+        if self.count:
+            self.count -= 1
 
 
 class ServerConnection:
@@ -517,6 +527,7 @@ class ServerConnection:
 
     def _finished(self, sid: int) -> None:
         """The stream's answer is all sent (it is first in the round)."""
+        self._resets.forgive()
         self._round.popleft()
         del self._out[sid]
         self.open.discard(sid)

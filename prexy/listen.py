@@ -156,17 +156,23 @@ def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
     """Start listening on an inherited socket in a worker (TLS when the spec
     has a key); the worker's copy of the fd is closed after adoption."""
     if spec.tls_key:
-        from twisted.internet.ssl import DefaultOpenSSLContextFactory
-        from twisted.protocols.tls import TLSMemoryBIOFactory
-
-        context = DefaultOpenSSLContextFactory(spec.tls_key, spec.tls_cert or spec.tls_key)
-        if getattr(factory, "http2", False):
-            context.getContext().set_alpn_select_callback(_alpn_choice)
-        factory = TLSMemoryBIOFactory(context, False, factory)
+        factory = tls_factory(factory, spec.tls_key, spec.tls_cert)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
     accept_one_per_wakeup(port)
     return port
+
+
+def tls_factory(factory: Any, key: str, cert: str | None) -> Any:
+    """``factory`` behind TLS with ``key`` and ``cert`` (PEM files); ALPN
+    offers h2 when the factory says it speaks it (``factory.alpn``)."""
+    from twisted.internet.ssl import DefaultOpenSSLContextFactory
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    context = DefaultOpenSSLContextFactory(key, cert or key)
+    if getattr(factory, "alpn", False):
+        context.getContext().set_alpn_select_callback(_alpn_choice)
+    return TLSMemoryBIOFactory(context, False, factory)
 
 
 def _alpn_choice(connection: Any, offered: list[bytes]) -> bytes:
@@ -289,6 +295,16 @@ class ListeningService(service.Service):
 
 def listening_service(reactor: Any, description: str, factory: Any) -> ListeningService:
     """A :class:`ListeningService` for an endpoint string (as
-    ``strports.service`` takes)."""
+    ``strports.service`` takes).  An ``ssl:`` endpoint whose factory speaks
+    HTTP/2 (``factory.alpn``) listens on TCP behind :func:`tls_factory`, as
+    a worker's adopted socket does: Twisted's ``ssl:`` strings have no ALPN."""
+    kind, args, kw = split_endpoint(description)
+    if kind == "ssl" and getattr(factory, "alpn", False) and args and "privateKey" in kw:
+        from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+
+        interface = kw.get("interface", "")
+        tcp = TCP6ServerEndpoint if ":" in interface else TCP4ServerEndpoint
+        endpoint = tcp(reactor, int(args[0]), backlog=int(kw.get("backlog", 50)), interface=interface)
+        return ListeningService(endpoint, tls_factory(factory, kw["privateKey"], kw.get("certKey")))
     return ListeningService(serverFromString(reactor, description), factory)
 

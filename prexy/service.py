@@ -285,7 +285,6 @@ class ProxyService(service.MultiService):
             self.resource, config.max_request_body, self.metrics, reactor=reactor,
             limits=config.limits, timeouts=config.timeouts,
         )
-        self.site.http2 = config.http2
         self.site.h2_settings = config.http2_settings
         self.access_log = None
         if config.access_log is None:
@@ -330,14 +329,15 @@ class ProxyService(service.MultiService):
             from prexy.proxy.http2 import PriorKnowledgeFactory
 
             return PriorKnowledgeFactory(self.site)
+        if self.config.http2 and desc.startswith("ssl:"):
+            from prexy.proxy.http2 import NegotiatedFactory
+
+            return NegotiatedFactory(self.site)
         return self.site
 
     def _listeners(self) -> list[ListeningService]:
         """The services listening on the proxy endpoints (not the admin's)."""
-        return [
-            c for c in self
-            if isinstance(c, ListeningService) and getattr(c.factory, "site", c.factory) is self.site
-        ]
+        return [c for c in self if isinstance(c, ListeningService) and _site_of(c.factory) is self.site]
 
     def listening_ports(self) -> Any:
         """Deferred list of the listening ports of the proxy endpoints, once
@@ -545,3 +545,10 @@ def makeService(options: Options) -> service.IService:
         loader = ConfigLoader(options.memo, runtime)
         MasterService(reactor, config, options.argv, workers, loader).setServiceParent(top)
     return top
+
+
+def _site_of(factory: Any) -> Any:
+    """The site a listener's factory serves: itself, or the site of the
+    factory it wraps (TLS) or starts connections for (HTTP/2)."""
+    factory = getattr(factory, "wrappedFactory", factory)
+    return getattr(factory, "site", factory)

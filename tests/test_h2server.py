@@ -327,6 +327,37 @@ class LimitTests(SynchronousTestCase):
         self.assertFalse(any(isinstance(e, Head) for e in p.events))
         self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
+    def test_navigation_resets_are_fine(self) -> None:
+        """A browser's pattern (each page's assets partly answered, the
+        rest reset when it navigates away), far more resets in the window
+        than max_resets: answers sent whole offset them, no GOAWAY; the
+        same resets with no answer between them trip the cap."""
+        p = Pair(H2Settings(max_resets=20))
+        sid = 1
+        for _page in range(30):
+            pending = []
+            for _k in range(10):
+                p.client.send_headers(sid, GET, end_stream=True)
+                pending.append(sid)
+                sid += 2
+            p.to_server()
+            for done in pending[:6]:
+                p.server.send_head(done, [(b":status", b"200")])
+                p.server.send_data(done, b"asset")
+                p.server.end(done)
+            p.server.pump()
+            p.to_client()
+            for gone in pending[6:]:
+                p.client.reset_stream(gone)
+            p.to_server()
+        self.assertIsNone(p.server.closed)
+        for _k in range(21):
+            p.client.send_headers(sid, GET, end_stream=True)
+            p.client.reset_stream(sid)
+            sid += 2
+            p.to_server()
+        self.assertIsNotNone(p.server.closed)
+
     def test_resets_spread_out_are_fine(self) -> None:
         """The same resets spread over more than the window are allowed."""
         p = Pair(H2Settings(max_resets=10, flood_window=1.0))

@@ -105,6 +105,21 @@ class PriorKnowledge(Negotiated):
         chosen.dataReceived(held)
 
 
+class NegotiatedFactory(Factory):
+    """The factory behind a TLS listener that offers HTTP/2: ALPN offers
+    ``h2`` and ``http/1.1`` (``alpn``, read by ``prexy.listen.tls_factory``)
+    and each connection starts as a :class:`Negotiated`."""
+
+    noisy = False
+    alpn = True
+
+    def __init__(self, site: Any) -> None:
+        self.site = site
+
+    def buildProtocol(self, addr: Any) -> Any:
+        return Negotiated(self.site, addr)
+
+
 class PriorKnowledgeFactory(Factory):
     """The factory of an ``h2c_listen`` listener: the site's connections,
     each starting as a :class:`PriorKnowledge`."""

@@ -603,18 +603,12 @@ class ProxySite(server.Site):
         #: channel -> [accepted at, has answered a request]
         self._channels: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
-    #: Offer HTTP/2 on TLS connections (``[server] http2``): connections
-    #: then start as a ``Negotiated``, which becomes an HTTP/2 or an
-    #: HTTP/1.1 channel by the handshake's ALPN.
-    http2 = False
     #: The limits of HTTP/2 connections (``[http2]``; a reload replaces them).
     h2_settings = H2Settings()
 
     def buildProtocol(self, addr: Any) -> Any:
-        if self.http2:
-            from prexy.proxy.http2 import Negotiated
-
-            return Negotiated(self, addr)
+        # (A TLS listener that offers HTTP/2 builds its connections through
+        # prexy.proxy.http2.NegotiatedFactory instead.)
         return self.http1_channel(addr)
 
     def http1_channel(self, addr: Any) -> Any:
