@@ -71,13 +71,13 @@ def scripted() -> Any:
 
 
 @defer.inlineCallbacks
-def start(cleanup: Cleanups, origin: ScriptedOrigin) -> Any:
+def start(cleanup: Cleanups, origin: ScriptedOrigin, workers: int = 1, http2: str = "http2 = true\n") -> Any:
     d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
     self_signed(d)
     (d / "site.rules").write_text("replace_filter 'www\\.origin\\.test' 'clone.test' g;\n")
     port = free_port()
     (d / "prexy.toml").write_text(
-        f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\nworkers = 1\nhttp2 = true\n'
+        f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\nworkers = {workers}\n{http2}'
         f'tls_certificate = "{d}/cert.pem"\ntls_key = "{d}/key.pem"\naccess_log = "-"\n'
         f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
         f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\nrules = ["{d}/site.rules"]\n'
@@ -181,6 +181,30 @@ def test_curl_http2(cleanup: Cleanups, scripted: ScriptedOrigin) -> Any:
 
     done = yield threads.deferToThread(run)
     assert done.stdout == b"2 200", done
+    with open(out, "rb") as f:
+        assert f.read() == REWRITTEN
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+@pytest.mark.parametrize(("workers", "http2", "version"), [
+    (0, "", b"2"),  # the default, in the twistd process itself (no adopted socket)
+    (1, "", b"2"),  # the default, in a worker
+    (1, "http2 = false\n", b"1.1"),
+])
+@pytest_twisted.inlineCallbacks
+def test_http2_by_default(cleanup: Cleanups, scripted: ScriptedOrigin, workers: int, http2: str, version: bytes) -> Any:
+    """An ssl: listener offers h2 unless [server] http2 = false, with or
+    without worker processes; the body is the same either way."""
+    child, port = yield start(cleanup, scripted, workers=workers, http2=http2)
+    out = tempfile.mktemp()
+
+    def run() -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            ["curl", "-sk", "-o", out, "-w", "%{http_version} %{http_code}",
+             f"https://127.0.0.1:{port}/d"], capture_output=True, timeout=30, env=dict(os.environ))
+
+    done = yield threads.deferToThread(run)
+    assert done.stdout == version + b" 200", done
     with open(out, "rb") as f:
         assert f.read() == REWRITTEN
 
