@@ -44,7 +44,7 @@ from prexy.exchange import (
     whole_limit,
 )
 from prexy.headerrules import RequestVars
-from prexy.proxy.caching import CacheContext
+from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest

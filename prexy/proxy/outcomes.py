@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from prexy.cache import flow
 from prexy.exchange import Lifecycle, PipelineError, State
-from prexy.proxy.caching import CacheContext
+from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import DetachedRequest, abort_client, plain_answer
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout

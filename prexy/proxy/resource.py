@@ -26,8 +26,9 @@ from prexy.metrics import Metrics
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
-from prexy.proxy.request import DetachedRequest, ProxyRequest, ProxySite, plain_answer
+from prexy.proxy.request import DetachedRequest, ProxyRequest, plain_answer
 from prexy.proxy.rewriting import Rewriting
+from prexy.proxy.site import ProxySite
 from prexy.proxy.tunnel import Tunnel
 from prexy.runtime import Runtime, SiteRuntime
 from prexy.substitution.applicability import ApplicabilityMemory

@@ -13,8 +13,9 @@ from twisted.web.http_headers import Headers
 from prexy.cache import ObjectMeta, Store
 from prexy.metrics import Metrics
 from prexy.proxy import caching
-from prexy.proxy.caching import CacheContext, CacheLayer
+from prexy.proxy.caching import CacheLayer
 from prexy.proxy.events import MAX_FALLBACK
+from prexy.proxy.flight import CacheContext
 
 KEY = b"key-of-/page"
 

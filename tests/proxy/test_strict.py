@@ -14,7 +14,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, Limits, SiteConfig, Timeouts, UpstreamURL
-from prexy.proxy.request import refusal_answer
+from prexy.proxy.site import refusal_answer
 from prexy.requesthead import Refusal
 
 from .support import Harness, header, parse_response

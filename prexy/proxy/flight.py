@@ -1,0 +1,201 @@
+"""A request's part in the cache (:class:`CacheContext`), and a miss's
+one upstream fetch that other requests for the same key follow as it
+streams in (:class:`Flight`, on the pure ``prexy.cache.flow.Flight``):
+each follower at its own pace, paused and resumed by its own connection.
+
+The cache layer (``prexy.proxy.caching.CacheLayer``) makes and ends
+flights; a flight reaches it only for the clock, the metrics, its table of
+flights in the air and serving a stale copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from prexy.cache import CachedObject, cache_status_header, flow
+from prexy.proxy.headers import VIA
+from prexy.proxy.request import abort_client, plain_answer, start_response
+
+__all__ = ["CacheContext", "Flight"]
+
+
+class CacheContext:
+    """What the cache decided for one forwarded request."""
+
+    def __init__(self, fwd: str, detail: str | None = None) -> None:
+        self.fwd = fwd
+        self.detail = detail
+        self.flight: Flight | None = None
+        self.stale: CachedObject | None = None
+        self.pairs: list[tuple[bytes, bytes]] = []
+        self.url = b""
+        self.method_class = b"GET"
+        self.claim_key: bytes | None = None
+        self.revalidating = False
+        #: The URL whose objects go when the upstream answers 2xx or 3xx
+        #: (a request with an unsafe method).
+        self.invalidate: bytes | None = None
+        #: Its Host and target: Location and Content-Location on that host
+        #: go too (RFC 9111 4.4).
+        self.invalidate_from: tuple[bytes | None, bytes] = (None, b"")
+        #: The key (and Vary) begin_store chose, for a too-large marker.
+        self.store_key: bytes | None = None
+        self.store_vary: tuple[bytes, ...] = ()
+
+    def status(self, code: int | None = None, stored: bool = False) -> bytes:
+        return cache_status_header(fwd=self.fwd, fwd_status=code, stored=stored, detail=self.detail)
+
+    def wanted(self, head: bool, storing: bool) -> flow.Wanted:
+        """Who still wants this request's fetch, now that its own client is
+        gone (``flow.wanted``): ``head``, the upstream's head arrived;
+        ``storing``, its body is being stored."""
+        flight = self.flight
+        return flow.wanted(
+            followers=flight.following() if flight is not None else 0,
+            head=head,
+            claimed=self.claim_key is not None,
+            storing=storing,
+        )
+
+
+@implementer(IPushProducer)
+class _Follower:
+    """A request that follows a flight (``prexy.cache.flow.Follower``), and
+    the producer its connection pauses and resumes."""
+
+    def __init__(self, flight: Flight, request: Any) -> None:
+        self.flight = flight
+        self.request = request
+
+    def send(self, data: bytes) -> None:
+        self.request.write(data)
+
+    def end(self) -> None:
+        request = self.request
+        if not request.gone and not request.finished:
+            request.unregisterProducer()
+            request.finish()
+
+    def reset(self) -> None:
+        abort_client(self.request)
+
+    def client_gone(self, reason: object = None) -> None:
+        self.flight.left(self)
+
+    def pauseProducing(self) -> None:
+        self.flight.core.pause(self)
+
+    def resumeProducing(self) -> None:
+        self.flight.core.resume(self)
+
+    def stopProducing(self) -> None:
+        self.flight.left(self)
+
+
+class Flight:
+    """One upstream fetch for a key; requests that asked for the same key
+    meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
+    each at its own pace."""
+
+    def __init__(self, layer: Any, key: bytes) -> None:
+        self.layer = layer
+        self.key = key
+        self.core = flow.Flight()
+        self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        #: Told when a follower goes away: the leader's exchange, once its
+        #: own client went and the fetch goes on for whoever is left.
+        self.on_leave: Callable[[], object] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.core.open
+
+    def attach(self, request: Any) -> bool:
+        """Follow this fetch; False when it takes no more followers."""
+        follower = _Follower(self, request)
+        if not self.core.open:
+            return False
+        self.layer.metrics.count("prexy_cache_total", result="collapsed")
+        request.exchange = follower
+        if self.head is not None and not self._start(follower):
+            return True
+        self.core.attach(follower)
+        return True
+
+    def stream(self, code: int, phrase: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        """The response is being stored: followers get it as it arrives."""
+        self.head = (code, phrase, headers)
+        for follower in self.core.followers():
+            if not self._start(follower):  # type: ignore[arg-type]
+                self.core.detach(follower)
+        self.core.start()
+
+    def _start(self, follower: _Follower) -> bool:
+        """Send a follower the head; False when that is all it gets (HEAD,
+        or it went away)."""
+        request = follower.request
+        if request.gone:
+            return False
+        assert self.head is not None
+        code, phrase, headers = self.head
+        status = cache_status_header(fwd="miss", fwd_status=code, collapsed=True)
+        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
+        if request.method == b"HEAD":
+            request.finish()
+            return False
+        request.registerProducer(follower, True)
+        return True
+
+    def left(self, follower: _Follower) -> None:
+        """A follower's client went away."""
+        self.core.detach(follower)
+        if self.on_leave is not None:
+            self.on_leave()
+
+    def following(self) -> int:
+        """How many requests follow this fetch now."""
+        return len(self.core.followers())
+
+    def data(self, chunk: bytes, keep: bool) -> None:
+        self.core.data(chunk, keep)
+
+    def done(self) -> None:
+        self.core.done()
+        self.end()
+
+    def waiting(self) -> list[Any]:
+        """The followers' requests, taken out of the flight."""
+        return [f.request for f in self.core.take_all()]  # type: ignore[attr-defined]
+
+    def failed(self, stale: CachedObject | None) -> None:
+        """The fetch failed: followers get the stale object when allowed, else
+        their connection is reset (if streaming) or a 502."""
+        now = self.layer.reactor.seconds()
+        for request in self.waiting():
+            if request.gone or request.finished:
+                continue
+            if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
+                self.layer.serve(request, stale, now, stale_reason="stale-if-error")
+            elif request.startedWriting:
+                abort_client(request)
+            else:
+                plain_answer(request, 502, b"502 Bad Gateway: upstream failed\n")
+        self.end()
+
+    def not_storable(self, forward: Any) -> None:
+        """The answer may not be shared: every follower fetches for itself."""
+        waiting = self.waiting()
+        self.end()
+        for request in waiting:
+            if not request.gone:
+                forward(request)
+
+    def end(self) -> None:
+        """No more followers: later requests look in the store."""
+        self.on_leave = None
+        if self.layer.inflight.get(self.key) is self:
+            del self.layer.inflight[self.key]
