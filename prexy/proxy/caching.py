@@ -303,7 +303,7 @@ class CacheLayer:
             )
             writer = self.store.writer(key, meta, limit=policy.max_object_size)
             if ctx.flight is not None:
-                ctx.flight.stream(code, phrase, stored)
+                ctx.flight.stream(code, phrase, stored, length)
             return writer, ctx.status(code, stored=True)
         marker = ObjectMeta(status=code, stored_at=now, ttl=decision.ttl, site=site.name, url=ctx.url,
                             vary=decision.vary, hit_for_miss=True)

@@ -17,7 +17,8 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from prexy.cache import CachedObject, cache_status_header, flow
-from prexy.proxy.headers import VIA
+from prexy.cache.ranges import range_of_stream
+from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
 
 __all__ = ["CacheContext", "Flight"]
@@ -70,9 +71,21 @@ class _Follower:
     def __init__(self, flight: Flight, request: Any) -> None:
         self.flight = flight
         self.request = request
+        #: The part (first, last) of the body this follower asked for with
+        #: a Range, and how many body bytes went by; None: all of it.
+        self.span: tuple[int, int] | None = None
+        self.offset = 0
 
     def send(self, data: bytes) -> None:
-        self.request.write(data)
+        span = self.span
+        if span is None:
+            self.request.write(data)
+            return
+        at = self.offset
+        self.offset = at + len(data)
+        first, last = span
+        if self.offset > first and at <= last:
+            self.request.write(data[max(0, first - at) : last + 1 - at])
 
     def end(self) -> None:
         request = self.request
@@ -106,6 +119,9 @@ class Flight:
         self.key = key
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        #: The body's length when the upstream gave it and nothing changes
+        #: it on the way (a follower's Range can then be cut from it).
+        self.length: int | None = None
         #: Told when a follower goes away: the leader's exchange, once its
         #: own client went and the fetch goes on for whoever is left.
         self.on_leave: Callable[[], object] | None = None
@@ -126,9 +142,11 @@ class Flight:
         self.core.attach(follower)
         return True
 
-    def stream(self, code: int, phrase: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        """The response is being stored: followers get it as it arrives."""
+    def stream(self, code: int, phrase: bytes, headers: list[tuple[bytes, bytes]], length: int | None = None) -> None:
+        """The response is being stored: followers get it as it arrives
+        (a follower with a Range its part, when ``length`` is known)."""
         self.head = (code, phrase, headers)
+        self.length = length
         for follower in self.core.followers():
             if not self._start(follower):  # type: ignore[arg-type]
                 self.core.detach(follower)
@@ -143,6 +161,14 @@ class Flight:
         assert self.head is not None
         code, phrase, headers = self.head
         status = cache_status_header(fwd="miss", fwd_status=code, collapsed=True)
+        length = self.length
+        if length is not None and code == 200 and request.method == b"GET" and request.requestHeaders.hasHeader(b"range"):
+            # Its range, cut from the whole object as it streams by (as the
+            # leader's own client gets it: prexy.cache.ranges).
+            pairs = [(n, v) for n, vs in raw_header_dict(request.requestHeaders).items() for v in vs]
+            part = range_of_stream(pairs, length, _lookup(headers), headers)
+            if part is not None:
+                code, phrase, headers, follower.span = part
         start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
         if request.method == b"HEAD":
             request.finish()
@@ -199,3 +225,16 @@ class Flight:
         self.on_leave = None
         if self.layer.inflight.get(self.key) is self:
             del self.layer.inflight[self.key]
+
+
+def _lookup(headers: list[tuple[bytes, bytes]]) -> Callable[[bytes], bytes | None]:
+    """The first value of a field of ``headers`` by its lower-case name (for
+    an If-Range: the stored object's ETag and Last-Modified)."""
+
+    def value(lname: bytes) -> bytes | None:
+        for name, v in headers:
+            if name.lower() == lname:
+                return v
+        return None
+
+    return value

@@ -115,6 +115,31 @@ class RangeTests(SynchronousTestCase):
         self.assertEqual((status, body, header(headers, b"content-range")), (416, b"", [b"bytes */1024"]))
         self.assertEqual(request(h2)[2], BODY)
 
+    def test_followers_of_a_miss_get_their_ranges(self) -> None:
+        """Requests that follow a miss (one upstream fetch) get their own
+        range cut as the whole object streams by; an If-Range that does not
+        match, and a request with no Range, get the whole object."""
+        h = harness()
+        _, leader = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\n\r\n")
+        _, part = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\nRange: bytes=500-519\r\n\r\n")
+        _, tail = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\nRange: bytes=-4\r\n\r\n")
+        _, other = h.send(b"GET /f HTTP/1.1\r\nHost: a\r\nRange: bytes=0-9\r\nIf-Range: \"t0\"\r\n\r\n")
+        self.assertEqual(len(h.conns), 1)  # one fetch for all four
+        conn = h.conns[-1]
+        self.assertNotIn(b"range", conn.sent().lower())
+        whole = ok()
+        for i in range(0, len(whole), 101):
+            conn.reply(whole[i : i + 101])
+        h.settle()
+        status, _, body = parse_response(leader.value())
+        self.assertEqual((status, body), (200, BODY))
+        status, headers, body = parse_response(part.value())
+        self.assertEqual((status, body), (206, BODY[500:520]))
+        self.assertEqual(header(headers, b"content-range"), [b"bytes 500-519/1024"])
+        self.assertEqual(header(headers, b"content-length"), [b"20"])
+        self.assertEqual(parse_response(tail.value())[::2], (206, BODY[-4:]))
+        self.assertEqual(parse_response(other.value())[::2], (200, BODY))
+
     def test_an_unasked_206_does_not_poison_the_url(self) -> None:
         """A 206 the upstream sends anyway passes, and the next request
         still fetches and stores the object."""
