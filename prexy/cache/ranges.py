@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-__all__ = ["RangeAnswer", "choose_range", "range_of_stream"]
+__all__ = ["RangeAnswer", "choose_range", "part_of", "range_of_stream"]
 
 _SPEC = re.compile(rb"\s*(\d*)\s*-\s*(\d*)\s*")
 
@@ -123,3 +123,13 @@ def range_of_stream(
         return 416, b"Range Not Satisfiable", [*out, (b"Content-Length", b"0")], (length, length - 1)
     size = chosen.last - chosen.first + 1
     return 206, b"Partial Content", [*out, (b"Content-Length", b"%d" % size)], (chosen.first, chosen.last)
+
+
+def part_of(span: tuple[int, int], at: int, data: bytes) -> bytes:
+    """The bytes of ``data``, a piece of the body that starts at offset
+    ``at``, that fall inside ``span`` (first, last; an empty span, as a
+    416's, takes none)."""
+    first, last = span
+    if at + len(data) <= first or at > last:
+        return b""
+    return data[max(0, first - at) : last + 1 - at]

@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from prexy.cache import CachedObject, cache_status_header, flow
-from prexy.cache.ranges import range_of_stream
+from prexy.cache.ranges import part_of, range_of_stream
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
 
@@ -81,11 +81,10 @@ class _Follower:
         if span is None:
             self.request.write(data)
             return
-        at = self.offset
-        self.offset = at + len(data)
-        first, last = span
-        if self.offset > first and at <= last:
-            self.request.write(data[max(0, first - at) : last + 1 - at])
+        part = part_of(span, self.offset, data)
+        self.offset += len(data)
+        if part:
+            self.request.write(part)
 
     def end(self) -> None:
         request = self.request

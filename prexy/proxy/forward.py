@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.cache.ranges import range_of_stream
+from prexy.cache.ranges import part_of, range_of_stream
 from prexy.codec import accepts_gzip, decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
@@ -345,11 +345,10 @@ class Exchange(Outcomes):
                 self.request.write(data)
                 return
             # A range of a miss: the cache gets every byte, the client its part.
-            at = self.offset
-            self.offset = at + len(data)
-            first, last = span
-            if self.offset > first and at <= last:
-                self.request.write(data[max(0, first - at) : last + 1 - at])
+            part = part_of(span, self.offset, data)
+            self.offset += len(data)
+            if part:
+                self.request.write(part)
             return
         if self.expect is not None:
             self.expect -= len(data)

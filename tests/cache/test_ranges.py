@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.cache.ranges import RangeAnswer, choose_range, range_of_stream
+from prexy.cache.ranges import RangeAnswer, choose_range, part_of, range_of_stream
 
 LM = b"Sun, 06 Nov 1994 08:49:37 GMT"
 
@@ -79,3 +79,19 @@ class RangeOfStreamTests(SynchronousTestCase):
         self.assertEqual((code, span, headers[-1]), (416, (100, 99), (b"Content-Length", b"0")))
         self.assertIsNone(range_of_stream([(b"host", b"a")], 100, NONE, head))
         self.assertIsNone(range_of_stream([(b"range", b"bytes=1-2,5-6")], 100, NONE, head))
+
+
+class PartOfTests(SynchronousTestCase):
+    @given(
+        body=st.binary(max_size=300),
+        first=st.integers(0, 320),
+        size=st.integers(-1, 320),
+        cuts=st.lists(st.integers(0, 300), max_size=8),
+    )
+    def test_pieces_join_to_the_span(self, body: bytes, first: int, size: int, cuts: list[int]) -> None:
+        """However the body is cut into pieces, the parts of the pieces join
+        to the span's bytes (none for an empty span)."""
+        span = (first, first + size)
+        edges = sorted({0, len(body), *(c for c in cuts if c <= len(body))})
+        got = b"".join(part_of(span, a, body[a:b]) for a, b in zip(edges, edges[1:], strict=False))
+        self.assertEqual(got, body[first : first + size + 1] if size >= 0 else b"")
