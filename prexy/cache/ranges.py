@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-__all__ = ["RangeAnswer", "choose_range", "part_of", "range_of_stream"]
+__all__ = ["Cut", "RangeAnswer", "choose_range", "part_of", "range_of_stream"]
 
 _SPEC = re.compile(rb"\s*(\d*)\s*-\s*(\d*)\s*")
 
@@ -133,3 +133,20 @@ def part_of(span: tuple[int, int], at: int, data: bytes) -> bytes:
     if at + len(data) <= first or at > last:
         return b""
     return data[max(0, first - at) : last + 1 - at]
+
+
+class Cut:
+    """A span (first, last) of a body that goes by in pieces: :meth:`take`
+    gives each piece's part of it, in order."""
+
+    __slots__ = ("span", "offset")
+
+    def __init__(self, span: tuple[int, int]) -> None:
+        self.span = span
+        #: Body bytes that went by so far.
+        self.offset = 0
+
+    def take(self, data: bytes) -> bytes:
+        part = part_of(self.span, self.offset, data)
+        self.offset += len(data)
+        return part

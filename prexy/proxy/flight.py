@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from prexy.cache import CachedObject, cache_status_header, flow
-from prexy.cache.ranges import part_of, range_of_stream
+from prexy.cache.ranges import Cut, range_of_stream
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, plain_answer, start_response
 
@@ -71,18 +71,13 @@ class _Follower:
     def __init__(self, flight: Flight, request: Any) -> None:
         self.flight = flight
         self.request = request
-        #: The part (first, last) of the body this follower asked for with
-        #: a Range, and how many body bytes went by; None: all of it.
-        self.span: tuple[int, int] | None = None
-        self.offset = 0
+        #: The part of the body this follower asked for with a Range,
+        #: cut as it streams; None: all of it.
+        self.cut: Cut | None = None
 
     def send(self, data: bytes) -> None:
-        span = self.span
-        if span is None:
-            self.request.write(data)
-            return
-        part = part_of(span, self.offset, data)
-        self.offset += len(data)
+        cut = self.cut
+        part = data if cut is None else cut.take(data)
         if part:
             self.request.write(part)
 
@@ -167,7 +162,8 @@ class Flight:
             pairs = [(n, v) for n, vs in raw_header_dict(request.requestHeaders).items() for v in vs]
             part = range_of_stream(pairs, length, _lookup(headers), headers)
             if part is not None:
-                code, phrase, headers, follower.span = part
+                code, phrase, headers, span = part
+                follower.cut = Cut(span)
         start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
         if request.method == b"HEAD":
             request.finish()

@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.cache.ranges import part_of, range_of_stream
+from prexy.cache.ranges import Cut, range_of_stream
 from prexy.codec import accepts_gzip, decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
@@ -101,10 +101,8 @@ class Exchange(Outcomes):
         self.producer_registered = False
         #: The cache gets the body before it is compressed for the client.
         self.tapped = False
-        #: The client's range (first, last) of a miss it gets as it
-        #: streams, and how many body bytes went by.
-        self.span: tuple[int, int] | None = None
-        self.offset = 0
+        #: The client's range of a miss, cut from the body as it streams.
+        self.cut: Cut | None = None
 
     # -- the upstream head -------------------------------------------------------
 
@@ -254,7 +252,8 @@ class Exchange(Outcomes):
             # stored; its client gets its range as the body streams by.
             part = range_of_stream(ctx.pairs, response.length, response.header, headers)
             if part is not None:
-                code, phrase, headers, self.span = part
+                code, phrase, headers, span = part
+                self.cut = Cut(span)
         start_response(request, code, phrase, headers)
         resource.metrics.observe_upstream(upstream_time)
         if whole is not None:
@@ -340,13 +339,9 @@ class Exchange(Outcomes):
         self.resource.metrics.bytes_in += len(data)
         if self.pipeline is None:
             self._out(data)
-            span = self.span
-            if span is None:
-                self.request.write(data)
-                return
+            cut = self.cut
             # A range of a miss: the cache gets every byte, the client its part.
-            part = part_of(span, self.offset, data)
-            self.offset += len(data)
+            part = data if cut is None else cut.take(data)
             if part:
                 self.request.write(part)
             return
