@@ -75,12 +75,14 @@ def start(cleanup: Cleanups, origin: ScriptedOrigin, workers: int = 1, http2: st
     d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
     self_signed(d)
     (d / "site.rules").write_text("replace_filter 'www\\.origin\\.test' 'clone.test' g;\n")
+    (d / "site.map").write_text("/old-page /new-page;\n")
     port = free_port()
     (d / "prexy.toml").write_text(
         f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\nworkers = {workers}\n{http2}'
         f'tls_certificate = "{d}/cert.pem"\ntls_key = "{d}/key.pem"\naccess_log = "-"\n'
         f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
         f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\nrules = ["{d}/site.rules"]\n'
+        f'map = "{d}/site.map"\n'
     )
     child = Twistd("--config", str(d / "prexy.toml"))
     cleanup(child.stop)
@@ -407,6 +409,46 @@ def test_same_bytes_as_http11(cleanup: Cleanups, scripted: ScriptedOrigin) -> An
     assert h2_miss[1][1] == h1_hit == h2_hit[1][1] == REWRITTEN
     assert h2_gzip[1][0][b"content-encoding"] == b"gzip"
     assert h2_gzip[1][1] == h1_gzip
+
+
+def h1_head(port: int, path: str) -> bytes:
+    sock = tls(port, ["http/1.1"])
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: clone.test\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data.split(b"\r\n\r\n")[0]
+
+
+@pytest_twisted.inlineCallbacks
+def test_redirects_as_over_http11(cleanup: Cleanups) -> Any:
+    """The map's redirect, and an upstream redirect rewritten for the clone
+    (proxy_redirect default), carry the same status and Location over
+    HTTP/2 as over HTTP/1.1."""
+    origin = ScriptedOrigin()
+    cleanup(origin.close)
+    for _ in range(2):
+        origin.replies.append(
+            b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:%d/login?next=%%2F\r\n"
+            b"Cache-Control: no-store\r\nContent-Length: 0\r\n\r\n" % origin.port)
+    child, port = yield start(cleanup, origin)
+    _, mapped = yield threads.deferToThread(h2_get, port, ["/old-page", "/account"])
+    head_map = yield threads.deferToThread(h1_head, port, "/old-page")
+    head_up = yield threads.deferToThread(h1_head, port, "/account")
+    (map_headers, _), (up_headers, _) = mapped[1], mapped[3]
+
+    def location(head: bytes) -> bytes:
+        [value] = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.lower().startswith(b"location:")]
+        return value
+
+    assert (map_headers[b":status"], head_map[:12]) == (b"301", b"HTTP/1.1 301")
+    assert map_headers[b"location"] == location(head_map)
+    assert map_headers[b"location"].endswith(b"/new-page")
+    assert (up_headers[b":status"], head_up[:12]) == (b"302", b"HTTP/1.1 302")
+    assert up_headers[b"location"] == location(head_up)
+    assert up_headers[b"location"].startswith(b"https://clone.test")  # the clone's, not the origin's
+    assert up_headers[b"location"].endswith(b"/login?next=%2F")
 
 
 @pytest_twisted.inlineCallbacks
