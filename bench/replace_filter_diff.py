@@ -181,12 +181,21 @@ def sregex_cases() -> list[Case]:
     return out
 
 
-def realistic_cases() -> list[Case]:
+#: Left out of the realistic group unless ``--big``: through the module, the
+#: 1000-rule set on the 1 MB page grew one nginx worker past 6.7 GB in five
+#: minutes, unfinished (sregex keeps a capture vector for every rule in each
+#: of its threads).
+BIG = {("html-1m", 1000)}
+
+
+def realistic_cases(big: bool = False) -> list[Case]:
     realistic.ensure_sources()
     out = []
     for n in realistic.RULE_COUNTS:
         directives = realistic.rules_text(n).encode()
         for page in ("html-20k", "html-1m", "jquery", "bootstrap-css"):
+            if (page, n) in BIG and not big:
+                continue
             case = Case("realistic", f"{page}/{n}", directives, realistic.load_page(page),
                         realistic.PAGES[page].content_type)
             if page == "html-20k":
@@ -381,10 +390,11 @@ class Difference:
                 f"nginx {show(self.nginx)} prexy {show(self.prexy)} {self.note}")
 
 
-def run_diff(module: Path, groups: Iterable[str]) -> dict[str, object]:
+def run_diff(module: Path, groups: Iterable[str], big: bool = False) -> dict[str, object]:
     cases: list[Case] = []
     for g in groups:
-        for case in GROUPS[g]():
+        made = realistic_cases(big) if g == "realistic" else GROUPS[g]()
+        for case in made:
             case.chunkings = case.chunkings or CHUNKINGS[g]
             cases.append(case)
     harness.log(f"{len(cases)} cases, {sum(len(c.chunkings) for c in cases)} comparisons")
@@ -406,6 +416,8 @@ def run_diff(module: Path, groups: Iterable[str]) -> dict[str, object]:
             except RulesError as exc:
                 ruleset = None
                 why = str(exc)
+            if case.group == "realistic":
+                harness.log(f"{case.name}")
             for size in case.chunkings:
                 got = ng.get(f"c{i}n{size}", i)
                 compared += 1
@@ -490,6 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--module", type=Path, help="path of ngx_http_replace_filter_module.so")
     parser.add_argument("--groups", default="issue15,conformance,sregex,realistic")
     parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--big", action="store_true", help="also the 1 MB page at 1000 rules")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--show", type=int, default=40, help="differences to print")
     args = parser.parse_args(argv)
@@ -500,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"replace_filter_diff: {args.module} does not exist", file=sys.stderr)
         return 2
     harness.install_cleanup()
-    result = run_diff(args.module.resolve(), [g for g in args.groups.split(",") if g])
+    result = run_diff(args.module.resolve(), [g for g in args.groups.split(",") if g], args.big)
     diffs: list[Difference] = result["differences"]  # type: ignore[assignment]
     print(f"cases {result['cases']}, comparisons {result['compared']}, "
           f"refused by both {result['refused_by_both']}, "
