@@ -160,6 +160,20 @@ class Runtime:
         default = next(s for s in sites if s.name == self.config.default_site)
         return Runtime(self.config, sites, by_host, default, self.rulesets)
 
+    def compile_ahead(self, limit: int) -> int:
+        """Compile now every rule set the sites use that is not compiled
+        yet, when there are at most ``limit`` of them (all of them: a few
+        sites), so no request pays for it; with more (thousands of sites)
+        each is compiled on its first request (:meth:`select`).  Returns
+        how many were compiled here."""
+        pending = {id(s.rules): s.rules for s in self.sites if s.rules is not None and not s.rules.compiled}
+        distinct = {id(s.rules) for s in self.sites if s.rules is not None}
+        if len(distinct) > limit:
+            return 0
+        for rules in pending.values():
+            compile_ruleset(rules)
+        return len(pending)
+
     def select(self, host: bytes | None) -> SiteRuntime:
         """The site for a Host header (port and one trailing dot ignored),
         its rule set compiled: the first request for it in this process

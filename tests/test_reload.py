@@ -201,6 +201,8 @@ class WorkerReloadTests(SynchronousTestCase):
                   f'[sites.{name}]\nhosts = ["{name}.test"]\nupstream = "http://o"\nrules = "../{name}.rules"\n')
         config = load_config(os.path.join(tmp, "prexy.toml"))
         service = ProxyService(MemoryReactorClock(), config, build_runtime(config), check_rules=False)
+        # Three rule sets (at most COMPILE_AHEAD): compiled before serving.
+        assert all(s.rules.compiled for s in service.runtime.sites)
         before = {s.name: s for s in service.runtime.sites}
         for host in (b"a.test", b"b.test", b"c.test"):
             service.runtime.select(host)
@@ -210,6 +212,7 @@ class WorkerReloadTests(SynchronousTestCase):
         after = {s.name: s for s in service.runtime.sites}
         assert after["a"] is before["a"] and after["c"] is before["c"] and after["a"].rules.compiled
         assert after["b"].rules is not before["b"].rules
+        assert after["b"].rules.compiled  # before the swap: its first request pays nothing
         assert after["b"].rules_version != before["b"].rules_version
         assert service.resource.applicability is memory
         runtime = service.runtime

@@ -73,6 +73,21 @@ class RuntimeRuleSetsTests(SynchronousTestCase):
         eager = build_runtime(self.config({"a": ["a.rules"]}), lazy=False)
         assert eager.sites[0].rules.compiled
 
+    def test_compile_ahead_when_few(self) -> None:
+        """A worker compiles every distinct set before it serves when there
+        are at most ``limit`` of them (shared sets count once), and none
+        ahead when there are more; already compiled sets are not counted
+        again."""
+        self.write("a.rules", RULES_A)
+        self.write("b.rules", RULES_B)
+        few = build_runtime(self.config({"s1": ["a.rules"], "s2": ["a.rules"], "s3": ["b.rules"]}))
+        self.assertEqual(few.compile_ahead(2), 2)
+        assert all(s.rules.compiled for s in few.sites)
+        self.assertEqual(few.compile_ahead(2), 0)
+        many = build_runtime(self.config({"s1": ["a.rules"], "s3": ["b.rules"]}))
+        self.assertEqual(many.compile_ahead(1), 0)
+        assert not any(s.rules.compiled for s in many.sites)
+
     def test_default_site_is_compiled_too(self) -> None:
         """A request for an unknown host goes to the default site, compiled then."""
         self.write("a.rules", RULES_A)
