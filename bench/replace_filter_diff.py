@@ -276,7 +276,8 @@ def _start_nginx(name: str, server_body: bytes, module: Path) -> servers.Server:
 class Nginx:
     """A private nginx serving every (case, chunking) from its own location."""
 
-    def __init__(self, module: Path, cases: Sequence[Case], name: str = "replace-filter-diff"):
+    def __init__(self, module: Path, cases: Sequence[Case], name: str = "replace-filter-diff",
+                 extra: bytes = b""):
         self.module = module
         self.root = harness.WORK / (name + "-docroot")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -290,6 +291,7 @@ class Nginx:
         self.blocks = blocks
         self._drop_refused()
         body = b"".join(loc for i, locs in blocks.items() if i not in self.refused for _, loc in locs)
+        body += extra
         self.server = _start_nginx(name, body, module)
         self.conn = http.client.HTTPConnection(harness.LOCAL, self.server.port, timeout=120)
 
@@ -444,15 +446,26 @@ def run_diff(module: Path, groups: Iterable[str], big: bool = False) -> dict[str
 # -- timing -----------------------------------------------------------------
 
 
-def run_timing(module: Path, rounds: int = 41) -> list[dict[str, object]]:
+def _prexy_server(name: str, origin_port: int, rules: Path) -> servers.Server:
+    """``twistd prexy`` from the interpreter running this script (the
+    working tree), one worker, in front of ``origin_port`` with ``rules``."""
+    bindir = Path(sys.executable).parent
+    install = servers.PrexyInstall(
+        twistd=bindir / "twistd", python=Path(sys.executable),
+        flags=frozenset({"--listen", "--upstream", "--rules", "--workers"}),
+        help_text="", revision="working tree")
+    return servers.start_prexy(install, name, origin_port, args=("--rules", str(rules)), workers=1)
+
+
+def run_timing(module: Path, rounds: int = 21) -> list[dict[str, object]]:
     """Single requests for the 20 KB page at 10/100/1000 rules, interleaved.
 
-    nginx: one keep-alive GET of the static page through the filter (one
-    worker, the page in one buffer, the end of the body with it), and the
-    same GET from a location without the filter: the difference is what
-    the filter costs.  Prexy: the same body through a fresh Transducer in
-    process (what ``python -m prexy rewrite`` and the proxy run per
-    response).  Medians of ``rounds`` interleaved rounds.
+    One keep-alive GET each, in turn, per round: nginx with the module (one
+    worker; the static page in one buffer, the end of the body with it),
+    ``twistd prexy`` (one worker) in front of the same nginx serving the
+    page unfiltered, and Prexy's transducer alone on the page in this
+    process.  Medians of ``rounds`` rounds (the 1000-rule request through
+    the module takes seconds).
     """
     page = realistic.load_page("html-20k")
     cases = []
@@ -460,39 +473,54 @@ def run_timing(module: Path, rounds: int = 41) -> list[dict[str, object]]:
         case = Case("timing", f"html-20k/{n}", realistic.rules_text(n).encode(), page, "text/html")
         case.chunkings = (32768,)
         cases.append(case)
-    plain = Case("timing", "html-20k/plain", b"", page, "text/html")
-    plain.chunkings = (32768,)
-    cases.append(plain)
-    ng = Nginx(module, cases, name="replace-filter-timing")
-    plain_key = len(cases) - 1
+    name = "replace-filter-timing"
+    root = harness.WORK / (name + "-docroot")
+    origin = (b"location /origin/ {\n    alias " + str(root).encode() + b"/;\n"
+              b"    types { }\n    default_type text/html;\n}\n")
+    ng = Nginx(module, cases, name=name, extra=origin)
+    prexies = []
     rows = []
     try:
-        rulesets = [parse_rules(c.directives, "<timing>") for c in cases[:-1]]
-        for i in range(len(cases)):  # warm both sides
-            ng.get(f"c{i}n32768", i)
-        for rs in rulesets:
-            run_prexy(rs, page, 0)
+        for i, case in enumerate(cases):
+            rules = harness.WORK / f"{name}-{i}.rules"
+            rules.write_bytes(case.directives)
+            prexies.append(_prexy_server(f"{name}-prexy{i}", ng.server.port, rules))
+        conns = [http.client.HTTPConnection(harness.LOCAL, p.port, timeout=120) for p in prexies]
+
+        def via_prexy(i: int) -> bytes:
+            conns[i].request("GET", "/origin/b0")
+            resp = conns[i].getresponse()
+            return resp.read()
+
+        rulesets = [parse_rules(c.directives, "<timing>") for c in cases]
+        for i, rs in enumerate(rulesets):  # warm, and check all three agree
+            want = ng.get(f"c{i}n32768", i)
+            if via_prexy(i) != want or run_prexy(rs, page, 0) != want:
+                raise RuntimeError(f"timing: outputs differ at {cases[i].name}")
         samples: dict[str, list[float]] = {}
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            ng.get(f"c{plain_key}n32768", plain_key)
-            samples.setdefault("plain", []).append(time.perf_counter() - t0)
             for i, rs in enumerate(rulesets):
                 t0 = time.perf_counter()
                 ng.get(f"c{i}n32768", i)
                 t1 = time.perf_counter()
-                run_prexy(rs, page, 0)
+                via_prexy(i)
                 t2 = time.perf_counter()
+                run_prexy(rs, page, 0)
+                t3 = time.perf_counter()
                 samples.setdefault(f"nginx{i}", []).append(t1 - t0)
                 samples.setdefault(f"prexy{i}", []).append(t2 - t1)
-        base = statistics.median(samples["plain"])
+                samples.setdefault(f"core{i}", []).append(t3 - t2)
         for i, count in enumerate(realistic.RULE_COUNTS):
             n = statistics.median(samples[f"nginx{i}"])
             p = statistics.median(samples[f"prexy{i}"])
-            rows.append({"rules": count, "nginx_ms": n * 1e3, "nginx_plain_ms": base * 1e3,
-                         "filter_ms": (n - base) * 1e3, "prexy_ms": p * 1e3,
-                         "prexy_over_filter": p / (n - base) if n > base else None})
+            c = statistics.median(samples[f"core{i}"])
+            rows.append({"rules": count, "nginx_ms": n * 1e3, "prexy_ms": p * 1e3,
+                         "transducer_ms": c * 1e3, "prexy_over_nginx": p / n})
+        for conn in conns:
+            conn.close()
     finally:
+        for server in prexies:
+            server.stop()
         ng.stop()
     return rows
 
@@ -526,11 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.timing:
         rows = run_timing(args.module.resolve())
         for r in rows:
-            ratio = r["prexy_over_filter"]
-            print(f"html-20k {r['rules']:>4} rules: nginx request {r['nginx_ms']:.3f} ms "
-                  f"(unfiltered {r['nginx_plain_ms']:.3f} ms, filter {r['filter_ms']:.3f} ms); "
-                  f"prexy transducer {r['prexy_ms']:.3f} ms; prexy/filter "
-                  f"{'n/a' if ratio is None else f'{ratio:.2f}'}")
+            print(f"html-20k {r['rules']:>4} rules: nginx + replace-filter {r['nginx_ms']:.3f} ms, "
+                  f"twistd prexy {r['prexy_ms']:.3f} ms (transducer alone "
+                  f"{r['transducer_ms']:.3f} ms), prexy/nginx {r['prexy_over_nginx']:.3f}")
         payload["timing"] = rows
     if args.json:
         args.json.write_text(json.dumps(payload, indent=1))
