@@ -49,6 +49,9 @@ _WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _DIGIT = frozenset(b"0123456789")
 _SPACE = frozenset(b" \f\n\r\t")
 _HSPACE = frozenset((0x09, 0x20, 0xA0))
+#: A letter and its other case, one shared set per letter (a caseless rule
+#: holds one per letter; thousands of rule sets per worker, issue 21).
+_CASE_PAIR = {c: frozenset((c, c ^ 0x20)) for c in (*range(0x41, 0x5B), *range(0x61, 0x7B))}
 _VSPACE = frozenset((0x0A, 0x0B, 0x0C, 0x0D, 0x85))
 _CLASS_ESCAPES: dict[int, frozenset[int]] = {
     ord("d"): _DIGIT,
@@ -357,7 +360,7 @@ class _Parser:
 
     def _char(self, c: int) -> Node:
         if self.caseless and (0x41 <= c <= 0x5A or 0x61 <= c <= 0x7A):
-            return Set(frozenset((c, c ^ 0x20)))
+            return Set(_CASE_PAIR[c])
         return Char(c)
 
     def _fold_set(self, node: Set) -> Set:
