@@ -64,7 +64,7 @@ def hit_cost(rounds: int = 31, hits: int = 1000) -> dict[str, Any]:
 
     from prexy.cache.policy import CachePolicy
     from prexy.cache.store import Store
-    from prexy.cluster.node import WorkerRelay
+    from prexy.cluster.relay import WorkerRelay
     from prexy.config import Config, SiteConfig, UpstreamURL
     from prexy.metrics import Metrics
     from prexy.proxy.caching import CacheLayer

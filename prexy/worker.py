@@ -130,7 +130,7 @@ def worker_main(spec_json: str) -> None:
         reactor.addReader(CommandReader(reactor, 0, command))
         cluster = options.config.cluster
         if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
-            from prexy.cluster.node import WorkerRelay
+            from prexy.cluster.relay import WorkerRelay
 
             svc.resource.cache.announce = WorkerRelay(
                 reactor, send, svc.resource.cache.events, cluster.confirm_timeout + 2.0

@@ -106,7 +106,7 @@ class _WorkerProcess(protocol.ProcessProtocol):
             if "reloaded" in message:
                 self.master.worker_reloaded(self, message)
             if "cluster" in message and self.master.cluster is not None:  # a PURGE to share (prexy.cluster)
-                from prexy.cluster.node import relay_worker_message
+                from prexy.cluster.relay import relay_worker_message
 
                 relay_worker_message(self.master.cluster, self.master.config, self.pid, message)
 

@@ -18,15 +18,8 @@ from prexy.admin import AdminResource
 from prexy.cache.policy import CachePolicy
 from prexy.cache.store import Store
 from prexy.cluster.messages import Invalidation, Kind
-from prexy.cluster.node import (
-    QUEUED_NOTE,
-    StoreTarget,
-    WorkerRelay,
-    from_json,
-    to_json,
-    verdict_key,
-    verdict_of,
-)
+from prexy.cluster.node import QUEUED_NOTE, StoreTarget
+from prexy.cluster.relay import WorkerRelay, from_json, to_json, verdict_key, verdict_of
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.metrics import Metrics
 from prexy.proxy.caching import CacheLayer
