@@ -48,6 +48,7 @@ from twisted.internet import defer, reactor, task, threads
 from prexy.h2server import PREFACE
 
 from .conftest import Cleanups
+from .raw_origin import RawOrigin
 from .test_headerrules_nginx import self_signed
 from .test_rfc_cache import ScriptedOrigin
 from .twistd_support import Twistd, free_port
@@ -211,7 +212,7 @@ def test_http2_by_default(cleanup: Cleanups, scripted: ScriptedOrigin, workers: 
         assert f.read() == REWRITTEN
 
 
-class HeldOrigin:
+class HeldOrigin(RawOrigin):
     """An origin answering by path: each route is a list of byte pieces
     and ``threading.Event``s; an event is waited for before the pieces
     after it are sent.  ``arrived[path]`` is set when a request for it
@@ -220,43 +221,19 @@ class HeldOrigin:
     def __init__(self, routes: dict[bytes, list[Any]]) -> None:
         self.routes = routes
         self.arrived = {path: threading.Event() for path in routes}
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        return
-                    data += more
-                head, _, data = data.partition(b"\r\n\r\n")
-                path = head.split(b" ")[1]
-                pieces = self.routes.get(path, [b"HTTP/1.1 404 x\r\nContent-Length: 0\r\n\r\n"])
-                if path in self.arrived:
-                    self.arrived[path].set()
-                try:
-                    for piece in pieces:
-                        if isinstance(piece, threading.Event):
-                            piece.wait(30)
-                        else:
-                            conn.sendall(piece)
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self.sock.close()
+    def answer(self, conn: socket.socket, head: bytes) -> bool:
+        path = head.split(b" ")[1]
+        pieces = self.routes.get(path, [b"HTTP/1.1 404 x\r\nContent-Length: 0\r\n\r\n"])
+        if path in self.arrived:
+            self.arrived[path].set()
+        for piece in pieces:
+            if isinstance(piece, threading.Event):
+                piece.wait(30)
+            else:
+                conn.sendall(piece)
+        return True
 
 
 def chunked_html(body: bytes) -> list[Any]:

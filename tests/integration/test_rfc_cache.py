@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-import threading
 from collections import deque
 from typing import Any
 
@@ -22,42 +21,25 @@ import pytest_twisted
 from twisted.internet import defer, threads
 
 from .conftest import Cleanups
+from .raw_origin import RawOrigin
 from .twistd_support import Twistd, free_port
 
 BODY = b"0123456789" * 100
 
 
-class ScriptedOrigin:
+class ScriptedOrigin(RawOrigin):
+    """Answers requests in turn from ``replies`` (a 500 once they run
+    out), keeping each request head in ``requests``."""
+
     def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
         self.replies: deque[bytes] = deque()
         self.requests: list[bytes] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        return
-                    data += more
-                head, _, data = data.partition(b"\r\n\r\n")
-                self.requests.append(head)
-                conn.sendall(self.replies.popleft() if self.replies else b"HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
-
-    def close(self) -> None:
-        self.sock.close()
+    def answer(self, conn: socket.socket, head: bytes) -> bool:
+        self.requests.append(head)
+        conn.sendall(self.replies.popleft() if self.replies else b"HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
+        return True
 
 
 def ok(extra: bytes, body: bytes = BODY, status: bytes = b"200 OK") -> bytes:
