@@ -769,7 +769,7 @@ def _http2_settings(table: Any, err: Any, typed: Any) -> H2Settings:
         err("http2", "must be a table")
     _known(table, [f.name for f in attrs.fields(H2Settings)], "http2", err)
     values: dict[str, Any] = {}
-    for key in ("max_concurrent_streams", "max_resets", "max_settings", "max_pings"):
+    for key in ("max_concurrent_streams", "max_resets", "max_settings", "max_pings", "max_empty_frames"):
         if key in table:
             value = typed(table, key, int, "http2")
             if not 1 <= value <= 2**31 - 1:

@@ -24,7 +24,7 @@ production server needs on top of it:
 * Limits (:class:`H2Settings`): concurrent streams and header list size
   (advertised, and enforced by ``h2``), a cap on the client's RST_STREAMs,
   SETTINGS and PINGs within ``flood_window`` seconds (CVE-2023-44487 "rapid
-  reset" and the older floods): past one, GOAWAY ENHANCE_YOUR_CALM and the
+  reset" and the older floods; empty DATA frames, CVE-2019-9518): past one, GOAWAY ENHANCE_YOUR_CALM and the
   :class:`Close` event.  A stream the client resets in the same read that
   opened it is never started.  Each answer sent whole takes one reset off
   the count: a browser cancels the pending assets of a page at every
@@ -305,6 +305,7 @@ class ServerConnection:
         self._resets = _Counter(settings.max_resets, settings.flood_window)
         self._settings_count = _Counter(settings.max_settings, settings.flood_window)
         self._pings = _Counter(settings.max_pings, settings.flood_window)
+        self._empty = _Counter(settings.max_empty_frames, settings.flood_window)
         #: Streams the proxy serves: opened and not yet ended nor reset.
         self.open: set[int] = set()
         #: Open streams whose request body is still coming.
@@ -346,6 +347,8 @@ class ServerConnection:
                 out.append(Head(sid, event.headers, ended))
             elif isinstance(event, h2.events.DataReceived):
                 sid = event.stream_id
+                if not event.data and event.stream_ended is None and self._empty.over(now):
+                    return [self._close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, "too many empty DATA frames")]
                 if event.flow_controlled_length:
                     self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
                 if sid in self._receiving and event.data:

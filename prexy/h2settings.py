@@ -29,3 +29,7 @@ class H2Settings:
     #: PING frames a client may send within ``flood_window`` seconds.
     max_pings: int = 100
     flood_window: float = 10.0
+    #: DATA frames without data that do not end their stream a client may
+    #: send within ``flood_window`` seconds (the "empty frames" flood,
+    #: CVE-2019-9518: each costs the server work and carries nothing).
+    max_empty_frames: int = 100

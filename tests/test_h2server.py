@@ -378,6 +378,25 @@ class LimitTests(SynchronousTestCase):
         self.assertEqual(p.server.closed, Close("too many PING frames", graceful=False))
         self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
+    def test_empty_data_flood(self) -> None:
+        """DATA frames that carry nothing and end nothing, past
+        max_empty_frames within the window: GOAWAY ENHANCE_YOUR_CALM; a
+        body's last empty frame (END_STREAM) is not one of them."""
+        p = Pair(H2Settings(max_empty_frames=5))
+        p.client.send_headers(1, post(10), end_stream=False)
+        p.client.send_data(1, b"0123456789")
+        for _ in range(5):
+            p.client.send_data(1, b"")
+        p.client.end_stream(1)
+        p.to_server()
+        self.assertIsNone(p.server.closed)
+        p.client.send_headers(3, post(10), end_stream=False)
+        for _ in range(6):
+            p.client.send_data(3, b"")
+        p.to_server()
+        self.assertEqual(p.server.closed, Close("too many empty DATA frames", graceful=False))
+        self.assertEqual(self.goaway(p).error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
     def test_settings_flood(self) -> None:
         p = Pair(H2Settings(max_settings=5))
         for _ in range(6):
@@ -511,10 +530,10 @@ class ConfigTests(SynchronousTestCase):
         config = parse_config(
             '[server]\nlisten = ["tcp:8080", "tcp:8081"]\nh2c_listen = "tcp:8081"\n'
             '[http2]\nmax_concurrent_streams = 10\nmax_header_list_size = "16k"\nidle_timeout = 5\n'
-            "max_resets = 50\nmax_settings = 7\nmax_pings = 9\nflood_window = 2.5\n" + SITE,
+            "max_resets = 50\nmax_settings = 7\nmax_pings = 9\nflood_window = 2.5\nmax_empty_frames = 3\n" + SITE,
             "/etc/prexy.toml",
         )
-        self.assertEqual(config.http2_settings, H2Settings(10, 16384, 5.0, 50, 7, 9, 2.5))
+        self.assertEqual(config.http2_settings, H2Settings(10, 16384, 5.0, 50, 7, 9, 2.5, 3))
         self.assertEqual(config.h2c_listen, ("tcp:8081",))
 
     def test_refused(self) -> None:
