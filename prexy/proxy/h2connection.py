@@ -176,6 +176,8 @@ class H2ServerProtocol(Protocol):
     _timer: Any = None
     _close_timer: Any = None
     _flush_call: Any = None
+    #: One timer for the request bodies of every stream (``_body_check``).
+    _body_timer: Any = None
     #: Bytes written while the transport is paused (the client reads nothing).
     _unread = 0
     #: How many of those before the connection is cut.
@@ -187,6 +189,8 @@ class H2ServerProtocol(Protocol):
         self.settings = settings
         self.core = ServerConnection(settings)
         self.streams: dict[int, StreamChannel] = {}
+        #: Streams whose request body is still coming -> when it last moved.
+        self._bodies: dict[int, float] = {}
         self._last = 0.0
         self.peer: Any = None
         self.host: Any = None
@@ -217,12 +221,16 @@ class H2ServerProtocol(Protocol):
                 elif isinstance(event, Body):
                     stream = self.streams.get(event.stream_id)
                     if stream is not None and stream.request is not None:
+                        if event.stream_id in self._bodies:
+                            self._bodies[event.stream_id] = self._last
                         stream.request.handleContentChunk(event.data)
                 elif isinstance(event, End):
+                    self._body_done(event.stream_id)
                     stream = self.streams.get(event.stream_id)
                     if stream is not None:
                         self._received(stream)
                 elif isinstance(event, Reset):
+                    self._body_done(event.stream_id)
                     stream = self.streams.pop(event.stream_id, None)
                     if stream is not None:
                         stream.lost(Failure(ConnectionLost("the client reset the stream")))
@@ -260,8 +268,50 @@ class H2ServerProtocol(Protocol):
         request.parseCookies()
         if event.ended:
             self._received(stream)
-        elif expect:
+            return
+        self._bodies[sid] = self._last
+        self._arm_body_check()
+        if expect:
             self.core.send_head(sid, [(b":status", b"100")])
+
+    def _arm_body_check(self) -> None:
+        """Run ``_body_check`` when the oldest pause of a request body
+        reaches ``timeouts.client_body`` (one timer per connection, armed
+        only while a body is coming)."""
+        limit = self.site.timeouts.client_body
+        if self._body_timer is not None or not self._bodies or limit <= 0:
+            return
+        due = min(self._bodies.values()) + limit - self.reactor.seconds()
+        self._body_timer = self.reactor.callLater(max(0.0, due), self._body_check)
+
+    def _body_done(self, sid: int) -> None:
+        """Stream ``sid``'s request body is over (or the stream is): the
+        timer goes once no body is coming."""
+        if self._bodies.pop(sid, None) is not None and not self._bodies and self._body_timer is not None:
+            if self._body_timer.active():
+                self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_check(self) -> None:
+        """A request body that paused longer than ``client_body`` (nginx's
+        ``client_body_timeout``, as over HTTP/1.1): its stream gets a 408
+        and the rest of the body is refused (RST_STREAM NO_ERROR); the
+        connection's other streams go on."""
+        self._body_timer = None
+        limit = self.site.timeouts.client_body
+        now = self.reactor.seconds()
+        for sid, moved in list(self._bodies.items()):
+            if now - moved < limit:
+                continue
+            del self._bodies[sid]
+            stream = self.streams.pop(sid, None)
+            if stream is not None:
+                stream.lost(Failure(ConnectionLost("the request body timed out")))
+            refusal = Refusal(408, "Request Timeout")
+            self.core.refuse(sid, refusal.status, refusal.reason)
+            self.site.refused(self, refusal)
+        self._arm_body_check()
+        self._flush()
 
     def _received(self, stream: StreamChannel) -> None:
         """The whole request is in: process it."""
@@ -302,10 +352,11 @@ class H2ServerProtocol(Protocol):
         pass
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
-        for timer in (self._timer, self._close_timer, self._flush_call):
+        for timer in (self._timer, self._close_timer, self._flush_call, self._body_timer):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._timer = self._close_timer = self._flush_call = None
+        self._timer = self._close_timer = self._flush_call = self._body_timer = None
+        self._bodies.clear()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             stream.lost(reason)
@@ -324,6 +375,7 @@ class H2ServerProtocol(Protocol):
         return self.core.queued(sid)
 
     def end(self, stream: StreamChannel, trailers: list[tuple[bytes, bytes]]) -> None:
+        self._body_done(stream.stream_id)
         if self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
         stream.request = None
@@ -332,6 +384,7 @@ class H2ServerProtocol(Protocol):
         self._soon()
 
     def reset(self, stream: StreamChannel) -> None:
+        self._body_done(stream.stream_id)
         if self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
         self.core.reset(stream.stream_id)

@@ -6,7 +6,7 @@ closed pauses its upstream and leaves nothing due on the reactor (no
 ``callLater(0)`` loop) while another stream completes; the transport's own
 backpressure pauses every stream; the rewrite's Server-Timing arrives as
 trailers; an upstream dying mid-body resets that stream only; a request
-body over the limit gets its 413; connection-specific fields never reach
+body over the limit gets its 413, a stalled one its 408; connection-specific fields never reach
 the client; the access line says HTTP/2.0; a rapid-reset flood gets GOAWAY
 ENHANCE_YOUR_CALM and starts no upstream request; a drain's GOAWAY lets the
 stream in flight finish, then closes; an idle connection is closed; a
@@ -150,6 +150,39 @@ class HTTP2Tests(SynchronousTestCase):
         [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
         self.assertEqual(dict(head.headers)[b":status"], b"413")
         self.assertEqual(h.conns, [])
+
+    def test_stalled_request_body_gets_408(self) -> None:
+        """A request body that pauses longer than client_body (60 s) gets a
+        408 on its stream and goes no further upstream; a body that keeps
+        moving, and the connection's other streams, go on; one timer for
+        the connection, none left once no body is coming."""
+        h = Harness()
+        c = H2Client(h)
+        post = [(b":method", b"POST"), (b":path", b"/up"), (b":scheme", b"https"), (b":authority", b"a"),
+                (b"content-length", b"10")]
+        c.conn.send_headers(1, post)
+        c.conn.send_data(1, b"12345")
+        c.conn.send_headers(3, post)
+        c.conn.send_data(3, b"12345")
+        c.flush()
+        h.clock.advance(40)
+        c.conn.send_data(3, b"67")  # stream 3's body moves; stream 1's does not
+        c.flush()
+        h.clock.advance(21)
+        events = c.flush()
+        heads = {e.stream_id: dict(e.headers) for e in events if isinstance(e, h2.events.ResponseReceived)}
+        self.assertEqual(heads[1][b":status"], b"408")
+        self.assertNotIn(3, heads)
+        self.assertFalse(self.transport_closed(c))
+        c.conn.send_data(3, b"890", end_stream=True)
+        c.flush()
+        sent = h.conns[-1].sent()
+        self.assertIn(b"POST /up ", sent)
+        self.assertTrue(sent.endswith(b"1234567890"))
+        self.assertEqual(len(h.conns), 1)  # stream 1 never went upstream
+        self.assertEqual([d for d in h.clock.getDelayedCalls() if getattr(d.func, "__name__", "") == "_body_check"], [])
+        c.get(5)  # the connection still serves
+        self.assertIn(b"GET /x ", h.conns[-1].sent())
 
     def test_access_line_says_http_2_0(self) -> None:
         h = Harness()
