@@ -27,6 +27,7 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from prexy.control import JsonLines, encode
 from prexy.listen import ListenSpec
 from prexy.service import Options, ProxyService
 
@@ -43,7 +44,7 @@ class CommandReader:
         self.reactor = reactor
         self.fd = fd
         self.command = command
-        self._buffer = b""
+        self._lines = JsonLines()
 
     def fileno(self) -> int:
         return self.fd
@@ -60,15 +61,8 @@ class CommandReader:
             return Failure(exc)
         if not data:
             return Failure(EOFError("the master closed the command pipe"))
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict):
-                self.command(message)
+        for message in self._lines.feed(data):
+            self.command(message)
         return None
 
     def connectionLost(self, reason: Any) -> None:
@@ -112,7 +106,7 @@ def worker_main(spec_json: str) -> None:
 
     def send(message: dict[str, Any]) -> None:
         try:
-            os.write(control_fd, (json.dumps(message) + "\n").encode())
+            os.write(control_fd, encode(message))
         except OSError:
             # The master is gone: do not linger holding the port.
             reactor.callFromThread(lambda: svc.drain_and_stop(0))

@@ -38,6 +38,7 @@ from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
 from prexy.config import Config
+from prexy.control import JsonLines, encode
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, render
 from prexy.runtime import reloads_in_place
@@ -82,7 +83,7 @@ class _WorkerProcess(protocol.ProcessProtocol):
         self.started_at = master.reactor.seconds()
         self.metrics: dict[str, Any] | None = None
         self.ended: defer.Deferred[None] = defer.Deferred()
-        self._buffer = b""
+        self._lines = JsonLines()
         self.pid: int | None = None
 
     def connectionMade(self) -> None:
@@ -91,13 +92,7 @@ class _WorkerProcess(protocol.ProcessProtocol):
     def childDataReceived(self, fd: int, data: bytes) -> None:
         if fd != CONTROL_FD:
             return
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
+        for message in self._lines.feed(data):
             if message.get("ready"):
                 self.ready = True
                 self.master.worker_ready(self)
@@ -117,7 +112,7 @@ class _WorkerProcess(protocol.ProcessProtocol):
     def command(self, message: dict[str, Any]) -> None:
         """Send the worker a command (a line on its stdin: ``prexy.worker``)."""
         if self.transport is not None:
-            self.transport.write((json.dumps(message) + "\n").encode())
+            self.transport.write(encode(message))
 
     def signal(self, name: str) -> None:
         try:

@@ -190,6 +190,7 @@ CORES = (
     "prexy.urlmap.index",
     "prexy.urlmap.loader",
     "prexy.h2server",
+    "prexy.control",
 )
 
 
