@@ -73,17 +73,29 @@ def scripted() -> Any:
 
 @defer.inlineCallbacks
 def start(cleanup: Cleanups, origin: ScriptedOrigin, workers: int = 1, http2: str = "http2 = true\n") -> Any:
+    """twistd prexy on TLS with a cache and a map, in front of ``origin``."""
     d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
+    (d / "site.map").write_text("/old-page /new-page;\n")
+    child, port = yield run_twistd(
+        cleanup, d, origin.port, f"workers = {workers}\n{http2}access_log = \"-\"\n",
+        f'[cache]\nsize = "16M"\npath = "{d}/store"\n', f'map = "{d}/site.map"\n',
+    )
+    return child, port
+
+
+@defer.inlineCallbacks
+def run_twistd(cleanup: Cleanups, d: Path, origin_port: int, server: str, tables: str = "", site: str = "") -> Any:
+    """twistd prexy on an ssl: listener with a self-signed certificate in
+    ``d``, one site rewriting ``www.origin.test``; ``server``, ``tables``
+    and ``site`` add lines to [server], tables before the site, and the
+    site's table."""
     self_signed(d)
     (d / "site.rules").write_text("replace_filter 'www\\.origin\\.test' 'clone.test' g;\n")
-    (d / "site.map").write_text("/old-page /new-page;\n")
     port = free_port()
     (d / "prexy.toml").write_text(
-        f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\nworkers = {workers}\n{http2}'
-        f'tls_certificate = "{d}/cert.pem"\ntls_key = "{d}/key.pem"\naccess_log = "-"\n'
-        f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
-        f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\nrules = ["{d}/site.rules"]\n'
-        f'map = "{d}/site.map"\n'
+        f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\n{server}'
+        f'tls_certificate = "{d}/cert.pem"\ntls_key = "{d}/key.pem"\n{tables}'
+        f'[sites.t]\nupstream = "http://127.0.0.1:{origin_port}"\nrules = ["{d}/site.rules"]\n{site}'
     )
     child = Twistd("--config", str(d / "prexy.toml"))
     cleanup(child.stop)
@@ -330,21 +342,11 @@ def worker_cpu_seconds(child: Twistd) -> float:
 
 
 @defer.inlineCallbacks
-def start_held(cleanup: Cleanups, routes: dict[bytes, list[Any]], extra: str = "") -> Any:
+def start_held(cleanup: Cleanups, routes: dict[bytes, list[Any]]) -> Any:
     origin = HeldOrigin(routes)
     cleanup(origin.close)
     d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
-    self_signed(d)
-    (d / "site.rules").write_text("replace_filter 'www\\.origin\\.test' 'clone.test' g;\n")
-    port = free_port()
-    (d / "prexy.toml").write_text(
-        f'[server]\nlisten = ["ssl:{port}:interface=127.0.0.1"]\nworkers = 1\nhttp2 = true\n'
-        f'tls_certificate = "{d}/cert.pem"\ntls_key = "{d}/key.pem"\naccess_log = "off"\n{extra}'
-        f'[sites.t]\nupstream = "http://127.0.0.1:{origin.port}"\nrules = ["{d}/site.rules"]\n'
-    )
-    child = Twistd("--config", str(d / "prexy.toml"))
-    cleanup(child.stop)
-    yield child.ready()
+    child, port = yield run_twistd(cleanup, d, origin.port, 'workers = 1\nhttp2 = true\naccess_log = "off"\n')
     return child, port, origin, d / "prexy.toml"
 
 
