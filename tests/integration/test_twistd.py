@@ -64,9 +64,9 @@ class TestTwistd:
         return f"http://127.0.0.1:{listening.getHost().port}"
 
     @defer.inlineCallbacks
-    def fetch(self, port: int, path: str, headers: bytes = b"") -> Any:
+    def fetch(self, port: int, path: str, headers: bytes = b"", version: bytes = b"HTTP/1.1") -> Any:
         client = RawClient(
-            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n"
+            b"GET " + path.encode() + b" " + version + b"\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n"
         )
         yield connect(port, client)
         head, _, body = bytes(client.data).partition(b"\r\n\r\n")
@@ -95,7 +95,12 @@ class TestTwistd:
         assert b"Content-Length" not in head
         assert b"Transfer-Encoding: chunked" in head
         # The small page comes with its head (one write by the origin), so
-        # it is rewritten before the head goes out, with the rewrite's timing.
+        # it is rewritten at once, after the head went out: the rewrite's
+        # timing is the trailer.  An HTTP/1.0 client has it in the head.
+        assert b"Trailer: Server-Timing" in head
+        head, body = yield self.fetch(port, "/html", version=b"HTTP/1.0")
+        assert head.startswith(b"HTTP/1.0 200")
+        assert b"http://clone.test/x" in body
         assert re.search(rb"Server-Timing: [^\r]*rewrite;dur=[\d.]+, rewrite-rules;desc=\"2 matched of 2 run\"", head)
 
     @pytest_twisted.inlineCallbacks

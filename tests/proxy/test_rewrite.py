@@ -559,8 +559,9 @@ class SchedulerTests(SynchronousTestCase):
 
 class WholeBodyTests(SynchronousTestCase):
     """A body that arrives whole with its head, within about a millisecond
-    of rewriting (WHOLE_SECONDS, a few slices), is rewritten at once, before
-    the head is sent, instead of through the scheduler's queue."""
+    of rewriting (WHOLE_SECONDS, a few slices), is rewritten at once instead
+    of through the scheduler's queue: right after the head is sent where the
+    answer can carry trailers (HTTP/1.1), before it otherwise (HTTP/1.0)."""
 
     def _spy_work_one(self) -> list[object]:
         calls: list[object] = []
@@ -577,8 +578,8 @@ class WholeBodyTests(SynchronousTestCase):
         """Same bytes as when the body trickles in, all written while the
         upstream's read is handled (no reactor turn): chunked (no
         Content-Length, as for every rewritten body), one chunk and the last
-        chunk, with the rewrite's timing in the head (no trailer); the
-        upstream connection is back in the pool."""
+        chunk, the rewrite's timing in the trailer; the upstream connection
+        is back in the pool."""
         h = harness()
         calls = self._spy_work_one()
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -590,15 +591,60 @@ class WholeBodyTests(SynchronousTestCase):
         self.assertEqual((status, body), (200, REWRITTEN))
         self.assertEqual(header(headers, b"content-length"), [])
         self.assertEqual(header(headers, b"transfer-encoding"), [b"chunked"])
-        self.assertEqual(header(headers, b"trailer"), [])
+        self.assertEqual(header(headers, b"trailer"), [b"Server-Timing"])
         [timing] = header(headers, b"server-timing")
-        self.assertRegex(timing, rb'prexy;dur=[\d.]+, rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
-        self.assertTrue(raw.endswith(b"\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(REWRITTEN), REWRITTEN)))
+        self.assertRegex(timing, rb"prexy;dur=[\d.]+$")
+        body_and_end = b"\r\n\r\n%x\r\n%s\r\n0\r\n" % (len(REWRITTEN), REWRITTEN)
+        self.assertIn(body_and_end, raw)
+        self.assertRegex(
+            raw[raw.index(body_and_end) + len(body_and_end) :],
+            rb'^Server-Timing: rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"\r\n\r\n$',
+        )
         self.assertEqual(calls, [])
         self.assertEqual(h.pool.idle_connections(), 1)
         # The next request reuses that connection.
         h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(len(h.conns), 1)
+
+    def test_the_head_leaves_before_the_rewrite(self) -> None:
+        """Over HTTP/1.1 the client has the whole head before the body is
+        rewritten (it can read it meanwhile); the body follows in the same
+        turn."""
+        seen: list[bytes] = []
+        real = forward.Exchange._feed
+        h = harness()
+        _, client = h.client()
+
+        def feed(exchange, data, last):  # type: ignore[no-untyped-def]
+            seen.append(client.value())
+            return real(exchange, data, last)
+
+        self.patch(forward.Exchange, "_feed", feed)
+        client.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        [before] = seen
+        self.assertTrue(before.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertTrue(before.endswith(b"\r\n\r\n"))
+        self.assertEqual(parse_response(client.value())[2], REWRITTEN)
+
+    def test_http10_whole_body_timing_in_the_head(self) -> None:
+        """An HTTP/1.0 answer has no trailer: the whole body is rewritten
+        before the head, which gives the rewrite's time, and the body is
+        delimited by the close."""
+        h = harness()
+        _, client = h.send(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        raw = client.value()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.0 200 OK\r\n"))
+        self.assertEqual(body, REWRITTEN)
+        [timing] = header(parse_response(raw)[1], b"server-timing")
+        self.assertRegex(timing, rb'prexy;dur=[\d.]+, rewrite;dur=[\d.]+, rewrite-rules;desc="2 matched of 2 run"$')
+        self.assertTrue(client.disconnecting)
 
     def test_a_few_slices_whole_skip_the_queue(self) -> None:
         """A body of several slices, within WHOLE_SECONDS of work at the
@@ -662,9 +708,9 @@ class WholeBodyTests(SynchronousTestCase):
         self.assertEqual(parse_response(client2.value())[2], REWRITTEN)
         self.assertEqual(len({id(c) for c in calls}), 2)
 
-    def test_whole_body_timeout_is_reported_in_the_head(self) -> None:
-        """A scan that timed out on a whole body says so in the head's
-        Server-Timing, and is counted."""
+    def test_whole_body_timeout_is_reported(self) -> None:
+        """A scan that timed out on a whole body says so in the trailer's
+        Server-Timing (in the head's over HTTP/1.0), and is counted."""
         real = forward.Exchange._feed
 
         def timing_out(exchange, data, last):  # type: ignore[no-untyped-def]
@@ -674,11 +720,18 @@ class WholeBodyTests(SynchronousTestCase):
 
         self.patch(forward.Exchange, "_feed", timing_out)
         h = harness()
+        said = b'rewrite-timeout;desc="scan timed out, rest passed unchanged"'
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
         )
-        status, headers, body = parse_response(client.value())
-        [timing] = header(headers, b"server-timing")
-        self.assertIn(b'rewrite-timeout;desc="scan timed out, rest passed unchanged"', timing)
-        self.assertEqual(h.resource.metrics.counters[("prexy_rewrite_timeouts_total", ())], 1)
+        raw = client.value()
+        trailer = raw[raw.rindex(b"\r\n0\r\n") :]
+        self.assertIn(said, trailer)
+        _, client10 = h.send(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        h.conns[-1].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        [timing] = header(parse_response(client10.value())[1], b"server-timing")
+        self.assertIn(said, timing)
+        self.assertEqual(h.resource.metrics.counters[("prexy_rewrite_timeouts_total", ())], 2)
