@@ -459,9 +459,7 @@ class Exchange(Outcomes):
         self._unregister()
         self.life.move(State.DONE)
         self._cache_done(True)
-        if tail:
-            request.write(tail)
-        request.finish()
+        request.finish(tail)
         # After the last bytes left: the client does not wait for this.
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)

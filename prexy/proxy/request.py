@@ -218,18 +218,28 @@ class ProxyRequest(server.Request):
         only; announce it with a ``Trailer`` header)."""
         self._trailers.append((name, value))
 
-    def finish(self) -> None:
+    def finish(self, last: bytes = b"") -> None:
+        """End the response; ``last``: its last body bytes, which go out
+        in the same write as the end of a chunked body."""
         if not self.finished and not self.gone:
             if not self.startedWriting:
                 self.write(b"")  # the head, so that framing is decided
-            if self._trailers and self.chunked:
+            if self.chunked and (last or self._trailers):
                 # twisted.web ends a chunked body with an empty trailer
-                # section; write the last chunk with ours instead.
+                # section, in a write of its own; write the last chunk, the
+                # end and our trailer section at once instead.
                 fields = b"".join(b"%s: %s\r\n" % pair for pair in self._trailers)
-                self.channel.write(b"0\r\n" + fields + b"\r\n")
+                chunk = b"%x\r\n%s\r\n0\r\n" % (len(last), last) if last else b"0\r\n"
+                self.sentLength += len(last)
+                self.channel.write(chunk + fields + b"\r\n")
                 self.chunked = False
-            elif self._trailers and hasattr(self.channel, "send_trailers"):
-                self.channel.send_trailers(self._trailers)  # an HTTP/2 stream: a last HEADERS frame
+            else:
+                if last:
+                    self.write(last)
+                if self._trailers and hasattr(self.channel, "send_trailers"):
+                    self.channel.send_trailers(self._trailers)  # an HTTP/2 stream: a last HEADERS frame
+        elif last:
+            self.write(last)  # (after the client left: twisted.web drops it)
         self.exchange = None
         self.proxy_site.served(self.channel)
         metrics = self.proxy_site.metrics
@@ -288,5 +298,5 @@ class DetachedRequest:
     def unregisterProducer(self) -> None:
         pass
 
-    def finish(self) -> None:
+    def finish(self, last: bytes = b"") -> None:
         self.finished = True

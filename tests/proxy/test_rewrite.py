@@ -629,6 +629,28 @@ class WholeBodyTests(SynchronousTestCase):
         self.assertTrue(before.endswith(b"\r\n\r\n"))
         self.assertEqual(parse_response(client.value())[2], REWRITTEN)
 
+    def test_two_writes(self) -> None:
+        """The head is one write; the body, the last chunk and the trailer
+        section are the other (one send each, not three)."""
+        h = harness()
+        _, client = h.client()
+        writes: list[bytes] = []
+        real_write = client.write
+
+        def write(data: bytes) -> None:
+            writes.append(data)
+            real_write(data)
+
+        client.write = write  # type: ignore[method-assign]
+        client.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        h.conns[0].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
+        )
+        self.assertEqual(len(writes), 2)
+        self.assertTrue(writes[0].endswith(b"\r\n\r\n"))
+        self.assertTrue(writes[1].startswith(b"%x\r\n%s\r\n0\r\nServer-Timing: " % (len(REWRITTEN), REWRITTEN)))
+        self.assertTrue(writes[1].endswith(b"\r\n\r\n"))
+
     def test_http10_whole_body_timing_in_the_head(self) -> None:
         """An HTTP/1.0 answer has no trailer: the whole body is rewritten
         before the head, which gives the rewrite's time, and the body is
