@@ -28,6 +28,13 @@ from prexy.substitution.transducer import Transducer
 from tests.cases import expand, parametrize
 from tests.substitution.test_prefilter import bodies, compile_all, specs
 
+#: Host names sharing a base domain, and the forms a clone's rules swap
+#: them in (``%s``: the escaped host), as in bench/realistic.py.
+hosts = [b"www\\.shop\\.com", b"m\\.shop\\.com", b"img1\\.shop\\.com", b"WWW\\.Sh0p\\.com"]
+host_forms = [b"%s", b"(https?://)%s", b"\\/\\/%s", b"https:\\\\\\/\\\\\\/%s"]
+pieces = [b"www.shop.com", b"WWW.SHOP.COM", b"https://", b"http://", b"//", b"https:\\/\\/",
+          b"m.shop.com", b"img1.shop.com", b"www.sh0p.com", b"mg1.shop.co", b".com", b"w"]
+
 
 @expand
 class HsindexTests(SynchronousTestCase):
@@ -149,6 +156,43 @@ class HsindexTests(SynchronousTestCase):
             window = key[at : at + hsindex.WINDOW]
             assert b"shop.com" not in window or window.startswith((b"www.", b"img", b"cdn")), (key, window)
             assert sum(window in k for k in keys) <= 3, (key, window)
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(host_forms), st.sampled_from(hosts), st.sampled_from([b"g", b"gi"])),
+            min_size=1, max_size=8,
+        ),
+        st.lists(st.one_of(st.sampled_from(pieces), st.binary(max_size=3)), max_size=12),
+        st.integers(0, 30),
+        st.lists(st.booleans(), min_size=8, max_size=8) | st.none(),
+    )
+    def test_whole_keys_and_windows_report_the_same(
+        self, rule_parts: list[tuple[bytes, bytes, bytes]], parts: list[bytes], pos: int, mask: list[bool] | None
+    ) -> None:
+        """Literal rules looked for whole (few keys) and by their windows
+        (many keys) report the same matches, those of the rules' own
+        patterns: at every start from the scan position (either case for an
+        ``i`` rule, overlaps included), of the active rules only."""
+        rules = [compile_rule(form % host, b"X", flags) for form, host, flags in rule_parts]
+        parsed = [r.parsed for r in rules]
+        body = b"".join(parts)
+        pos = min(pos, len(body))
+        active = None if mask is None else mask[: len(parsed)]
+        got = []
+        for whole_keys in (0, 1000):
+            self.patch(hsindex, "WHOLE_KEYS", whole_keys)
+            index = hsindex.MatchIndex(parsed)
+            assert index.others == ()
+            got.append(index.events(body, pos, active).exact)
+        plain = RegexScanner(parsed, "none")
+        want = []
+        for start in range(pos, len(body)):
+            for r, pattern in enumerate(plain.patterns):
+                m = pattern.match(body, start)
+                if m is not None and (active is None or active[r]):
+                    want.append((start, r, m.end()))
+        assert got[0] == got[1] == want
 
     @settings(max_examples=300, deadline=None)
     @given(specs, bodies, st.lists(st.integers(1, 12), min_size=1, max_size=8), st.integers(0, 12))
