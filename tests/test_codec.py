@@ -271,6 +271,36 @@ class EncoderTests(SynchronousTestCase):
             self.assertEqual(encoder.feed(b""), b"")
             self.assertEqual(decode((coding,), encoder.finish(), [1]), b"")
 
+    @settings(deadline=None, max_examples=40)
+    @given(st.sampled_from(sorted(ENCODERS)), st.lists(st.integers(0, 5000), max_size=6))
+    def test_last_ends_the_stream(self, coding: bytes, cuts: list[int]) -> None:
+        """``last`` takes the final bytes and ends the stream in one call,
+        after any number of feeds (or none, or with nothing left): the whole
+        decodes to the input, by Prexy's decoder and the coding's own."""
+        encoder = encoder_for(coding)
+        assert encoder is not None
+        out, pos = [], 0
+        for cut in cuts:
+            out.append(encoder.feed(ORIGINAL[pos : pos + cut]))
+            pos += cut
+        out.append(encoder.last(ORIGINAL[pos:]))
+        body = b"".join(out)
+        self.assertEqual(decode((coding,), body, [len(body) or 1]), ORIGINAL)
+        reference = {b"gzip": gzip.decompress, b"br": brotli.decompress,
+                     b"zstd": lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b)}
+        self.assertEqual(reference[coding](body), ORIGINAL)
+
+    def test_last_makes_no_flush(self) -> None:
+        """A body given whole to ``last`` is not flushed before its end: for
+        br no longer than feed-then-finish, which carries a flushed block."""
+        for coding in ENCODERS:
+            a, b = encoder_for(coding), encoder_for(coding)
+            assert a is not None and b is not None
+            self.assertLessEqual(len(a.last(ORIGINAL)), len(b.feed(ORIGINAL) + b.finish()), coding)
+        a, b = encoder_for(b"br"), encoder_for(b"br")
+        assert a is not None and b is not None
+        self.assertLess(len(a.last(ORIGINAL)), len(b.feed(ORIGINAL) + b.finish()))
+
     def test_classes(self) -> None:
         self.assertIsInstance(encoder_for(b"br", 5), BrotliEncoder)
         self.assertIsInstance(encoder_for(b"zstd"), ZstdEncoder)

@@ -145,4 +145,4 @@ def compress_whole(body: bytes, coding: bytes, level: int) -> bytes:
     """``body`` compressed in ``coding`` at ``level``, whole."""
     encoder = encoder_for(coding, level)
     assert encoder is not None
-    return encoder.feed(body) + encoder.finish()
+    return encoder.last(body)
