@@ -983,7 +983,9 @@ class _EventCursor:
     scans and merge in a heap as in :class:`_HeapCursor`.  The order is
     the same: (start, rule)."""
 
-    __slots__ = ("_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started")
+    __slots__ = (
+        "_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started", "_confirm"
+    )
 
     def __init__(
         self, scanner: RegexScanner, buf: bytes, timeout: float | None, active: Sequence[int]
@@ -992,8 +994,9 @@ class _EventCursor:
         self._buf = buf
         self._timeout = timeout
         self._mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
-        self._exact: list[tuple[int, int, int]] = []
+        self._exact: list[hsindex.Report] = []
         self._i = 0
+        self._confirm: Callable[[bytes, int, int], bool] | None = None
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._streams: dict[int, _RuleStream] = {}
         self._started = False
@@ -1007,6 +1010,7 @@ class _EventCursor:
         timeout = self._timeout
         events = index.events(buf, pos, self._mask)
         self._exact = events.exact
+        self._confirm = index.confirm
         streams = self._streams
         for rule, at in events.candidates.items():
             streams[rule] = sc.stream(buf, timeout, rule, at)
@@ -1024,14 +1028,18 @@ class _EventCursor:
             self._start(pos)
         exact = self._exact
         i = self._i
-        while i < len(exact) and exact[i][0] < pos:
+        confirm = self._confirm
+        assert confirm is not None
+        buf = self._buf
+        # (A report that is not a match is passed for good.)
+        while i < len(exact) and (exact[i][0] < pos or (exact[i][3] and not confirm(buf, exact[i][0], exact[i][3]))):
             i += 1
         self._i = i
         heap = self._heap
         streams = self._streams
         _advance(heap, streams, pos)
         if i < len(exact):
-            start, rule, end = exact[i]
+            start, rule, end, _check = exact[i]
             if not heap or (start, rule) < heap[0][:2]:
                 return start, rule, end, None
         if heap:
@@ -1072,6 +1080,8 @@ class _EventCursor:
         heap = self._heap
         streams = self._streams
         i = self._i
+        assert self._scanner.index is not None
+        checks = self._scanner.index.checks
         count = 0
         while True:
             _advance(heap, streams, pos)
@@ -1080,12 +1090,17 @@ class _EventCursor:
             else:
                 h_start, h_rule = len(buf) + 1, 0
             while i < n_exact:
-                start, rule, end = exact[i]
+                start, rule, end, check = exact[i]
                 if start < pos:
                     i += 1
                     continue
                 if start > h_start or (start == h_start and rule > h_rule):
                     break  # the other rule's match comes first
+                if check:  # a report to confirm (MatchIndex.confirm, inlined)
+                    key, caseless = checks[check]
+                    if not (buf[start : start + len(key)].lower() == key if caseless else buf.startswith(key, start)):
+                        i += 1
+                        continue
                 literal = literals[rule]
                 if literal is None and memo is not None:
                     literal = memo.get((rule, buf[start:end]))

@@ -34,6 +34,14 @@ hosts = [b"www\\.shop\\.com", b"m\\.shop\\.com", b"img1\\.shop\\.com", b"WWW\\.S
 host_forms = [b"%s", b"(https?://)%s", b"\\/\\/%s", b"https:\\\\\\/\\\\\\/%s"]
 pieces = [b"www.shop.com", b"WWW.SHOP.COM", b"https://", b"http://", b"//", b"https:\\/\\/",
           b"m.shop.com", b"img1.shop.com", b"www.sh0p.com", b"mg1.shop.co", b".com", b"w"]
+#: Host names in every form, each possibly with one byte dropped: a key's
+#: window without the key around it.
+texts = [scheme + host for scheme in (b"", b"https://", b"http://", b"//", b"https:\\/\\/")
+         for host in (b"www.shop.com", b"m.shop.com", b"img1.shop.com", b"WWW.Sh0p.com")]
+near_keys = st.builds(
+    lambda text, cut: text if cut >= len(text) else text[:cut] + text[cut + 1 :],
+    st.sampled_from(texts), st.integers(0, 40),
+)
 
 
 @expand
@@ -79,7 +87,7 @@ class HsindexTests(SynchronousTestCase):
             if pos > len(body):
                 continue
             events = index.events(body, pos, None)
-            reported = set(events.exact)
+            reported = set(index.matches(body, events))
             want = set()
             for r in set(range(len(parsed))) - others:
                 assert hsindex.exact_widths(parsed[r]) is not None
@@ -100,9 +108,9 @@ class HsindexTests(SynchronousTestCase):
         index = hsindex.MatchIndex([r.parsed for r in rules])
         body = b"ab a12 b"
         everything = index.events(body, 0, None)
-        assert {r for _, r, _ in everything.exact} == {0, 2} and set(everything.candidates) == {1}
+        assert {r for _, r, _ in index.matches(body, everything)} == {0, 2} and set(everything.candidates) == {1}
         some = index.events(body, 0, [False, True, True])
-        assert {r for _, r, _ in some.exact} == {2} and set(some.candidates) == {1}
+        assert {r for _, r, _ in index.matches(body, some)} == {2} and set(some.candidates) == {1}
 
     @settings(max_examples=300, deadline=None)
     @given(specs, bodies, st.integers(0, 40))
@@ -184,7 +192,7 @@ class HsindexTests(SynchronousTestCase):
             self.patch(hsindex, "WHOLE_KEYS", whole_keys)
             index = hsindex.MatchIndex(parsed)
             assert index.others == ()
-            got.append(index.events(body, pos, active).exact)
+            got.append(index.matches(body, index.events(body, pos, active)))
         plain = RegexScanner(parsed, "none")
         want = []
         for start in range(pos, len(body)):
@@ -193,6 +201,75 @@ class HsindexTests(SynchronousTestCase):
                 if m is not None and (active is None or active[r]):
                     want.append((start, r, m.end()))
         assert got[0] == got[1] == want
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(host_forms),
+                st.sampled_from(hosts),
+                st.sampled_from([b"g", b"gi", b"", b"i"]),
+                st.sampled_from([b"X", b"${1}Y", b"$&"]),
+            ),
+            min_size=2, max_size=8,
+        ),
+        st.lists(st.one_of(near_keys, st.sampled_from(pieces), st.binary(max_size=3)), max_size=12),
+        st.lists(st.integers(1, 16), min_size=1, max_size=6),
+        st.booleans(),
+        st.lists(st.booleans(), min_size=9, max_size=9),
+    )
+    def test_window_reports_rewrite_as_the_rule_by_rule_scanner(
+        self,
+        rule_parts: list[tuple[bytes, bytes, bytes, bytes]],
+        parts: list[bytes],
+        sizes: list[int],
+        word_rule: bool,
+        only: list[bool],
+    ) -> None:
+        """With every literal key looked for by its window (reports confirmed
+        only where the scan takes them), the transducer writes the same bytes
+        as with the rules' own scans: whole and in chunks, with all rules or
+        some (``only``), beside a rule the index does not report."""
+        from prexy.substitution.ruleset import RuleSet
+
+        self.patch(hsindex, "WHOLE_KEYS", 0)
+        rules = [
+            compile_rule(form % host, repl if b"(" in form or repl != b"${1}Y" else b"Y", flags)
+            for form, host, flags, repl in rule_parts
+        ]
+        if word_rule:
+            rules.append(compile_rule(b"\\bshop[0-9]*", b"Z", b"g"))
+        body = b"".join(parts)
+        pieces = []
+        at = k = 0
+        while at < len(body):
+            pieces.append(body[at : at + sizes[k % len(sizes)]])
+            at += sizes[k % len(sizes)]
+            k += 1
+        chosen = [r for r in range(len(rules)) if only[r]] or [0]
+        fast = RuleSet.build(rules, engine="hyperscan")
+        slow = RuleSet.build(rules, engine="none")
+        assert fast.scanner is not None and fast.scanner.index is not None
+        for subset in (None, chosen):
+            outs = []
+            for rs in (fast, slow):
+                whole = Transducer(rs, timeout=None, only=subset).finish(body)
+                t = Transducer(rs, timeout=None, only=subset)
+                outs.append((whole, b"".join(t.feed(p) for p in pieces) + t.finish()))
+            assert outs[0] == outs[1]
+
+    def test_window_report_in_the_held_bytes_is_confirmed(self) -> None:
+        """A window hit in bytes held back for a longer rule is no match of
+        its key: the other rule's match there is taken."""
+        from prexy.substitution.ruleset import RuleSet
+
+        self.patch(hsindex, "WHOLE_KEYS", 0)
+        # The key's window is its last 8 bytes; "abc.shop.com" has them.
+        rules = [compile_rule(b"www\\.shop\\.com", b"KEY", b"g"), compile_rule(b"\\w+\\.shop[a-z.]*", b"LONG", b"g")]
+        ruleset = RuleSet.build(rules, engine="hyperscan")
+        assert ruleset.scanner is not None and ruleset.scanner.index is not None
+        t = Transducer(ruleset, timeout=None)
+        assert t.feed(b"abc.shop.com") + t.finish(b"x!") == b"LONG!"
 
     @settings(max_examples=300, deadline=None)
     @given(specs, bodies, st.lists(st.integers(1, 12), min_size=1, max_size=8), st.integers(0, 12))
