@@ -61,7 +61,6 @@ from prexy.substitution.dialect import (
 from prexy.substitution.prefilter import (
     HyperscanDatabase,
     HyperscanFilter,
-    RuleFilter,
     head_sets,
     hyperscan_source,
 )
@@ -269,15 +268,17 @@ class Events:
     """One buffer's reports: every match of the exact rules (with window
     hits still to confirm), and for the others the prefilter's candidates."""
 
-    __slots__ = ("exact", "candidates")
+    __slots__ = ("exact", "candidates", "lasts")
 
-    def __init__(self, exact: list[Report], candidates: dict[int, int]) -> None:
+    def __init__(self, exact: list[Report], candidates: dict[int, int], lasts: dict[int, int]) -> None:
         #: Every match of every exact rule, sorted, as :data:`Report`; the
         #: reports to confirm include every match of their rules.
         self.exact = exact
         #: Other rules that may match from the scan position: rule -> a
         #: position before which it has no match.
         self.candidates = candidates
+        #: Per candidate: a position after which it has no match starting.
+        self.lasts = lasts
 
 
 def _key(members: frozenset[int]) -> int | None:
@@ -544,7 +545,7 @@ class MatchIndex:
         #: Rules the index does not report, in order: they are found with the
         #: prefilter and their own scans (``others``, global indexes).
         self.others = tuple(sorted(set(others)))
-        self._filter: RuleFilter | None = None
+        self._filter: HyperscanFilter | None = None
         if self.others:
             self._filter = HyperscanFilter([parsed[r] for r in self.others])
         #: The bounded-width rules' hold-back question.
@@ -595,13 +596,15 @@ class MatchIndex:
             self._window.scan(data, self._literal_handler(buf, pos, active, add))
         exact.sort()
         candidates: dict[int, int] = {}
+        lasts: dict[int, int] = {}
         if self._filter is not None:
             others = self.others
-            for local, at in self._filter.candidates(buf, pos, None).items():
+            for local, (at, last) in self._filter.spans(buf, pos).items():
                 rule = others[local]
                 if active is None or active[rule]:
                     candidates[rule] = at
-        return Events(exact, candidates)
+                    lasts[rule] = last
+        return Events(exact, candidates, lasts)
 
     def _literal_handler(
         self, buf: bytes, pos: int, active: Sequence[bool] | None, add: Any

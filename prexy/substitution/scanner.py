@@ -319,7 +319,8 @@ class _RuleStream:
     the previous one.  A rule that can match empty is searched anew, since
     ``finditer`` may then return a non-empty match where an empty one was
     just found, which the module never does.  ``start``: no match of the
-    rule starts before it (a prefilter's hint), so scans begin there.
+    rule starts before it (a prefilter's hint), so scans begin there;
+    ``last``: none starts after it, so no search is made from beyond it.
 
     A rule that is one literal byte string without groups (``word``) is
     found with ``bytes.find``: the same leftmost occurrence, without the
@@ -333,7 +334,7 @@ class _RuleStream:
     the two matches of ``UA-\\d+-\\d+``, ``bytes.find`` of its ``U`` 0.6 µs.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead")
+    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead", "last")
 
     def __init__(
         self,
@@ -344,10 +345,13 @@ class _RuleStream:
         start: int = 0,
         word: bytes | None = None,
         lead: _Lead | None = None,
+        last: int | None = None,
     ) -> None:
         self.word = word
         self.lead = lead
         self.buf = buf
+        #: No match starts after this (a prefilter's bound).
+        self.last = len(buf) if last is None else last
         self.timeout = timeout
         self.pattern = pattern
         self.empty_ok = empty_ok
@@ -363,6 +367,8 @@ class _RuleStream:
         """The leftmost match starting at or after ``pos``."""
         if pos < self.start:
             pos = self.start
+        elif pos > self.last:
+            return None
         word = self.word
         if word is not None:
             at = self.buf.find(word, pos)
@@ -1012,8 +1018,9 @@ class _EventCursor:
         self._exact = events.exact
         self._confirm = index.confirm
         streams = self._streams
+        lasts = events.lasts
         for rule, at in events.candidates.items():
-            streams[rule] = sc.stream(buf, timeout, rule, at)
+            streams[rule] = sc.stream(buf, timeout, rule, at, lasts[rule])
         heap = self._heap
         for rule, stream in streams.items():
             m = stream.next_from(pos)
@@ -1371,10 +1378,14 @@ class RegexScanner:
         """Per rule: its groups inside repeats that can match empty."""
         return self._loops
 
-    def stream(self, buf: bytes, timeout: float | None, rule: int, start: int = 0) -> _RuleStream:
-        """A fresh match stream of one rule over ``buf`` (no match before ``start``)."""
+    def stream(
+        self, buf: bytes, timeout: float | None, rule: int, start: int = 0, last: int | None = None
+    ) -> _RuleStream:
+        """A fresh match stream of one rule over ``buf`` (no match starts
+        before ``start`` nor after ``last``)."""
         return _RuleStream(
-            buf, timeout, self.patterns[rule], self._empty_ok[rule], start, self._finds[rule], self._leads[rule]
+            buf, timeout, self.patterns[rule], self._empty_ok[rule], start, self._finds[rule], self._leads[rule],
+            len(buf) if last is None else last,
         )
 
     def mask(self, active: Sequence[int]) -> list[bool]:

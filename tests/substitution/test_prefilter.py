@@ -99,6 +99,42 @@ class PrefilterTests(SynchronousTestCase):
                         # No match starts before the rule's hint.
                         assert pos <= found[index] <= m.start(), (engine, pos, rules[index].pattern)
 
+    @skipIf(not prefilter.HAVE_HYPERSCAN, "hyperscan is not installed")
+    @settings(max_examples=200, deadline=None)
+    @given(specs, bodies)
+    def test_hyperscan_spans_hold_every_match_start(
+        self,
+        rule_specs: list[tuple[str, str, str]], body: bytes
+    ) -> None:
+        """From every position, every start of a rule's match lies within the
+        span the Hyperscan filter gives it (a rule looked for by its head is
+        bounded by the head's last occurrence)."""
+        rules = compile_all(rule_specs)
+        parsed = [r.parsed for r in rules]
+        plain = RegexScanner(parsed, "none")
+        filt = prefilter.HyperscanFilter(parsed)
+        for pos in range(len(body) + 1):
+            spans = filt.spans(body, pos)
+            assert {r: first for r, (first, _) in spans.items()} == filt.candidates(body, pos, None)
+            for index, pattern in enumerate(plain.patterns):
+                for start in range(pos, len(body) + 1):
+                    if pattern.match(body, start) is not None:
+                        first, last = spans[index]
+                        assert first <= start <= last, (pos, rules[index].pattern, start, spans[index])
+
+    @skipIf(not prefilter.HAVE_HYPERSCAN, "hyperscan is not installed")
+    def test_hyperscan_span_ends_at_the_last_head(self) -> None:
+        """A rule looked for by its head may start from the head's first
+        occurrence to its last; a whole rule, from the scan position to the
+        end."""
+        rules = [compile_rule(b"(<title>)([^<]*)(</title>)", b"$1$2$3", b""), compile_rule(b"x[0-9]*y", b"Z", b"g")]
+        parsed = [r.parsed for r in rules]
+        assert prefilter._hs_pattern(parsed[0])[1] == 7 and prefilter._hs_pattern(parsed[1])[1] is None
+        body = b"a <title>A</title> b <title>B c x1y"
+        filt = prefilter.HyperscanFilter(parsed)
+        assert filt.spans(body, 0) == {0: (2, 21), 1: (0, len(body))}
+        assert filt.spans(body, 5) == {0: (21, 21), 1: (5, len(body))}
+
     @settings(max_examples=200, deadline=None)
     @given(specs, bodies, st.lists(st.integers(0, 60), max_size=6))
     def test_every_engine_same_output(
