@@ -70,6 +70,7 @@ from prexy.substitution.dialect import (
     to_regex_source,
 )
 from prexy.substitution.linear import LinearError, LinearMatch, LinearPattern
+from prexy.substitution.pikevm import PikePattern, order_reason
 
 __all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
@@ -990,7 +991,8 @@ class _EventCursor:
     the same: (start, rule)."""
 
     __slots__ = (
-        "_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started", "_confirm"
+        "_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started", "_confirm",
+        "_checks",
     )
 
     def __init__(
@@ -1003,6 +1005,7 @@ class _EventCursor:
         self._exact: list[hsindex.Report] = []
         self._i = 0
         self._confirm: Callable[[bytes, int, int], bool] | None = None
+        self._checks: list[tuple[bytes, bool]] = []
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._streams: dict[int, _RuleStream] = {}
         self._started = False
@@ -1017,6 +1020,7 @@ class _EventCursor:
         events = index.events(buf, pos, self._mask)
         self._exact = events.exact
         self._confirm = index.confirm
+        self._checks = index.checks
         streams = self._streams
         lasts = events.lasts
         for rule, at in events.candidates.items():
@@ -1087,15 +1091,15 @@ class _EventCursor:
         heap = self._heap
         streams = self._streams
         i = self._i
-        assert self._scanner.index is not None
-        checks = self._scanner.index.checks
+        checks = self._checks
+        n = len(buf)
         count = 0
         while True:
             _advance(heap, streams, pos)
             if heap:
                 h_start, h_rule = heap[0][0], heap[0][1]
             else:
-                h_start, h_rule = len(buf) + 1, 0
+                h_start, h_rule = n + 1, 0
             while i < n_exact:
                 start, rule, end, check = exact[i]
                 if start < pos:
@@ -1121,7 +1125,7 @@ class _EventCursor:
                 count += 1
                 matched.add(rule)
                 i += 1
-                if stops is not None and _stops_after(buf, pos, stops):
+                if stops is not None and (pos >= n or buf[pos] in stops):  # _stops_after, inlined
                     self._i = i
                     return pos, count
             self._i = i
@@ -1304,7 +1308,7 @@ class RegexScanner:
         self.linear: list[str | None] = []
         self.linear_refused: dict[int, str] = {}
         self.sources: list[str] = []
-        self.patterns: list[regex.Pattern[bytes] | LinearPattern] = []
+        self.patterns: list[regex.Pattern[bytes] | LinearPattern | PikePattern] = []
         for k, p in enumerate(parsed):
             why = _linear_reason(p, linear)
             if why is not None:
@@ -1321,13 +1325,21 @@ class RegexScanner:
             self.linear.append(None)
             self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
             self.patterns.append(regex.compile(self.sources[-1].encode("latin-1"), FLAGS))
+        #: Per rule: why its matches come from the sregex-order VM (see
+        #: :mod:`.pikevm`; its probe stays as above), or None.
+        self.vm = [order_reason(p) for p in parsed]
+        for k, why_vm in enumerate(self.vm):
+            if why_vm is not None:
+                self.patterns[k] = PikePattern(parsed[k])
         #: Per rule: its match widths when it is exact (see hsindex.exact_widths).
         self.widths = [hsindex.exact_widths(p) for p in parsed]
         self.reaches = [
             _Reach(p, w is not None, why is not None)
             for p, w, why in zip(parsed, self.widths, self.linear, strict=True)
         ]
-        self._empty_ok = [can_match_empty(p.tree) for p in parsed]
+        # (A rule on the VM is searched anew from each position, as the
+        # module restarts there: see _RuleStream.)
+        self._empty_ok = [can_match_empty(p.tree) or v is not None for p, v in zip(parsed, self.vm, strict=True)]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         #: Per rule: the bytes it matches when it is a pure literal.
         self.words = [pure_literal(p.tree) for p in parsed]
