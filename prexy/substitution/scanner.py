@@ -70,7 +70,6 @@ from prexy.substitution.dialect import (
     to_regex_source,
 )
 from prexy.substitution.linear import LinearError, LinearMatch, LinearPattern
-from prexy.substitution.pikevm import PikePattern, order_reason
 
 __all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
@@ -1308,7 +1307,7 @@ class RegexScanner:
         self.linear: list[str | None] = []
         self.linear_refused: dict[int, str] = {}
         self.sources: list[str] = []
-        self.patterns: list[regex.Pattern[bytes] | LinearPattern | PikePattern] = []
+        self.patterns: list[regex.Pattern[bytes] | LinearPattern] = []
         for k, p in enumerate(parsed):
             why = _linear_reason(p, linear)
             if why is not None:
@@ -1325,21 +1324,13 @@ class RegexScanner:
             self.linear.append(None)
             self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
             self.patterns.append(regex.compile(self.sources[-1].encode("latin-1"), FLAGS))
-        #: Per rule: why its matches come from the sregex-order VM (see
-        #: :mod:`.pikevm`; its probe stays as above), or None.
-        self.vm = [order_reason(p) for p in parsed]
-        for k, why_vm in enumerate(self.vm):
-            if why_vm is not None:
-                self.patterns[k] = PikePattern(parsed[k])
         #: Per rule: its match widths when it is exact (see hsindex.exact_widths).
         self.widths = [hsindex.exact_widths(p) for p in parsed]
         self.reaches = [
             _Reach(p, w is not None, why is not None)
             for p, w, why in zip(parsed, self.widths, self.linear, strict=True)
         ]
-        # (A rule on the VM is searched anew from each position, as the
-        # module restarts there: see _RuleStream.)
-        self._empty_ok = [can_match_empty(p.tree) or v is not None for p, v in zip(parsed, self.vm, strict=True)]
+        self._empty_ok = [can_match_empty(p.tree) for p in parsed]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         #: Per rule: the bytes it matches when it is a pure literal.
         self.words = [pure_literal(p.tree) for p in parsed]
