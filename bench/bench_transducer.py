@@ -2,7 +2,7 @@
 
 Run standalone::
 
-    python bench/bench_transducer.py [--runs N] [--quick] [--engine E ...]
+    python bench/bench_transducer.py [--runs N] [--quick] [--cold] [--engine E ...]
 
 For 1, 10, 100 and 1000 rules (the issue's mix: the site's domain, an
 analytics id, then generated ``word[0-9]+token``-style regexes that rarely
@@ -213,6 +213,39 @@ def realistic_main(runs: int) -> int:
     return 0 if ok else 1
 
 
+#: Memory written between cache-cold runs: more than the last-level cache.
+THRASH_BYTES = 32 * 1024 * 1024
+
+
+def cold_main(runs: int) -> int:
+    """The 20 KB realistic page whole, per page, warm and cache-cold: before
+    each cold run THRASH_BYTES are written (one byte per cache line), as
+    when nginx and its filter run between a worker's requests.  Wall time
+    (the cold cost is memory stalls), medians of ``runs`` interleaved runs."""
+    import realistic  # noqa: PLC0415 - bench/ is on sys.path
+
+    realistic.ensure_sources()
+    page = realistic.load_page("html-20k")
+    junk = bytearray(THRASH_BYTES)
+    ones = b"\x01" * (THRASH_BYTES // 64)
+    print(f"realistic html-20k whole, us per page, median of {runs} (warm / cache-cold)")
+    for count in realistic.RULE_COUNTS:
+        ruleset = parse_rules(realistic.rules_text(count).encode(), f"realistic-{count}")
+        feed_time(ruleset, page, None)
+        warm: list[float] = []
+        cold: list[float] = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            feed_time(ruleset, page, None)
+            warm.append(time.perf_counter() - started)
+            junk[::64] = ones
+            started = time.perf_counter()
+            feed_time(ruleset, page, None)
+            cold.append(time.perf_counter() - started)
+        print(f"{count:>6} rules {statistics.median(warm) * 1e6:>8.0f} {statistics.median(cold) * 1e6:>8.0f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", choices=("realistic", "synthetic"), default="realistic",
@@ -220,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                              "synthetic: the generated page and word[0-9]+token rules")
     parser.add_argument("--runs", type=int, default=7, help="runs per cell (median)")
     parser.add_argument("--quick", action="store_true", help="1 and 10 rules only")
+    parser.add_argument("--cold", action="store_true",
+                        help="realistic 20 KB page only: per page, warm and cache-cold")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per cell at most")
     parser.add_argument(
         "--engine",
@@ -228,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         help="prefilter engine(s) to measure (default: every one installed)",
     )
     args = parser.parse_args(argv)
+    if args.cold:
+        return cold_main(max(args.runs, 51))
     if args.corpus == "realistic":
         return realistic_main(3 if args.quick else args.runs)
     counts = (1, 10) if args.quick else (1, 10, 100, 1000)
