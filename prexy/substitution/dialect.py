@@ -17,7 +17,7 @@ Everything here is pure; nothing imports Twisted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "PROBE_GROUP",
@@ -155,6 +155,9 @@ class Repeat:
     low: int
     high: int | None
     greedy: bool
+    #: Written as ``{m,n}`` (sregex compiles ``x{1,}`` unlike ``x+``; see
+    #: :mod:`.pikevm`); not part of the node's value.
+    counted: bool = field(default=False, compare=False)
 
 
 Node = Char | Set | Assert | Group | Cat | Alt | Repeat
@@ -281,6 +284,7 @@ class _Parser:
 
     def _repeat(self) -> Node:
         atom = self._atom()
+        counted = self.pos < len(self.src) and self._peek() == ord("{")
         q = self._quantifier()
         if q is None:
             return atom
@@ -294,7 +298,7 @@ class _Parser:
             or (self._peek() == ord("{") and self._lookahead_counted())
         ):
             raise self._bad("syntax error: nested quantifier (possessive or repeated)")
-        return Repeat(atom, q[0], q[1], greedy)
+        return Repeat(atom, q[0], q[1], greedy, counted)
 
     def _lookahead_counted(self) -> bool:
         """Whether a counted quantifier starts at the cursor (cursor unmoved)."""
