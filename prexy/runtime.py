@@ -132,7 +132,7 @@ class Runtime:
     rulesets: RuleSets | None = attrs.field(default=None, eq=False)
 
     def linear_rules(self) -> list[str]:
-        """One line per rule that runs on RE2 rather than ``regex`` (for
+        """One line per rule that runs on RE2 or the sregex-order VM rather than ``regex`` (for
         ``--check``): its file and line, pattern and why, once per rules
         file even when several sites share it."""
         lines: list[str] = []
@@ -144,7 +144,7 @@ class Runtime:
             seen.add(id(rules))
             for rule, engine, why in rules.engines():
                 line = f"{rule.origin}: '{rule.pattern.decode('latin-1')}' runs on {engine}: {why}"
-                if (engine == "re2" or "RE2 refused" in why) and line not in lines:
+                if (engine in ("re2", "sregex-vm") or "RE2 refused" in why) and line not in lines:
                     lines.append(line)
         return lines
 

@@ -216,6 +216,13 @@ class RuntimeRuleSetsTests(SynchronousTestCase):
         assert len(lines) == 1 and "a.rules:1" in lines[0] and "runs on re2" in lines[0]
         assert runtime.rulesets is not None and runtime.rulesets.compiled() == 0
 
+    def test_check_names_rules_on_the_sregex_order_vm(self) -> None:
+        """``--check`` also names a rule that runs on the sregex-order VM, and why."""
+        self.write("t.rules", "replace_filter '^\\s+|\\s+$' '' g;\n")
+        runtime = build_runtime(self.config({"a": ["t.rules"]}))
+        lines = runtime.linear_rules()
+        assert len(lines) == 1 and "t.rules:1" in lines[0] and "runs on sregex-vm: sregex's thread order" in lines[0]
+
 
 class ReloadsInPlaceTests(SynchronousTestCase):
     def test_only_sites_changed(self) -> None:

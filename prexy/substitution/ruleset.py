@@ -32,6 +32,7 @@ from prexy.substitution.dialect import (
     trailing_asserts,
 )
 from prexy.substitution.linear import LinearError, LinearPattern
+from prexy.substitution.pikevm import order_reason
 from prexy.substitution.scanner import FLAGS, RegexScanner, _linear_reason
 from prexy.substitution.template import Template
 
@@ -219,7 +220,9 @@ class RuleSet:
 
     def engines(self) -> list[tuple[Rule, str, str]]:
         """Per rule: (the rule, the engine it runs on, why), as decided at
-        load; ``regex`` unless the rule is on RE2 (:mod:`.linear`)."""
+        load; ``regex`` unless the rule is on RE2 (:mod:`.linear`) or, where
+        sregex's thread order can change its matches, on the sregex-order
+        VM (``sregex-vm``, :mod:`.pikevm`)."""
         if not self.rules:
             return []
         # Without compiling a lazy set: the same choice its scanner makes.
@@ -228,7 +231,10 @@ class RuleSet:
         out = []
         for k, rule in enumerate(self.rules):
             why = linear[k]
-            if why is not None:
+            vm = scanner.vm[k] if scanner is not None else order_reason(rule.parsed)
+            if vm is not None:
+                out.append((rule, "sregex-vm", vm))
+            elif why is not None:
                 out.append((rule, "re2", why))
             elif k in refused:
                 out.append((rule, "regex", f"RE2 refused it ({refused[k]}); scans are time-limited"))

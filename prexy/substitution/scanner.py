@@ -70,6 +70,7 @@ from prexy.substitution.dialect import (
     to_regex_source,
 )
 from prexy.substitution.linear import LinearError, LinearMatch, LinearPattern
+from prexy.substitution.pikevm import PikePattern, PikeProbe, order_reason
 
 __all__ = ["Cursor", "Found", "HoldCursor", "RegexScanner", "Scanner"]
 
@@ -636,7 +637,7 @@ class _Reach:
             self._source = to_re2_source(parsed.tree, probe=True)
         else:
             self._source = to_regex_source(parsed.tree, probe=True, caseless=parsed.caseless)
-        self._probe: regex.Pattern[bytes] | LinearPattern | None = None
+        self._probe: regex.Pattern[bytes] | LinearPattern | PikeProbe | None = None
         self._tail: LinearPattern | None = None
         self.prefix = literal_prefix(parsed.tree)
         self.width = max_width(parsed.tree)
@@ -660,7 +661,7 @@ class _Reach:
         return self._tail
 
     @property
-    def probe(self) -> regex.Pattern[bytes] | LinearPattern:
+    def probe(self) -> regex.Pattern[bytes] | LinearPattern | PikeProbe:
         """The rule's probe (see ``dialect.to_regex_source``), compiled once."""
         if self._probe is None:
             src = self._source
@@ -672,6 +673,12 @@ class _Reach:
                 src = f"(?:{src})|(?!)(?P<{PROBE_GROUP}>)"
             self._probe = regex.compile(src.encode("latin-1"), FLAGS)
         return self._probe
+
+    def use_vm(self, pattern: PikePattern) -> None:
+        """For a rule on the sregex-order VM: the VM answers the probe's
+        question by its own thread order (see ``pikevm.PikeProbe``)."""
+        self.linear = False
+        self._probe = PikeProbe(pattern)
 
 
 _Where = tuple[int, int, int]
@@ -1307,7 +1314,7 @@ class RegexScanner:
         self.linear: list[str | None] = []
         self.linear_refused: dict[int, str] = {}
         self.sources: list[str] = []
-        self.patterns: list[regex.Pattern[bytes] | LinearPattern] = []
+        self.patterns: list[regex.Pattern[bytes] | LinearPattern | PikePattern] = []
         for k, p in enumerate(parsed):
             why = _linear_reason(p, linear)
             if why is not None:
@@ -1324,13 +1331,27 @@ class RegexScanner:
             self.linear.append(None)
             self.sources.append(to_regex_source(p.tree, caseless=p.caseless))
             self.patterns.append(regex.compile(self.sources[-1].encode("latin-1"), FLAGS))
+        #: Per rule: why its matches (and its hold-back probe's answers,
+        #: ``_Reach.use_vm``) come from the sregex-order VM (see
+        #: :mod:`.pikevm`), or None.
+        self.vm = [order_reason(p) for p in parsed]
+        for k, why_vm in enumerate(self.vm):
+            if why_vm is not None:
+                self.patterns[k] = PikePattern(parsed[k])
         #: Per rule: its match widths when it is exact (see hsindex.exact_widths).
         self.widths = [hsindex.exact_widths(p) for p in parsed]
         self.reaches = [
             _Reach(p, w is not None, why is not None)
             for p, w, why in zip(parsed, self.widths, self.linear, strict=True)
         ]
-        self._empty_ok = [can_match_empty(p.tree) for p in parsed]
+        for k, why_vm in enumerate(self.vm):
+            if why_vm is not None:
+                pattern = self.patterns[k]
+                assert isinstance(pattern, PikePattern)
+                self.reaches[k].use_vm(pattern)
+        # (A rule on the VM is searched anew from each position, as the
+        # module restarts there: see _RuleStream.)
+        self._empty_ok = [can_match_empty(p.tree) or v is not None for p, v in zip(parsed, self.vm, strict=True)]
         self._loops = [empty_loop_groups(p.tree) for p in parsed]
         #: Per rule: the bytes it matches when it is a pure literal.
         self.words = [pure_literal(p.tree) for p in parsed]

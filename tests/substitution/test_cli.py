@@ -128,6 +128,17 @@ class CliTests(SynchronousTestCase):
         status, out = run_main(["--rules", str(path)], b'a "x\\"y" b')
         assert (status, out) == (0, b"a S b")
 
+    def test_explain_names_the_sregex_order_vm(self) -> None:
+        """A rule whose matches depend on sregex's thread order is on the
+        sregex-order VM, says why, and rewrites as the module does."""
+        path = self.tmp_path / "trim.rules"
+        path.write_bytes(b"replace_filter '^\\s+|\\s+$' '[$&]' g;\n")
+        status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
+        assert status == 0
+        assert out.decode().startswith(f"{path}:1: '^\\s+|\\s+$' g: sregex-vm: sregex's thread order: ")
+        status, out = run_main(["--rules", str(path)], b"baby!\n     \nabc\n")
+        assert (status, out) == (0, b"baby!\n[     \n]abc[\n]")
+
     def test_bad_chunk_size_exits_2(self) -> None:
         """A chunk size of zero or less is refused."""
         stderr = io.StringIO()
