@@ -37,7 +37,13 @@ start: a thread that started where no match of the pattern starts (in any
 order) only holds instructions from which no match follows, so dropping the
 threads of such starts, as sregex's own leading-byte skip does, changes
 nothing; the VM jumps to the next start RE2 finds whenever it holds only the
-threads of the current start.
+threads of the current start.  And a match's span comes from a lazy DFA over
+the VM's steps (:class:`_Lazy`: a step depends only on the thread list, the
+previous step's tags, the byte and the class of the byte before, so each is
+computed once and replayed); its groups, only when read, from the VM with
+captures.  Measured on the realistic 20 KB page (``bench/bench_pikevm.py``):
+``^\\s+|\\s+$`` at about 7 MB/s, against 3 MB/s for the plain VM and 30-55
+MB/s for the same rule on ``regex`` in Perl's order.
 
 Pure: imports no Twisted.
 """
@@ -45,7 +51,7 @@ Pure: imports no Twisted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prexy.substitution.dialect import (
@@ -319,22 +325,41 @@ def order_reason(parsed: ParsedRegex) -> str | None:
 
 class PikeMatch:
     """A match of :class:`PikePattern`, read as a ``regex`` match
-    (``rule``: which of the program's rules matched)."""
+    (``rule``: which of the program's rules matched).
 
-    __slots__ = ("string", "rule", "_caps", "_base", "_ngroups")
+    The span comes from the scan; the other groups, on first use, from the
+    VM with captures run again from where the scan started (it finds the
+    same match)."""
 
-    def __init__(self, string: bytes, caps: tuple[int, ...], rule: int, base: int, ngroups: int) -> None:
+    __slots__ = ("string", "rule", "_span", "_caps", "_base", "_ngroups", "_again")
+
+    def __init__(
+        self, string: bytes, span: tuple[int, int], rule: int, base: int, ngroups: int,
+        caps: tuple[int, ...] | None = None, again: Callable[[], _Found | None] | None = None,
+    ) -> None:
         self.string = string
         self.rule = rule
+        self._span = span
         self._caps = caps
         self._base = base
         self._ngroups = ngroups
+        self._again = again
 
     def span(self, n: int = 0) -> tuple[int, int]:
+        if n == 0:
+            return self._span
         if n > self._ngroups:
             return (-1, -1)
+        caps = self._caps
+        if caps is None:
+            assert self._again is not None
+            found = self._again()
+            assert found is not None and found[1] == self.rule
+            caps = self._caps = found[0]
+            k = 2 * self._base
+            assert (caps[k], caps[k + 1]) == self._span, (caps, self._span)
         k = 2 * (self._base + n)
-        start, end = self._caps[k], self._caps[k + 1]
+        start, end = caps[k], caps[k + 1]
         if start < 0 or end < 0:
             return (-1, -1)
         return (start, end)
@@ -369,7 +394,7 @@ class PikePattern:
     ignored: a scan is linear in its input.
     """
 
-    __slots__ = ("program", "_starts", "_ncaps", "_parsed", "_reaches")
+    __slots__ = ("program", "_starts", "_ncaps", "_parsed", "_reaches", "_lazy")
 
     def __init__(self, *parsed: ParsedRegex) -> None:
         self.program = compile_program(*parsed)
@@ -384,19 +409,37 @@ class PikePattern:
             self._starts = LinearPattern("|".join(f"(?:{to_re2_source(p.tree)})" for p in parsed))
         except LinearError:
             self._starts = None
+        self._lazy = _Lazy(self.program, self._starts)
 
     def _result(self, string: bytes, found: _Found | None) -> PikeMatch | None:
         if found is None:
             return None
         caps, rule = found
+        base = self.program.bases[rule]
+        return PikeMatch(string, (caps[2 * base], caps[2 * base + 1]), rule, base, self.program.ngroups[rule], caps)
+
+    def _scanned(self, string: bytes, pos: int, end: int) -> PikeMatch | None:
+        """The match from ``pos`` by the lazy DFA (:class:`_Lazy`), its
+        groups read by the VM only if asked for."""
+        found = self._lazy.scan(string, pos, end)
+        if found is None:
+            return None
+        start, stop, rule = found
         prog = self.program
-        return PikeMatch(string, caps, rule, prog.bases[rule], prog.ngroups[rule])
+        if not prog.ngroups[rule]:
+            return PikeMatch(string, (start, stop), rule, prog.bases[rule], 0)
+        return PikeMatch(
+            string, (start, stop), rule, prog.bases[rule], prog.ngroups[rule],
+            again=lambda: self._exec(string, pos, end, True)[0],
+        )
 
     def search(
         self, string: bytes, pos: int = 0, endpos: int | None = None, timeout: float | None = None
     ) -> PikeMatch | None:
         end = len(string) if endpos is None else min(endpos, len(string))
-        return self._result(string, self._exec(string, max(pos, 0), end, True)[0])
+        if end < len(string):
+            string = string[:end]
+        return self._scanned(string, max(pos, 0), end)
 
     def match(
         self, string: bytes, pos: int = 0, endpos: int | None = None, timeout: float | None = None
@@ -410,8 +453,10 @@ class PikePattern:
         self, string: bytes, pos: int = 0, endpos: int | None = None, timeout: float | None = None
     ) -> Iterator[PikeMatch]:
         end = len(string) if endpos is None else min(endpos, len(string))
+        if end < len(string):
+            string = string[:end]
         while pos <= end:
-            m = self._result(string, self._exec(string, pos, end, True)[0])
+            m = self._scanned(string, pos, end)
             if m is None:
                 return
             yield m
@@ -635,3 +680,222 @@ class PikeProbe:
         n = len(string) if endpos is None else min(endpos, len(string))
         alive = self._pattern._exec(string, pos, n, False, False)[1]
         return None if alive < 0 else _Reached(alive)
+
+
+#: The class of the byte before a position, as the VM's look-behind sees
+#: it: the start of the text, a newline, a word byte, another byte.
+_AT_START, _NEWLINE, _WORDY, _OTHER = 0, 1, 2, 3
+_CLASS = bytes(_NEWLINE if b == 10 else _WORDY if b in _WORD else _OTHER for b in range(256))
+
+#: Where a thread's start comes from in a transition: a thread of the state
+#: it left (index >= 0), this position, the next one, or none yet.
+_HERE, _NEXT, _NONE = -1, -2, -3
+
+#: Lazy DFA states kept per pattern before the cache starts over.
+MAX_STATES = 4096
+
+
+class _State:
+    """One step's thread list without captures: per thread its instruction
+    and the class ``\\b``/``\\B`` saw before it, in priority order; the
+    instructions the step that made it visited (sregex's previous tag); and
+    the transitions found so far, by (byte, class of the byte before)."""
+
+    __slots__ = ("threads", "visited", "trans")
+
+    def __init__(self, threads: tuple[tuple[int, bool], ...], visited: frozenset[int]) -> None:
+        self.threads = threads
+        self.visited = visited
+        self.trans: dict[int, tuple[_State, list[int], tuple[int, int, int] | None]] = {}
+
+
+class _Lazy:
+    """:meth:`PikePattern._exec` as a lazy DFA: the VM's step depends only
+    on the thread list's instructions, the instructions visited by the step
+    before (the tags), the byte and the class of the byte before it; so each
+    step is computed once and replayed.  A thread keeps only where it
+    started, which the transition says how to carry (from a parent, or this
+    or the next position); captures are left to the VM when asked for."""
+
+    __slots__ = ("program", "starts", "states", "_seeds", "_rule_of_slot")
+
+    def __init__(self, program: Program, starts: LinearPattern | None) -> None:
+        self.program = program
+        self.starts = starts
+        self.states: dict[tuple[tuple[tuple[int, bool], ...], frozenset[int]], _State] = {}
+        self._seeds: dict[int, tuple[_State, list[int]]] = {}
+        #: SAVE slots that start a rule's match.
+        self._rule_of_slot = frozenset(2 * b for b in program.bases)
+
+    def _intern(self, threads: tuple[tuple[int, bool], ...], visited: frozenset[int]) -> _State:
+        key = (threads, visited)
+        state = self.states.get(key)
+        if state is None:
+            if len(self.states) >= MAX_STATES:
+                self.states.clear()
+                self._seeds.clear()
+            state = self.states[key] = _State(threads, visited)
+        return state
+
+    def _step(
+        self,
+        threads: tuple[tuple[int, bool], ...],
+        visited: frozenset[int],
+        c: int,
+        before: int,
+        seed: bool = False,
+    ) -> tuple[_State, list[int], tuple[int, int, int] | None]:
+        """One step of ``sre_vm_pike_exec`` on byte ``c`` (-1: the end of
+        the text), the byte before it of class ``before``; or with ``seed``
+        the first add_thread at the program's start."""
+        prog = self.program
+        ops, xs, ys, args = prog.ops, prog.xs, prog.ys, prog.args
+        start_slots = self._rule_of_slot
+        prev, cur = 1, 2
+        marks = dict.fromkeys(visited, prev)
+        tag = cur
+        at_end = c < 0
+
+        def add(lst: list[tuple[int, int, bool]], pc: int, origin: int, ahead: bool,
+                done: bool) -> tuple[int, int, int] | None:
+            # ``ahead``: the thread is added for the next position (the byte
+            # before it is ``c``), else for this one.
+            stack = [(pc, origin)]
+            while stack:
+                pc, origin = stack.pop()
+                op = ops[pc]
+                if marks.get(pc) == tag:
+                    if op == SPLIT and marks.get(ys[pc]) != tag:
+                        stack.append((ys[pc], origin))
+                    continue
+                marks[pc] = tag
+                if op == CONSUME:
+                    lst.append((pc, origin, False))
+                elif op == SPLIT:
+                    stack.append((ys[pc], origin))
+                    stack.append((xs[pc], origin))
+                elif op == JMP:
+                    stack.append((xs[pc], origin))
+                elif op == SAVE:
+                    if args[pc] in start_slots:
+                        origin = _NEXT if ahead else _HERE
+                    stack.append((pc + 1, origin))
+                elif op == ASSERT:
+                    kind = args[pc]
+                    back = (_NEWLINE if c == 10 else _WORDY if c in _WORD else _OTHER) if ahead else before
+                    if kind == "bol":
+                        if back in (_AT_START, _NEWLINE):
+                            stack.append((pc + 1, origin))
+                    elif kind == "A":
+                        if back == _AT_START:
+                            stack.append((pc + 1, origin))
+                    else:
+                        lst.append((pc, origin, back == _WORDY))
+                elif done:
+                    rule = args[pc]
+                    assert isinstance(rule, int)
+                    return origin, 1, rule
+                else:
+                    lst.append((pc, origin, False))
+            return None
+
+        nlist: list[tuple[int, int, bool]] = []
+        matched: tuple[int, int, int] | None = None
+        if seed:
+            # ctx->tag = prog->tag + 1 for the first add; the step then
+            # runs with the next tag, for which these are the previous ones.
+            tag = prev
+            add(nlist, START, _NONE, False, False)
+        else:
+            clist: deque[tuple[int, int, bool]] = deque(
+                (pc, k, sw) for k, (pc, sw) in enumerate(threads)
+            )
+            while clist:
+                pc, origin, seen_word = clist.popleft()
+                op = ops[pc]
+                if op == CONSUME:
+                    if at_end or c not in args[pc]:  # type: ignore[operator]
+                        continue
+                    found = add(nlist, pc + 1, origin, True, True)
+                    if found is not None:
+                        matched = found
+                        break
+                elif op == ASSERT:
+                    kind = args[pc]
+                    if kind == "eol":
+                        holds = at_end or c == 10
+                    elif kind == "z":
+                        holds = at_end
+                    else:
+                        differ = seen_word != (not at_end and c in _WORD)
+                        holds = differ if kind == "b" else not differ
+                    if holds:
+                        tag = prev
+                        again: list[tuple[int, int, bool]] = []
+                        add(again, pc + 1, origin, False, False)
+                        tag = cur
+                        clist.extendleft(reversed(again))
+                else:  # MATCH
+                    rule = args[pc]
+                    assert isinstance(rule, int)
+                    matched = origin, 0, rule
+                    break
+        now = prev if seed else cur
+        state = self._intern(
+            tuple((pc, sw) for pc, _, sw in nlist),
+            frozenset(pc for pc, t in marks.items() if t == now),
+        )
+        return state, [origin for _, origin, _ in nlist], matched
+
+    def _seed(self, before: int) -> tuple[_State, list[int]]:
+        seeded = self._seeds.get(before)
+        if seeded is None:
+            state, origins, _ = self._step((), frozenset(), -1, before, seed=True)
+            seeded = self._seeds[before] = (state, origins)
+        return seeded
+
+    def scan(self, s: bytes, pos: int, end: int) -> tuple[int, int, int] | None:
+        """The VM's match from ``pos`` in ``s[:end]`` (the end of the text):
+        (start, end, rule), or None."""
+        starts = self.starts
+        if starts is not None:
+            first = starts.search(s, pos, end)
+            if first is None:
+                return None
+            pos = first.start()
+        before = _AT_START if pos == 0 else _CLASS[s[pos - 1]]
+        state, origins = self._seed(before)
+        began = [pos if o == _HERE else -1 for o in origins]
+        matched: tuple[int, int, int] | None = None
+        sp = pos
+        cand = pos
+        while state.threads:
+            if starts is not None and matched is None and sp > cand:
+                if state.threads[0][0] == LOOP_ANY or began[0] == sp:
+                    nxt = starts.search(s, sp, end)
+                    if nxt is None:
+                        return None
+                    cand = nxt.start()
+                    if cand > sp:
+                        sp = cand
+                        before = _CLASS[s[sp - 1]]
+                        state, origins = self._seed(before)
+                        began = [sp if o == _HERE else -1 for o in origins]
+            c = -1 if sp >= end else s[sp]
+            key = (c + 1) * 4 + before
+            step = state.trans.get(key)
+            if step is None:
+                step = state.trans[key] = self._step(state.threads, state.visited, c, before)
+            state, origins, found = step
+            if found is not None:
+                origin, ahead, rule = found
+                at = began[origin] if origin >= 0 else (sp if origin == _HERE else sp + 1)
+                matched = (at, sp + ahead, rule)
+            began = [
+                began[o] if o >= 0 else sp + 1 if o == _NEXT else sp if o == _HERE else -1 for o in origins
+            ]
+            if c < 0:
+                break
+            before = _CLASS[c]
+            sp += 1
+        return matched

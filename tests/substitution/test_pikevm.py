@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy.substitution import pikevm
 from prexy.substitution.dialect import DialectError, has_empty_loop, parse_sregex, to_regex_source
 from prexy.substitution.pikevm import (
     CONSUME,
@@ -230,6 +231,29 @@ class OrderTests(SynchronousTestCase):
         assert ours is not None
         groups = range(parsed.ngroups + 1)
         assert [ours.span(k) for k in groups] == [perl.span(k) for k in groups]
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+    @given(
+        patterns(), st.text(alphabet="aabbc \n\nA-x1", max_size=30), st.integers(0, 5), st.sampled_from([2, 4096])
+    )
+    def test_lazy_dfa_is_the_vm(self, pattern: str, text: str, pos: int, states: int) -> None:
+        """The lazy DFA that finds the span replays the VM's steps exactly
+        (also when its state cache starts over every few states)."""
+        try:
+            parsed = parse_sregex(pattern.encode())
+        except DialectError:
+            assume(False)
+            return
+        self.patch(pikevm, "MAX_STATES", states)
+        body = text.encode()
+        pos = min(pos, len(body))
+        vm = PikePattern(parsed)
+        found = vm._exec(body, pos, len(body), True)[0]
+        scanned = vm._lazy.scan(body, pos, len(body))
+        if found is None:
+            assert scanned is None
+        else:
+            assert scanned == (found[0][0], found[0][1], 0)
 
     @settings(max_examples=200, deadline=None)
     @given(st.sampled_from(RECORDED), st.text(alphabet="ab \nx", max_size=12), st.text(alphabet="ab \nx", max_size=12))
