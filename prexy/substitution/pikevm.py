@@ -295,6 +295,23 @@ def _closure(prog: Program, pc: int) -> set[int]:
     return seen
 
 
+def _has_lookahead(node: Node) -> bool:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        kind = type(n)
+        if kind is Char or kind is Set:
+            continue
+        if kind is Assert:
+            if n.kind in LOOKAHEAD:  # type: ignore[union-attr]
+                return True
+        elif kind is Cat or kind is Alt:
+            stack.extend(n.items)  # type: ignore[union-attr]
+        else:
+            stack.append(n.child)  # type: ignore[union-attr]
+    return False
+
+
 def order_reason(parsed: ParsedRegex) -> str | None:
     """Why the rule must run on this VM to match as the module does, or None.
 
@@ -303,6 +320,8 @@ def order_reason(parsed: ParsedRegex) -> str | None:
     does not pass that assertion: then sregex's postponed test can drop the
     assertion's thread for one of lower priority (see the module doc).
     """
+    if not _has_lookahead(parsed.tree):
+        return None  # most rules: decided without compiling
     prog = compile_program(parsed)
     asserts = [pc for pc, op in enumerate(prog.ops) if op == ASSERT and prog.args[pc] in LOOKAHEAD]
     if not asserts:
