@@ -710,8 +710,9 @@ _CLASS = bytes(_NEWLINE if b == 10 else _WORDY if b in _WORD else _OTHER for b i
 #: it left (index >= 0), this position, the next one, or none yet.
 _HERE, _NEXT, _NONE = -1, -2, -3
 
-#: Lazy DFA states kept per pattern before the cache starts over.
-MAX_STATES = 4096
+#: Lazy DFA steps (transitions) kept per pattern before the cache starts
+#: over: a few MB at most per rule, whatever the input.
+MAX_STATES = 16384
 
 
 class _State:
@@ -736,7 +737,7 @@ class _Lazy:
     started, which the transition says how to carry (from a parent, or this
     or the next position); captures are left to the VM when asked for."""
 
-    __slots__ = ("program", "starts", "states", "_seeds", "_rule_of_slot")
+    __slots__ = ("program", "starts", "states", "_seeds", "_rule_of_slot", "_steps")
 
     def __init__(self, program: Program, starts: LinearPattern | None) -> None:
         self.program = program
@@ -745,14 +746,21 @@ class _Lazy:
         self._seeds: dict[int, tuple[_State, list[int]]] = {}
         #: SAVE slots that start a rule's match.
         self._rule_of_slot = frozenset(2 * b for b in program.bases)
+        self._steps = 0
 
     def _intern(self, threads: tuple[tuple[int, bool], ...], visited: frozenset[int]) -> _State:
         key = (threads, visited)
         state = self.states.get(key)
         if state is None:
-            if len(self.states) >= MAX_STATES:
+            self._steps += 1
+            if self._steps >= MAX_STATES or len(self.states) >= MAX_STATES:
+                # Start over: no state keeps its steps (a scan in progress
+                # holds one), so the old ones can go.
+                for old in self.states.values():
+                    old.trans.clear()
                 self.states.clear()
                 self._seeds.clear()
+                self._steps = 0
             state = self.states[key] = _State(threads, visited)
         return state
 
@@ -905,6 +913,7 @@ class _Lazy:
             step = state.trans.get(key)
             if step is None:
                 step = state.trans[key] = self._step(state.threads, state.visited, c, before)
+                self._steps += 1
             state, origins, found = step
             if found is not None:
                 origin, ahead, rule = found
