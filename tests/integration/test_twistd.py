@@ -104,6 +104,21 @@ class TestTwistd:
         assert re.search(rb"Server-Timing: [^\r]*rewrite;dur=[\d.]+, rewrite-rules;desc=\"2 matched of 2 run\"", head)
 
     @pytest_twisted.inlineCallbacks
+    def test_sregex_order_rule_through_twistd(self) -> Any:
+        """A rule that runs on the sregex-order VM gives the module's bytes
+        (conformance TEST 22's trim rule), not Perl's."""
+        from twisted.web.static import Data
+
+        page = Data(b"  hello  \nbaby!\n     \nabc\n", "text/html")
+        page.isLeaf = True
+        upstream = self.serve(page)
+        rules = write(self.dir, "trim.rules", b"replace_filter '^\\s+|\\s+$' '[$&]' g;\n")
+        child, port = yield self.start("--upstream", upstream, "--rules", rules)
+        head, body = yield self.fetch(port, "/")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert body == b"[  ]hello[  ]\nbaby!\n[     \n]abc[\n]"
+
+    @pytest_twisted.inlineCallbacks
     def test_map_redirect_through_twistd(self) -> Any:
         """--map: an old URL is redirected without touching the origin."""
         map_file = write(self.dir, "old.map", b"/old/page  /new/page;\n~^/item/(\\d+)$  /items/$1;\n")
@@ -298,6 +313,19 @@ class TestCheck:
         lines = [x for x in result.stdout.splitlines() if "runs on" in x]
         assert len(lines) == 1, result.stdout
         assert os.path.join(d, "mixed.rules") + ":2: '(a|aa)*b' runs on re2: regex could backtrack" in lines[0]
+
+    def test_check_lists_rules_on_the_sregex_order_vm(self) -> None:
+        """``--check`` names a rule whose matches follow sregex's thread
+        order, with its file:line, the engine and why."""
+        d = tempfile.mkdtemp(prefix="prexy-check-")
+        write(d, "trim.rules", b"replace_filter 'foo' 'bar' g;\nreplace_filter '^\\s+|\\s+$' '' g;\n")
+        config = write(d, "trim.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['trim.rules']\n")
+        result = self.run_twistd("--config", config, "--check")
+        assert result.returncode == 0, result.stderr
+        lines = [x for x in result.stdout.splitlines() if "runs on" in x]
+        assert len(lines) == 1, result.stdout
+        expected = os.path.join(d, "trim.rules") + ":2: '^\\s+|\\s+$' runs on sregex-vm: sregex's thread order"
+        assert expected in lines[0]
 
     def test_broken_config_refuses_to_start(self) -> None:
         """Without --check, a broken config stops twistd with the reason."""
