@@ -572,6 +572,15 @@ class PikePattern:
                     lst.append((pc, caps, False))
             return None
 
+        slots = [2 * b for b in prog.bases]
+
+        def began(caps: tuple[int, ...]) -> int:
+            # A thread has passed the start SAVE of exactly one rule.
+            for k in slots:
+                if caps[k] >= 0:
+                    return caps[k]
+            return -1
+
         clist: deque[tuple[int, tuple[int, ...], bool]] = deque()
         first_list: list[tuple[int, tuple[int, ...], bool]] = []
         unset = (-1,) * self._ncaps
@@ -583,7 +592,7 @@ class PikePattern:
         while clist:
             if starts is not None and matched is None and sp > cand:
                 head = clist[0]
-                if head[0] == LOOP_ANY or head[1][0] == sp:
+                if head[0] == LOOP_ANY or began(head[1]) == sp:
                     # Only the threads of this start are alive: jump to the
                     # next place where a match can start.
                     nxt = starts.search(s, sp, end)
@@ -644,7 +653,7 @@ class PikePattern:
         if eof or not clist:
             return matched, -1
         head = clist[0]
-        return matched, (end if head[0] == LOOP_ANY else head[1][0])
+        return matched, (end if head[0] == LOOP_ANY else began(head[1]))
 
 
 class _Reached:

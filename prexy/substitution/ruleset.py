@@ -33,7 +33,7 @@ from prexy.substitution.dialect import (
 )
 from prexy.substitution.linear import LinearError, LinearPattern
 from prexy.substitution.pikevm import order_reason
-from prexy.substitution.scanner import FLAGS, RegexScanner, _linear_reason
+from prexy.substitution.scanner import FLAGS, VM_SET_MAX, RegexScanner, _linear_reason
 from prexy.substitution.template import Template
 
 __all__ = ["CompileError", "Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
@@ -229,11 +229,17 @@ class RuleSet:
         scanner = self.scanner if self.compiled else None
         linear, refused = (scanner.linear, scanner.linear_refused) if scanner is not None else self._plan
         out = []
+        vms = scanner.vm if scanner is not None else [order_reason(r.parsed) for r in self.rules]
+        # With a flagged rule, a set of a few rules finds all its matches on
+        # one VM program, as the module (scanner._SetCursor).
+        together = 1 < len(self.rules) <= VM_SET_MAX and any(v is not None for v in vms)
         for k, rule in enumerate(self.rules):
             why = linear[k]
-            vm = scanner.vm[k] if scanner is not None else order_reason(rule.parsed)
+            vm = vms[k]
             if vm is not None:
-                out.append((rule, "sregex-vm", vm))
+                out.append((rule, "sregex-vm", vm + ("; with the whole rule set as one program" if together else "")))
+            elif together:
+                out.append((rule, "sregex-vm", "the rule set runs as one sregex program (a rule in it needs sregex's order)"))
             elif why is not None:
                 out.append((rule, "re2", why))
             elif k in refused:

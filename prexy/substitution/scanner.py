@@ -1287,6 +1287,67 @@ def _reach_from(r: _Reach, buf: bytes, start: int, timeout: float | None) -> int
     return None
 
 
+#: A rule set with a rule on the sregex-order VM finds all its matches on one
+#: VM program of its active rules, as the module does, up to this many rules
+#: (above it, each rule on its own: see :class:`_SetCursor`).
+VM_SET_MAX = 64
+
+
+class _SetCursor:
+    """The active rules as the module's one program (``pikevm.PikePattern``
+    of them all): another rule's match clears a flagged rule's threads of
+    lower priority, which decides whether sregex's late assertion test drops
+    its match (``^\\s+|\\s+$`` beside ``\\n`` on ``!\\n  \\nx`` gives
+    Perl's ``\\n  ``, alone the module's ``  \\n``)."""
+
+    __slots__ = ("_pattern", "_rules", "_buf", "_ngroups", "_loops")
+
+    def __init__(self, scanner: RegexScanner, buf: bytes, rules: Sequence[int]) -> None:
+        self._pattern = scanner.set_pattern(rules)
+        self._rules = rules
+        self._buf = buf
+        self._ngroups = scanner.ngroups
+        self._loops = scanner.loops
+
+    def literal_runs(
+        self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
+        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        stops: frozenset[int] | None = None, stop_rule: int = -1,
+    ) -> tuple[int, int]:
+        """No fast run: :meth:`find` takes every match."""
+        return pos, 0
+
+    def find(self, pos: int) -> Found | None:
+        """The program's first match from ``pos``."""
+        m = self._pattern.search(self._buf, pos)
+        if m is None:
+            return None
+        rule = self._rules[m.rule]
+        start, end = m.span()
+        return Found(start, end, rule, m, 0, self._ngroups[rule], self._loops[rule])
+
+
+class _SetHoldCursor:
+    """The hold-back question for :class:`_SetCursor`: the rules' own floor
+    (no path from below it reaches the end, whatever the order), then the
+    program run without the end of the text (``pikevm.PikeProbe``)."""
+
+    __slots__ = ("floor", "_probe", "_buf")
+
+    def __init__(self, scanner: RegexScanner, buf: bytes, pos: int, timeout: float | None, rules: Sequence[int]) -> None:
+        self.floor = _HoldCursor(buf, pos, timeout, scanner, rules).floor
+        self._probe = PikeProbe(scanner.set_pattern(rules))
+        self._buf = buf
+
+    def hold_point(self, lo: int, found: Found | None) -> int | None:
+        """See :meth:`HoldCursor.hold_point`."""
+        reached = self._probe.search(self._buf, max(lo, self.floor))
+        if reached is None:
+            return None
+        at = reached.start()
+        return at if found is None or at <= found.start else None
+
+
 #: How :class:`RegexScanner` picks the engine of each rule: ``auto`` puts on
 #: RE2 exactly the rules ``regex`` cannot bound (``dialect.backtracking_risk``);
 #: ``all`` and ``none`` force one engine.  Measured (issue 15, 16 KiB feeds,
@@ -1341,6 +1402,8 @@ class RegexScanner:
         #: ``_Reach.use_vm``) come from the sregex-order VM (see
         #: :mod:`.pikevm`), or None.
         self.vm = [order_reason(p) for p in parsed]
+        self._parsed = list(parsed)
+        self._set_patterns: dict[tuple[int, ...], PikePattern] = {}
         for k, why_vm in enumerate(self.vm):
             if why_vm is not None:
                 self.patterns[k] = PikePattern(parsed[k])
@@ -1474,6 +1537,8 @@ class RegexScanner:
     ) -> Cursor:
         """A match cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
+        if self._set_vm(rules):
+            return _SetCursor(self, buf, rules)
         stream = self.stream
         if len(rules) == 1:
             rule = rules[0]
@@ -1501,9 +1566,25 @@ class RegexScanner:
     ) -> _HoldCursor:
         """A hold-back cursor over ``buf`` for ``active`` rules (default: all)."""
         rules = range(len(self.patterns)) if active is None else active
+        if self._set_vm(rules):
+            return _SetHoldCursor(self, buf, pos, timeout, rules)  # type: ignore[return-value]
         if self.index is not None and len(rules) > 1:
             return _EventHoldCursor(buf, pos, timeout, self, rules)
         return _HoldCursor(buf, pos, timeout, self, rules)
+
+    def _set_vm(self, rules: Sequence[int]) -> bool:
+        """Whether ``rules`` (several, one of them flagged) run as one VM program."""
+        return 1 < len(rules) <= VM_SET_MAX and any(self.vm[r] is not None for r in rules)
+
+    def set_pattern(self, rules: Sequence[int]) -> PikePattern:
+        """The module's one program of ``rules`` (cached per rule subset)."""
+        key = tuple(rules)
+        pattern = self._set_patterns.get(key)
+        if pattern is None:
+            if len(self._set_patterns) >= 16:
+                self._set_patterns.clear()
+            pattern = self._set_patterns[key] = PikePattern(*(self._parsed[r] for r in key))
+        return pattern
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:
         """One-off ``cursor(buf, timeout).find(pos)`` over all rules."""

@@ -144,6 +144,23 @@ class OrderTests(SynchronousTestCase):
         p = _perl(pattern).search(body)
         assert p is not None and p.span() == perl
 
+    @parametrize("feeding", ["whole", "bytewise", "pairs"])
+    def test_rule_set_as_one_program(self, feeding: str) -> None:
+        """Beside ``\\n``, the trim rule gives what the module's one program
+        for both gives (checked with the real sregex: rule 0 at [5, 11)):
+        the newline rule's match clears the threads that would have dropped
+        the trim rule's, so here it is Perl's ``\\n     ``."""
+        rules = [compile_rule(rb"^\s+|\s+$", b"[$&]", "g"), compile_rule(rb"\n", b"N", "g")]
+        ruleset = RuleSet.build(rules, max_buffered_size=10**9)
+        assert [e for _, e, _ in ruleset.engines()] == ["sregex-vm", "sregex-vm"]
+        body = b"baby!\n     \nabc"
+        step = {"whole": len(body), "bytewise": 1, "pairs": 2}[feeding]
+        t = Transducer(ruleset, timeout=None)
+        out = b"".join(t.feed(body[i : i + step]) for i in range(0, len(body), step)) + t.finish()
+        assert out == b"baby![\n     ]Nabc"
+        found = ruleset.scanner.find(body, 0, None)  # type: ignore[union-attr]
+        assert found is not None and (found.rule, found.start, found.end) == (0, 5, 11)
+
     @parametrize(
         "pattern",
         [rb"^\s+|\s+$", rb"(?:a\b|c)d", rb"x{1,}$|y", rb"(\w+)$\n?", rb"(.*)\b(\d+)$", rb"a\b|a\b"],
