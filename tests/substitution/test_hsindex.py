@@ -141,6 +141,27 @@ class HsindexTests(SynchronousTestCase):
         assert any(at == 4 and 1 in index.tail.below[node] for at, node, ended in places if ended)
         assert index.tail.places(b"nothing here", 0) == []
 
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(st.tuples(st.sampled_from(host_forms), st.sampled_from(hosts)), min_size=1, max_size=8),
+        st.lists(st.one_of(near_keys, st.sampled_from(pieces), st.binary(max_size=3)), max_size=8),
+        st.integers(0, 60),
+    )
+    def test_tail_places_by_hyperscan_heads_as_by_first_bytes(
+        self, rule_parts: list[tuple[bytes, bytes]], parts: list[bytes], pos: int
+    ) -> None:
+        """The tail trie's places found with Hyperscan (the paths' first
+        three bytes, for large tries) are the places found by first bytes."""
+        parsed = {r: compile_rule(form % host, b"X", b"gi").parsed for r, (form, host) in enumerate(rule_parts)}
+        self.patch(hsindex, "PREFIX_SCAN_MIN", 0)
+        heads = hsindex.TailTrie(parsed)
+        self.patch(hsindex, "PREFIX_SCAN_MIN", 10**9)
+        firsts = hsindex.TailTrie(parsed)
+        assert heads._heads is not None and firsts._heads is None
+        body = b"".join(parts)
+        pos = min(pos, len(body))
+        assert heads.places(body, pos) == firsts.places(body, pos)
+
     def test_literal_keys(self) -> None:
         """Literal bytes, or literal bytes with letters of both cases (folded to
         lower case); a letter of one case among folded ones, or a larger set,
