@@ -47,6 +47,22 @@ def start_response(request: Any, code: int, phrase: bytes | None, headers: Itera
         add(name, value)
 
 
+def write_whole(request: Any, body: bytes) -> None:
+    """Write the head and all of the body: in one send on Prexy's HTTP/1.1
+    connection (a cache hit; measured in bench/README.md, "Twelfth
+    session"), through the request's own writes elsewhere."""
+    channel: Any = getattr(request, "channel", None)
+    if isinstance(channel, HTTPChannel) and hasattr(channel, "hold_writes"):
+        held: Any = channel  # prexy.proxy.site.ProxyChannel
+        held.hold_writes()
+        try:
+            request.write(body)
+        finally:
+            held.release_writes()
+    else:
+        request.write(body)
+
+
 def plain_answer(request: Any, code: int, body: bytes) -> None:
     """Answer with a short text/plain body and finish."""
     request.setResponseCode(code)

@@ -274,7 +274,25 @@ class ProxyChannel(HTTPChannel):
         seq.append(b"\r\n")
         self.writeSequence(seq)
 
+    #: Writes held to go out as one (``hold_writes``), or None.
+    _held: list[bytes] | None = None
+
+    def hold_writes(self) -> None:
+        """Keep what is written until ``release_writes``: a head and the
+        body that follows it at once leave in one send."""
+        if self._held is None:
+            self._held = []
+
+    def release_writes(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.write(b"".join(held))
+
     def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            held.append(data)
+            return
         out = self._out
         if out is None:
             transport: Any = self.transport

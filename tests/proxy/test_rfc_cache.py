@@ -56,6 +56,29 @@ def request(h: Harness, extra: bytes = b"", method: bytes = b"GET", reply: bytes
     return status, headers, out, sent
 
 
+class HitTests(SynchronousTestCase):
+    def test_hit_is_one_write(self) -> None:
+        """A hit's head and body go to the client in one write (one send
+        on a TCP connection), the same bytes as two writes would be."""
+        h = harness()
+        request(h, reply=ok())
+        channel, client = h.client()
+        writes: list[bytes] = []
+        real_write = client.write
+
+        def write(data: bytes) -> None:
+            writes.append(data)
+            real_write(data)
+
+        client.write = write  # type: ignore[method-assign]
+        channel.dataReceived(b"GET /f HTTP/1.1\r\nHost: a\r\n\r\n")
+        h.settle()
+        [one] = writes
+        status, headers, body = parse_response(one)
+        self.assertEqual((status, body), (200, BODY))
+        self.assertIn(b"hit", b" ".join(header(headers, b"cache-status")))
+
+
 class RangeTests(SynchronousTestCase):
     def test_range_hit(self) -> None:
         """A stored object answers a Range with a 206 of its bytes."""
