@@ -783,7 +783,12 @@ class _Lazy:
     ) -> tuple[_State, list[int], tuple[int, int, int] | None]:
         """One step of ``sre_vm_pike_exec`` on byte ``c`` (-1: the end of
         the text), the byte before it of class ``before``; or with ``seed``
-        the first add_thread at the program's start."""
+        the first add_thread at the program's start.
+
+        Its ``add`` walks the program as :meth:`PikePattern._exec`'s does,
+        carrying the thread's start instead of its capture vector: two
+        copies of one walk, kept apart because each is the hot loop of its
+        engine; ``test_pikevm.test_lazy_dfa_is_the_vm`` holds them equal."""
         prog = self.program
         ops, xs, ys, args = prog.ops, prog.xs, prog.ys, prog.args
         start_slots = self._rule_of_slot

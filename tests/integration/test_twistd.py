@@ -302,31 +302,31 @@ class TestCheck:
         assert result.returncode == 1
         assert os.path.join(d, "broken.rules") + ":1:" in result.stderr
 
+    def _engine_lines(self, rules: bytes) -> tuple[str, list[str]]:
+        """``twistd --config --check`` on a site with ``rules`` (accepted):
+        the rules file's path and the lines that name a rule's engine."""
+        d = tempfile.mkdtemp(prefix="prexy-check-")
+        write(d, "site.rules", rules)
+        config = write(d, "site.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['site.rules']\n")
+        result = self.run_twistd("--config", config, "--check")
+        assert result.returncode == 0, result.stderr
+        return os.path.join(d, "site.rules"), [x for x in result.stdout.splitlines() if "runs on" in x]
+
     def test_check_lists_rules_on_the_linear_engine(self) -> None:
         """A pattern ``regex`` cannot bound is accepted, and ``--check``
         names it with its file:line, the engine (RE2) and why."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
-        write(d, "mixed.rules", b"replace_filter 'foo' 'bar' g;\nreplace_filter '(a|aa)*b' 'X' g;\n")
-        config = write(d, "mixed.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['mixed.rules']\n")
-        result = self.run_twistd("--config", config, "--check")
-        assert result.returncode == 0, result.stderr
-        lines = [x for x in result.stdout.splitlines() if "runs on" in x]
-        assert len(lines) == 1, result.stdout
-        assert os.path.join(d, "mixed.rules") + ":2: '(a|aa)*b' runs on re2: regex could backtrack" in lines[0]
+        path, lines = self._engine_lines(b"replace_filter 'foo' 'bar' g;\nreplace_filter '(a|aa)*b' 'X' g;\n")
+        assert len(lines) == 1, lines
+        assert path + ":2: '(a|aa)*b' runs on re2: regex could backtrack" in lines[0]
 
     def test_check_lists_rules_on_the_sregex_order_vm(self) -> None:
         """``--check`` names a rule whose matches follow sregex's thread
         order, with its file:line, the engine and why."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
-        write(d, "trim.rules", b"replace_filter 'foo' 'bar' g;\nreplace_filter '^\\s+|\\s+$' '' g;\n")
-        config = write(d, "trim.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['trim.rules']\n")
-        result = self.run_twistd("--config", config, "--check")
-        assert result.returncode == 0, result.stderr
-        lines = [x for x in result.stdout.splitlines() if "runs on" in x]
-        assert len(lines) == 2, result.stdout
+        path, lines = self._engine_lines(b"replace_filter 'foo' 'bar' g;\nreplace_filter '^\\s+|\\s+$' '' g;\n")
+        assert len(lines) == 2, lines
         # With a flagged rule, the whole (small) rule set is one program.
-        assert os.path.join(d, "trim.rules") + ":1: 'foo' runs on sregex-vm: the rule set runs as one" in lines[0]
-        expected = os.path.join(d, "trim.rules") + ":2: '^\\s+|\\s+$' runs on sregex-vm: sregex's thread order"
+        assert path + ":1: 'foo' runs on sregex-vm: the rule set runs as one" in lines[0]
+        expected = path + ":2: '^\\s+|\\s+$' runs on sregex-vm: sregex's thread order"
         assert expected in lines[1]
 
     def test_broken_config_refuses_to_start(self) -> None:
