@@ -171,7 +171,7 @@ class Runtime:
         if len(distinct) > limit:
             return 0
         for rules in pending.values():
-            compile_ruleset(rules)
+            compile_ruleset(rules, ahead=True)
         return len(pending)
 
     def select(self, host: bytes | None) -> SiteRuntime:
@@ -217,12 +217,14 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
         raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
 
 
-def compile_ruleset(rules: Any) -> None:
+def compile_ruleset(rules: Any, ahead: bool = False) -> None:
     """Compile a lazily built rule set's scanner now and warm it (one
-    rewrite of a sample made of its own rules: ``transducer.warm``)."""
+    rewrite of a sample made of its own rules: ``transducer.warm``); when
+    compiled ``ahead`` of any request, thoroughly (its expansions and the
+    interpreter's paths too), which a site's first request would wait for."""
     from prexy.substitution.transducer import warm
 
-    warm(rules)
+    warm(rules, thorough=ahead)
 
 
 class RuleSets:

@@ -88,6 +88,20 @@ class RuntimeRuleSetsTests(SynchronousTestCase):
         self.assertEqual(many.compile_ahead(1), 0)
         assert not any(s.rules.compiled for s in many.sites)
 
+    def test_compile_ahead_warms_thoroughly_and_a_first_request_does_not(self) -> None:
+        """A set compiled ahead has its few-string rules' expansions
+        remembered (``transducer.warm(thorough=True)``); a set compiled by
+        its site's first request does not wait for that."""
+        self.write("c.rules", "replace_filter '(https?://)a\\.test' '${1}b.test' g;\n")
+        ahead = build_runtime(self.config({"c": ["c.rules"]}))
+        self.assertEqual(ahead.compile_ahead(4), 1)
+        assert ahead.sites[0].rules.expansions[1] == {
+            (0, b"http://a.test"): b"http://b.test", (0, b"https://a.test"): b"https://b.test",
+        }
+        first = build_runtime(self.config({"c": ["c.rules"]}))
+        site = first.select(b"c.test")
+        assert site.rules.compiled and site.rules.expansions[1] == {}
+
     def test_default_site_is_compiled_too(self) -> None:
         """A request for an unknown host goes to the default site, compiled then."""
         self.write("a.rules", RULES_A)

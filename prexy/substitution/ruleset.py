@@ -18,6 +18,7 @@ from functools import cached_property
 import regex
 
 from prexy.headerrules import HeaderRules
+from prexy.substitution import hsindex
 from prexy.substitution.byteclass import byte_class
 from prexy.substitution.dialect import (
     ParsedRegex,
@@ -40,6 +41,10 @@ __all__ = ["CompileError", "Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFA
 
 DEFAULT_MAX_BUFFERED_SIZE = 8192
 DEFAULT_TYPES = frozenset({"text/html"})
+
+#: Most strings one rule may give to :meth:`RuleSet.match_strings` (a
+#: scheme-and-host rule gives two).
+MATCH_STRINGS_PER_RULE = 4
 
 #: The assertions whose "previous byte" the module takes from its register
 #: at a restart (``\\A`` fails there, as it does anywhere past the start).
@@ -188,6 +193,23 @@ class RuleSet:
         ``transducer.warm`` also rewrites a sample body, which the loaders
         in ``prexy.substitution.rules`` do)."""
         _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing, self.rule0_last_class
+
+    def match_strings(self, limit: int) -> list[bytes]:
+        """Every string that the rules matching only a few literal strings
+        can match, in rule order, at most ``limit`` of them: a clone's
+        ``(https?://)www\\.origin\\.com`` gives two, a caseless host name
+        its lower-case spelling.  Rules with assertions, repeats without a
+        bound or more than :data:`MATCH_STRINGS_PER_RULE` strings give none.
+        ``transducer.warm`` rewrites a page made of them."""
+        out: list[bytes] = []
+        for rule in self.rules:
+            if len(out) >= limit:
+                break
+            seqs = hsindex.expand(rule.parsed.tree)
+            keys = hsindex.literal_keys(seqs) if seqs else None
+            if keys and len(keys) <= MATCH_STRINGS_PER_RULE:
+                out.extend(key for key, _caseless in keys[: limit - len(out)])
+        return out
 
     def warm_sample(self) -> bytes:
         """A short body made of the rules' own leading bytes: rewriting it

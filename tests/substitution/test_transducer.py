@@ -7,7 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.template import TemplateError, compile_template
-from prexy.substitution.transducer import HOLD_SLACK, Transducer
+from prexy.substitution.transducer import HOLD_SLACK, MEMO_SIZE, Transducer, warm
 from tests.cases import expand, parametrize
 
 
@@ -319,6 +319,56 @@ class TransducerTests(SynchronousTestCase):
         for name in ("rule_facts", "global_literals", "expansions"):
             assert name in rs.__dict__, name
         assert rewrite(rs, b"https://a.com x12") == b"https://b.nl N"
+
+    def test_match_strings_are_the_few_string_rules_strings(self) -> None:
+        """RuleSet.match_strings lists what each rule with a few literal
+        strings can match (a caseless one in lower case), in rule order and
+        up to the limit; rules with assertions, unbounded repeats or many
+        strings give none."""
+        rs = rules(
+            ("(https?://)www\\.a\\.com", "${1}www.b.nl", "g"),
+            ("\\bx\\b", "y", "g"),
+            ("CDN\\.A\\.COM", "cdn.b.nl", "gi"),
+            ("z[0-9]+", "Z", "g"),
+            ("[a-h]q", "Q", "g"),
+            ("literal", "LIT", ""),
+        )
+        assert rs.match_strings(100) == [
+            b"http://www.a.com", b"https://www.a.com", b"cdn.a.com", b"literal",
+        ]
+        assert rs.match_strings(3) == [b"http://www.a.com", b"https://www.a.com", b"cdn.a.com"]
+        assert rs.match_strings(1) == [b"http://www.a.com"]
+
+    def test_thorough_warm_up_remembers_expansions_and_changes_no_output(self) -> None:
+        """warm(thorough=True) remembers the expansion of every few-string
+        rule's strings before any response, and the bytes a response gets
+        are those of a set that was not warmed so (every chunking)."""
+        specs = (
+            ("(https?://)www\\.a\\.com", "${1}www.b.nl", "g"),
+            ("(https?://)cdn\\.a\\.com", "${1}cdn.b.nl", "g"),
+            ("www\\.a\\.com", "www.b.nl", "gi"),
+            ("(<title>)([^<]*)(</title>)", "$1$2 | B$3", ""),
+        )
+        warmed = warm(rules(*specs), thorough=True)
+        plain = rules(*specs)
+        memo = warmed.expansions[1]
+        assert memo[(0, b"https://www.a.com")] == b"https://www.b.nl"
+        assert memo[(1, b"http://cdn.a.com")] == b"http://cdn.b.nl"
+        assert plain.expansions[1] == {}
+        body = b"<title>A</title> <a href=https://www.a.com/x>WWW.A.COM</a> http://cdn.a.com " * 3
+        want = rewrite(plain, body)
+        assert want.count(b"b.nl") == 9 and want.count(b"A | B") == 1
+        for size in (1, 5, 64, len(body)):
+            pieces = [body[i : i + size] for i in range(0, len(body), size)]
+            assert rewrite(warmed, *pieces) == want
+
+    def test_thorough_warm_up_stays_within_the_memo_bound(self) -> None:
+        """Thousands of few-string rules remember at most half the memo's
+        size at warm-up."""
+        rs = rules(*((f"(https?://)h{k}\\.a\\.com", f"${{1}}h{k}.b.nl", "g") for k in range(MEMO_SIZE)))
+        warm(rs, thorough=True)
+        memo = rs.expansions[1]
+        assert 0 < len(memo) <= MEMO_SIZE // 2
 
     def test_remembered_expansions_replace_in_the_fast_run_and_once_rules_still_fire(self) -> None:
         """Once an exact rule's expansion is remembered, later matches are
