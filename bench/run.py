@@ -9,7 +9,7 @@ nginx origin and the servers under test on 127.0.0.1, and prints one
 markdown table per scenario.  Results also go to
 ``bench/.work/results-<scenario>.json`` and all tables of the run to
 ``bench/.work/results.md``.  Every child process is stopped at
-exit.  Scenarios: proxy, subs, stream, slowclient, workers, cache, urlmap, transducer,
+exit.  Scenarios: proxy, subs, first, stream, slowclient, workers, cache, urlmap, transducer,
 urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites (see bench/README.md).
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from scenarios import SCENARIOS, Bench, Report, Settings  # noqa: E402
 
-DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
+DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "first", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
                  "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster", "sites")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import cluster_bench
 import content
+import first_request
 import harness
 import hits
 import http2_bench
@@ -1729,6 +1730,7 @@ SCENARIOS: dict[str, Callable[[Bench], Report]] = {
     "proxy": scenario_proxy,
     "subs": scenario_subs,
     "subs-synthetic": scenario_subs_synthetic,
+    "first": first_request.scenario_first_request,
     "stream": scenario_stream,
     "slowclient": scenario_slowclient,
     "cache": scenario_cache,
