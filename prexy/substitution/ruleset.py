@@ -194,18 +194,25 @@ class RuleSet:
         in ``prexy.substitution.rules`` do)."""
         _ = self.rule_facts, self.global_literals, self.expansions, self.restart_facts, self.capturing, self.rule0_last_class
 
-    def match_strings(self, limit: int) -> list[bytes]:
-        """Every string that the rules matching only a few literal strings
-        can match, in rule order, at most ``limit`` of them: a clone's
-        ``(https?://)www\\.origin\\.com`` gives two, a caseless host name
-        its lower-case spelling.  Rules with assertions, repeats without a
-        bound or more than :data:`MATCH_STRINGS_PER_RULE` strings give none.
-        ``transducer.warm`` rewrites a page made of them."""
+    def match_strings(self, limit: int, only: Iterable[int] | None = None) -> list[bytes]:
+        """Every string that the exact rules matching only a few literal
+        strings can match, in rule order, at most ``limit`` of them: a
+        clone's ``(https?://)www\\.origin\\.com`` gives two, a caseless host
+        name its lower-case spelling.  Rules with assertions, repeats
+        without a bound, more than :data:`MATCH_STRINGS_PER_RULE` strings,
+        or alternatives where one is a prefix of another give none.
+        ``only``: just these rules (indexes).  ``transducer.warm`` rewrites
+        a page made of them (this compiles the scanner)."""
         out: list[bytes] = []
-        for rule in self.rules:
+        scanner = self.scanner
+        if scanner is None:
+            return out
+        # The scanner expanded every exact rule when it was built (a rule
+        # that is not exact has no expansion to remember).
+        for i in range(len(self.rules)) if only is None else only:
             if len(out) >= limit:
                 break
-            seqs = hsindex.expand(rule.parsed.tree)
+            seqs = scanner.reaches[i].seqs
             keys = hsindex.literal_keys(seqs) if seqs else None
             if keys and len(keys) <= MATCH_STRINGS_PER_RULE:
                 out.extend(key for key, _caseless in keys[: limit - len(out)])

@@ -338,6 +338,7 @@ class TransducerTests(SynchronousTestCase):
         ]
         assert rs.match_strings(3) == [b"http://www.a.com", b"https://www.a.com", b"cdn.a.com"]
         assert rs.match_strings(1) == [b"http://www.a.com"]
+        assert rs.match_strings(100, [5, 2, 1]) == [b"literal", b"cdn.a.com"]
 
     def test_thorough_warm_up_remembers_expansions_and_changes_no_output(self) -> None:
         """warm(thorough=True) remembers the expansion of every few-string
