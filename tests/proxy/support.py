@@ -30,6 +30,19 @@ class ClosingTransport(StringTransport):
 
     aborted = False
     protocol: Any = None
+    #: Each write since ``record_writes``, or None.
+    recorded: list[bytes] | None = None
+
+    def record_writes(self) -> list[bytes]:
+        """Keep each later write, one item per call: how many sends an
+        answer takes on a real connection."""
+        self.recorded = []
+        return self.recorded
+
+    def write(self, data: bytes) -> None:
+        if self.recorded is not None:
+            self.recorded.append(data)
+        super().write(data)
 
     def loseConnection(self) -> None:
         self._close(Failure(ConnectionDone("closed")))

@@ -634,14 +634,7 @@ class WholeBodyTests(SynchronousTestCase):
         section are the other (one send each, not three)."""
         h = harness()
         _, client = h.client()
-        writes: list[bytes] = []
-        real_write = client.write
-
-        def write(data: bytes) -> None:
-            writes.append(data)
-            real_write(data)
-
-        client.write = write  # type: ignore[method-assign]
+        writes = client.record_writes()
         client.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         h.conns[0].reply(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)

@@ -63,14 +63,7 @@ class HitTests(SynchronousTestCase):
         h = harness()
         request(h, reply=ok())
         channel, client = h.client()
-        writes: list[bytes] = []
-        real_write = client.write
-
-        def write(data: bytes) -> None:
-            writes.append(data)
-            real_write(data)
-
-        client.write = write  # type: ignore[method-assign]
+        writes = client.record_writes()
         channel.dataReceived(b"GET /f HTTP/1.1\r\nHost: a\r\n\r\n")
         h.settle()
         [one] = writes
