@@ -37,6 +37,18 @@ def _b(s: str) -> bytes:
     return s.encode("latin-1")
 
 
+def _pieces(case: dict[str, Any], feeding: str) -> list[bytes]:
+    """The case's body cut as ``feeding`` says: its recorded nginx buffers
+    or chunks, whole, or byte by byte."""
+    body = _b("".join(case["chunks"]))
+    return {
+        "bufs": [_b(x) for x in case["bufs"]],
+        "chunks": [_b(x) for x in case["chunks"]],
+        "whole": [body],
+        "bytewise": [body[i : i + 1] for i in range(len(body))],
+    }[feeding]
+
+
 def build(
     case: dict[str, Any], max_buffered_size: int | None, engine: str | None = None
 ) -> RuleSet:
@@ -91,13 +103,7 @@ class ConformanceTests(SynchronousTestCase):
         not depend on the limit (see test_core_cases_with_recorded_limit for the
         limits recorded with them).  Every prefilter engine gives the same bytes.
         """
-        body = _b("".join(case["chunks"]))
-        pieces = {
-            "bufs": [_b(x) for x in case["bufs"]],
-            "chunks": [_b(x) for x in case["chunks"]],
-            "whole": [body],
-            "bytewise": [body[i : i + 1] for i in range(len(body))],
-        }[feeding]
+        pieces = _pieces(case, feeding)
         limit = case.get("max_buffered_size") if case["category"] == "eof_with_data" else None
         eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
         if case["category"] == "eof_with_data" and not eof_with_last:
@@ -144,13 +150,7 @@ class ConformanceTests(SynchronousTestCase):
         rule runs on the sregex-order VM (:mod:`prexy.substitution.pikevm`)
         and gives the module's output however the body is cut.
         """
-        body = _b("".join(case["chunks"]))
-        pieces = {
-            "bufs": [_b(x) for x in case["bufs"]],
-            "chunks": [_b(x) for x in case["chunks"]],
-            "whole": [body],
-            "bytewise": [body[i : i + 1] for i in range(len(body))],
-        }[feeding]
+        pieces = _pieces(case, feeding)
         ruleset = build(case, None, engine)
         assert [e for _, e, _ in ruleset.engines()] == ["sregex-vm"]
         eof_with_last = feeding in ("bufs", "chunks") and case["last_chunk_has_eof"]
