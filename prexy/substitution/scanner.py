@@ -1402,6 +1402,8 @@ class RegexScanner:
         #: ``_Reach.use_vm``) come from the sregex-order VM (see
         #: :mod:`.pikevm`), or None.
         self.vm = [order_reason(p) for p in parsed]
+        #: Whether any rule is on the VM (most sets have none: no per-feed test).
+        self._any_vm = any(v is not None for v in self.vm)
         self._parsed = list(parsed)
         self._set_patterns: dict[tuple[int, ...], PikePattern] = {}
         for k, why_vm in enumerate(self.vm):
@@ -1574,7 +1576,7 @@ class RegexScanner:
 
     def _set_vm(self, rules: Sequence[int]) -> bool:
         """Whether ``rules`` (several, one of them flagged) run as one VM program."""
-        return 1 < len(rules) <= VM_SET_MAX and any(self.vm[r] is not None for r in rules)
+        return self._any_vm and 1 < len(rules) <= VM_SET_MAX and any(self.vm[r] is not None for r in rules)
 
     def set_pattern(self, rules: Sequence[int]) -> PikePattern:
         """The module's one program of ``rules`` (cached per rule subset)."""
