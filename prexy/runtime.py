@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from prexy.config import Config, ConfigError, OriginKey, SiteConfig
+from prexy.files import DISK, IFiles
 
 
 @attrs.frozen
@@ -247,7 +248,11 @@ class RuleSets:
     refuses is still refused at load, with its file and line.
     """
 
-    def __init__(self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None) -> None:
+    def __init__(
+        self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK
+    ) -> None:
+        #: Where rules files are read (:mod:`prexy.files`).
+        self.files = files
         self.lazy = lazy
         self.check = check
         self._files: dict[tuple[str, bytes], Any] = {}
@@ -272,8 +277,7 @@ class RuleSets:
         parsed_before = self.parsed
         for path in paths:
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = self.files.read(path)
             except OSError as exc:
                 raise ConfigError(path, None, None, f"cannot read rules: {exc.strerror}") from None
             key = (engine, hashlib.sha256(data).digest())
@@ -327,11 +331,11 @@ class RuleSets:
         self._checked &= set(self._files)
 
 
-def _load_map(path: str) -> Any:
+def _load_map(path: str, files: IFiles = DISK) -> Any:
     from prexy.urlmap import MapError, load_map
 
     try:
-        return load_map(path)
+        return load_map(path, files)
     except MapError as exc:
         reason = exc.reason
         if exc.text:
@@ -343,42 +347,49 @@ def _load_map(path: str) -> Any:
         raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
 
 
-def load_map_checked(path: str) -> Any:
+def load_map_checked(path: str, files: IFiles = DISK) -> Any:
     """Load a map file; ConfigError (file:line) when it does not load."""
-    return _load_map(path)
+    return _load_map(path, files)
 
 
-def map_changed(urlmap: Any) -> bool:
+def map_changed(urlmap: Any, files: IFiles = DISK) -> bool:
     """Whether any file a loaded map came from changed since (or vanished)."""
-    return not _unchanged(urlmap) and bool(getattr(urlmap, "source_files", None))
+    return not _unchanged(urlmap, files) and bool(getattr(urlmap, "source_files", None))
 
 
 def build_runtime(
     config: Config,
     load_rules: RuleLoader | None = None,
-    load_map: MapLoader = _load_map,
+    load_map: MapLoader | None = None,
     previous: Runtime | None = None,
     *,
     lazy: bool = True,
     check: bool = False,
+    files: IFiles = DISK,
 ) -> Runtime:
     """Load every site's rules and maps; raise ConfigError on any failure.
 
     Rules go through a :class:`RuleSets` store (``lazy`` and ``check`` are
     its options), which takes over ``previous``'s rule sets whose files
     hold the same bytes; maps whose files did not change since
-    ``previous`` are reused rather than loaded again.  An injected
-    ``load_rules`` (tests) replaces the store.
+    ``previous`` are reused rather than loaded again.  Every file is read
+    through ``files`` (:mod:`prexy.files`: the disk, or a master's
+    snapshot).  An injected ``load_rules`` (tests) replaces the store.
     """
     store: RuleSets | None = None
     if load_rules is None:
-        store = RuleSets(lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None)
+        store = RuleSets(
+            lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files
+        )
         load_rules = store.load
+    if load_map is None:
+        def load_map(path: str) -> Any:
+            return _load_map(path, files)
     reuse_maps: dict[str, Any] = {}
     previous_sites = {s.name: s for s in previous.sites} if previous is not None else {}
     if previous is not None:
         for s in previous.sites:
-            if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
+            if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap, files):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
     bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
@@ -426,18 +437,14 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
-def _unchanged(loaded: Any) -> bool:
+def _unchanged(loaded: Any, files: IFiles = DISK) -> bool:
     """Whether the files a loaded object came from still have their mtimes."""
-    import os
-
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
     for source in sources:
         path, mtime = (source.path, source.mtime) if hasattr(source, "path") else source
-        try:
-            if os.stat(path).st_mtime != mtime:
-                return False
-        except OSError:
+        status = files.status(path)
+        if status is None or status.mtime != mtime:
             return False
     return True

@@ -16,8 +16,10 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
+from prexy.control import Commands
+from prexy.files import Snapshot
 from prexy.worker import CommandReader
-from prexy.workers import CONTROL_FD, MasterService, _WorkerProcess
+from prexy.workers import CONTROL_FD, MasterService, Validated, _WorkerProcess
 
 
 def _config(*names: str, **changes: Any) -> Config:
@@ -35,15 +37,21 @@ class _Pipe:
     def write(self, data: bytes) -> None:
         self.written += data
 
+    def commands(self) -> list[tuple[dict[str, Any], bytes]]:
+        return Commands().feed(self.written)
+
     def messages(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.written.splitlines()]
+        """The commands, without the payloads' sizes."""
+        return [{k: v for k, v in message.items() if k != "bytes"} for message, _ in self.commands()]
 
 
 class MasterReloadTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = MemoryReactorClock()
         self.loads = [_config("a", "b")]
-        self.master = MasterService(self.reactor, self.loads[0], ["--config", "x"], 2, lambda argv: self.loads[-1])
+        self.master = MasterService(
+            self.reactor, self.loads[0], ["--config", "x"], 2, self.load, self.snapshot_of(self.loads[0])
+        )
         self.spawned: list[int] = []
         self.patch(self.master, "_spawn", lambda generation, slot: self.spawned.append(generation))
         self.master.generation = 1
@@ -55,6 +63,14 @@ class MasterReloadTests(SynchronousTestCase):
             w.ready = True
             self.workers.append(w)
         self.master.workers = list(self.workers)
+
+    @staticmethod
+    def snapshot_of(config: Config) -> Snapshot:
+        """A stand-in for the files ``config`` was loaded from."""
+        return Snapshot({"/etc/prexy.toml": repr(config).encode()})
+
+    def load(self, argv: Any) -> Validated:
+        return Validated(self.loads[-1], self.snapshot_of(self.loads[-1]))
 
     def answer(self, worker: _WorkerProcess, number: int, ok: bool = True, error: str = "") -> None:
         line = json.dumps({"reloaded": number, "ok": ok, "error": error}).encode() + b"\n"
@@ -73,6 +89,31 @@ class MasterReloadTests(SynchronousTestCase):
         self.answer(self.workers[1], 1)
         assert self.successResultOf(d) is True
         assert self.master.config == self.loads[-1]
+
+    def test_in_place_reload_carries_the_validated_files(self) -> None:
+        """Each worker's reload command carries the snapshot of the files
+        the master validated (the workers never read the disk), and the
+        master keeps it for the workers it starts later."""
+        self.loads.append(_config("a", "b", "c"))
+        self.master.reload()
+        expected = self.snapshot_of(self.loads[-1])
+        for w in self.workers:
+            [(message, payload)] = w.transport.commands()  # type: ignore[union-attr]
+            assert message == {"reload": 1, "bytes": len(payload)}
+            assert Snapshot.decode(payload) == expected
+        assert self.master.snapshot == expected
+
+    def test_a_refused_reload_keeps_the_snapshot_in_force(self) -> None:
+        """A configuration that does not load leaves the master's snapshot
+        as it was: what a restarted worker gets."""
+        before = self.master.snapshot
+
+        def broken(argv: Any) -> Validated:
+            raise SystemExit("x.rules:1: bad")
+
+        self.master.load = broken
+        assert self.successResultOf(self.master.reload()) is False
+        assert self.master.snapshot is before
 
     def test_a_refusing_worker_is_reported(self) -> None:
         """A worker that could not reload (it keeps its configuration) makes
@@ -119,7 +160,7 @@ class MasterReloadTests(SynchronousTestCase):
 
     def test_a_refused_configuration_sends_nothing(self) -> None:
         """A configuration that does not load is refused by the master alone."""
-        def broken(argv: Any) -> Config:
+        def broken(argv: Any) -> Validated:
             raise SystemExit("x.toml:2: sites.a.upstream: bad")
 
         self.master.load = broken
@@ -143,7 +184,7 @@ class CommandReaderTests(SynchronousTestCase):
         self.addCleanup(os.close, r)
         got: list[dict[str, Any]] = []
         reactor = _Reactor()
-        reader = CommandReader(reactor, r, got.append)
+        reader = CommandReader(reactor, r, lambda message, payload: got.append(message))
         result = None
         for piece in pieces:
             os.write(w, piece)
