@@ -91,21 +91,22 @@ def _die_with_parent() -> None:
         pass
 
 
-def read_configuration(fd: int, commands: Commands) -> Snapshot:
+def read_configuration(fd: int, commands: Commands) -> tuple[Snapshot, list[tuple[dict[str, Any], bytes]]]:
     """Block until the master's first command, the configuration snapshot,
-    has come on ``fd``; ``SystemExit`` when the pipe ends first or it is
-    not one."""
+    has come on ``fd``; it, and the commands read after it (to run once
+    the worker serves).  ``SystemExit`` when the pipe ends first or the
+    first command is not the configuration."""
     while True:
         data = os.read(fd, 1 << 20)
         if not data:
             raise SystemExit("prexy worker: the master sent no configuration")
         received = commands.feed(data)
         if received:
-            message, payload = received[0]
+            (message, payload), *later = received
             if "configuration" not in message:
                 raise SystemExit(f"prexy worker: expected the configuration first, got {sorted(message)}")
             try:
-                return Snapshot.decode(payload)
+                return Snapshot.decode(payload), later
             except ValueError as exc:
                 raise SystemExit(f"prexy worker: {exc}") from None
 
@@ -123,7 +124,7 @@ def worker_main(spec_json: str) -> None:
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
     commands = Commands()
-    snapshot = read_configuration(0, commands)
+    snapshot, later = read_configuration(0, commands)
     options = Options()
     options.check_rules = False  # the master checked these files already
     options.files = snapshot  # and these are the bytes it checked
@@ -160,6 +161,8 @@ def worker_main(spec_json: str) -> None:
     def started() -> None:
         svc.startService()
         reactor.addReader(CommandReader(reactor, 0, command, commands))
+        for message, payload in later:  # (a reload sent while this worker started)
+            command(message, payload)
         cluster = options.config.cluster
         if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
             from prexy.cluster.relay import WorkerRelay

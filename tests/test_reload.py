@@ -168,6 +168,67 @@ class MasterReloadTests(SynchronousTestCase):
         assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
 
 
+class _SpawningReactor(MemoryReactorClock):
+    """Starts no process: each spawned worker gets a ``_Pipe`` as stdin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawned: list[_WorkerProcess] = []
+
+    def spawnProcess(self, protocol: Any, executable: Any, args: Any, env: Any = None, path: Any = None,
+                     uid: Any = None, gid: Any = None, usePTY: Any = 0, childFDs: Any = None) -> Any:
+        pipe = _Pipe(200 + len(self.spawned))
+        protocol.makeConnection(pipe)
+        self.spawned.append(protocol)
+        return pipe
+
+
+class MasterSpawnTests(SynchronousTestCase):
+    """What a worker the master starts loads: the snapshot in force."""
+
+    def setUp(self) -> None:
+        self.reactor = _SpawningReactor()
+        self.configs = [_config("a", "b")]
+        self.master = MasterService(
+            self.reactor, self.configs[0], ["--config", "x"], 1, self.load, MasterReloadTests.snapshot_of(self.configs[0])
+        )
+        self.master.generation = 1
+
+    def load(self, argv: Any) -> Validated:
+        return Validated(self.configs[-1], MasterReloadTests.snapshot_of(self.configs[-1]))
+
+    def first_command(self, worker: _WorkerProcess) -> tuple[dict[str, Any], Snapshot]:
+        message, payload = worker.transport.commands()[0]  # type: ignore[union-attr]
+        return message, Snapshot.decode(payload)
+
+    def test_a_new_worker_gets_the_configuration_first(self) -> None:
+        worker = self.master._spawn(1, 0)
+        message, snapshot = self.first_command(worker)
+        assert "configuration" in message and snapshot == self.master.snapshot
+
+    def test_a_replacement_gets_the_snapshot_in_force(self) -> None:
+        """A worker that dies after an in-place reload is replaced by one
+        that loads the reloaded snapshot (not the one it started with, not
+        the disk); after a refused reload, the one still in force."""
+        first = self.master._spawn(1, 0)
+        first.ready = True
+        self.configs.append(_config("a", "b", "c"))
+        self.master.reload()
+        expected = self.master.snapshot
+        assert expected == MasterReloadTests.snapshot_of(self.configs[-1])
+
+        def broken(argv: Any) -> Validated:
+            raise SystemExit("a.rules:1: bad")
+
+        self.master.load = broken
+        assert self.successResultOf(self.master.reload()) is False
+        self.master.worker_ended(first, Failure(Exception("killed")))
+        self.reactor.advance(60)
+        replacement = self.reactor.spawned[-1]
+        assert replacement is not first
+        assert self.first_command(replacement)[1] == expected
+
+
 class _Reactor:
     def __init__(self) -> None:
         self.removed: list[Any] = []
@@ -208,6 +269,27 @@ class CommandReaderTests(SynchronousTestCase):
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True) if text[a:b]]
         got, _ = self.read_all(pieces)
         assert got == [{"reload": 1}, {"reload": 2, "x": "\u00e9"}]
+
+    def test_configuration_first(self) -> None:
+        """A worker starts with the snapshot that comes first on its stdin;
+        what follows it stays for the command reader; a pipe that ends
+        first, or another command first, stops the worker with a message."""
+        from prexy.control import encode
+        from prexy.worker import read_configuration
+
+        snapshot = Snapshot({"/etc/prexy.toml": b"[server]\n"})
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        os.write(w, encode({"configuration": 1}, snapshot.encode()) + encode({"reload": 7}))
+        assert read_configuration(r, Commands()) == (snapshot, [({"reload": 7}, b"")])
+        os.write(w, encode({"reload": 1}))
+        with self.assertRaises(SystemExit) as caught:
+            read_configuration(r, Commands())
+        assert "expected the configuration first" in str(caught.exception)
+        os.close(w)
+        with self.assertRaises(SystemExit) as caught:
+            read_configuration(r, Commands())
+        assert "sent no configuration" in str(caught.exception)
 
     def test_end_of_pipe(self) -> None:
         """The master closing the pipe ends the reader (removed from the reactor)."""
