@@ -28,9 +28,9 @@ from prexy.config import (
     parse_size,
     single_site_config,
 )
-from prexy.files import DISK, IFiles, Recorder
+from prexy.files import DISK, IFiles, Recorder, Refreshed, Snapshot
 from prexy.listen import ListeningService, ListenSpec, adopt, listening_service
-from prexy.runtime import Runtime, build_runtime
+from prexy.runtime import MAP_CHECK_INTERVAL, Runtime, build_runtime, map_sources
 
 if TYPE_CHECKING:
     from prexy.workers import Validated
@@ -44,9 +44,6 @@ log = Logger()
 #: by its site's first request in the worker.  Measured for the realistic
 #: clone sets: 7 / 44 / 409 ms at 10 / 100 / 1000 rules, about 20 ms for 20.
 COMPILE_AHEAD = 64
-
-#: Seconds between checks of map files' modification times.
-MAP_CHECK_INTERVAL = 2.0
 
 
 class Options(usage.Options):
@@ -200,7 +197,12 @@ class ConfigLoader:
     builds only what changed (issue 21: thousands of site files).  Each
     load is recorded (``files``, a ``prexy.files.Recorder``): it gives the
     configuration with the snapshot of the files it was validated from,
-    which is what the workers load."""
+    which is what the workers load.
+
+    ``refresh`` names files (the maps') to read from disk again while every
+    other file comes from the snapshot of the last load: only those files'
+    changes are taken.
+    """
 
     def __init__(
         self, memo: ConfigMemo | None = None, runtime: Runtime | None = None, files: Recorder | None = None
@@ -208,18 +210,31 @@ class ConfigLoader:
         self.memo = memo if memo is not None else ConfigMemo()
         self.runtime = runtime
         self.files = files if files is not None else Recorder()
+        #: The files of the last load that succeeded.
+        self.snapshot: Snapshot | None = None
 
-    def __call__(self, argv: Sequence[str]) -> Validated:
-        from prexy.workers import Validated
-
+    def __call__(self, argv: Sequence[str], refresh: Sequence[str] = ()) -> Validated:
         options = Options()
         options.memo = self.memo
         options.previous = self.runtime
         options.files = self.files
+        if refresh and self.snapshot is not None:
+            self.files.base = Refreshed(self.snapshot, refresh)
         self.files.begin()
-        options.parseOptions(list(argv))
+        try:
+            options.parseOptions(list(argv))
+        finally:
+            self.files.base = DISK
         self.runtime = options.runtime
-        return Validated(options.config, self.files.snapshot())
+        config: Config = options.config
+        return self.validated(config)
+
+    def validated(self, config: Config) -> Validated:
+        """``config``, just loaded through ``files``, with its files."""
+        from prexy.workers import Validated
+
+        self.snapshot = self.files.snapshot()
+        return Validated(config, self.snapshot, map_sources(self.runtime) if self.runtime is not None else ())
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -601,7 +616,7 @@ def makeService(options: Options) -> service.IService:
         files = options.files
         assert isinstance(files, Recorder)
         loader = ConfigLoader(options.memo, runtime, files)
-        MasterService(reactor, config, options.argv, workers, loader, files.snapshot()).setServiceParent(top)
+        MasterService(reactor, loader.validated(config), options.argv, workers, loader).setServiceParent(top)
     return top
 
 

@@ -49,9 +49,7 @@ class MasterReloadTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = MemoryReactorClock()
         self.loads = [_config("a", "b")]
-        self.master = MasterService(
-            self.reactor, self.loads[0], ["--config", "x"], 2, self.load, self.snapshot_of(self.loads[0])
-        )
+        self.master = MasterService(self.reactor, self.load(None), ["--config", "x"], 2, self.load)
         self.spawned: list[int] = []
         self.patch(self.master, "_spawn", lambda generation, slot: self.spawned.append(generation))
         self.master.generation = 1
@@ -189,9 +187,7 @@ class MasterSpawnTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = _SpawningReactor()
         self.configs = [_config("a", "b")]
-        self.master = MasterService(
-            self.reactor, self.configs[0], ["--config", "x"], 1, self.load, MasterReloadTests.snapshot_of(self.configs[0])
-        )
+        self.master = MasterService(self.reactor, self.load(None), ["--config", "x"], 1, self.load)
         self.master.generation = 1
 
     def load(self, argv: Any) -> Validated:
@@ -227,6 +223,57 @@ class MasterSpawnTests(SynchronousTestCase):
         replacement = self.reactor.spawned[-1]
         assert replacement is not first
         assert self.first_command(replacement)[1] == expected
+
+
+class MasterMapWatchTests(SynchronousTestCase):
+    """The master watches the maps' files; a change reloads them alone."""
+
+    def setUp(self) -> None:
+        from prexy.files import Recorder
+
+        self.reactor = MemoryReactorClock()
+        self.map = os.path.abspath(self.mktemp())
+        with open(self.map, "w") as f:
+            f.write("/a /b;\n")
+        recorder = Recorder()
+        recorder.read(self.map)
+        self.refreshes: list[Any] = []
+        self.fail = False
+        config = _config("a")
+        self.master = MasterService(
+            self.reactor, Validated(config, recorder.snapshot(), (self.map,)), ["--config", "x"], 1, self.load
+        )
+
+    def load(self, argv: Any, refresh: Any = ()) -> Validated:
+        self.refreshes.append(list(refresh))
+        if self.fail:
+            raise SystemExit(f"{self.map}:1: bad")
+        return Validated(self.master.config, Snapshot({}), (self.map,))
+
+    def touch(self, text: str) -> None:
+        with open(self.map, "w") as f:
+            f.write(text)
+        os.utime(self.map, ns=(len(self.refreshes) * 10**9 + 1, len(self.refreshes) * 10**9 + 1))
+
+    def test_unchanged_maps_load_nothing(self) -> None:
+        self.master.check_maps()
+        assert self.refreshes == []
+
+    def test_a_changed_map_is_refreshed_alone(self) -> None:
+        self.touch("/a /c;\n")
+        self.master.check_maps()
+        assert self.refreshes == [[self.map]]
+
+    def test_a_broken_map_is_not_retried_until_it_changes(self) -> None:
+        self.fail = True
+        self.touch("/a;\n")
+        self.master.check_maps()
+        self.master.check_maps()
+        assert self.refreshes == [[self.map]]
+        assert self.master.last_reload_error.endswith("bad")
+        self.touch("/a /d;\n")
+        self.master.check_maps()
+        assert len(self.refreshes) == 2
 
 
 class _Reactor:
