@@ -102,6 +102,9 @@ class OriginKey:
     host: str
     port: int
     ca_file: str | None = None
+    #: The CA file's content as validated (``prexy.runtime``); None: read
+    #: ``ca_file`` when a connection first needs it.
+    ca_pem: bytes | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen

@@ -115,9 +115,25 @@ def _header_names(rules: Any) -> frozenset[bytes]:
     return frozenset(names)
 
 
-def _origin_key(config: SiteConfig) -> OriginKey:
+def _origin_key(config: SiteConfig, ca_pem: bytes | None = None) -> OriginKey:
     up = config.upstream
-    return OriginKey(up.scheme, up.host, up.port, config.upstream_ca)
+    return OriginKey(up.scheme, up.host, up.port, config.upstream_ca, ca_pem)
+
+
+def _load_ca(path: str, files: IFiles) -> bytes:
+    """A site's ``upstream_ca`` file, read once and checked to hold PEM CA
+    certificates; ConfigError when it does not."""
+    import ssl
+
+    try:
+        data = files.read(path)
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read CA file: {exc.strerror}") from None
+    try:
+        ssl.create_default_context(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(path, None, None, f"not PEM CA certificates: {exc}") from None
+    return data
 
 
 @attrs.frozen
@@ -384,8 +400,10 @@ def build_runtime(
     Rules go through a :class:`RuleSets` store (``lazy`` and ``check`` are
     its options), which takes over ``previous``'s rule sets whose files
     hold the same bytes; maps whose files did not change since
-    ``previous`` are reused rather than loaded again.  Every file is read
-    through ``files`` (:mod:`prexy.files`: the disk, or a master's
+    ``previous`` are reused rather than loaded again.  Each site's
+    ``upstream_ca`` file is read and checked here too, and its bytes kept
+    in the site's origin key (the upstream pool trusts those).  Every file
+    is read through ``files`` (:mod:`prexy.files`: the disk, or a master's
     snapshot).  An injected ``load_rules`` (tests) replaces the store.
     """
     store: RuleSets | None = None
@@ -404,6 +422,7 @@ def build_runtime(
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap, files):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
+    cas: dict[str, bytes] = {}
     bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
     sites = []
     for site in config.sites:
@@ -415,10 +434,16 @@ def build_runtime(
         urlmap = None
         if site.map is not None:
             urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
+        ca_pem = None
+        if site.upstream_ca is not None:
+            if site.upstream_ca not in cas:
+                cas[site.upstream_ca] = _load_ca(site.upstream_ca, files)
+            ca_pem = cas[site.upstream_ca]
+        origin_key = _origin_key(site, ca_pem)
         before = previous_sites.get(site.name)
         if (
             before is not None and before.loaded is loaded and before.urlmap is urlmap
-            and (before.config is site or before.config == site)
+            and (before.config is site or before.config == site) and before.origin_key == origin_key
         ):
             sites.append(before)  # unchanged: its header rules, digests and all
             continue
@@ -431,8 +456,8 @@ def build_runtime(
             header_rules = _header_rules(site, loaded)
             bound[bind_key] = (header_rules, _header_names(header_rules), _rules_version(rules, header_rules))
         header_rules, header_names, version = bound[bind_key]
-        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, header_names=header_names,
-                                 rules_version=version, loaded=loaded))
+        sites.append(SiteRuntime(site, rules, urlmap, origin_key=origin_key, header_rules=header_rules,
+                                 header_names=header_names, rules_version=version, loaded=loaded))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
     if store is not None:

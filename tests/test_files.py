@@ -197,6 +197,58 @@ class RefreshTests(SynchronousTestCase):
         assert worker.runtime.default.rules.digest == self.loader.runtime.default.rules.digest  # type: ignore[union-attr]
 
 
+def ca_pem() -> bytes:
+    """A self-signed CA certificate, PEM."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return ca.public_bytes(serialization.Encoding.PEM)
+
+
+class UpstreamCATests(SynchronousTestCase):
+    """A site's ``upstream_ca`` is read with the rest: checked by the
+    master, in the snapshot, and trusted from the bytes validated."""
+
+    def setUp(self) -> None:
+        self.tmp = os.path.abspath(self.mktemp())
+        self.pem = ca_pem()
+        self.ca = f"{self.tmp}/ca.pem"
+        os.makedirs(self.tmp)
+        with open(self.ca, "wb") as f:
+            f.write(self.pem)
+        self.main = write(f"{self.tmp}/prexy.toml",
+                          '[sites.a]\nupstream = "https://origin.test"\nupstream_ca = "ca.pem"\n')
+        self.argv = ["--config", self.main]
+
+    def test_the_validated_ca_is_trusted(self) -> None:
+        validated = ConfigLoader()(self.argv)
+        with open(self.ca, "wb") as f:
+            f.write(b"garbage")
+        worker = worker_load(self.argv, validated.snapshot)
+        assert worker.runtime.default.origin_key.ca_pem == self.pem
+        assert worker.runtime.default.origin_key.ca_file == self.ca
+
+    def test_a_file_that_is_no_ca_is_refused(self) -> None:
+        with open(self.ca, "wb") as f:
+            f.write(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+        with self.assertRaises(UsageError) as caught:
+            ConfigLoader()(self.argv)
+        assert str(caught.exception).startswith(f"{self.ca}: not PEM CA certificates")
+
+
 _paths = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20).map(lambda s: "/" + s)
 
 
