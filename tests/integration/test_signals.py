@@ -61,7 +61,7 @@ class TestMasterSignals:
             f.write(text)
 
     @defer.inlineCallbacks
-    def start(self, access_log: str | None) -> Any:
+    def start(self, access_log: str | None, twistd_args: tuple[str, ...] = ()) -> Any:
         """``twistd prexy --config FILE --workers 2``, the access log in
         ``access_log`` (None: off)."""
         self.port = free_port()
@@ -72,7 +72,7 @@ class TestMasterSignals:
                 f'access_log = "{access_log or "off"}"\nshutdown_timeout = 5\n'
                 f'[sites.a]\nupstream = "{self.upstream}"\nrules = "{self.rules}"\n'
             )
-        child = Twistd("--config", config, "--workers", "2")
+        child = Twistd("--config", config, "--workers", "2", twistd_args=twistd_args)
         self.cleanup(child.stop)
         yield child.ready()
         self.child = child
@@ -112,6 +112,21 @@ class TestMasterSignals:
         assert child.process.poll() is None
         assert sorted(child.children()) == workers  # nobody died
         assert "died" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
+    def test_usr1_with_a_twistd_log_file(self) -> Any:
+        """``twistd --logfile FILE``: the master's own log is rotated by
+        twistd's handler (FILE.1, then a new FILE), and SIGUSR1 still
+        reaches the workers, which keep serving."""
+        twistd_log = os.path.join(self.dir, "twistd.log")
+        child = yield self.start(self.access_log, twistd_args=(f"--logfile={twistd_log}",))
+        workers = sorted(child.children())
+        os.kill(child.process.pid, signal.SIGUSR1)
+        yield until(lambda: os.path.exists(twistd_log + ".1"), "rotated twistd log")
+        yield until(lambda: "reopen their logs" in read(twistd_log) + read(twistd_log + ".1"), "master's log line")
+        yield until(lambda: child.output().count("access log reopened") == 2, "reopen by both workers")
+        assert (yield self.answers()) == {b"HELLO world!"}
+        assert sorted(child.children()) == workers
 
     @pytest_twisted.inlineCallbacks
     def test_usr1_without_an_access_log(self) -> Any:
