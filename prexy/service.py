@@ -455,7 +455,9 @@ class ProxyService(service.MultiService):
             self._map_watch.clock = self.reactor
             self._map_watch.start(MAP_CHECK_INTERVAL, now=False)
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
-            self.reactor.callWhenRunning(self._install_signals)
+            # Now, not once the reactor runs: READY=1 may go out first, and
+            # a signal then would meet the default action (which ends us).
+            self._install_signals()
         # Upstream host names are resolved in the reactor's thread pool,
         # whose first thread was otherwise started by the first request.
         call_in_thread = getattr(self.reactor, "callInThread", None)
@@ -482,7 +484,9 @@ class ProxyService(service.MultiService):
         """Reopen the access log, if any (after logrotate moved it)."""
         if self.access_log is not None:
             self.access_log.reopen()
-            log.info("access log reopened")
+            log.info("SIGUSR1: access log reopened")
+        else:
+            log.info("SIGUSR1: no access log to reopen")
 
     def check_maps(self) -> Any:
         """Reload any map file whose modification time changed: the new map

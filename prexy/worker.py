@@ -115,6 +115,10 @@ def worker_main(spec_json: str) -> None:
     """Entry point of a worker process."""
     spec = json.loads(spec_json)
     _die_with_parent()
+    # From the start (loading thousands of sites takes seconds): reload is
+    # the master's business, and SIGUSR1 waits for the service's handler.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if os.getppid() != spec["master_pid"]:
         sys.exit(1)  # the master died before we got here
     from twisted.internet import reactor as _reactor
@@ -180,7 +184,6 @@ def worker_main(spec_json: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload is the master's business
     reactor.callWhenRunning(started)
 
     def final_report() -> None:

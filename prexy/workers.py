@@ -74,6 +74,12 @@ class Validated:
     maps: tuple[str, ...] = ()
 
 
+def _global_reactor() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
@@ -265,8 +271,8 @@ class MasterService(service.MultiService):
             n=self.count,
             listen=", ".join(self.config.listen),
         )
-        if hasattr(signal, "SIGHUP"):
-            self.reactor.callWhenRunning(self._install_signals)
+        if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
+            self._install_signals()  # now: a signal while starting must not end us
         from twisted.internet.task import LoopingCall
 
         self._map_watch = LoopingCall(self.check_maps)

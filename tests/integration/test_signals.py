@@ -61,7 +61,7 @@ class TestMasterSignals:
             f.write(text)
 
     @defer.inlineCallbacks
-    def start(self, access_log: str | None, twistd_args: tuple[str, ...] = ()) -> Any:
+    def start(self, access_log: str | None, twistd_args: tuple[str, ...] = (), workers: int = 2) -> Any:
         """``twistd prexy --config FILE --workers 2``, the access log in
         ``access_log`` (None: off)."""
         self.port = free_port()
@@ -72,7 +72,7 @@ class TestMasterSignals:
                 f'access_log = "{access_log or "off"}"\nshutdown_timeout = 5\n'
                 f'[sites.a]\nupstream = "{self.upstream}"\nrules = "{self.rules}"\n'
             )
-        child = Twistd("--config", config, "--workers", "2", twistd_args=twistd_args)
+        child = Twistd("--config", config, "--workers", str(workers), twistd_args=twistd_args)
         self.cleanup(child.stop)
         yield child.ready()
         self.child = child
@@ -140,6 +140,25 @@ class TestMasterSignals:
         assert (yield self.answers()) == {b"HELLO world!"}
         assert sorted(child.children()) == workers
         assert "died" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
+    def test_usr1_in_process(self) -> Any:
+        """``--workers 0`` (one process): SIGUSR1 reopens the access log, and
+        with the access log off it ends nothing either."""
+        child = yield self.start(self.access_log, workers=0)
+        yield self.get("/hello?before")
+        yield until(lambda: "/hello?before" in read(self.access_log), "access log line")
+        os.rename(self.access_log, self.access_log + ".1")
+        os.kill(child.process.pid, signal.SIGUSR1)
+        yield until(lambda: "access log reopened" in child.output(), "reopen")
+        yield self.get("/hello?after")
+        yield until(lambda: "/hello?after" in read(self.access_log), "line in the new access log")
+        yield child.stop()
+        child = yield self.start(None, workers=0)
+        os.kill(child.process.pid, signal.SIGUSR1)
+        yield until(lambda: "SIGUSR1" in child.output() or child.process.poll() is not None, "SIGUSR1 handled")
+        assert child.process.poll() is None
+        assert (yield self.answers(2)) == {b"HELLO world!"}
 
     @pytest_twisted.inlineCallbacks
     def test_hup_reloads_and_the_server_answers(self) -> Any:
