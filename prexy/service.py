@@ -29,7 +29,14 @@ from prexy.config import (
     single_site_config,
 )
 from prexy.files import DISK, IFiles, Recorder, Refreshed, Snapshot
-from prexy.listen import ListeningService, ListenSpec, adopt, listening_service
+from prexy.listen import (
+    ListenError,
+    ListeningService,
+    ListenSpec,
+    adopt,
+    listening_service,
+    tls_files,
+)
 from prexy.runtime import MAP_CHECK_INTERVAL, Runtime, build_runtime, map_sources
 
 if TYPE_CHECKING:
@@ -115,7 +122,9 @@ class Options(usage.Options):
         try:
             config = self._config()
             runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
-        except ConfigError as exc:
+            #: The ssl: listeners' key and certificate files (PEM bytes by path).
+            self.tls = tls_files(config.listen_endpoints(), self.files)
+        except (ConfigError, ListenError) as exc:
             if self["check"]:
                 sys.stderr.write(f"prexy: {exc}\nprexy: configuration test failed\n")
                 raise SystemExit(1) from None
@@ -227,14 +236,15 @@ class ConfigLoader:
             self.files.base = DISK
         self.runtime = options.runtime
         config: Config = options.config
-        return self.validated(config)
+        return self.validated(config, options.tls)
 
-    def validated(self, config: Config) -> Validated:
+    def validated(self, config: Config, tls: dict[str, bytes]) -> Validated:
         """``config``, just loaded through ``files``, with its files."""
         from prexy.workers import Validated
 
         self.snapshot = self.files.snapshot()
-        return Validated(config, self.snapshot, map_sources(self.runtime) if self.runtime is not None else ())
+        maps = map_sources(self.runtime) if self.runtime is not None else ()
+        return Validated(config, self.snapshot, maps, tls)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -300,8 +310,12 @@ class ProxyService(service.MultiService):
         check_rules: bool = True,
         memo: ConfigMemo | None = None,
         files: IFiles = DISK,
+        tls: dict[str, bytes] | None = None,
     ) -> None:
         super().__init__()
+        #: The inherited ssl: sockets' keys and certificates (PEM by path),
+        #: as the master validated them; None: read their files.
+        self.tls = tls
         #: Where a reload reads the files (``prexy.files``); a worker's
         #: master hands it a snapshot with each reload instead.
         self.files = files
@@ -443,7 +457,7 @@ class ProxyService(service.MultiService):
                 cache.announce = self.cluster.publish
                 self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
         for spec, fd in self._inherited:
-            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description)))
+            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls))
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
@@ -620,7 +634,9 @@ def makeService(options: Options) -> service.IService:
         files = options.files
         assert isinstance(files, Recorder)
         loader = ConfigLoader(options.memo, runtime, files)
-        MasterService(reactor, loader.validated(config), options.argv, workers, loader).setServiceParent(top)
+        MasterService(reactor, loader.validated(config, options.tls), options.argv, workers, loader).setServiceParent(
+            top
+        )
     return top
 
 

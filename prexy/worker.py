@@ -140,7 +140,7 @@ def worker_main(spec_json: str) -> None:
     ]
     control_fd = spec["control_fd"]
     svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited, check_rules=False,
-                       memo=options.memo, files=snapshot)
+                       memo=options.memo, files=snapshot, tls=options.tls)
 
     def send(message: dict[str, Any]) -> None:
         try:

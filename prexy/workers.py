@@ -72,6 +72,8 @@ class Validated:
     #: The map files (and wildcard-included directories) it uses: they go
     #: live when they change on disk, without a reload.
     maps: tuple[str, ...] = ()
+    #: The ssl: listeners' key and certificate (PEM bytes by path).
+    tls: dict[str, bytes] = attrs.field(factory=dict, eq=False)
 
 
 def _global_reactor() -> Any:
@@ -208,6 +210,7 @@ class MasterService(service.MultiService):
         #: The files the configuration in force was validated from.
         self.snapshot = validated.snapshot
         self.maps = validated.maps
+        self.tls = validated.tls
         self._maps_failed: list[tuple[str, Any]] | None = None
         self._map_watch: Any = None
         self.argv = list(argv)
@@ -465,7 +468,10 @@ class MasterService(service.MultiService):
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
-        if reloads_in_place(previous, config):
+        # New certificates (renewed in place) need new workers, which adopt
+        # the sockets with them; the ones running keep theirs.
+        same_tls, self.tls = validated.tls == self.tls, validated.tls
+        if reloads_in_place(previous, config) and same_tls:
             return self._reload_in_place()
         if self._reloading is not None:
             # A reload already in progress: supersede it.

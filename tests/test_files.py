@@ -249,6 +249,37 @@ class UpstreamCATests(SynchronousTestCase):
         assert str(caught.exception).startswith(f"{self.ca}: not PEM CA certificates")
 
 
+class ListenerTLSTests(SynchronousTestCase):
+    """The ssl: listeners' key and certificate are read with the rest:
+    checked by the master, in the snapshot, adopted from those bytes."""
+
+    def setUp(self) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.tmp = os.path.abspath(self.mktemp())
+        os.makedirs(self.tmp)
+        key = ec.generate_private_key(ec.SECP256R1())
+        self.key = write(f"{self.tmp}/key.pem", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode())
+        self.cert = write(f"{self.tmp}/cert.pem", ca_pem().decode())
+        self.argv = ["--listen", f"ssl:0:privateKey={self.key}:certKey={self.cert}", "--upstream", "http://o"]
+
+    def test_in_the_snapshot(self) -> None:
+        loader = ConfigLoader()
+        validated = loader(self.argv)
+        assert set(validated.tls) == {self.key, self.cert}
+        shutil.rmtree(self.tmp)
+        assert worker_load(self.argv, validated.snapshot).tls == validated.tls
+
+    def test_garbage_is_refused(self) -> None:
+        write(self.cert, "garbage\n")
+        with self.assertRaises(UsageError) as caught:
+            ConfigLoader()(self.argv)
+        assert str(caught.exception).startswith(f"{self.cert}: not a PEM certificate")
+
+
 _paths = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20).map(lambda s: "/" + s)
 
 

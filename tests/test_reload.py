@@ -156,6 +156,17 @@ class MasterReloadTests(SynchronousTestCase):
         assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
         self.assertNoResult(d)
 
+    def test_new_certificates_start_a_new_generation(self) -> None:
+        """The same configuration with other key or certificate bytes (a
+        renewal, then SIGHUP): a new generation adopts the sockets with
+        them; an in-place reload would keep the old ones."""
+        self.master.tls = {"/k.pem": b"old"}
+        self.load = lambda argv: Validated(self.loads[-1], self.snapshot_of(self.loads[-1]), (), {"/k.pem": b"new"})  # type: ignore[method-assign]
+        self.master.load = self.load
+        self.master.reload()
+        assert self.spawned == [2, 2] and self.master.tls == {"/k.pem": b"new"}
+        assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+
     def test_a_refused_configuration_sends_nothing(self) -> None:
         """A configuration that does not load is refused by the master alone."""
         def broken(argv: Any) -> Validated:
