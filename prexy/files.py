@@ -4,9 +4,8 @@ exactly what a master validated.
 Loading a configuration (:mod:`prexy.config`, :mod:`prexy.runtime`,
 :mod:`prexy.urlmap`) reads every file through one :class:`IFiles`: the
 main file, the site files ``include`` finds, rules files, map files and
-what they include, upstream CA files, and asks it whether the files a
-site names exist.  (The listeners' TLS key and certificate are not among
-them: each worker loads those from disk when it adopts the sockets.)
+what they include, upstream CA files, the ``ssl:`` listeners' key and
+certificate, and asks it whether the files a site names exist.
 
 * :class:`DiskFiles` answers from the file system (``--check``,
   ``--workers 0``).
