@@ -17,9 +17,6 @@ certificate, and asks it whether the files a site names exist.
   in-place reload), never from the disk, so a worker that replaces a
   dead one serves the configuration in force, whatever the files hold
   now (changed without a reload, or broken).
-* :class:`Refreshed` is a snapshot with some files read from the disk
-  again: what the master loads when only map files changed (maps go live
-  when they change, the other files when the configuration is reloaded).
 
 A snapshot travels as bytes (:meth:`Snapshot.encode`, once per validated
 configuration): a JSON index line, then the files' contents one after the
@@ -217,13 +214,6 @@ class Snapshot:
             return list(self._globs[pattern])
         return sorted(p for p in self.contents if fnmatch.fnmatchcase(p, pattern))
 
-    def knows(self, path: str) -> bool:
-        """Whether the load this snapshot recorded asked about ``path``."""
-        return path in self.contents or path in self._status or path in self._is_file
-
-    def knows_glob(self, pattern: str) -> bool:
-        return pattern in self._globs
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Snapshot):
             return NotImplemented
@@ -278,47 +268,3 @@ class Snapshot:
         if offset != len(data):
             raise ValueError("configuration snapshot: bytes after the last file")
         return cls(contents, status, is_file, globs)
-
-
-@implementer(IFiles)
-class Refreshed:
-    """A snapshot, except ``paths`` (files, or directories: the entries in
-    them) and whatever the snapshot does not know, which are read from
-    ``disk`` again: what a load sees when only those files changed."""
-
-    def __init__(self, snapshot: Snapshot, paths: Iterable[str], disk: Any = DISK) -> None:
-        self.snapshot = snapshot
-        self.paths = frozenset(paths)
-        self.disk = disk
-
-    def _source(self, path: str) -> Any:
-        if path in self.paths or os.path.dirname(path) in self.paths or not self.snapshot.knows(path):
-            return self.disk
-        return self.snapshot
-
-    def read(self, path: str) -> bytes:
-        data: bytes = self._source(path).read(path)
-        return data
-
-    def status(self, path: str) -> FileStatus | None:
-        status: FileStatus | None = self._source(path).status(path)
-        return status
-
-    def is_file(self, path: str) -> bool:
-        return bool(self._source(path).is_file(path))
-
-    def glob(self, pattern: str) -> list[str]:
-        if os.path.dirname(pattern) in self.paths or not self.snapshot.knows_glob(pattern):
-            return list(self.disk.glob(pattern))
-        return self.snapshot.glob(pattern)
-
-
-def changed(snapshot: Snapshot, paths: Iterable[str], disk: Any = DISK) -> list[str]:
-    """Which of ``paths`` changed on ``disk`` (modification time, or came or
-    went) since ``snapshot`` recorded them."""
-    out = []
-    for path in paths:
-        now, then = disk.status(path), snapshot.status(path) if snapshot.knows(path) else None
-        if (now is None) != (then is None) or (now is not None and then is not None and now.mtime_ns != then.mtime_ns):
-            out.append(path)
-    return out

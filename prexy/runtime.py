@@ -209,9 +209,6 @@ class Runtime:
         return site
 
 
-#: Seconds between checks of map files' modification times.
-MAP_CHECK_INTERVAL = 2.0
-
 RuleLoader = Callable[[tuple[str, ...]], Any]
 MapLoader = Callable[[str], Any]
 
@@ -374,15 +371,6 @@ def load_map_checked(path: str, files: IFiles = DISK) -> Any:
 def map_changed(urlmap: Any, files: IFiles = DISK) -> bool:
     """Whether any file a loaded map came from changed since (or vanished)."""
     return not _unchanged(urlmap, files) and bool(getattr(urlmap, "source_files", None))
-
-
-def map_sources(runtime: Runtime) -> tuple[str, ...]:
-    """Every file (and wildcard-included directory) the runtime's maps were
-    read from: what the master watches (maps go live when they change)."""
-    return tuple(sorted({
-        source.path for site in runtime.sites if site.urlmap is not None
-        for source in getattr(site.urlmap, "source_files", ())
-    }))
 
 
 def build_runtime(

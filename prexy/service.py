@@ -28,7 +28,7 @@ from prexy.config import (
     parse_size,
     single_site_config,
 )
-from prexy.files import DISK, IFiles, Recorder, Refreshed, Snapshot
+from prexy.files import DISK, IFiles, Recorder
 from prexy.listen import (
     ListenError,
     ListeningService,
@@ -37,7 +37,7 @@ from prexy.listen import (
     listening_service,
     tls_files,
 )
-from prexy.runtime import MAP_CHECK_INTERVAL, Runtime, build_runtime, map_sources
+from prexy.runtime import Runtime, build_runtime
 
 if TYPE_CHECKING:
     from prexy.workers import Validated
@@ -51,6 +51,9 @@ log = Logger()
 #: by its site's first request in the worker.  Measured for the realistic
 #: clone sets: 7 / 44 / 409 ms at 10 / 100 / 1000 rules, about 20 ms for 20.
 COMPILE_AHEAD = 64
+
+#: Seconds between checks of map files' modification times.
+MAP_CHECK_INTERVAL = 2.0
 
 
 class Options(usage.Options):
@@ -206,12 +209,7 @@ class ConfigLoader:
     builds only what changed (issue 21: thousands of site files).  Each
     load is recorded (``files``, a ``prexy.files.Recorder``): it gives the
     configuration with the snapshot of the files it was validated from,
-    which is what the workers load.
-
-    ``refresh`` names files (the maps') to read from disk again while every
-    other file comes from the snapshot of the last load: only those files'
-    changes are taken.
-    """
+    which is what the workers load."""
 
     def __init__(
         self, memo: ConfigMemo | None = None, runtime: Runtime | None = None, files: Recorder | None = None
@@ -219,21 +217,15 @@ class ConfigLoader:
         self.memo = memo if memo is not None else ConfigMemo()
         self.runtime = runtime
         self.files = files if files is not None else Recorder()
-        #: The files of the last load that succeeded.
-        self.snapshot: Snapshot | None = None
 
-    def __call__(self, argv: Sequence[str], refresh: Sequence[str] = ()) -> Validated:
+    def __call__(self, argv: Sequence[str]) -> Validated:
+
         options = Options()
         options.memo = self.memo
         options.previous = self.runtime
         options.files = self.files
-        if refresh and self.snapshot is not None:
-            self.files.base = Refreshed(self.snapshot, refresh)
         self.files.begin()
-        try:
-            options.parseOptions(list(argv))
-        finally:
-            self.files.base = DISK
+        options.parseOptions(list(argv))
         self.runtime = options.runtime
         config: Config = options.config
         return self.validated(config, options.tls)
@@ -242,9 +234,7 @@ class ConfigLoader:
         """``config``, just loaded through ``files``, with its files."""
         from prexy.workers import Validated
 
-        self.snapshot = self.files.snapshot()
-        maps = map_sources(self.runtime) if self.runtime is not None else ()
-        return Validated(config, self.snapshot, maps, tls)
+        return Validated(config, self.files.snapshot(), tls)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:

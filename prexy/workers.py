@@ -48,10 +48,10 @@ from twisted.logger import Logger
 
 from prexy.config import Config
 from prexy.control import JsonLines, encode
-from prexy.files import Snapshot, changed
+from prexy.files import Snapshot
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, render
-from prexy.runtime import MAP_CHECK_INTERVAL, reloads_in_place
+from prexy.runtime import reloads_in_place
 
 log = Logger()
 
@@ -69,9 +69,6 @@ class Validated:
     config: Config
     #: Exactly the bytes (and file answers) it was validated from.
     snapshot: Snapshot = attrs.field(eq=False)
-    #: The map files (and wildcard-included directories) it uses: they go
-    #: live when they change on disk, without a reload.
-    maps: tuple[str, ...] = ()
     #: The ssl: listeners' key and certificate (PEM bytes by path).
     tls: dict[str, bytes] = attrs.field(factory=dict, eq=False)
 
@@ -184,16 +181,8 @@ class MasterService(service.MultiService):
     ``load(argv)`` turns the command line into a ``Validated``
     configuration (raising ``UsageError`` or ``SystemExit`` when it does
     not load): a reload calls it to validate everything before it starts a
-    new generation; ``load(argv, refresh)`` takes only the files in
-    ``refresh`` from disk again (changed maps), the others from the last
-    load.  ``validated`` is the configuration to start with, and the
-    files it was validated from: what every worker loads.
-
-    The master watches the maps' files (every ``MAP_CHECK_INTERVAL``
-    seconds): when one changes, it loads the configuration with those
-    files alone read again, and the workers reload in place, as they would
-    in a single process; a map that does not load is logged and the old
-    one stays.
+    new generation.  ``validated`` is the configuration to start with, and
+    the files it was validated from: what every worker loads.
     """
 
     def __init__(
@@ -202,17 +191,14 @@ class MasterService(service.MultiService):
         validated: Validated,
         argv: Sequence[str],
         workers: int,
-        load: Callable[..., Validated],
+        load: Callable[[Sequence[str]], Validated],
     ) -> None:
         super().__init__()
         self.reactor = reactor
         config = self.config = validated.config
         #: The files the configuration in force was validated from.
         self.snapshot = validated.snapshot
-        self.maps = validated.maps
         self.tls = validated.tls
-        self._maps_failed: list[tuple[str, Any]] | None = None
-        self._map_watch: Any = None
         self.argv = list(argv)
         self.load = load
         self.count = workers
@@ -276,11 +262,6 @@ class MasterService(service.MultiService):
         )
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
             self._install_signals()  # now: a signal while starting must not end us
-        from twisted.internet.task import LoopingCall
-
-        self._map_watch = LoopingCall(self.check_maps)
-        self._map_watch.clock = self.reactor
-        self._map_watch.start(MAP_CHECK_INTERVAL, now=False)
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
@@ -306,8 +287,6 @@ class MasterService(service.MultiService):
     def stopService(self) -> Any:
         """Forward SIGTERM, wait for the workers to drain, then close."""
         self.stopping = True
-        if self._map_watch is not None and self._map_watch.running:
-            self._map_watch.stop()
         # Stop listening at once: the master's copy of each listening
         # socket would keep it open (the kernel accepting into the backlog)
         # until the last worker exits, so new connections would hang and be
@@ -417,52 +396,21 @@ class MasterService(service.MultiService):
 
     # -- reload and admin ----------------------------------------------------
 
-    def check_maps(self) -> Any:
-        """Reload the maps whose files changed on disk since the snapshot in
-        force (every other file as it is in force): the workers reload in
-        place.  A map that does not load keeps the old one, and is not
-        tried again until its files change again."""
-        if self.stopping:
-            return None
-        paths = changed(self.snapshot, self.maps)
-        if not paths:
-            return None
-        signature = [(path, self._disk_mtime(path)) for path in paths]
-        if signature == self._maps_failed:
-            return None
-        log.info("map file(s) changed: {paths}", paths=", ".join(paths))
-        d = self.reload(refresh=paths)
-
-        def done(ok: bool) -> bool:
-            self._maps_failed = None if ok else signature
-            return ok
-
-        return d.addCallback(done)
-
-    @staticmethod
-    def _disk_mtime(path: str) -> int | None:
-        try:
-            return os.stat(path).st_mtime_ns
-        except OSError:
-            return None
-
-    def reload(self, refresh: Sequence[str] = ()) -> Any:
-        """Validate the configuration from the original command line (with
-        ``refresh``: only those files read from disk again); if it loads,
-        have the workers reload in place when only sites changed
+    def reload(self) -> Any:
+        """Validate the configuration from the original command line; if it
+        loads, have the workers reload in place when only sites changed
         (``runtime.reloads_in_place``), else start a new generation and
         retire the old one when it is ready.  Returns a Deferred firing True
         (switched) or False (refused, by the master or by a worker)."""
         sd_notify("RELOADING=1")
         try:
-            validated = self.load(self.argv, refresh) if refresh else self.load(self.argv)
+            validated = self.load(self.argv)
         except BaseException as exc:  # UsageError or SystemExit from a check
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
             sd_notify("READY=1")
             return defer.succeed(False)
         config = validated.config
-        self.maps = validated.maps
         if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
         if config.cluster != self.config.cluster:

@@ -162,41 +162,6 @@ class SnapshotTests(SynchronousTestCase):
         assert worker.runtime.default.urlmap.lookup("/old-a") == "/new-a"
 
 
-class RefreshTests(SynchronousTestCase):
-    """Maps go live when they change: the master loads with only the
-    changed map files read again (``ConfigLoader(argv, refresh)``)."""
-
-    def setUp(self) -> None:
-        self.tmp = os.path.abspath(self.mktemp())
-        self.rules = write(f"{self.tmp}/a.rules", "replace_filter 'x' 'a' g;\n")
-        self.map = write(f"{self.tmp}/a.map", "/old /new;\ninclude more/*.map;\n")
-        write(f"{self.tmp}/more/x.map", "/old-x /new-x;\n")
-        self.argv = ["--listen", "tcp:0", "--upstream", "http://o", "--rules", self.rules, "--map", self.map]
-        self.loader = ConfigLoader()
-        self.first = self.loader(self.argv)
-
-    def test_maps_are_watched(self) -> None:
-        """What the master watches: every map file and wildcard directory."""
-        assert self.first.maps == (self.map, f"{self.tmp}/more", f"{self.tmp}/more/x.map")
-
-    def test_only_the_refreshed_files_are_read_again(self) -> None:
-        """The map and the rules both changed on disk: a refresh of the map
-        takes the new map and keeps the rules in force; a file added to a
-        wildcard-included directory comes with its directory."""
-        write(self.map, "/old /newer;\ninclude more/*.map;\n")
-        write(f"{self.tmp}/more/y.map", "/old-y /new-y;\n")
-        write(self.rules, "replace_filter 'x' 'B' g;\n")
-        refreshed = self.loader(self.argv, [self.map, f"{self.tmp}/more"])
-        urlmap = self.loader.runtime.default.urlmap  # type: ignore[union-attr]
-        assert urlmap.lookup("/old") == "/newer" and urlmap.lookup("/old-y") == "/new-y"
-        assert refreshed.snapshot.read(self.rules) == b"replace_filter 'x' 'a' g;\n"
-        assert f"{self.tmp}/more/y.map" in refreshed.maps
-        shutil.rmtree(self.tmp)
-        worker = worker_load(self.argv, refreshed.snapshot)
-        assert worker.runtime.default.urlmap.lookup("/old-y") == "/new-y"
-        assert worker.runtime.default.rules.digest == self.loader.runtime.default.rules.digest  # type: ignore[union-attr]
-
-
 def ca_pem() -> bytes:
     """A self-signed CA certificate, PEM."""
     import datetime

@@ -161,7 +161,7 @@ class MasterReloadTests(SynchronousTestCase):
         renewal, then SIGHUP): a new generation adopts the sockets with
         them; an in-place reload would keep the old ones."""
         self.master.tls = {"/k.pem": b"old"}
-        self.load = lambda argv: Validated(self.loads[-1], self.snapshot_of(self.loads[-1]), (), {"/k.pem": b"new"})  # type: ignore[method-assign]
+        self.load = lambda argv: Validated(self.loads[-1], self.snapshot_of(self.loads[-1]), {"/k.pem": b"new"})  # type: ignore[method-assign]
         self.master.load = self.load
         self.master.reload()
         assert self.spawned == [2, 2] and self.master.tls == {"/k.pem": b"new"}
@@ -234,57 +234,6 @@ class MasterSpawnTests(SynchronousTestCase):
         replacement = self.reactor.spawned[-1]
         assert replacement is not first
         assert self.first_command(replacement)[1] == expected
-
-
-class MasterMapWatchTests(SynchronousTestCase):
-    """The master watches the maps' files; a change reloads them alone."""
-
-    def setUp(self) -> None:
-        from prexy.files import Recorder
-
-        self.reactor = MemoryReactorClock()
-        self.map = os.path.abspath(self.mktemp())
-        with open(self.map, "w") as f:
-            f.write("/a /b;\n")
-        recorder = Recorder()
-        recorder.read(self.map)
-        self.refreshes: list[Any] = []
-        self.fail = False
-        config = _config("a")
-        self.master = MasterService(
-            self.reactor, Validated(config, recorder.snapshot(), (self.map,)), ["--config", "x"], 1, self.load
-        )
-
-    def load(self, argv: Any, refresh: Any = ()) -> Validated:
-        self.refreshes.append(list(refresh))
-        if self.fail:
-            raise SystemExit(f"{self.map}:1: bad")
-        return Validated(self.master.config, Snapshot({}), (self.map,))
-
-    def touch(self, text: str) -> None:
-        with open(self.map, "w") as f:
-            f.write(text)
-        os.utime(self.map, ns=(len(self.refreshes) * 10**9 + 1, len(self.refreshes) * 10**9 + 1))
-
-    def test_unchanged_maps_load_nothing(self) -> None:
-        self.master.check_maps()
-        assert self.refreshes == []
-
-    def test_a_changed_map_is_refreshed_alone(self) -> None:
-        self.touch("/a /c;\n")
-        self.master.check_maps()
-        assert self.refreshes == [[self.map]]
-
-    def test_a_broken_map_is_not_retried_until_it_changes(self) -> None:
-        self.fail = True
-        self.touch("/a;\n")
-        self.master.check_maps()
-        self.master.check_maps()
-        assert self.refreshes == [[self.map]]
-        assert self.master.last_reload_error.endswith("bad")
-        self.touch("/a /d;\n")
-        self.master.check_maps()
-        assert len(self.refreshes) == 2
 
 
 class _Reactor:

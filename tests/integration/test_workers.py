@@ -197,33 +197,6 @@ class TestWorkerPool:
         assert "usage" not in child.output().lower()
 
     @pytest_twisted.inlineCallbacks
-    def test_a_changed_map_goes_live_alone(self) -> Any:
-        """A map file changed on disk goes live in every worker without a
-        reload (the master watches it), while a rules file changed at the
-        same time waits for one; replacements of dead workers serve both
-        as they are in force."""
-        map_file = os.path.join(self.dir, "site.map")
-        with open(map_file, "w") as f:
-            f.write("/old /new;\n")
-        child = yield self.start("--map", map_file)
-        workers = sorted(child.children())
-        answer = yield self.get("/old")
-        assert b"\r\nLocation: http://t/new\r\n" in answer, answer[:300]
-        self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
-        refreshed = child.notified("READY=1", seconds=15)  # the workers reloaded the map
-        with open(map_file, "w") as f:
-            f.write("/old /newer;\n")
-        yield refreshed
-        answers = yield defer.gatherResults([self.get("/old") for _ in range(10)])
-        assert all(b"\r\nLocation: http://t/newer\r\n" in a for a in answers), answers[0][:300]
-        assert (yield self.bodies(10)) == {b"HELLO world!"}
-        assert sorted(child.children()) == workers
-        yield self.replace_every_worker(child)
-        answer = yield self.get("/old")
-        assert b"\r\nLocation: http://t/newer\r\n" in answer, answer[:300]
-        assert (yield self.bodies(10)) == {b"HELLO world!"}
-
-    @pytest_twisted.inlineCallbacks
     def test_reload_under_load_loses_nothing(self) -> Any:
         """SIGHUP with good rules while requests keep coming: every request
         succeeds, the workers reload in place (only a site's rules changed:
