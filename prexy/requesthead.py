@@ -407,6 +407,9 @@ class HeadGate:
         #: Heads up to this size cannot hold more header lines than the
         #: limit: the shortest request line is 14 bytes
         #: (``A / HTTP/1.0\r\n``), a header line 4 (``a:\r\n``), the end 2.
+        #: A larger one has its LFs counted before the fast path: measured
+        #: 2026-12-04 with callgrind, a 463-byte browser head 61.0k -> 63.5k
+        #: instructions; wrk's 57-byte head is not counted.
         self._lines_fit = 14 + 4 * (limits.max_header_lines + 1) + 2 - 1
         self.reset()
 
