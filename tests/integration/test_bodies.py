@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import shutil
 import tempfile
 from typing import Any
 
@@ -81,6 +82,7 @@ class TestUpstreamBodies:
         cleanup(listening.stopListening)
         self.upstream = f"http://127.0.0.1:{listening.getHost().port}"
         self.dir = tempfile.mkdtemp(prefix="prexy-bodies-")
+        cleanup(shutil.rmtree, self.dir, True)
 
     @defer.inlineCallbacks
     def start(self, rules: bytes) -> Any:
