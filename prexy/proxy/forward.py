@@ -89,8 +89,8 @@ class Exchange(Outcomes):
         self.task: Any = None
         self.work_paused = False
         self.slice = FIRST_SLICE
-        #: Body bytes still to come when the upstream gave a length (and
-        #: nothing is decoded): the last piece then ends the transducer.
+        #: Body bytes still to come when the upstream gave a length: the
+        #: last piece then ends the pipeline with its data.
         self.expect: int | None = None
         #: The transducer's last output, sent with the end of the response.
         self.stash = b""
@@ -281,7 +281,7 @@ class Exchange(Outcomes):
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
-        if self.pipeline is not None and self.pipeline.decoder is None:
+        if self.pipeline is not None:
             self.expect = response.length
         if not response.body_in_hand:
             if self._unwanted():
@@ -383,7 +383,9 @@ class Exchange(Outcomes):
         self.backlog_bytes -= len(data)
         pipeline = self.pipeline
         assert pipeline is not None
-        out = self._feed(data, self.expect == 0 and not backlog)
+        # The last piece ends the pipeline with its data when the body is
+        # known complete: its length fully read, or its end already come.
+        out = self._feed(data, (self.expect == 0 or self.life.state is State.DRAINING) and not backlog)
         if out is None:
             backlog.clear()
             self.backlog_bytes = 0
@@ -443,6 +445,8 @@ class Exchange(Outcomes):
             except PipelineError as exc:
                 self._pipeline_failed(exc)
                 return
+            for coding, size in pipeline.trailing_garbage():
+                self.resource.trailing_garbage(self.site, coding, size, request.uri)
             if end:
                 self._out(end)
                 if self.life.over:

@@ -72,6 +72,8 @@ class ProxyResource(Resource):
         self.slices: dict[str, int] = {}
         #: (site, coding label) pairs whose undecodable bodies were logged.
         self.unknown_codings: set[tuple[str, str]] = set()
+        #: Sites whose upstream bodies' trailing garbage was logged.
+        self.garbage_sites: set[str] = set()
         self._coding_labels: set[str] = set()
 
     def coding_not_decoded(self, site: SiteRuntime, coding: bytes, uri: bytes) -> None:
@@ -92,6 +94,20 @@ class ProxyResource(Resource):
             "site {site}: content coding {coding!r} cannot be decoded, so its bodies pass unrewritten"
             " (first seen on {uri}; counted in prexy_unknown_coding_total, not logged again)",
             site=site.name, coding=coding.decode("latin-1"), uri=uri.decode("latin-1"),
+        )
+
+    def trailing_garbage(self, site: SiteRuntime, coding: bytes, size: int, uri: bytes) -> None:
+        """An upstream body had ``size`` bytes after the end of its
+        ``coding`` stream, ignored (the body before them decoded whole and
+        was served): counted every time, logged once per site."""
+        self.metrics.count("prexy_decode_trailing_garbage_total", coding=coding_label(coding))
+        if site.name in self.garbage_sites:
+            return
+        self.garbage_sites.add(site.name)
+        log.warn(
+            "site {site}: {size} byte(s) of garbage after the end of a {coding} body ignored, as gzip -d and"
+            " browsers do (first seen on {uri}; counted in prexy_decode_trailing_garbage_total, not logged again)",
+            site=site.name, size=size, coding=coding.decode("latin-1"), uri=uri.decode("latin-1"),
         )
 
     def render(self, request: ProxyRequest) -> Any:
