@@ -234,8 +234,8 @@ class NoLeakTests(SynchronousTestCase):
         self.assertIn("cannot connect to 10.9.8.7:8123", logged.text)
 
     def test_site_pages(self) -> None:
-        """With pages: an exact status's page, else its class's, else the
-        generic body (no 4xx page is given for 408 here... it is: 4xx)."""
+        """With pages: each answer gets its exact status's page, else its
+        class's, with the page's type and length."""
         answers = self.answers(harness(pages=PAGES))
         for what, raw in answers.items():
             with self.subTest(what=what):
@@ -252,6 +252,28 @@ class NoLeakTests(SynchronousTestCase):
         self.assertTrue(raw.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"))
         self.assertIn(b"Content-Length: %d\r\n" % len(PAGE_5XX.body), raw)
         self.assertTrue(raw.endswith(b"\r\n\r\n"))
+
+    def test_proxied_answer_headers(self) -> None:
+        """What Prexy adds to a proxied answer (Via, Server-Timing,
+        Cache-Status) and the redirect it rewrites (proxy_redirect default)
+        do not name the upstream, over HTTP/1.1 and HTTP/2."""
+        redirect = b"HTTP/1.1 302 Found\r\nLocation: http://10.9.8.7:8123/next\r\nContent-Length: 0\r\n\r\n"
+        h = harness(RULES)
+        _, client = h.send(GET)
+        h.conns[-1].reply(redirect)
+        raw = client.value()
+        self.assertIn(b"Location: http://shop.test:8080/next\r\n", raw)  # (the listener's port)
+        for secret in SECRETS:
+            self.assertNotIn(secret, raw)
+        c = H2Client(h)
+        c.get(1, b"/page")
+        h.conns[-1].reply(redirect)
+        events = c.flush()
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b"location"], b"https://a:8443/next")
+        for name, value in head.headers:
+            for secret in SECRETS:
+                self.assertNotIn(secret, name + value)
 
     def test_upstream_errors_pass_through(self) -> None:
         """An error the upstream answers itself is its own answer: it
