@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 from prexy.errorpages import NO_PAGES, ErrorPage, ErrorPages
+from prexy.proxy import forward
 from prexy.substitution import parse_rules
 
 from .support import Harness, Logged, header, parse_response, site_runtime
@@ -140,6 +141,32 @@ class HeadHeldTests(SynchronousTestCase):
         status, headers, out = parse_response(client.value())
         self.assertEqual((status, out), (502, PAGE_5XX.body))
         self.assertEqual(header(headers, b"content-type"), [PAGE_5XX.content_type])
+
+    def test_failed_rewrite_before_the_head_is_500(self) -> None:
+        """A rewrite that fails before anything went out (an HTTP/1.0
+        client's body is rewritten before its head) is Prexy's own failure:
+        a 500, logged with its traceback."""
+
+        class Broken:
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                self.bailed_out = self.timed_out = False
+                self.scan_seconds = 0.0
+                self.rules_matched: list[Any] = []
+
+            def feed(self, data: bytes) -> bytes:
+                raise RuntimeError("broken rule")
+
+            finish = feed
+
+        self.patch(forward, "Transducer", Broken)
+        h = harness(RULES)
+        _, client = h.send(b"GET /page HTTP/1.0\r\nHost: shop.test\r\n\r\n")
+        h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 8\r\n\r\n<p>x</p>")
+        h.settle()
+        raw = client.value()
+        self.assertTrue(raw.startswith(b"HTTP/1.0 500 Internal Server Error\r\n"), raw)
+        self.assertTrue(raw.endswith(b"\r\n\r\n500 Internal Server Error\n"), raw)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
     def test_http2_stream_gets_502(self) -> None:
         """Over HTTP/2: a 502 on the stream, not RST_STREAM; the connection
