@@ -236,6 +236,19 @@ class ProxyRequest(server.Request):
         except BaseException:
             self.processingFailed(Failure())
 
+    def processingFailed(self, reason: Failure) -> Failure:
+        """An exception while routing the request: logged with its
+        traceback; the client gets a 500 (the site's page, else a generic
+        body, never the traceback), or a reset once its answer began."""
+        _log.failure("internal error while routing {uri}", reason, uri=self.uri.decode("latin-1"))
+        if self.finished or self.gone:
+            return reason
+        if self.startedWriting:
+            abort_client(self)
+        else:
+            error_answer(self, 500, self._site_pages())
+        return reason
+
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False

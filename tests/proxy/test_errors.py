@@ -302,6 +302,23 @@ class NoLeakTests(SynchronousTestCase):
             for secret in SECRETS:
                 self.assertNotIn(secret, name + value)
 
+    def test_exception_while_routing(self) -> None:
+        """An exception in the resource: a 500 with the site's page (never
+        twisted.web's page or a traceback), the traceback in the log."""
+        for pages, expected in ((NO_PAGES, b"500 Internal Server Error\n"), (PAGES, PAGE_5XX.body)):
+            h = harness(pages=pages)
+
+            def boom(request: Any) -> Any:
+                raise RuntimeError("at 10.9.8.7:8123")
+
+            h.resource.render = boom  # type: ignore[method-assign]
+            raw = h.send(GET)[1].value()
+            status, _, out = parse_response(raw)
+            self.assertEqual((status, out), (500, expected), raw)
+            for secret in SECRETS:
+                self.assertNotIn(secret, raw)
+            self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
     def test_upstream_errors_pass_through(self) -> None:
         """An error the upstream answers itself is its own answer: it
         passes untouched, never replaced by a page."""
