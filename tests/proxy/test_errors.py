@@ -19,10 +19,14 @@ from twisted.internet.error import TimeoutError as TxTimeout
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy.cache.policy import CachePolicy
+from prexy.cache.store import Store
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 from prexy.errorpages import NO_PAGES, ErrorPage, ErrorPages
 from prexy.proxy import forward
+from prexy.proxy.caching import CacheLayer
 from prexy.substitution import parse_rules
+from tests.cases import tmp_dir
 
 from .support import Harness, Logged, header, parse_response, site_runtime
 from .test_http2 import H2Client, body
@@ -167,6 +171,35 @@ class HeadHeldTests(SynchronousTestCase):
         self.assertTrue(raw.startswith(b"HTTP/1.0 500 Internal Server Error\r\n"), raw)
         self.assertTrue(raw.endswith(b"\r\n\r\n500 Internal Server Error\n"), raw)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_stale_copy_instead(self) -> None:
+        """A cached object whose stale-if-error window is open is served
+        instead of the 502 (RFC 5861), and kept."""
+        site = SiteConfig("s", UpstreamURL.parse(UPSTREAM), cache=CachePolicy(grace=0))
+        config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
+        h = Harness(config, site_runtime(config, s={"rules": parse_rules(HOLDING_RULES, "test.rules")}))
+        store = Store.open(str(tmp_dir(self)), 64 << 20, clock=h.clock.seconds)
+        self.addCleanup(store.close)
+        h.resource.cache = CacheLayer(h.clock, store, h.metrics)
+        page = b"<p>page</p>"
+        _, client = h.send(GET)
+        h.conns[-1].reply(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nCache-Control: max-age=10, stale-if-error=300\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(page), page)
+        )
+        h.settle()
+        self.assertEqual(parse_response(client.value())[::2], (200, page))
+        h.clock.advance(20)
+        for _ in range(2):
+            _, client = h.send(GET)
+            h.conns[-1].reply(HEAD_1000 + b"<!-- held")
+            h.settle()
+            h.conns[-1].close(Failure(ConnectionLost("origin died")))
+            h.settle()
+            status, headers, out = parse_response(client.value())
+            self.assertEqual((status, out), (200, page))
+            self.assertIn(b"stale-if-error", b" ".join(header(headers, b"cache-status")))
+            self.assertEqual(header(headers, b"etag"), [])  # nothing of the failed answer's head
 
     def test_http2_stream_gets_502(self) -> None:
         """Over HTTP/2: a 502 on the stream, not RST_STREAM; the connection
