@@ -19,8 +19,11 @@ the upstream body ended and what was received is still being rewritten.
 ``DONE``, ``GONE`` (the client went away and nobody else wants the fetch;
 one that followers or the cache still want goes on through the same states
 without a client, ``prexy.cache.flow.wanted``) and ``ABORTED`` (the client
-connection was reset: the upstream broke mid-body or the rewrite failed)
-are final.
+connection was reset: the upstream broke mid-body or the rewrite failed
+after the head went out) are final.  ``STREAMING`` and ``DRAINING`` say the
+head is decided, not that it was sent: the client's request holds it back
+until the first body bytes, so while a rewrite holds those back a failure
+is still answered with an error status (``DONE``).
 
 The body pipeline is decode -> transduce -> encode (``BodyPipeline``): a
 compressed upstream body is decoded before the transducer sees it and

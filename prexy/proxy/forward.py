@@ -205,7 +205,7 @@ class Exchange(Outcomes):
                 else:
                     whole = self._feed(body, True)
                     if whole is None:
-                        return  # the rewrite failed: the client was reset
+                        return  # the rewrite failed: the client got a 5xx
         tap = None
         plain = transducer is None and (skipped or not rewrite)  # only compressed, if at all
         if ctx is not None and encoder is not None and (transducer is not None or plain):
@@ -389,7 +389,7 @@ class Exchange(Outcomes):
         if out is None:
             backlog.clear()
             self.backlog_bytes = 0
-            return  # failed: the client was reset
+            return  # failed: answered or reset (``_pipeline_failed``)
         if out:
             self._out(out)
             if pipeline.ended:
@@ -399,7 +399,8 @@ class Exchange(Outcomes):
 
     def _feed(self, data: bytes, last: bool) -> bytes | None:
         """One slice through the pipeline, timed to size the next one; None
-        when it failed (the client is reset)."""
+        when it failed (the client got a 5xx, or is reset once the head
+        went out)."""
         pipeline = self.pipeline
         assert pipeline is not None
         timer = self.resource.rewriting.timer

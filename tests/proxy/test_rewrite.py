@@ -322,16 +322,22 @@ class CompressedUpstreamTests(SynchronousTestCase):
         notes = [e for e in logged if "garbage after the end" in str(e.get("log_format", ""))]
         self.assertEqual([(n["site"], n["coding"], n["size"]) for n in notes], [("s", "gzip", 2)])
 
-    def test_corrupt_gzip_resets_client(self) -> None:
-        """A corrupt compressed body ends in a reset, not a clean end."""
+    def test_corrupt_gzip_before_the_head_is_502(self) -> None:
+        """A compressed body that is corrupt before anything of the answer
+        went out gets a 502 (never a clean short answer, nor a silent close
+        that a keep-alive client would retry); the connection stays open."""
         h = harness()
         body = b"\x1f\x8b\x08\x00garbage-not-gzip-at-all"
         _, client = respond(
             h,
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n" % len(body),
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nETag: \"e\"\r\n"
+            b"Content-Length: %d\r\n" % len(body),
             body,
         )
-        self.assertTrue(client.aborted)
+        status, headers, out = parse_response(client.value())
+        self.assertEqual((status, out), (502, b"502 Bad Gateway\n"))
+        self.assertEqual(header(headers, b"etag") + header(headers, b"trailer"), [])
+        self.assertFalse(client.disconnecting)
         self.assertEqual(h.metrics.counters[("prexy_decode_errors_total", (("coding", "gzip"),))], 1)
 
     def test_corrupt_br_mid_stream_resets_client(self) -> None:
