@@ -318,7 +318,6 @@ class TestStrict:
         for count in (151, 1001):
             ours, answer = yield self.outcome(port, head(count))
             assert (ours, answer.status) == ("refused:4xx", 431), bytes(answer.data)
-            assert b"too many header lines" in bytes(answer.data)
         yield child.stop()
         assert child.output().count("refused a request from 127.0.0.1: 431 too many header lines") == 2
 

@@ -77,8 +77,8 @@ class RefusedHeadTests(SynchronousTestCase):
         """101 header lines: 431, counted and logged like the other head
         limits; 100 go upstream."""
         lines = b"".join(b"X-%d: v\r\n" % i for i in range(99))
-        body = self.refused(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"X-99: v\r\n\r\n", 431)
-        self.assertIn(b"too many header lines", body)
+        self.refused(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"X-99: v\r\n\r\n", 431)
+        self.assertIn("431 too many header lines", self.log_line)
         h = Harness()
         h.send(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"\r\n")
         self.assertIn(b"x-98: v", h.conns[0].sent().lower())
