@@ -110,7 +110,8 @@ class AdminResource(resource.Resource):
 
     def _ban(self, request: server.Request) -> bytes | int:
         """Remove every cached object whose path and query match ``regex``
-        and whose host is ``host`` (either may be left out), of one site or
+        and whose host is ``host`` or matches ``host_regex`` (any may be
+        left out), of one site or
         of all (all workers share the store, so one ban reaches them all).
         The scan runs in the owner's reactor's thread pool."""
         if request.method != b"POST":
@@ -126,11 +127,11 @@ class AdminResource(resource.Resource):
         def arg(name: bytes) -> str | None:
             return args.get(name, [b""])[0].decode("utf-8", "replace") or None
 
-        regex, host, site = arg(b"regex"), arg(b"host"), arg(b"site")
+        regex, host, host_regex, site = arg(b"regex"), arg(b"host"), arg(b"host_regex"), arg(b"site")
         from prexy.cache.bans import Ban, BanError
 
         try:
-            ban = Ban(site, target=regex, host=host)
+            ban = Ban(site, target=regex, host=host, host_regex=host_regex)
         except BanError as exc:
             request.setResponseCode(400)
             return f"{exc}\n".encode() + BAN_USAGE
@@ -153,7 +154,7 @@ class AdminResource(resource.Resource):
                 from prexy.cluster.answer import answer_with_note
                 from prexy.cluster.messages import Invalidation
 
-                answer_with_note(request, announce(Invalidation.ban(site, regex, host)), text)
+                answer_with_note(request, announce(Invalidation.ban(site, regex, host, host_regex)), text)
                 return
             if still_open():
                 request.setHeader(b"content-length", b"%d" % len(text))
@@ -166,8 +167,9 @@ class AdminResource(resource.Resource):
 
 
 BAN_USAGE = (
-    b"use POST /ban?regex=RE[&host=NAME][&site=NAME] or /ban?host=NAME[&site=NAME]: RE is searched in the\n"
-    b"path and query (/obj?x=1, as Varnish's req.url), NAME is a Host, compared whole\n"
+    b"use POST /ban?regex=RE[&host=NAME|&host_regex=RE][&site=NAME] or /ban?host=NAME[&site=NAME]:\n"
+    b"regex is searched in the path and query (/obj?x=1, as Varnish's req.url), host is a Host\n"
+    b"compared whole (req.http.host ==), host_regex is searched in the Host (req.http.host ~)\n"
 )
 
 
@@ -178,5 +180,5 @@ def ban_answer(ban: Ban, count: int) -> bytes:
         return b"banned %d object(s)\n" % count
     return (
         f"banned 0 object(s): no stored object matched ({ban.describe()}); the regex is searched in the "
-        "path and query, the host is given with host=\n"
+        "path and query, the host is given with host= or host_regex=\n"
     ).encode()

@@ -3,9 +3,11 @@
 A ban is written as a Varnish operator writes one against ``req.url`` and
 ``req.http.host``: a regular expression searched (``re.search``) in the
 path and query of a stored object's URL (``/obj?x=1``), and a host name
-of its own, compared whole (case-insensitive, a trailing dot ignored; a
-name without a port matches it on any port).  Either may be left out; a
-ban names at least one.
+of its own, compared whole (``req.http.host ==``; case-insensitive, a
+trailing dot ignored; a name without a port matches it on any port) or a
+regular expression searched in the host as stored, lower-case with its
+port (``req.http.host ~``).  Any may be left out; a ban names at least
+one.
 
 The store keeps each object's URL as :func:`prexy.cache.policy.key_url`
 made it: the lower-cased Host followed by the path and query
@@ -13,7 +15,7 @@ made it: the lower-cased Host followed by the path and query
 leaves the host out.  :func:`split_key_url` takes it apart at the first
 ``/`` (a Host cannot hold one).  An object stored without a host (the key
 leaves it out, or an HTTP/1.0 request had none) is the one every host of
-its site is served, so a host selector matches it.
+its site is served, so a host selector (name or regex) matches it.
 
 :attr:`Ban.key_url` is the older meaning of a ban's regex, kept for the
 bans that older nodes of a fleet wrote to Redis (``prexy.cluster``): the
@@ -96,11 +98,13 @@ class Ban:
     target: re.Pattern[str] | None = attrs.field(default=None, converter=_pattern)
     #: ``(name, port or None)``, compared whole (Varnish's ``req.http.host ==``).
     host: tuple[str, str | None] | None = attrs.field(default=None, converter=_host)
+    #: Searched in the host as stored (Varnish's ``req.http.host ~``).
+    host_regex: re.Pattern[str] | None = attrs.field(default=None, converter=_pattern)
     #: Searched in the stored URL, host and all (bans older nodes wrote).
     key_url: re.Pattern[str] | None = attrs.field(default=None, converter=_pattern)
 
     def __attrs_post_init__(self) -> None:
-        if self.target is None and self.host is None and self.key_url is None:
+        if self.target is None and self.host is None and self.host_regex is None and self.key_url is None:
             raise BanError("a ban needs a regex (on the path and query) or a host")
 
     def matches(self, url: bytes) -> bool:
@@ -109,15 +113,18 @@ class Ban:
         text = url.decode("latin-1")
         if self.key_url is not None and not self.key_url.search(text):
             return False
-        if self.target is None and self.host is None:
+        if self.target is None and self.host is None and self.host_regex is None:
             return True
         host, target = split_key_url(url)
         if self.target is not None and not self.target.search(target.decode("latin-1")):
             return False
-        if self.host is not None and host:
-            name, port = normalise_host(host.decode("latin-1"))
-            want_name, want_port = self.host
-            if name != want_name or (want_port is not None and port != want_port):
+        if host:
+            if self.host is not None:
+                name, port = normalise_host(host.decode("latin-1"))
+                want_name, want_port = self.host
+                if name != want_name or (want_port is not None and port != want_port):
+                    return False
+            if self.host_regex is not None and not self.host_regex.search(host.decode("latin-1")):
                 return False
         return True
 
@@ -125,10 +132,12 @@ class Ban:
         """The ban in words, for answers and logs."""
         parts = [f"site {self.site}" if self.site is not None else "every site"]
         if self.target is not None:
-            parts.append(f"path and query ~ {self.target.pattern!r}")
+            parts.append(f"path and query ~ '{self.target.pattern}'")
         if self.host is not None:
             name, port = self.host
             parts.append(f"host {name}{':' + port if port else ''}")
+        if self.host_regex is not None:
+            parts.append(f"host ~ '{self.host_regex.pattern}'")
         if self.key_url is not None:
-            parts.append(f"stored URL ~ {self.key_url.pattern!r}")
+            parts.append(f"stored URL ~ '{self.key_url.pattern}'")
         return ", ".join(parts)

@@ -9,13 +9,15 @@ it applied entries up to an id, are one short line each.
 
 A ban's entry says how its regex is matched (field ``match``): ``target``,
 against the path and query of a stored URL, as ``POST /ban`` means it, with
-the host in a field of its own (``host``).  Entries written by older nodes
+the host in fields of its own (``host``, a name compared whole;
+``host_regex``, searched in the host).  Entries written by older nodes
 have no ``match``: their regex was searched in the stored URL as a whole,
 host included (:attr:`BanScope.KEY_URL`), and a node replaying one applies
 it so, as the node that wrote it did.  An older node reading a ``target``
 entry ignores the fields it does not know and searches the regex in the
 whole URL: an unanchored regex (``css$``) bans the same objects there,
-one anchored at ``^/`` none; a ban by host alone it skips (no subject).
+one anchored at ``^/`` none; a ban by host alone it skips (no subject), a
+ban by regex and host it applies to every host.
 
 Pure: no Twisted, no sockets.  Decoding never trusts its input: anything
 malformed raises :class:`MessageError`, and the node skips that entry.
@@ -81,22 +83,26 @@ class BanScope(enum.Enum):
 class Invalidation:
     """One PURGE (``site``, ``subject`` = the URL as the store keys it), one
     ban (``site`` or None for every site, ``subject`` = the regex, UTF-8,
-    empty for a ban by host alone; ``host``, the host selector, or None),
-    or one reload (no site, no subject)."""
+    empty for a ban by host alone; ``host``, a host name, and
+    ``host_regex``, a regex on the host, or None), or one reload (no site,
+    no subject)."""
 
     kind: Kind
     site: str | None = None
     subject: bytes = b""
     host: str | None = None
     scope: BanScope = BanScope.TARGET
+    host_regex: str | None = None
 
     @classmethod
     def purge(cls, site: str, url: bytes) -> Invalidation:
         return cls(Kind.PURGE, site, url)
 
     @classmethod
-    def ban(cls, site: str | None, regex: str | None, host: str | None = None) -> Invalidation:
-        return cls(Kind.BAN, site, (regex or "").encode("utf-8"), host)
+    def ban(
+        cls, site: str | None, regex: str | None, host: str | None = None, host_regex: str | None = None
+    ) -> Invalidation:
+        return cls(Kind.BAN, site, (regex or "").encode("utf-8"), host, host_regex=host_regex)
 
     @classmethod
     def reload(cls) -> Invalidation:
@@ -114,6 +120,8 @@ class Invalidation:
         if self.kind is Kind.BAN:
             if self.host is not None:
                 out += f" host={self.host}"
+            if self.host_regex is not None:
+                out += f" host~{self.host_regex}"
             if self.scope is BanScope.KEY_URL:
                 out += " (on the whole URL)"
         return out
@@ -140,6 +148,8 @@ class Message:
             out += [b"match", inv.scope.value.encode("ascii")]
             if inv.host is not None:
                 out += [b"host", inv.host.encode("utf-8")]
+            if inv.host_regex is not None:
+                out += [b"host_regex", inv.host_regex.encode("utf-8")]
         return out
 
     @classmethod
@@ -184,14 +194,19 @@ class Message:
             # No ``match``: an older node's ban, on the whole stored URL.
             scope = BanScope(table[b"match"].decode("ascii")) if b"match" in table else BanScope.KEY_URL
             host = table[b"host"].decode("utf-8") if b"host" in table else None
+            host_regex = table[b"host_regex"].decode("utf-8") if b"host_regex" in table else None
             re.compile(subject.decode("utf-8"))
+            if host_regex is not None:
+                re.compile(host_regex)
         except (ValueError, re.error) as exc:  # UnicodeDecodeError too
             raise MessageError(f"bad ban: {exc}") from None
         if host is not None and (scope is BanScope.KEY_URL or not host or _NOT_HOST.search(host)):
             raise MessageError(f"bad ban host: {host!r}")
-        if not subject and host is None:
+        if host_regex is not None and (scope is BanScope.KEY_URL or not host_regex):
+            raise MessageError(f"bad ban host_regex: {host_regex!r}")
+        if not subject and host is None and host_regex is None:
             raise MessageError("a ban needs a regex or a host")
-        return cls(Invalidation(kind, site, subject, host, scope), node, at)
+        return cls(Invalidation(kind, site, subject, host, scope, host_regex), node, at)
 
 
 def doorbell(entry: StreamId) -> bytes:

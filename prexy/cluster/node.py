@@ -116,13 +116,13 @@ class StoreTarget:
 
 def store_ban(invalidation: Invalidation) -> Ban:
     """The store's :class:`Ban` for a ban entry: its regex on the path and
-    query and its host, as ``POST /ban`` made it, or, for an older node's
+    query and its host selectors, as ``POST /ban`` made it, or, for an older node's
     entry, its regex on the stored URL as a whole.  BanError when it cannot
     be one."""
     regex = invalidation.regex or None
     if invalidation.scope is BanScope.KEY_URL:
         return Ban(invalidation.site, key_url=regex)
-    return Ban(invalidation.site, target=regex, host=invalidation.host)
+    return Ban(invalidation.site, target=regex, host=invalidation.host, host_regex=invalidation.host_regex)
 
 
 class PositionFile:

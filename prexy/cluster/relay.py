@@ -82,7 +82,7 @@ def to_json(invalidation: Invalidation) -> dict[str, Any]:
     out = {"kind": invalidation.kind.value, "site": invalidation.site,
            "subject": invalidation.subject.decode("latin-1")}
     if invalidation.kind is Kind.BAN:
-        out.update(host=invalidation.host, match=invalidation.scope.value)
+        out.update(host=invalidation.host, host_regex=invalidation.host_regex, match=invalidation.scope.value)
     return out
 
 
@@ -94,12 +94,13 @@ def from_json(data: Any) -> Invalidation:
     site = data.get("site")
     subject = data.get("subject", "")
     host = data.get("host")
+    host_regex = data.get("host_regex")
     scope = BanScope(data.get("match", BanScope.TARGET.value))
     if (site is not None and not isinstance(site, str)) or not isinstance(subject, str):
         raise ValueError("bad site or subject")
-    if host is not None and not isinstance(host, str):
-        raise ValueError("bad host")
-    return Invalidation(kind, site, subject.encode("latin-1"), host, scope)
+    if any(x is not None and not isinstance(x, str) for x in (host, host_regex)):
+        raise ValueError("bad host or host_regex")
+    return Invalidation(kind, site, subject.encode("latin-1"), host, scope, host_regex)
 
 
 def tell_worker(path: str, datagram: bytes) -> None:

@@ -1,6 +1,7 @@
 """What a ban matches (``prexy.cache.bans``), pure: its regex on the path
-and query of a stored URL (as Varnish's ``req.url``), its host on the host,
-the older whole-URL form, and the bans that cannot be made."""
+and query of a stored URL (as Varnish's ``req.url``), its host name or
+host regex on the host, the older whole-URL form, and the bans that cannot
+be made."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ CASES = [
     ({"host": "shop.example"}, b"www.shop.example/obj", False),  # whole names
     ({"host": "[::1]"}, b"[::1]:8443/obj", True),
     ({"host": "shop.example"}, b"/obj", True),  # stored without a host: served to every host
+    ({"host_regex": r"\.shop\.example$"}, b"www.shop.example/obj", True),
+    ({"host_regex": r"\.shop\.example$"}, b"shop.example/obj", False),
+    ({"host_regex": r"\.shop\.example$"}, b"www.shop.example:8080/obj", False),  # the port is part of it
+    ({"host_regex": "^www[.]", "target": "^/obj"}, b"www.shop.example/obj", True),
+    ({"host_regex": "^www[.]", "target": "^/obj"}, b"www.shop.example/other", False),
+    ({"host_regex": "^www[.]"}, b"/obj", True),  # stored without a host
     ({"key_url": "^shop.example/obj"}, b"shop.example/obj", True),  # an older node's ban
     ({"key_url": "^/obj"}, b"shop.example/obj", False),
 ]
@@ -52,7 +59,7 @@ class BanTests(SynchronousTestCase):
 
     def test_refused(self) -> None:
         """A bad regex, a host that is no host, or nothing to match."""
-        for kw in ({}, {"target": "("}, {"host": "a b"}, {"host": "a/b"}, {"host": ""}, {"key_url": "["},
+        for kw in ({}, {"target": "("}, {"host": "a b"}, {"host": "a/b"}, {"host": ""}, {"key_url": "["}, {"host_regex": "("},
                    {"target": "^/a", "host": ":80"}):
             with self.assertRaises(BanError, msg=repr(kw)):
                 Ban("s", **kw)  # type: ignore[arg-type]
@@ -63,6 +70,7 @@ class BanTests(SynchronousTestCase):
             "site a, path and query ~ '^/obj', host shop.example:81",
         )
         self.assertEqual(Ban(None, host="x").describe(), "every site, host x")
+        self.assertEqual(Ban(None, host_regex="^w").describe(), "every site, host ~ '^w'")
 
     def test_parts(self) -> None:
         self.assertEqual(split_key_url(b"a.test:81/p/q?x"), (b"a.test:81", b"/p/q?x"))

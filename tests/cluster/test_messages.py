@@ -26,6 +26,8 @@ invalidations = st.one_of(
     st.builds(Invalidation.ban, st.none() | names, st.sampled_from(["^/a", "x.*y", "/shop/[0-9]+$", "."]),
               st.none() | st.sampled_from(["a.test", "shop.example:8080", "[::1]"])),
     st.builds(Invalidation.ban, st.none() | names, st.just(None), st.just("a.test")),
+    st.builds(Invalidation.ban, st.none() | names, st.none() | st.just("^/a"), st.none() | st.just("a.test"),
+              st.sampled_from([r"\.example$", "^www[.]", "é"])),
     st.builds(Invalidation, st.just(Kind.BAN), st.none() | names, st.sampled_from([b"^a.test/", b"x"]),
               st.just(None), st.just(BanScope.KEY_URL)),
     st.just(Invalidation.reload()),
@@ -103,6 +105,9 @@ class MessageTests(SynchronousTestCase):
             [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"match", b"target", b"host", b""],
             [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"host", b"a"],  # host on an old ban
             [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"url"],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"target", b"host_regex", b"("],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"target", b"host_regex", b""],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"host_regex", b"a"],  # on an old ban
             [b"kind", 5, b"node", b"n"],
             "kind purge",
         ]
@@ -121,6 +126,7 @@ class MessageTests(SynchronousTestCase):
     def test_describe(self) -> None:
         self.assertEqual(Invalidation.ban(None, "^/a").describe(), "ban * ^/a")
         self.assertEqual(Invalidation.ban("s", "^/a", "a.test").describe(), "ban s ^/a host=a.test")
+        self.assertEqual(Invalidation.ban("s", None, host_regex="^w").describe(), "ban s  host~^w")
         self.assertEqual(Invalidation.purge("s", b"h/p").describe(), "purge s h/p")
         self.assertEqual(Invalidation.reload().describe(), "reload")
         self.assertEqual(Invalidation.ban("s", "é").regex, "é")

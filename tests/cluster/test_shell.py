@@ -201,14 +201,17 @@ class BanAdminTests(SynchronousTestCase):
         self.assertEqual(self.ban(owner, regex="^/obj", site="a"), (200, b"banned 3 object(s)\n"))
         self.assertEqual(self.ban(owner, regex="^/obj", site="a"), (
             200, b"banned 0 object(s): no stored object matched (site a, path and query ~ '^/obj'); "
-                 b"the regex is searched in the path and query, the host is given with host=\n"))
+                 b"the regex is searched in the path and query, the host is given with host= or host_regex=\n"))
         self.assertEqual(owner.store.stats()["count"], 2)
 
     def test_host_selects(self) -> None:
         owner = self.owner()
         self.assertEqual(self.ban(owner, regex="^/obj", host="WWW.a.test"), (200, b"banned 1 object(s)\n"))
+        self.assertEqual(self.ban(owner, host_regex=r"^www\.", site="a"), (200, b"banned 0 object(s): no stored object "
+                         b"matched (site a, host ~ '^www\\.'); the regex is searched in the path and query, the host "
+                         b"is given with host= or host_regex=\n"))
         self.assertEqual(self.ban(owner, host="a.test", site="a"), (200, b"banned 3 object(s)\n"))
-        self.assertEqual(self.ban(owner, regex="^/obj"), (200, b"banned 1 object(s)\n"))  # b's, every site
+        self.assertEqual(self.ban(owner, regex="^/obj", host_regex=r"^b\.test$"), (200, b"banned 1 object(s)\n"))
         self.assertEqual(owner.store.stats()["count"], 0)
 
     def test_refused(self) -> None:
@@ -216,7 +219,7 @@ class BanAdminTests(SynchronousTestCase):
         nothing banned; GET: 405."""
         owner = self.owner()
         for args, says in (({}, b"a ban needs a regex"), ({"regex": "("}, b"bad regex"),
-                           ({"host": "a b"}, b"bad host"), ({"regex": "^/", "site": "c"}, b"no site named 'c' (sites: a, b)")):
+                           ({"host": "a b"}, b"bad host"), ({"host_regex": "["}, b"bad regex"), ({"regex": "^/", "site": "c"}, b"no site named 'c' (sites: a, b)")):
             code, body = self.ban(owner, **args)
             self.assertEqual(code, 400, args)
             self.assertIn(says, body)
@@ -230,9 +233,12 @@ class BanAdminTests(SynchronousTestCase):
         owner = self.owner(cluster)
         code, body = self.ban(owner, regex="^/obj", host="a.test", site="a")
         self.assertEqual((code, body), (200, b"banned 2 object(s)\ncluster: applied by all 1 other node(s)\n"))
-        self.assertEqual(cluster.published, [Invalidation.ban("a", "^/obj", "a.test")])
+        self.ban(owner, host_regex="^www[.]")
+        self.assertEqual(cluster.published, [Invalidation.ban("a", "^/obj", "a.test"),
+                                             Invalidation.ban(None, None, host_regex="^www[.]")])
         self.assertEqual(cluster.published[0].scope, BanScope.TARGET)
         self.assertEqual(store_ban(cluster.published[0]), Ban("a", target="^/obj", host="a.test"))
+        self.assertEqual(store_ban(cluster.published[1]), Ban(None, host_regex="^www[.]"))
 
 
 class WorkerRelayTests(SynchronousTestCase):
@@ -270,7 +276,7 @@ class WorkerRelayTests(SynchronousTestCase):
     def test_json(self) -> None:
         """What a worker sends over the pipe round-trips; anything else is a ValueError."""
         for inv in (Invalidation.purge("s", b"h/\xe9"), Invalidation.ban(None, "^x"), Invalidation.reload(),
-                    Invalidation.ban("s", None, "a.test")):
+                    Invalidation.ban("s", None, "a.test"), Invalidation.ban(None, "^/x", host_regex="^a")):
             self.assertEqual(from_json(to_json(inv)), inv)
         for bad in (None, [], {"kind": "nope"}, {"kind": "ban", "site": 3, "subject": "x"},
                     {"kind": "ban", "subject": 5}):

@@ -336,8 +336,8 @@ class TestCache:
 class TestBanThroughTwistd:
     """``POST /ban`` on the admin endpoint of ``twistd prexy --workers 2``
     with the cache on: the regex is matched against the path and query (as
-    Varnish's ``req.url``), ``host=`` selects by host, ``site=`` by site, and
-    a ban that matches nothing says so."""
+    Varnish's ``req.url``), ``host=`` and ``host_regex=`` select by host,
+    ``site=`` by site, and a ban that matches nothing says so."""
 
     @pytest_twisted.inlineCallbacks
     def test_ban_by_path_host_and_site(self, cleanup: Cleanups) -> Any:
@@ -395,6 +395,8 @@ class TestBanThroughTwistd:
         assert (yield ban(b"regex=%5E/c/obj&host=a.test&site=a")) == b"banned 1 object(s)\n"
         assert b"miss" in (yield get(b"a.test", b"/c/obj"))
         assert b"hit" in (yield get(b"www.a.test", b"/c/obj"))
+        assert (yield ban(b"regex=%5E/c/obj&host_regex=%5Ewww%5C.&site=a")) == b"banned 1 object(s)\n"
+        assert b"miss" in (yield get(b"www.a.test", b"/c/obj"))
         assert (yield ban(b"host=b.test")) == b"banned 1 object(s)\n"
         assert b"miss" in (yield get(b"b.test", b"/c/obj"))
 
