@@ -126,11 +126,18 @@ class Timeouts:
     tunnel_idle: float = 60.0
 
 
+#: The most ``limits.max_header_lines`` may be: a header line takes at
+#: least 4 bytes, so ``max_request_head`` caps the count long before this.
+MAX_HEADER_LINES = 100_000
+
+
 @attrs.frozen
 class Limits:
-    """Sizes of request and response heads, in bytes.  nginx's defaults
+    """Sizes of request and response heads, in bytes, and the number of
+    header lines a request may have.  nginx's defaults
     (``large_client_header_buffers 4 8k``) allow lines of 8 KiB; a longer
-    request line gets 414, a longer header line or a longer head 431."""
+    request line gets 414, a longer header line, a longer head or more
+    header lines 431."""
 
     max_request_line: int = 8 * 1024
     max_header_line: int = 8 * 1024
@@ -138,6 +145,10 @@ class Limits:
     max_request_head: int = 64 * 1024
     #: The whole response head from an upstream; larger is a 502.
     max_response_head: int = 64 * 1024
+    #: Header lines (fields) in a request head, Host included: Apache's
+    #: ``LimitRequestFields`` default.  nginx refuses past 1,000 lines
+    #: (400); real clients send a few dozen at most.
+    max_header_lines: int = 100
 
 
 @attrs.frozen
@@ -566,6 +577,12 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     _known(limits, [f.name for f in attrs.fields(Limits)], "limits", err)
     lvalues = {}
     for key in limits:
+        if key == "max_header_lines":
+            count = typed(limits, key, int, "limits")
+            if not 1 <= count <= MAX_HEADER_LINES:
+                err(f"limits.{key}", f"must be from 1 to {MAX_HEADER_LINES}")
+            lvalues[key] = count
+            continue
         try:
             lvalues[key] = parse_size(limits[key])
         except ValueError as exc:

@@ -600,6 +600,20 @@ class CheckRequestTests(SynchronousTestCase):
             assert refusal is not None
             self.assertEqual(refusal[0], status, fields)
 
+    def test_field_count(self) -> None:
+        """At most ``max_fields`` header lines once the head is HTTP/1.1:
+        pseudo-fields do not count, ``:authority`` counts as the Host unless
+        a host field is there too."""
+        base = [(b":method", b"GET"), (b":scheme", b"https"), (b":path", b"/")]
+        many = [(b"x-%d" % i, b"v") for i in range(4)]
+        self.assertIsNone(check_request(base + many, 8192, 4))
+        self.assertEqual(check_request(base + [*many, (b"x-4", b"v")], 8192, 4), (431, "too many header fields"))
+        self.assertEqual(check_request([*base, (b":authority", b"a"), *many], 8192, 4), (431, "too many header fields"))
+        self.assertIsNone(check_request([*base, (b":authority", b"a"), *many[:3]], 8192, 4))
+        self.assertIsNone(check_request([*base, (b":authority", b"a"), (b"host", b"a"), *many[:3]], 8192, 4))
+        self.assertIsNone(check_request(base + [(b"x-%d" % i, b"v") for i in range(100)], 8192))
+        self.assertEqual(check_request(base + [(b"x-%d" % i, b"v") for i in range(101)], 8192)[:1], (431,))  # type: ignore[index]
+
     def test_refusal_answers_on_the_stream(self) -> None:
         """refuse(): the answer it is given, and the stream ends."""
         p = Pair()

@@ -186,6 +186,7 @@ CORES = (
     "prexy.cache.flow",
     "prexy.cache.ranges",
     "prexy.cache.codings",
+    "prexy.cache.bans",
     "prexy.substitution.transducer",
     "prexy.substitution.cli",
     "prexy.urlmap.index",

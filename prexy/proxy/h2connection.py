@@ -244,7 +244,8 @@ class H2ServerProtocol(Protocol):
 
     def _head(self, event: Head) -> None:
         sid = event.stream_id
-        refusal = check_request(event.fields, self.site.limits.max_request_line)
+        limits = self.site.limits
+        refusal = check_request(event.fields, limits.max_request_line, limits.max_header_lines)
         if refusal is not None:
             self.core.refuse(sid, refusal[0], *error_answer(refusal[0], self.site.error_pages()))
             self.site.refused(self, Refusal(*refusal))

@@ -73,6 +73,16 @@ class RefusedHeadTests(SynchronousTestCase):
             b"POST / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc", 400)
         self.assertIn("obs-fold", self.log_line)
 
+    def test_too_many_header_lines(self) -> None:
+        """101 header lines: 431, counted and logged like the other head
+        limits; 100 go upstream."""
+        lines = b"".join(b"X-%d: v\r\n" % i for i in range(99))
+        self.refused(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"X-99: v\r\n\r\n", 431)
+        self.assertIn("431 too many header lines", self.log_line)
+        h = Harness()
+        h.send(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"\r\n")
+        self.assertIn(b"x-98: v", h.conns[0].sent().lower())
+
     def test_chunked_and_identity_in_two_headers(self) -> None:
         self.refused(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n", 400)
 
