@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from prexy.service import ProxyService
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import body_of
+from .twistd_support import body_of, scratch_dir
 
 
 def wait(seconds: float) -> defer.Deferred[None]:
@@ -52,7 +51,7 @@ class TestCache:
     def restart_rewriting(self, **cache: Any) -> Any:
         """Restart the proxy with a rule that rewrites ``page`` to ``PAGE``
         in text/plain (and ``cache`` settings)."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        rules = os.path.join(scratch_dir(), "r.rules")
         with open(rules, "w") as f:
             f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
         yield self.service.stopService()
@@ -60,7 +59,7 @@ class TestCache:
 
     @defer.inlineCallbacks
     def start(self, rules: tuple[str, ...] = (), **cache: Any) -> Any:
-        self.dir = tempfile.mkdtemp(prefix="prexy-cache-test-")
+        self.dir = scratch_dir("prexy-cache-test-")
         config = Config(
             listen=("tcp:0:interface=127.0.0.1",),
             sites=(

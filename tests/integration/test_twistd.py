@@ -18,7 +18,7 @@ from twisted.internet import defer, reactor, task
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block
+from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, scratch_dir
 
 RULES = b"""
 replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
@@ -41,7 +41,7 @@ class TestTwistd:
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(self.origin_port.stopListening)
         self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-files-")
+        self.dir = scratch_dir("prexy-files-")
 
     @defer.inlineCallbacks
     def start(self, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> Any:
@@ -284,7 +284,7 @@ class TestCheck:
         )
 
     def test_check_good_and_bad(self) -> None:
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         write(d, "ok.rules", RULES)
         good = write(d, "good.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['ok.rules']\n")
         result = self.run_twistd("--config", good, "--check")
@@ -305,7 +305,7 @@ class TestCheck:
     def _engine_lines(self, rules: bytes) -> tuple[str, list[str]]:
         """``twistd --config --check`` on a site with ``rules`` (accepted):
         the rules file's path and the lines that name a rule's engine."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         write(d, "site.rules", rules)
         config = write(d, "site.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['site.rules']\n")
         result = self.run_twistd("--config", config, "--check")
@@ -331,7 +331,7 @@ class TestCheck:
 
     def test_broken_config_refuses_to_start(self) -> None:
         """Without --check, a broken config stops twistd with the reason."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'gopher://x'\n")
         result = self.run_twistd("--config", bad)
         assert result.returncode != 0
