@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -144,6 +145,30 @@ class TestTwistd:
         head, _ = yield self.fetch(base, "/blog/2024/summer-sale")
         assert b"Location: http://t/news/summer-sale.html" in head
         assert "Prexy demo is running" in child.output()
+
+    @pytest.mark.parametrize(("workers", "signum"), [("0", signal.SIGINT), ("2", signal.SIGTERM)])
+    @pytest_twisted.inlineCallbacks
+    def test_demo_removes_its_files(self, workers: str, signum: int) -> Any:
+        """The demo keeps what it writes (its cache store, the notice
+        sockets beside it, its rules for another port) in one directory,
+        and removes it when it stops on SIGINT or SIGTERM, in-process or
+        with workers; nothing is left where the store used to go."""
+        from prexy.demo import demo_dir
+        from prexy.proxy.caching import default_cache_path
+
+        base = free_port_block(3)
+        files = demo_dir(base)
+        child, port = yield self.start(
+            "--demo", "--workers", workers, env={"PREXY_DEMO_PORT": str(base)}, port=base
+        )
+        head, _ = yield self.fetch(base, "/")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert {"cache", "demo.rules"} <= set(os.listdir(files)), child.output()
+        child.process.send_signal(signum)
+        code = yield child.wait_exit(20)
+        assert code in (0, -signum), child.output()  # twistd re-raises the signal it stopped on
+        assert not os.path.exists(files), os.listdir(files)
+        assert not os.path.exists(os.path.join(default_cache_path(), f"demo-{base}"))
 
     @pytest_twisted.inlineCallbacks
     def test_gzip_upstream_rewritten(self) -> Any:
