@@ -401,11 +401,10 @@ class ServerConnection:
 
     # -- output -----------------------------------------------------------------------
 
-    def refuse(self, stream_id: int, status: int, reason: str) -> None:
-        """Answer a request that will not be served with a short text/plain
-        ``status``, and end the stream."""
-        body = b"%d %s\n" % (status, reason.encode("ascii", "replace"))
-        self.send_head(stream_id, [(b":status", b"%d" % status), (b"content-type", b"text/plain; charset=utf-8"),
+    def refuse(self, stream_id: int, status: int, content_type: bytes, body: bytes) -> None:
+        """Answer a request that will not be served with ``status`` and
+        ``body`` (``prexy.errorpages``), and end the stream."""
+        self.send_head(stream_id, [(b":status", b"%d" % status), (b"content-type", content_type),
                                    (b"content-length", b"%d" % len(body))])
         self.send_data(stream_id, body)
         self.end(stream_id)

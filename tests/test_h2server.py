@@ -601,16 +601,17 @@ class CheckRequestTests(SynchronousTestCase):
             self.assertEqual(refusal[0], status, fields)
 
     def test_refusal_answers_on_the_stream(self) -> None:
-        """refuse(): a short text/plain answer that ends the stream."""
+        """refuse(): the answer it is given, and the stream ends."""
         p = Pair()
         p.client.send_headers(1, GET, end_stream=True)
         p.to_server()
-        p.server.refuse(1, 400, "request target holds a byte it cannot hold")
+        p.server.refuse(1, 400, b"text/plain; charset=utf-8", b"400 Bad Request\n")
         p.server.pump()
         events = p.to_client()
         [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
-        self.assertEqual(dict(head.headers)[b":status"], b"400")
-        self.assertEqual(body_of(events, 1), b"400 request target holds a byte it cannot hold\n")
+        fields = dict(head.headers)
+        self.assertEqual((fields[b":status"], fields[b"content-type"]), (b"400", b"text/plain; charset=utf-8"))
+        self.assertEqual(body_of(events, 1), b"400 Bad Request\n")
         self.assertEqual(p.server.open, set())
 
 

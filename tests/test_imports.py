@@ -179,6 +179,7 @@ CORES = (
     "prexy.requesthead",
     "prexy.headerrules",
     "prexy.forwarding",
+    "prexy.errorpages",
     "prexy.upgrade",
     "prexy.codec",
     "prexy.cache.policy",
