@@ -9,6 +9,11 @@ Waits fire on events, never on polling: the child's ``sd_notify`` messages
 restart) arrive on a datagram socket given as ``NOTIFY_SOCKET``, as
 systemd's would, and its exit is reported by a thread blocked in
 ``wait()``.
+
+The ports servers listen on come from :func:`free_port`: never the same
+twice in a process, and held from their choice until after the server has
+bound them (see :func:`_reserve`).  The files of a test go in a
+:func:`scratch_dir`, removed when the test ends.
 """
 
 from __future__ import annotations
