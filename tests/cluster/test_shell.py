@@ -8,7 +8,6 @@ kind to the store."""
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 from twisted.internet import defer
@@ -27,7 +26,7 @@ from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.metrics import Metrics
 from prexy.proxy.caching import CacheLayer
 from prexy.runtime import build_runtime
-from tests.cases import tmp_dir
+from tests.cases import tmp_dir, unlinked_store
 from tests.proxy.support import Harness, parse_response
 
 
@@ -35,7 +34,7 @@ def cached_harness() -> Harness:
     site = SiteConfig("s", UpstreamURL.parse("http://o.test"), cache=CachePolicy(purge_from=("10.1.2.3",)))
     config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
     h = Harness(config, build_runtime(config))
-    store = Store.open(tempfile.mkdtemp(prefix="prexy-cluster-shell-"), 16 << 20, clock=h.clock.seconds)
+    store = unlinked_store("prexy-cluster-shell-", 16 << 20, h.clock.seconds)
     h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 

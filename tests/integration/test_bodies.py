@@ -10,7 +10,6 @@ import gzip
 import os
 import random
 import shutil
-import tempfile
 from typing import Any
 
 import brotli
@@ -22,7 +21,7 @@ from twisted.web import resource, server
 
 from .conftest import Cleanups
 from .test_service import RawClient, connect
-from .twistd_support import Twistd, body_of, free_port
+from .twistd_support import Twistd, body_of, free_port, scratch_dir
 
 _rng = random.Random(31)
 #: About 180 KB, so that it reaches Prexy in several reads.
@@ -81,7 +80,7 @@ class TestUpstreamBodies:
         listening = reactor.listenTCP(0, site, interface="127.0.0.1")
         cleanup(listening.stopListening)
         self.upstream = f"http://127.0.0.1:{listening.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-bodies-")
+        self.dir = scratch_dir("prexy-bodies-")
         cleanup(shutil.rmtree, self.dir, True)
 
     @defer.inlineCallbacks

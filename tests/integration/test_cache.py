@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ from prexy.service import ProxyService
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import Twistd, body_of, free_port_block
+from .twistd_support import Twistd, body_of, free_port_block, scratch_dir
 
 
 def wait(seconds: float) -> defer.Deferred[None]:
@@ -54,7 +52,7 @@ class TestCache:
     def restart_rewriting(self, **cache: Any) -> Any:
         """Restart the proxy with a rule that rewrites ``page`` to ``PAGE``
         in text/plain (and ``cache`` settings)."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        rules = os.path.join(scratch_dir(), "r.rules")
         with open(rules, "w") as f:
             f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
         yield self.service.stopService()
@@ -62,7 +60,7 @@ class TestCache:
 
     @defer.inlineCallbacks
     def start(self, rules: tuple[str, ...] = (), **cache: Any) -> Any:
-        self.dir = tempfile.mkdtemp(prefix="prexy-cache-test-")
+        self.dir = scratch_dir("prexy-cache-test-")
         config = Config(
             listen=("tcp:0:interface=127.0.0.1",),
             sites=(
@@ -347,7 +345,7 @@ class TestBanThroughTwistd:
         upstream = f"http://127.0.0.1:{origin_port.getHost().port}"
         base = free_port_block(2)
         port, admin = base, base + 1
-        directory = tempfile.mkdtemp(prefix="prexy-ban-")
+        directory = scratch_dir("prexy-ban-")
         config = os.path.join(directory, "prexy.toml")
         with open(config, "w") as f:
             f.write(
@@ -357,7 +355,6 @@ class TestBanThroughTwistd:
                 f"[sites.b]\nhosts = ['b.test']\nupstream = '{upstream}'\n"
             )
         child = Twistd("--config", config)
-        cleanup(shutil.rmtree, directory, True)
         cleanup(child.stop)
         yield child.ready()
         assert len(child.children()) == 2

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from prexy.service import ProxyService
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
-from .twistd_support import TWISTD, Twistd, child_env, free_port
+from .twistd_support import TWISTD, Twistd, child_env, free_port, scratch_dir
 
 REDIS = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
 pytestmark = [
@@ -93,7 +92,7 @@ class Redis:
 
     def __init__(self, cleanup: Cleanups) -> None:
         self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="prexy-redis-")
+        self.dir = scratch_dir("prexy-redis-")
         self.unix = os.path.join(self.dir, "redis.sock")
         self.process: RedisProcess | None = None
         cleanup(lambda: self.process.stop() if self.process is not None else None)
@@ -219,7 +218,7 @@ class Target:
 def test_two_services(redis: Redis, cleanup: Cleanups) -> Any:
     """Two ClusterServices on the real server: a ban published by one is
     applied by the other before the publisher's answer."""
-    tmp = tempfile.mkdtemp(prefix="prexy-cluster-")
+    tmp = scratch_dir("prexy-cluster-")
     services, targets = [], []
     for name in ("a", "b"):
         target = Target()
@@ -243,7 +242,7 @@ def test_single_process_nodes(redis: Redis, cleanup: Cleanups) -> Any:
     origin = Origin()
     origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
     cleanup(origin_port.stopListening)
-    tmp = tempfile.mkdtemp(prefix="prexy-cluster-inproc-")
+    tmp = scratch_dir("prexy-cluster-inproc-")
     ports = {}
     for name in "xy":
         config = parse_config(
@@ -291,7 +290,7 @@ class Fleet:
         port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(port.stopListening)
         self.origin_port = port.getHost().port
-        self.dir = tempfile.mkdtemp(prefix="prexy-fleet-")
+        self.dir = scratch_dir("prexy-fleet-")
         self.ports: dict[str, tuple[int, int]] = {}
         self.nodes: dict[str, Twistd] = {}
         pool = HTTPConnectionPool(reactor, persistent=False)

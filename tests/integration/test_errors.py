@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from typing import Any
 
 import pytest_twisted
@@ -23,7 +22,7 @@ from twisted.internet import defer, threads
 from .conftest import Cleanups
 from .raw_origin import RawOrigin
 from .test_http2 import RawH2
-from .twistd_support import Twistd, free_port
+from .twistd_support import Twistd, free_port, scratch_dir
 
 #: The body starts a comment that the rules would remove: the transducer
 #: holds it (and so the head) until the comment ends, which never comes.
@@ -76,7 +75,7 @@ def get(port: int, path: bytes = b"/", method: bytes = b"GET") -> tuple[int, dic
 
 @defer.inlineCallbacks
 def start(cleanup: Cleanups, upstream_port: int, site_extra: str = "", h2c: bool = False) -> Any:
-    d = tempfile.mkdtemp(prefix="prexy-errors-")
+    d = scratch_dir("prexy-errors-")
     cleanup(shutil.rmtree, d, True)
     os.mkdir(os.path.join(d, "errors"))
     with open(os.path.join(d, "errors", "5xx.html"), "w") as f:

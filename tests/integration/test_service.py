@@ -195,9 +195,10 @@ def test_changed_map_is_picked_up(origin_server: OriginServer, proxy: Proxy, log
     """A map file whose modification time changes is reloaded (validated
     first); a broken one keeps the old map."""
     import os
-    import tempfile
 
-    map_path = os.path.join(tempfile.mkdtemp(prefix="prexy-map-"), "old.map")
+    from .twistd_support import scratch_dir
+
+    map_path = os.path.join(scratch_dir("prexy-map-"), "old.map")
     with open(map_path, "w") as f:
         f.write("/old /new-one;\n")
     from prexy.config import MapConfig

@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ from prexy.config import Limits
 from prexy.requesthead import HeadGate, Passed
 
 from .conftest import Cleanups, OriginServer
-from .twistd_support import Twistd, free_port, free_port_block, stop_process
+from .twistd_support import Twistd, free_port, free_port_block, scratch_dir, stop_process
 
 H = b"Host: a\r\n"
 
@@ -197,7 +196,7 @@ class Nginx:
     """nginx as a reverse proxy to ``upstream`` (a port), in a child."""
 
     def __init__(self, binary: str, upstream: int) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-nginx-")
+        self.dir = scratch_dir("prexy-nginx-")
         self.port = free_port()
         d = self.dir
         conf = f"""daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;
@@ -257,7 +256,7 @@ class TestStrict:
         self.origin = origin_server.origin
         self.origin_port = origin_server.port
         self.upstream = origin_server.url
-        self.dir = tempfile.mkdtemp(prefix="prexy-strict-")
+        self.dir = scratch_dir("prexy-strict-")
 
     @defer.inlineCallbacks
     def twistd(self, config: str = "", workers: int = 2) -> Any:
