@@ -78,12 +78,14 @@ class ListeningServiceTests(SynchronousTestCase):
 
     def test_immediate_failure_raises(self) -> None:
         """A listen that fails at once at the first start (a port in use)
-        raises out of the start, so twistd refuses to start with the error;
+        raises a ListenError out of the start, one line naming the endpoint
+        and the OS's reason, so twistd refuses to start with it;
         ``when_listening`` then gives None."""
         error = CannotListenError("127.0.0.1", 80, OSError(98, "Address already in use"))
-        svc = ListeningService(FakeEndpoint(defer.fail(error)), FACTORY)
-        with self.assertRaises(CannotListenError):
+        svc = ListeningService(FakeEndpoint(defer.fail(error)), FACTORY, "tcp:80:interface=127.0.0.1")
+        with self.assertRaises(ListenError) as info:
             svc.privilegedStartService()
+        self.assertEqual(str(info.exception), "cannot listen on tcp:80:interface=127.0.0.1: Address already in use")
         self.assertIsNone(self.successResultOf(svc.when_listening()))
 
     def test_later_failure_is_logged(self) -> None:
