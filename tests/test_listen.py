@@ -157,3 +157,23 @@ class SystemdBindTests(SynchronousTestCase):
         with self.assertRaises(ListenError) as info:
             bind("systemd:domain=INET")
         self.assertIn("no socket at index 0", str(info.exception))
+
+    def test_family_is_the_sockets_own(self) -> None:
+        """The family of systemd's socket is read from the socket, not taken
+        from ``domain=``: ``ListenStream=80`` is a dual-stack IPv6 socket
+        that configurations name ``domain=INET``, and adopting it as IPv4
+        would garble every client address.  (A UNIX socket pair stands in
+        for systemd's socket here.)"""
+        import socket
+
+        from prexy.listen import _systemd_socket
+
+        one, other = socket.socketpair()
+        self.addCleanup(one.close)
+        self.addCleanup(other.close)
+        sock = _systemd_socket("systemd:domain=INET:index=0", {"domain": "INET"}, one.fileno())
+        self.addCleanup(sock.close)
+        self.assertEqual(sock.family, socket.AF_UNIX)
+        with self.assertRaises(ListenError) as info:
+            _systemd_socket("systemd:domain=IPX:index=0", {"domain": "IPX"}, one.fileno())
+        self.assertIn("unsupported domain IPX", str(info.exception))
