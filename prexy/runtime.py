@@ -405,17 +405,10 @@ def reloads_in_place(old: Config, new: Config) -> bool:
 
 
 def _unchanged(loaded: Any) -> bool:
-    """Whether the files a loaded object came from still have their mtimes."""
-    import os
-
+    """Whether the files a loaded map came from still hold the bytes they
+    held when it was read (``SourceFile.current``): an edit goes live on
+    the next reload even within the same modification-time tick."""
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
-    for source in sources:
-        path, mtime = (source.path, source.mtime) if hasattr(source, "path") else source
-        try:
-            if os.stat(path).st_mtime != mtime:
-                return False
-        except OSError:
-            return False
-    return True
+    return all(source.current() for source in sources)
