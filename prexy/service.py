@@ -479,13 +479,30 @@ class TopService(service.MultiService):
     """What ``twistd prexy`` runs: a start-up that cannot listen on an
     endpoint (a port in use, a socket systemd did not pass) stops twistd
     with one log line naming the endpoint and the reason, exit status 1,
-    rather than a traceback."""
+    rather than a traceback.
+
+    Daemonised (no ``--nodaemon``), the error is raised on instead: twistd
+    hands an exception's one line to the process that launched it, which
+    prints it and exits 1, and waits for ever on anything else."""
+
+    def __init__(self, daemon: bool = False, pidfile: str | None = None) -> None:
+        super().__init__()
+        self.daemon = daemon
+        #: twistd's pid file, removed on the way out as twistd would.
+        self.pidfile = pidfile
 
     def privilegedStartService(self) -> None:
         try:
             super().privilegedStartService()
         except ListenError as exc:
             log.critical("{error}", error=str(exc))
+            if self.daemon:
+                raise
+            if self.pidfile:
+                try:
+                    os.unlink(self.pidfile)
+                except OSError:
+                    pass
             raise SystemExit(1) from None
 
 
@@ -496,7 +513,9 @@ def makeService(options: Options) -> service.IService:
 
     config: Config = options.config
     runtime: Runtime = options.runtime
-    top = TopService()
+    twistd_options = getattr(options, "parent", None) or {}
+    top = TopService(daemon=bool(twistd_options) and not twistd_options.get("nodaemon"),
+                     pidfile=twistd_options.get("pidfile"))
     if options["demo"]:
         from prexy.demo import DemoService
 

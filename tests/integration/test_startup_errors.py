@@ -140,3 +140,23 @@ def test_broken_config_prints_only_the_error(flag: Any, then: Any, folder: str) 
     assert len(got) == len(lines), result.stderr
     assert all(g.startswith(want) for g, want in zip(got, lines, strict=True)), result.stderr
     assert result.stdout == ""
+
+
+def test_listen_failure_daemonised(folder: str) -> None:
+    """Without --nodaemon, twistd's launching process prints the same line
+    and exits 1 (it would wait for ever on an exit it is not told about);
+    the pid file is gone."""
+    held = occupied()
+    listen = f"tcp:{held.getsockname()[1]}:interface=127.0.0.1"
+    pidfile = os.path.join(folder, "twistd.pid")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", TWISTD, f"--pidfile={pidfile}", f"--logfile={folder}/twistd.log", "prexy",
+             "--listen", listen, "--upstream", "http://127.0.0.1:1", "--workers", "0"],
+            capture_output=True, text=True, timeout=60, cwd=folder, env=child_env(),
+        )
+    finally:
+        held.close()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"cannot listen on {listen}: Address already in use" in result.stderr
+    assert not os.path.exists(pidfile)
