@@ -216,11 +216,16 @@ def test_installed_service_starts_serves_and_reloads(scratch: Scratch, cleanup: 
     text = re.sub(r'(?m)^admin = .*$', f'admin = "tcp:{admin}:interface=127.0.0.1"', config.read_text())
     config.write_text(re.sub(r"(?m)^# workers = 2$", "workers = 2", text))
 
-    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     port = free_port()
-    listener.bind(("::", port))
+    try:  # what systemd makes of ListenStream=PORT: one socket for IPv6 and IPv4
+        listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("::", port))
+    except OSError:  # a machine without IPv6: systemd makes it IPv4
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", port))
     listener.listen(128)
     log_dir = tempfile.mkdtemp(prefix="prexy-install-log-")
     cleanup(shutil.rmtree, log_dir, True)
