@@ -119,8 +119,7 @@ def bind(desc: str) -> tuple[ListenSpec, socket.socket]:
         if not args:
             raise ListenError(f"{desc}: no path")
         path = args[0]
-        if os.path.exists(path):
-            os.unlink(path)
+        clear_stale_unix_socket(desc, path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
@@ -138,6 +137,31 @@ def bind(desc: str) -> tuple[ListenSpec, socket.socket]:
     sock.setblocking(False)
     os.set_inheritable(sock.fileno(), True)
     return ListenSpec(desc, fam, tls_key, tls_cert), sock
+
+
+def clear_stale_unix_socket(desc: str, path: str) -> None:
+    """Remove the UNIX socket left at ``path`` by a process that is gone, as
+    a restart must; refuse (``ListenError``) when a process still listens
+    there, or when ``path`` is not a socket: neither is ours to remove."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {desc}: {_reason(exc)}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ListenError(f"cannot listen on {desc}: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a stale socket
+        return
+    finally:
+        probe.close()
+    raise ListenError(f"cannot listen on {desc}: Address already in use")
 
 
 _FAMILY_NAMES = {socket.AF_INET: "INET", socket.AF_INET6: "INET6", socket.AF_UNIX: "UNIX"}
@@ -348,5 +372,7 @@ def listening_service(reactor: Any, description: str, factory: Any) -> Listening
         family = sock.family
         fd = sock.detach()
         return ListeningService(AdoptedStreamServerEndpoint(reactor, fd, family), factory, description)
+    if kind == "unix" and args:
+        clear_stale_unix_socket(description, args[0])
     return ListeningService(serverFromString(reactor, description), factory, description)
 

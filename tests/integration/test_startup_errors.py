@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from prexy.listen import ListenError, clear_stale_unix_socket
+
 from .test_tls import make_pki
 from .twistd_support import TWISTD, child_env, free_port
 
@@ -66,7 +68,7 @@ def assert_one_line(result: subprocess.CompletedProcess[str], line: str) -> None
     assert others == [], output
 
 
-KINDS = ["tcp", "tcp6", "unix", "ssl", "systemd", "admin"]
+KINDS = ["tcp", "tcp6", "unix", "unix-in-use", "ssl", "systemd", "admin"]
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
@@ -90,6 +92,14 @@ def test_listen_failure_is_one_line(kind: str, workers: str, folder: str) -> Non
     elif kind == "unix":
         listen = f"unix:{folder}/missing/prexy.sock"
         expected = f"cannot listen on {listen}: No such file or directory"
+    elif kind == "unix-in-use":
+        path = os.path.join(folder, "prexy.sock")
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(path)
+        other.listen(8)
+        held.append(other)
+        listen = f"unix:{path}"
+        expected = f"cannot listen on {listen}: Address already in use"
     elif kind == "ssl":
         pki = make_pki(folder)
         held.append(occupied())
@@ -160,3 +170,29 @@ def test_listen_failure_daemonised(folder: str) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"cannot listen on {listen}: Address already in use" in result.stderr
     assert not os.path.exists(pidfile)
+
+
+def test_unix_socket_path(folder: str) -> None:
+    """Before listening on a UNIX socket: a socket nobody listens on any
+    more (left by a process that died) is removed; one a process listens
+    on, or a file that is not a socket, is refused and left alone."""
+    path = os.path.join(folder, "prexy.sock")
+    clear_stale_unix_socket("unix:" + path, path)  # nothing there: nothing to do
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()
+    clear_stale_unix_socket("unix:" + path, path)
+    assert not os.path.exists(path)
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(path)
+    live.listen(1)
+    try:
+        with pytest.raises(ListenError, match="Address already in use"):
+            clear_stale_unix_socket("unix:" + path, path)
+        assert os.path.exists(path)
+    finally:
+        live.close()
+    plain = write(folder, "plain", "data")
+    with pytest.raises(ListenError, match="exists and is not a socket"):
+        clear_stale_unix_socket("unix:" + plain, plain)
+    assert os.path.exists(plain)
