@@ -162,10 +162,9 @@ class Runtime:
             compile_ruleset(rules, ahead=True)
         return len(pending)
 
-    def select(self, host: bytes | None) -> SiteRuntime:
+    def lookup(self, host: bytes | None) -> SiteRuntime:
         """The site for a Host header (port and one trailing dot ignored),
-        its rule set compiled: the first request for it in this process
-        compiles it here, before the request's scans are timed."""
+        as it is: its rule set perhaps not compiled yet."""
         site = self.default
         if host:
             name = host.decode("latin-1").lower()
@@ -174,6 +173,13 @@ class Runtime:
             else:
                 name = name.rsplit(":", 1)[0] if ":" in name else name
             site = self.by_host.get(name.rstrip("."), site)
+        return site
+
+    def select(self, host: bytes | None) -> SiteRuntime:
+        """The site for a Host header (port and one trailing dot ignored),
+        its rule set compiled: the first request for it in this process
+        compiles it here, before the request's scans are timed."""
+        site = self.lookup(host)
         rules = site.rules
         if rules is not None and not rules.compiled:
             compile_ruleset(rules)

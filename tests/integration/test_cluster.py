@@ -455,3 +455,36 @@ def test_redis_restart_under_load(fleet: Fleet, redis: Redis, cleanup: Cleanups)
     output = fleet.nodes["a"].output()
     assert output.count("unreachable (") == 1, "an outage is logged once"
     assert "back after" in output
+
+
+@pytest_twisted.inlineCallbacks
+def test_bans_mean_the_same_on_every_node(fleet: Fleet, redis: Redis, cleanup: Cleanups) -> Any:
+    """A ban on B's admin endpoint (regex on the path and query, host on its
+    own) drops the same objects on A and C.  An entry an older node wrote
+    (no ``match`` field: its regex was searched in the stored URL, host
+    included) is replayed with that meaning."""
+    for path in (b"/c/anchored", b"/c/legacy", b"/c/legacy2"):
+        for name in "abc":
+            yield fleet.request(name, b"GET", path)
+            _, status, _ = yield fleet.request(name, b"GET", path)
+            assert hit(status), (name, path, status)
+    code, _, body = yield fleet.request("b", b"POST", b"/ban?regex=%5E/c/anchored$&host=t&site=t", admin=True)
+    assert (code, body) == (200, b"banned 1 object(s)\ncluster: applied by all 2 other node(s)\n"), body
+    for name in "ac":
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/anchored")
+        assert status.startswith(b"prexy; fwd=uri-miss"), (name, status)
+
+    channel = yield Channel.open(redis.url, cleanup)
+    entries = []
+    for subject in (b"^t/c/legacy$", b"^/c/legacy2$"):  # the second matched nothing where it was written
+        raw = yield channel.commands.command("XADD", "prexy:log", "*", "kind", "ban", "node", "old", "at", "1.0",
+                                             "site", "t", "subject", subject)
+        entries.append(parse_id(raw))
+        yield channel.commands.command("PUBLISH", "prexy:events", b"entry " + raw)
+    for name in "ac":
+        yield channel.until(channel.node_at_least(name, entries[-1]), 30, f"{name}'s ack of the older entries")
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/legacy")
+        assert status.startswith(b"prexy; fwd=uri-miss"), (name, status)
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/legacy2")
+        assert hit(status), (name, status)
+    assert "cluster: ban t ^t/c/legacy$ (on the whole URL) from old" in fleet.nodes["a"].output()
