@@ -30,6 +30,17 @@ def _still_open(request: server.Request) -> Callable[[], bool]:
     return lambda: not request.finished and not lost
 
 
+def admin_service(reactor: Any, endpoint: str, owner: Any) -> Any:
+    """The service listening on ``endpoint`` with the admin resource of
+    ``owner`` (a master or a single process); a port that cannot be had at
+    start-up stops twistd with one line (``prexy.listen.ListenError``)."""
+    from prexy.listen import listening_service
+
+    site = server.Site(AdminResource(owner))
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return listening_service(reactor, endpoint, site)
+
+
 class AdminResource(resource.Resource):
     """``GET /health``, ``GET /metrics``, ``POST /reload[?cluster=1]``,
     ``POST /ban``."""

@@ -148,18 +148,6 @@ class Runtime:
                     lines.append(line)
         return lines
 
-    def with_maps(self, maps: dict[str, Any]) -> Runtime:
-        """A copy whose sites use the given freshly loaded maps (by path)."""
-        sites = tuple(
-            attrs.evolve(s, urlmap=maps[s.config.map.path])
-            if s.config.map is not None and s.config.map.path in maps
-            else s
-            for s in self.sites
-        )
-        by_host = {h: s for s in sites for h in s.config.hosts}
-        default = next(s for s in sites if s.name == self.config.default_site)
-        return Runtime(self.config, sites, by_host, default, self.rulesets)
-
     def compile_ahead(self, limit: int) -> int:
         """Compile now every rule set the sites use that is not compiled
         yet, when there are at most ``limit`` of them (all of them: a few
@@ -349,16 +337,6 @@ def _load_map(path: str) -> Any:
         raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
 
 
-def load_map_checked(path: str) -> Any:
-    """Load a map file; ConfigError (file:line) when it does not load."""
-    return _load_map(path)
-
-
-def map_changed(urlmap: Any) -> bool:
-    """Whether any file a loaded map came from changed since (or vanished)."""
-    return not _unchanged(urlmap) and bool(getattr(urlmap, "source_files", None))
-
-
 def build_runtime(
     config: Config,
     load_rules: RuleLoader | None = None,
@@ -433,17 +411,10 @@ def reloads_in_place(old: Config, new: Config) -> bool:
 
 
 def _unchanged(loaded: Any) -> bool:
-    """Whether the files a loaded object came from still have their mtimes."""
-    import os
-
+    """Whether the files a loaded map came from still hold the bytes they
+    held when it was read (``SourceFile.current``): an edit goes live on
+    the next reload even within the same modification-time tick."""
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
-    for source in sources:
-        path, mtime = (source.path, source.mtime) if hasattr(source, "path") else source
-        try:
-            if os.stat(path).st_mtime != mtime:
-                return False
-        except OSError:
-            return False
-    return True
+    return all(source.current() for source in sources)

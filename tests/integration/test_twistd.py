@@ -373,4 +373,6 @@ class TestCheck:
                 "--workers", "0", "--listen", f"tcp:{port}:interface=127.0.0.1", "--upstream", "http://127.0.0.1:1"
             )
         assert result.returncode == 1
-        assert f"Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use" in result.stdout + result.stderr
+        output = result.stdout + result.stderr
+        assert f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use" in output
+        assert "Traceback" not in output

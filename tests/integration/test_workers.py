@@ -202,7 +202,7 @@ class TestWorkerPool:
         assert "reloaded" in result.stdout
         answer = yield self.get()
         assert body_of(answer) == b"BYE world!"
-        # A file that breaks after --reload checked it locally: the master refuses.
+        # A broken rules file: the master refuses, with the file and line.
         client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         self.write_rules(b"replace_filter 'x' 'y' q;\n")
         yield connect(self.admin, client)
