@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import attrs  # noqa: E402
 
+from prexy.cache.bans import Ban  # noqa: E402
 from prexy.cache.policy import cache_key, vary_key  # noqa: E402
 from prexy.cache.store import ObjectMeta, Store  # noqa: E402
 
@@ -320,7 +321,7 @@ def lmdb_extras(n: int) -> list[str]:
         purge = (time.perf_counter() - t) / 100 * 1e6
         count = store.stats()["count"]
         t = time.perf_counter()
-        banned = store.ban("bench", r"^/page/\d*7$")
+        banned = store.ban(Ban("bench", target=r"^/page/\d*7$"))
         ban = (time.perf_counter() - t) * 1e3
         store.close()
         full_times.sort()

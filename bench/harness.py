@@ -250,11 +250,21 @@ def install_cleanup() -> None:
     signal.signal(signal.SIGHUP, _raise)
 
 
+#: Ports free_port handed out: the kernel may offer a released port again,
+#: and one configuration taking two equal ports would merge two servers.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A currently unused TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind((LOCAL, 0))
-        return int(sock.getsockname()[1])
+    """A currently unused TCP port on 127.0.0.1, never the same twice in
+    one process."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((LOCAL, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_port(child: Child, port: int, timeout: float = 30.0) -> None:

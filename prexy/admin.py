@@ -7,13 +7,16 @@ reachable through a site.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web import resource, server
 
 from prexy.metrics import render
+
+if TYPE_CHECKING:
+    from prexy.cache.bans import Ban
 
 log = Logger()
 
@@ -25,6 +28,17 @@ def _still_open(request: server.Request) -> Callable[[], bool]:
     lost: list[bool] = []
     request.notifyFinish().addErrback(lambda _: lost.append(True))
     return lambda: not request.finished and not lost
+
+
+def admin_service(reactor: Any, endpoint: str, owner: Any) -> Any:
+    """The service listening on ``endpoint`` with the admin resource of
+    ``owner`` (a master or a single process); a port that cannot be had at
+    start-up stops twistd with one line (``prexy.listen.ListenError``)."""
+    from prexy.listen import listening_service
+
+    site = server.Site(AdminResource(owner))
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return listening_service(reactor, endpoint, site)
 
 
 class AdminResource(resource.Resource):
@@ -103,49 +117,79 @@ class AdminResource(resource.Resource):
         if path == b"/ban":
             return self._ban(request)
         request.setResponseCode(404)
-        return b"not found: try /health, /metrics, POST /reload, POST /ban?regex=RE[&site=NAME]\n"
+        return b"not found: try /health, /metrics, POST /reload, POST /ban?regex=RE[&host=NAME][&site=NAME]\n"
 
     def _ban(self, request: server.Request) -> bytes | int:
-        """Remove every cached object whose URL matches a regex (all workers
-        share the store, so one ban reaches them all)."""
+        """Remove every cached object whose path and query match ``regex``
+        and whose host is ``host`` or matches ``host_regex`` (any may be
+        left out), of one site or
+        of all (all workers share the store, so one ban reaches them all).
+        The scan runs in the owner's reactor's thread pool."""
         if request.method != b"POST":
             request.setResponseCode(405)
             request.setHeader(b"allow", b"POST")
-            return b"use POST /ban?regex=RE[&site=NAME]\n"
+            return BAN_USAGE
         store = self.owner.cache_store()
         if store is None:
             request.setResponseCode(409)
             return b"no cache configured\n"
         args = request.args or {}
-        regex = args.get(b"regex", [b""])[0].decode("utf-8", "replace")
-        site = args.get(b"site", [b""])[0].decode("utf-8", "replace") or None
-        if not regex:
-            request.setResponseCode(400)
-            return b"give regex=...\n"
-        import re
+
+        def arg(name: bytes) -> str | None:
+            return args.get(name, [b""])[0].decode("utf-8", "replace") or None
+
+        regex, host, host_regex, site = arg(b"regex"), arg(b"host"), arg(b"host_regex"), arg(b"site")
+        from prexy.cache.bans import Ban, BanError
 
         try:
-            re.compile(regex)
-        except re.error as exc:
+            ban = Ban(site, target=regex, host=host, host_regex=host_regex)
+        except BanError as exc:
             request.setResponseCode(400)
-            return f"bad regex {regex!r}: {exc}\n".encode()
-        from twisted.internet.threads import deferToThread
+            return f"{exc}\n".encode() + BAN_USAGE
+        config = getattr(self.owner, "config", None)
+        if site is not None and config is not None and site not in {s.name for s in config.sites}:
+            request.setResponseCode(400)
+            names = ", ".join(s.name for s in config.sites)
+            return f"no site named {site!r} (sites: {names})\n".encode()
+        from twisted.internet.threads import deferToThreadPool
 
         still_open = _still_open(request)
-        d = deferToThread(store.ban, site, regex)
+        reactor = self.owner.reactor
+        d = deferToThreadPool(reactor, reactor.getThreadPool(), store.ban, ban)
 
         def answer(count: int) -> None:
+            log.info("ban ({what}): {n} object(s)", what=ban.describe(), n=count)
+            text = ban_answer(ban, count)
             announce = getattr(self.owner, "announce", None)
             if announce is not None:  # a cluster: answer once the other nodes applied it
                 from prexy.cluster.answer import answer_with_note
                 from prexy.cluster.messages import Invalidation
 
-                answer_with_note(request, announce(Invalidation.ban(site, regex)), b"banned %d object(s)\n" % count)
+                answer_with_note(request, announce(Invalidation.ban(site, regex, host, host_regex)), text)
                 return
             if still_open():
-                request.write(b"banned %d object(s)\n" % count)
+                request.setHeader(b"content-length", b"%d" % len(text))
+                request.write(text)
                 request.finish()
 
         d.addCallback(answer)
         d.addErrback(lambda f: log.failure("ban failed", f))
         return server.NOT_DONE_YET
+
+
+BAN_USAGE = (
+    b"use POST /ban?regex=RE[&host=NAME|&host_regex=RE][&site=NAME] or /ban?host=NAME[&site=NAME]:\n"
+    b"regex is searched in the path and query (/obj?x=1, as Varnish's req.url), host is a Host\n"
+    b"compared whole (req.http.host ==), host_regex is searched in the Host (req.http.host ~)\n"
+)
+
+
+def ban_answer(ban: Ban, count: int) -> bytes:
+    """What ``POST /ban`` answers: how many objects went, and when none did,
+    that the ban matched nothing (and what it was matched against)."""
+    if count:
+        return b"banned %d object(s)\n" % count
+    return (
+        f"banned 0 object(s): no stored object matched ({ban.describe()}); the regex is searched in the "
+        "path and query, the host is given with host= or host_regex=\n"
+    ).encode()

@@ -8,7 +8,10 @@ gzip.  Decoders: gzip (``x-gzip``), deflate (zlib-wrapped or raw), br
 (``brotli``) and zstd (``zstandard``); a stacked ``Content-Encoding`` (``gzip,
 br``: gzip first, then br) is decoded by a chain, last coding first.  Every
 decoder has the same interface (``feed`` / ``finish``, ``DecodeError`` on a
-corrupt or truncated body).  Encoders sit behind one seam too
+corrupt or truncated body).  Bytes after the end of a stream that do not
+start another gzip member or zstd frame are trailing garbage: ignored, as
+``gzip -d`` and browsers ignore them, and counted (``trailing_garbage``),
+since the stream before them decoded whole.  Encoders sit behind one seam too
 (``encoder_for``): gzip, br and zstd, chosen from the client's
 Accept-Encoding by ``negotiate``.  No Twisted.
 """
@@ -27,6 +30,7 @@ import zstandard
 
 __all__ = [
     "DECODABLE",
+    "BodyDecoder",
     "BrotliDecoder",
     "BrotliEncoder",
     "Codec",
@@ -67,6 +71,15 @@ class Codec(Protocol):
     def finish(self) -> bytes: ...
 
 
+class BodyDecoder(Codec, Protocol):
+    """A decoder of an upstream body, which also says what it ignored."""
+
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        """(coding, bytes) for each coding whose stream ended with bytes
+        after it that were ignored (none: an empty tuple)."""
+        ...
+
+
 class Encoder(Codec, Protocol):
     """A coding step for the client's side, which can also take the last
     bytes of the stream and end it in one call (``last``: no flush of
@@ -81,25 +94,48 @@ class Encoder(Codec, Protocol):
 #: fails within them means raw deflate.
 DEFLATE_PROBE = 64
 
+#: How a gzip member starts (RFC 1952: ID1, ID2, CM = deflate).  After a
+#: member, bytes that start so are the next member; any others are trailing
+#: garbage.  (``gzip -d`` checks the two ID bytes and then fails on another
+#: method; here those bytes are garbage too.)
+GZIP_START = b"\x1f\x8b\x08"
+
 
 class Decoder:
     """Incremental gzip or deflate decoder (zlib).
 
     "deflate" is meant to be zlib-wrapped, but some servers send raw deflate:
     it is decoded as zlib, and if that fails within the first
-    ``DEFLATE_PROBE`` bytes before any output, decoded again as raw."""
+    ``DEFLATE_PROBE`` bytes before any output, decoded again as raw.
+
+    A gzip body may hold several members (RFC 1952), decoded one after the
+    other.  What follows the end of the stream (the last gzip member, the
+    deflate stream) and starts no new member is trailing garbage: ignored
+    and counted in ``garbage``.  Gzip and zlib end with a check value, so
+    the bytes before the garbage are known whole; raw deflate has none, and
+    is treated the same (as browsers do)."""
 
     def __init__(self, coding: bytes) -> None:
         self.coding = coding.lower()
         if self.coding in (b"gzip", b"x-gzip"):
             self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
             self._probe: bytearray | None = None
+            self._members = True
         elif self.coding == b"deflate":
             self._d = zlib.decompressobj(zlib.MAX_WBITS)
             self._probe = bytearray()
+            self._members = False
         else:
             raise ValueError(f"cannot decode {coding!r}")
         self._started = False
+        #: Bytes after a member's end, too few yet to tell whether they
+        #: start another one.
+        self._tail = b""
+        #: The stream ended and what came after it is garbage: the rest of
+        #: the body is ignored.
+        self._ignoring = False
+        #: Bytes ignored after the end of the stream.
+        self.garbage = 0
 
     def _error(self, what: str) -> DecodeError:
         return DecodeError(f"bad {self.coding.decode()} body: {what}", self.coding)
@@ -108,6 +144,11 @@ class Decoder:
         if not data:
             return b""
         self._started = True
+        if self._ignoring:
+            self.garbage += len(data)
+            return b""
+        if self._d.eof:  # between gzip members
+            return self._after_end(self._tail + data)
         probe = self._probe
         if probe is not None:
             probe += data
@@ -120,26 +161,45 @@ class Decoder:
             else:
                 if out or len(probe) > DEFLATE_PROBE:
                     self._probe = None
-                return out + self._after_end()
+                return out + self._after_end(self._d.unused_data) if self._d.eof else out
         try:
-            return self._d.decompress(data) + self._after_end()
+            out = self._d.decompress(data)
         except zlib.error as exc:
             raise self._error(str(exc)) from None
+        return out + self._after_end(self._d.unused_data) if self._d.eof else out
 
-    def _after_end(self) -> bytes:
-        """Bytes past the end of the stream: the next member of a gzip body
-        (RFC 1952 allows several), anything else an error (a corrupt
-        deflate body can end early: its rest must not vanish silently)."""
-        out = []
-        while self._d.eof and self._d.unused_data:
-            rest = self._d.unused_data
-            if self._probe is not None or self.coding == b"deflate":
-                raise DecodeError(f"bad {self.coding.decode()} body: data after its end", self.coding)
+    def _after_end(self, rest: bytes) -> bytes:
+        """Decode ``rest``, the bytes after the end of a stream: further
+        gzip members, then trailing garbage if any."""
+        out: list[bytes] = []
+        while rest:
+            if not self._members or rest[: len(GZIP_START)] != GZIP_START[: len(rest)]:
+                self._probe = None
+                self._ignoring = True
+                self.garbage += len(rest)
+                break
+            if len(rest) < len(GZIP_START):
+                self._tail = rest  # maybe the start of a member
+                return b"".join(out)
             self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            out.append(self._d.decompress(rest))
+            try:
+                out.append(self._d.decompress(rest))
+            except zlib.error as exc:
+                raise self._error(str(exc)) from None
+            if not self._d.eof:
+                break
+            rest = self._d.unused_data
+        self._tail = b""
         return b"".join(out)
 
     def finish(self) -> bytes:
+        if self._ignoring:
+            return b""
+        if self._d.eof:
+            # A partial member start at the very end is garbage too.
+            self.garbage += len(self._tail)
+            self._tail = b""
+            return b""
         try:
             tail = self._d.flush()
         except zlib.error as exc:
@@ -148,39 +208,130 @@ class Decoder:
             raise DecodeError(f"truncated {self.coding.decode()} body", self.coding)
         return tail
 
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        return ((self.coding, self.garbage),) if self.garbage else ()
+
+
+#: A br body keeps its input for a replay (below) while it is no longer
+#: than this; past it, garbage in the same piece as the end of the stream
+#: is a DecodeError.
+BR_REPLAY_LIMIT = 256 * 1024
+
 
 class BrotliDecoder:
-    """Incremental br decoder (``brotli.Decompressor``)."""
+    """Incremental br decoder (``brotli.Decompressor``).
+
+    Bytes after the end of the stream are trailing garbage (ignored and
+    counted in ``garbage``).  ``brotli`` fails a call whose input runs past
+    the end, keeping none of its output and no way to tell where the end
+    was; so the input is kept (up to ``BR_REPLAY_LIMIT``) and, when a call
+    fails, decoded again by a new decompressor up to the failing piece,
+    whose end is then found by bisection: the longest prefix that decodes.
+    If the stream has ended there, the rest is garbage; if not, the body is
+    corrupt."""
 
     coding = b"br"
 
     def __init__(self) -> None:
         self._d = brotli.Decompressor()
         self._started = False
+        #: The stream ended: the rest of the body is ignored.
+        self._ended = False
+        #: The input so far, while it is short enough to replay.
+        self._kept: list[bytes] | None = []
+        self._kept_size = 0
+        #: Bytes ignored after the end of the stream.
+        self.garbage = 0
 
     def feed(self, data: bytes) -> bytes:
         if not data:
             return b""
         self._started = True
+        if self._ended:
+            self.garbage += len(data)
+            return b""
         try:
-            return self._d.process(data)
+            out = self._d.process(data)
         except brotli.error as exc:
+            return self._past_end(data, exc)
+        if self._d.is_finished():
+            self._ended = True
+            self._kept = None
+        elif self._kept is not None:
+            self._kept_size += len(data)
+            if self._kept_size > BR_REPLAY_LIMIT:
+                self._kept = None
+            else:
+                self._kept.append(data)
+        return out
+
+    def _replay(self, prefix: bytes) -> tuple[brotli.Decompressor, bytes]:
+        """A decompressor given the kept input and then ``prefix`` (which
+        decoded before), and the output of ``prefix``."""
+        assert self._kept is not None
+        d = brotli.Decompressor()
+        for piece in self._kept:
+            d.process(piece)
+        return d, d.process(prefix) if prefix else b""
+
+    def _past_end(self, data: bytes, exc: brotli.error) -> bytes:
+        """``data`` failed to decode: its output up to the end of the
+        stream if the stream ends in it (the rest is garbage), else a
+        DecodeError."""
+        if self._kept is None:
             raise DecodeError(f"bad br body: {exc}", b"br") from None
+        d, first = self._replay(b"")
+        outs = [first]
+        good, bad = 0, len(data)  # data[:good] decodes, data[:bad] fails
+        while bad - good > 1 and not d.is_finished():
+            mid = (good + bad) // 2
+            try:
+                outs.append(d.process(data[good:mid]))
+            except brotli.error:
+                bad = mid
+                d, first = self._replay(data[:good])
+                outs = [first]
+            else:
+                good = mid
+        if not d.is_finished():
+            raise DecodeError(f"bad br body: {exc}", b"br") from None
+        self._d = d
+        self._ended = True
+        self._kept = None
+        self.garbage += len(data) - good
+        return b"".join(outs)
 
     def finish(self) -> bytes:
-        if self._started and not self._d.is_finished():
+        if self._started and not self._ended and not self._d.is_finished():
             raise DecodeError("truncated br body", b"br")
         return b""
+
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        return ((b"br", self.garbage),) if self.garbage else ()
 
 
 #: Largest zstd window accepted: RFC 9659 caps it at 8 MB for HTTP, so one
 #: response cannot make the decoder hold more.
 ZSTD_MAX_WINDOW = 8 * 1024 * 1024
 
+#: How a zstd frame starts (RFC 8878 3.1): the magic number of a frame, or
+#: of a skippable frame (0x184D2A50 to 0x184D2A5F), little-endian.
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+ZSTD_SKIPPABLE = re.compile(rb"[\x50-\x5f](?:\x2a(?:\x4d\x18?)?)?\Z")
+
+
+def _starts_zstd_frame(rest: bytes) -> bool:
+    """Whether ``rest`` starts (or, shorter than a magic number, may start)
+    a zstd frame."""
+    head = rest[:4]
+    return ZSTD_MAGIC.startswith(head) or ZSTD_SKIPPABLE.match(head) is not None
+
 
 class ZstdDecoder:
     """Incremental zstd decoder (``zstandard`` decompressobj); a body of
-    several frames is decoded frame after frame."""
+    several frames is decoded frame after frame.  After a frame, bytes
+    that start no frame are trailing garbage (ignored and counted in
+    ``garbage``)."""
 
     coding = b"zstd"
 
@@ -189,12 +340,30 @@ class ZstdDecoder:
         self._d = self._z.decompressobj()
         #: The current frame has begun and not ended.
         self._open = False
+        #: Bytes after a frame, too few yet to tell whether they start one.
+        self._tail = b""
+        #: A frame ended and what came after it is garbage.
+        self._ignoring = False
+        #: Bytes ignored after the end of the stream.
+        self.garbage = 0
 
     def feed(self, data: bytes) -> bytes:
+        if self._ignoring:
+            self.garbage += len(data)
+            return b""
         out = []
         try:
+            if self._tail:
+                data, self._tail = self._tail + data, b""
             while data:
                 if self._d.eof:
+                    if not _starts_zstd_frame(data):
+                        self._ignoring = True
+                        self.garbage += len(data)
+                        break
+                    if len(data) < len(ZSTD_MAGIC):
+                        self._tail = data
+                        break
                     self._d = self._z.decompressobj()
                 self._open = True
                 out.append(self._d.decompress(data))
@@ -209,14 +378,19 @@ class ZstdDecoder:
     def finish(self) -> bytes:
         if self._open:
             raise DecodeError("truncated zstd body", b"zstd")
+        self.garbage += len(self._tail)
+        self._tail = b""
         return b""
+
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        return ((b"zstd", self.garbage),) if self.garbage else ()
 
 
 class DecoderChain:
     """Stacked codings: each decoder's output is the next one's input
     (``decoders`` in decoding order, the last-applied coding first)."""
 
-    def __init__(self, decoders: Sequence[Codec]) -> None:
+    def __init__(self, decoders: Sequence[BodyDecoder]) -> None:
         self.decoders = tuple(decoders)
 
     def feed(self, data: bytes) -> bytes:
@@ -232,13 +406,16 @@ class DecoderChain:
             tail = decoder.feed(tail) + decoder.finish()
         return tail
 
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        return tuple(g for decoder in self.decoders for g in decoder.trailing_garbage())
 
-def _zlib(coding: bytes) -> Callable[[], Codec]:
+
+def _zlib(coding: bytes) -> Callable[[], BodyDecoder]:
     return lambda: Decoder(coding)
 
 
 #: Coding -> a new decoder for it.
-DECODERS: dict[bytes, Callable[[], Codec]] = {
+DECODERS: dict[bytes, Callable[[], BodyDecoder]] = {
     b"gzip": _zlib(b"gzip"),
     b"x-gzip": _zlib(b"x-gzip"),
     b"deflate": _zlib(b"deflate"),
@@ -282,7 +459,7 @@ def coding_label(coding: bytes) -> str:
     return "invalid"
 
 
-def decoder_for(codings: Sequence[bytes]) -> Codec:
+def decoder_for(codings: Sequence[bytes]) -> BodyDecoder:
     """A decoder for a body with ``codings`` (as ``parse_codings`` gives
     them, every one decodable): one decoder, or a chain, last coding first."""
     if not codings:

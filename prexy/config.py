@@ -20,6 +20,7 @@ import attrs
 from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
+from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
 from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
 
@@ -128,11 +129,18 @@ class Timeouts:
     tunnel_idle: float = 60.0
 
 
+#: The most ``limits.max_header_lines`` may be: a header line takes at
+#: least 4 bytes, so ``max_request_head`` caps the count long before this.
+MAX_HEADER_LINES = 100_000
+
+
 @attrs.frozen
 class Limits:
-    """Sizes of request and response heads, in bytes.  nginx's defaults
+    """Sizes of request and response heads, in bytes, and the number of
+    header lines a request may have.  nginx's defaults
     (``large_client_header_buffers 4 8k``) allow lines of 8 KiB; a longer
-    request line gets 414, a longer header line or a longer head 431."""
+    request line gets 414, a longer header line, a longer head or more
+    header lines 431."""
 
     max_request_line: int = 8 * 1024
     max_header_line: int = 8 * 1024
@@ -140,6 +148,10 @@ class Limits:
     max_request_head: int = 64 * 1024
     #: The whole response head from an upstream; larger is a 502.
     max_response_head: int = 64 * 1024
+    #: Header lines (fields) in a request head, Host included: Apache's
+    #: ``LimitRequestFields`` default.  nginx refuses past 1,000 lines
+    #: (400); real clients send a few dozen at most.
+    max_header_lines: int = 100
 
 
 @attrs.frozen
@@ -189,6 +201,9 @@ class SiteConfig:
     #: Protocols an ``Upgrade`` request may switch to (lower-case; empty:
     #: none, the request is an ordinary one).
     upgrade: frozenset[bytes] = frozenset({b"websocket"})
+    #: The pages of the answers Prexy makes itself (its ``error_pages``,
+    #: else the server's); empty: generic bodies.
+    error_pages: ErrorPages = NO_PAGES
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -232,6 +247,8 @@ class Config:
     cluster: ClusterConfig | None = None
     #: The site files ``include`` brought in (absolute paths, sorted).
     included: tuple[str, ...] = ()
+    #: [server] error_pages: the pages of sites that give none of their own.
+    error_pages: ErrorPages = NO_PAGES
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -466,6 +483,7 @@ def parse_config(
             "shutdown_timeout",
             "http2",
             "h2c_listen",
+            "error_pages",
         ),
         "server",
         err,
@@ -513,6 +531,23 @@ def parse_config(
                 err("server.h2c_listen", f"{desc!r}: h2c is cleartext HTTP/2; an ssl: listener offers h2 by ALPN")
         kwargs["h2c_listen"] = tuple(h2c)
     kwargs["http2_settings"] = _http2_settings(data.get("http2", {}), err, typed)
+
+    def error_pages(value: Any, where: str) -> ErrorPages:
+        def fail(key: str | None, reason: str) -> None:
+            table = f"{where}.error_pages"
+            if key is None:
+                err(table, reason)
+            # An entry's own line when it has one (a [*.error_pages] table),
+            # else the line of the inline table.
+            full = f"{table}.{key}"
+            if here.locator.line_of(full) is not None:
+                err(full, reason)
+            err(table, f"{key!r}: {reason}")
+
+        return load_error_pages(value, rel, fail, files.read)
+
+    server_pages = error_pages(server["error_pages"], "server") if "error_pages" in server else NO_PAGES
+    kwargs["error_pages"] = server_pages
     if "workers" in server:
         workers = typed(server, "workers", int, "server")
         if workers < 0:
@@ -539,6 +574,12 @@ def parse_config(
     _known(limits, [f.name for f in attrs.fields(Limits)], "limits", err)
     lvalues = {}
     for key in limits:
+        if key == "max_header_lines":
+            count = typed(limits, key, int, "limits")
+            if not 1 <= count <= MAX_HEADER_LINES:
+                err(f"limits.{key}", f"must be from 1 to {MAX_HEADER_LINES}")
+            lvalues[key] = count
+            continue
         try:
             lvalues[key] = parse_size(limits[key])
         except ValueError as exc:
@@ -606,8 +647,20 @@ def parse_config(
     sites = []
     seen_hosts: dict[str, str] = {}
     # What the main file gives every site: part of a memoised site's key.
-    context = repr((kwargs.get("cache_size"), server_compression))  # (a str: hashed once)
+    context = repr((
+        kwargs.get("cache_size"), server_compression,
+        tuple((key, page.path, page.content_type, len(page.body), hash(page.body)) for key, page in server_pages.pages),
+    ))  # (a str: hashed once)
     exists: dict[str, bool] = {}
+    page_bytes: dict[str, bytes | None] = {}
+
+    def same_page(path: str, body: bytes) -> bool:  # each file read once per load
+        if path not in page_bytes:
+            try:
+                page_bytes[path] = files.read(path)
+            except OSError:
+                page_bytes[path] = None
+        return page_bytes[path] == body
 
     def is_file(path: str) -> bool:  # once per file, however many sites name it
         if path not in exists:
@@ -617,7 +670,9 @@ def parse_config(
     def still_there(site: SiteConfig) -> bool:
         named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()))
         # (a missing one: the site is checked again below, and refused with its key and line)
-        return all(is_file(file) for file in named)
+        return all(is_file(file) for file in named) and all(
+            same_page(page.path, page.body) for _, page in site.error_pages.pages
+        )
 
     for name, table in sites_table.items():
         here = site_files.get(name, main)
@@ -639,7 +694,8 @@ def parse_config(
             ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
-             "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field"),
+             "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field",
+             "error_pages"),
             where,
             err,
         )
@@ -742,6 +798,7 @@ def parse_config(
                 allow_trace=allow_trace,
                 upgrade=frozenset(u.lower().encode("ascii") for u in upgrade),
                 compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
+                error_pages=error_pages(table["error_pages"], where) if "error_pages" in table else server_pages,
             )
         )
         if memo is not None and memo_key is not None:

@@ -5,12 +5,20 @@ domain and carry an analytics id, plus a large body streamed in pieces.  Prexy
 (127.0.0.1:8080) proxies it with the demo rules and URL map shipped in
 ``prexy/demo_files``, so one start shows the rewriting, the redirects and the
 streaming at work.
+
+What a demo run writes (its cache store, beside it the workers' notice
+sockets, and a copy of the rules for another port) lives in one directory of
+its own, :func:`demo_dir`, which the demo removes when it stops: on SIGTERM
+or SIGINT (twistd stops the services, then the reactor fires its "after
+shutdown" trigger), and at exit when the process that made the directory
+never ran the demo (``--check``, a port in use).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-import tempfile
+import shutil
 from typing import Any
 
 from twisted.application import service, strports
@@ -124,8 +132,42 @@ class DemoOrigin(resource.Resource):
     render_HEAD = render_GET
 
 
+def demo_dir(base: int = BASE) -> str:
+    """The directory of one demo run's files: on tmpfs where the cache store
+    would be by default, one per user and port."""
+    return os.path.join(os.path.dirname(default_cache_path()), f"prexy-demo-{os.getuid()}-{base}")
+
+
+def remove_demo_files() -> None:
+    """Remove what a demo run wrote (:func:`demo_dir`); harmless when gone."""
+    shutil.rmtree(demo_dir(), ignore_errors=True)
+
+
+#: Whether this process made :func:`demo_dir` (and removes it at exit).
+_made: list[str] = []
+
+
+def _make_demo_dir() -> str:
+    """:func:`demo_dir`, made if missing.  The process that makes it removes
+    it at exit; one that finds it (a worker, whose master made it; a
+    ``--check`` beside a running demo) leaves it to its maker."""
+    directory = demo_dir()
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _made:
+            atexit.register(remove_demo_files)
+        _made.append(directory)
+    return directory
+
+
 class DemoService(service.MultiService):
-    """The demo origin, and a banner saying what to open."""
+    """The demo origin, and a banner saying what to open.
+
+    Once it runs (twistd starts services only after every port is bound,
+    so no other demo uses this port and its files), it removes the demo's
+    files when everything has stopped: after the reactor's shutdown, when
+    the workers, which share the store, have exited.  Only the process that
+    runs the demo (the master) makes this service."""
 
     def __init__(self, reactor: Any) -> None:
         super().__init__()
@@ -136,6 +178,7 @@ class DemoService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        self.reactor.addSystemEventTrigger("after", "shutdown", remove_demo_files)
         self.reactor.callWhenRunning(self._banner)
 
     def _banner(self) -> None:
@@ -154,13 +197,14 @@ class DemoService(service.MultiService):
 
 
 def demo_config(workers: int | None = None) -> Config:
-    """The configuration the demo runs with."""
+    """The configuration the demo runs with; its files go in :func:`demo_dir`."""
+    directory = _make_demo_dir()
     rules = os.path.join(FILES, "demo.rules")
     if BASE != 8080:
         # The shipped rules point the clone's links at 127.0.0.1:8080.
         with open(rules, encoding="utf-8") as f:
             text = f.read().replace("127.0.0.1:8080", f"127.0.0.1:{BASE}")
-        rules = os.path.join(tempfile.gettempdir(), f"prexy-demo-{BASE}-{os.getuid()}.rules")
+        rules = os.path.join(directory, "demo.rules")
         tmp = f"{rules}.{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -178,6 +222,6 @@ def demo_config(workers: int | None = None) -> Config:
         default_site="demo",
         admin=ADMIN,
         cache_size=64 * 1024 * 1024,
-        cache_path=os.path.join(default_cache_path(), f"demo-{BASE}"),
+        cache_path=os.path.join(directory, "cache"),
         workers=0 if workers is None else workers,
     )

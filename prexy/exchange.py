@@ -19,8 +19,11 @@ the upstream body ended and what was received is still being rewritten.
 ``DONE``, ``GONE`` (the client went away and nobody else wants the fetch;
 one that followers or the cache still want goes on through the same states
 without a client, ``prexy.cache.flow.wanted``) and ``ABORTED`` (the client
-connection was reset: the upstream broke mid-body or the rewrite failed)
-are final.
+connection was reset: the upstream broke mid-body or the rewrite failed
+after the head went out) are final.  ``STREAMING`` and ``DRAINING`` say the
+head is decided, not that it was sent: the client's request holds it back
+until the first body bytes, so while a rewrite holds those back a failure
+is still answered with an error status (``DONE``).
 
 The body pipeline is decode -> transduce -> encode (``BodyPipeline``): a
 compressed upstream body is decoded before the transducer sees it and
@@ -40,7 +43,7 @@ import attrs
 
 from prexy.codec import (
     ENCODERS,
-    Codec,
+    BodyDecoder,
     Compression,
     DecodeError,
     Encoder,
@@ -503,17 +506,24 @@ class BodyPipeline:
     """decode -> transduce -> encode, piece by piece (``transducer`` None:
     an answer passed through, only compressed for the client).
 
-    ``feed(data, last)``: ``last`` when these are the body's last bytes
-    (the transducer then ends with them, so their output can go with the
-    end of the response); ``finish()`` ends whatever is still open."""
+    ``feed(data, last)``: ``last`` when these are the body's last bytes:
+    the decoder, the transducer and the encoder then end with them, as the
+    replace-filter module ends a body whose last buffer carries the end
+    (``Transducer.finish(data)``: a match at the very end is decided with
+    the data, and nothing is held against the buffer limit), and their
+    output can go with the end of the response; ``finish()`` ends whatever
+    is still open (the end came on its own).  ``trailing_garbage()``: what
+    the decoder ignored after the end of its stream."""
 
     def __init__(
-        self, transducer: Any, decoder: Codec | None = None, encoder: Encoder | None = None,
+        self, transducer: Any, decoder: BodyDecoder | None = None, encoder: Encoder | None = None,
         tap: Callable[[bytes], None] | None = None,
     ) -> None:
         self.transducer = transducer
         self.decoder = decoder
         self.encoder = encoder
+        #: The decoder was given the body's last bytes and ended.
+        self.decoded_end = False
         #: The encoder was given the body's last bytes and ended its stream.
         self.encoded_end = False
         #: Given the rewritten bytes before they are encoded (what the cache
@@ -526,6 +536,9 @@ class BodyPipeline:
         try:
             if self.decoder is not None:
                 data = self.decoder.feed(data)
+                if last:
+                    data += self.decoder.finish()
+                    self.decoded_end = True
             if transducer is None:  # compression only
                 out = data
                 self.ended = last
@@ -539,7 +552,7 @@ class BodyPipeline:
             if self.encoder is not None:
                 if self.tap is not None and out:
                     self.tap(out)
-                if last and self.decoder is None:
+                if last:
                     out = self.encoder.last(out)
                     self.encoded_end = True
                 else:
@@ -554,14 +567,14 @@ class BodyPipeline:
         transducer = self.transducer
         try:
             tail = b""
+            if self.decoder is not None and not self.decoded_end:
+                tail = self.decoder.finish()
+                self.decoded_end = True
             if transducer is None:
                 self.ended = True
-            else:
-                if self.decoder is not None:
-                    tail = transducer.feed(self.decoder.finish())
-                if not self.ended:
-                    tail += transducer.finish()
-                    self.ended = True
+            elif not self.ended:
+                tail = transducer.finish(tail)
+                self.ended = True
             if self.encoder is not None and not self.encoded_end:
                 if self.tap is not None and tail:
                     self.tap(tail)
@@ -572,6 +585,10 @@ class BodyPipeline:
         except Exception as exc:
             raise PipelineError(f"substitution failed at end of body: {exc!r}", decode=False) from exc
         return tail
+
+    def trailing_garbage(self) -> tuple[tuple[bytes, int], ...]:
+        """(coding, bytes) ignored after the end of each coding's stream."""
+        return () if self.decoder is None else self.decoder.trailing_garbage()
 
 
 #: Slices adapt to the rule set's speed so one takes about SLICE_SECONDS,

@@ -74,6 +74,10 @@ class IFiles(Interface):
     def glob(pattern: str) -> list[str]:
         """The paths a shell pattern matches, sorted."""
 
+    def listdir(path: str) -> list[str]:
+        """The names in a directory, sorted; ``NotADirectoryError`` for a
+        file, another ``OSError`` when it cannot be read."""
+
 
 @implementer(IFiles)
 class DiskFiles:
@@ -94,6 +98,9 @@ class DiskFiles:
 
     def glob(self, pattern: str) -> list[str]:
         return sorted(_glob.glob(pattern))
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
 
 
 DISK = DiskFiles()
@@ -122,6 +129,7 @@ class Recorder:
         self._status: dict[str, FileStatus | None] = {}
         self._is_file: dict[str, bool] = {}
         self._globs: dict[str, list[str]] = {}
+        self._dirs: dict[str, list[str] | None] = {}
 
     def read(self, path: str) -> bytes:
         status = self.status(path)
@@ -145,6 +153,17 @@ class Recorder:
             self._globs[pattern] = list(self.base.glob(pattern))
         return list(self._globs[pattern])
 
+    def listdir(self, path: str) -> list[str]:
+        if path not in self._dirs:
+            try:
+                self._dirs[path] = list(self.base.listdir(path))
+            except NotADirectoryError:
+                self._dirs[path] = None  # (a file: read it)
+        names = self._dirs[path]
+        if names is None:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        return list(names)
+
     def snapshot(self) -> Snapshot:
         """What the current load saw: the bytes of every file it read, and
         of every file it found unchanged since it last read it; the status,
@@ -160,7 +179,7 @@ class Recorder:
             if kept is not None and kept[0] is not None and kept[0].mtime_ns == status.mtime_ns:
                 contents[path] = kept[1]
         self._kept = {path: entry for path, entry in self._kept.items() if path in self._status}
-        return Snapshot(contents, self._status, self._is_file, self._globs)
+        return Snapshot(contents, self._status, self._is_file, self._globs, self._dirs)
 
 
 class NotInSnapshot(FileNotFoundError):
@@ -178,11 +197,14 @@ class Snapshot:
         status: Mapping[str, FileStatus | None] | None = None,
         is_file: Mapping[str, bool] | None = None,
         globs: Mapping[str, Iterable[str]] | None = None,
+        dirs: Mapping[str, Iterable[str] | None] | None = None,
     ) -> None:
         self.contents = dict(contents)
         self._status = dict(status or {})
         self._is_file = dict(is_file or {})
         self._globs = {pattern: list(found) for pattern, found in (globs or {}).items()}
+        #: Directory listings by path (None: the path is a file).
+        self._dirs = {path: None if names is None else list(names) for path, names in (dirs or {}).items()}
         self._encoded: bytes | None = None
 
     def __len__(self) -> int:
@@ -214,11 +236,21 @@ class Snapshot:
             return list(self._globs[pattern])
         return sorted(p for p in self.contents if fnmatch.fnmatchcase(p, pattern))
 
+    def listdir(self, path: str) -> list[str]:
+        if path in self._dirs:
+            names = self._dirs[path]
+            if names is None:
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+            return list(names)
+        if path in self.contents:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        raise NotInSnapshot(errno.ENOENT, "not in the configuration the master validated", path)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Snapshot):
             return NotImplemented
-        return (self.contents, self._status, self._is_file, self._globs) == (
-            other.contents, other._status, other._is_file, other._globs
+        return (self.contents, self._status, self._is_file, self._globs, self._dirs) == (
+            other.contents, other._status, other._is_file, other._globs, other._dirs
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -235,6 +267,7 @@ class Snapshot:
                 "status": [[path, None if st is None else attrs.astuple(st)] for path, st in self._status.items()],
                 "is_file": list(self._is_file.items()),
                 "globs": list(self._globs.items()),
+                "dirs": list(self._dirs.items()),
             }
             self._encoded = b"".join(
                 [json.dumps(index, separators=(",", ":")).encode("ascii"), b"\n",
@@ -255,6 +288,7 @@ class Snapshot:
             status = {str(path): None if st is None else FileStatus(*st) for path, st in index["status"]}
             is_file = {str(path): bool(answer) for path, answer in index["is_file"]}
             globs = {str(pattern): [str(p) for p in found] for pattern, found in index["globs"]}
+            dirs = {str(path): None if names is None else [str(n) for n in names] for path, names in index["dirs"]}
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"configuration snapshot: bad index: {exc}") from None
         view = memoryview(data)
@@ -267,4 +301,4 @@ class Snapshot:
             offset += size
         if offset != len(data):
             raise ValueError("configuration snapshot: bytes after the last file")
-        return cls(contents, status, is_file, globs)
+        return cls(contents, status, is_file, globs, dirs)

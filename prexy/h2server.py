@@ -59,6 +59,7 @@ import h2.settings
 import hpack
 from hyperframe.frame import GoAwayFrame
 
+from prexy.config import Limits
 from prexy.h2settings import H2Settings
 from prexy.requesthead import Refusal, check_host, check_target
 
@@ -87,14 +88,19 @@ _NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9a-z-]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tuple[int, str] | None:
+def check_request(
+    fields: Sequence[tuple[bytes, bytes]], max_target: int, max_fields: int = Limits().max_header_lines,
+) -> tuple[int, str] | None:
     """Why an HTTP/2 request head cannot be forwarded as an HTTP/1.1 one
     (the status to answer and the reason), or None.  The same rules as
     the HTTP/1.1 gate: a token method, an origin-form target that does not
     climb above the root, a valid authority, token field names and values
-    without control bytes.  CONNECT (no ``:path``) is not served."""
+    without control bytes, at most ``max_fields`` header lines once the
+    head is HTTP/1.1 (``:authority`` becomes Host; cookie crumbs are one
+    Cookie field already).  CONNECT (no ``:path``) is not served."""
     method = path = authority = None
     hosts = 0
+    ordinary = 0
     for name, value in fields:
         if name[:1] == b":":
             if name == b":method":
@@ -103,6 +109,8 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
                 path = value
             elif name == b":authority":
                 authority = value
+        elif (ordinary := ordinary + 1) > max_fields:
+            return 431, "too many header fields"
         elif not _NAME.fullmatch(name):
             return 400, "a field name holds a byte it cannot hold"
         elif _BAD_VALUE.search(value):
@@ -129,6 +137,8 @@ def check_request(fields: Sequence[tuple[bytes, bytes]], max_target: int) -> tup
         why = check_host(authority)
         if why is not None:
             return 400, f":authority: {why}"
+        if not hosts and ordinary >= max_fields:
+            return 431, "too many header fields"
     return None
 
 
@@ -401,11 +411,10 @@ class ServerConnection:
 
     # -- output -----------------------------------------------------------------------
 
-    def refuse(self, stream_id: int, status: int, reason: str) -> None:
-        """Answer a request that will not be served with a short text/plain
-        ``status``, and end the stream."""
-        body = b"%d %s\n" % (status, reason.encode("ascii", "replace"))
-        self.send_head(stream_id, [(b":status", b"%d" % status), (b"content-type", b"text/plain; charset=utf-8"),
+    def refuse(self, stream_id: int, status: int, content_type: bytes, body: bytes) -> None:
+        """Answer a request that will not be served with ``status`` and
+        ``body`` (``prexy.errorpages``), and end the stream."""
+        self.send_head(stream_id, [(b":status", b"%d" % status), (b"content-type", content_type),
                                    (b"content-length", b"%d" % len(body))])
         self.send_data(stream_id, body)
         self.end(stream_id)

@@ -31,7 +31,19 @@ log = Logger()
 
 
 class ListenError(Exception):
-    """An endpoint that cannot be bound or is not supported by the pool."""
+    """An endpoint that cannot be bound or is not supported by the pool.
+    Its message is one line naming the endpoint and the reason."""
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a listen failed, in a few words: the OS's reason (``Address
+    already in use``) rather than the exception's whole representation."""
+    inner = getattr(exc, "socketError", None)  # twisted's CannotListenError
+    if isinstance(inner, BaseException):
+        exc = inner
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def split_endpoint(desc: str) -> tuple[str, list[str], dict[str, str]]:
@@ -104,35 +116,76 @@ def bind(desc: str) -> tuple[ListenSpec, socket.socket]:
             sock.listen(backlog)
         except OSError as exc:
             sock.close()
-            raise ListenError(f"{desc}: cannot listen: {exc.strerror}") from None
+            raise ListenError(f"cannot listen on {desc}: {_reason(exc)}") from None
         fam = "INET6" if family == socket.AF_INET6 else "INET"
     elif kind == "unix":
         if not args:
             raise ListenError(f"{desc}: no path")
         path = args[0]
-        if os.path.exists(path):
-            os.unlink(path)
+        clear_stale_unix_socket(desc, path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
             sock.listen(backlog)
         except OSError as exc:
             sock.close()
-            raise ListenError(f"{desc}: cannot listen: {exc.strerror}") from None
+            raise ListenError(f"cannot listen on {desc}: {_reason(exc)}") from None
         fam = "UNIX"
     elif kind == "systemd":
         fd = _systemd_fd(desc, args, kw)
-        domain = kw.get("domain", "INET").upper()
-        if domain not in ("INET", "INET6", "UNIX"):
-            raise ListenError(f"{desc}: unsupported domain {domain}")
-        family = {"INET": socket.AF_INET, "INET6": socket.AF_INET6, "UNIX": socket.AF_UNIX}[domain]
-        sock = socket.socket(family, socket.SOCK_STREAM, fileno=os.dup(fd))
-        fam = domain
+        sock = _systemd_socket(desc, kw, fd)
+        fam = _FAMILY_NAMES[sock.family]
     else:
         raise ListenError(f"{desc}: unsupported endpoint type {kind!r}")
     sock.setblocking(False)
     os.set_inheritable(sock.fileno(), True)
     return ListenSpec(desc, fam, tls_key, tls_cert), sock
+
+
+def clear_stale_unix_socket(desc: str, path: str) -> None:
+    """Remove the UNIX socket left at ``path`` by a process that is gone, as
+    a restart must; refuse (``ListenError``) when a process still listens
+    there, or when ``path`` is not a socket: neither is ours to remove."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {desc}: {_reason(exc)}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ListenError(f"cannot listen on {desc}: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a stale socket
+        return
+    finally:
+        probe.close()
+    raise ListenError(f"cannot listen on {desc}: Address already in use")
+
+
+_FAMILY_NAMES = {socket.AF_INET: "INET", socket.AF_INET6: "INET6", socket.AF_UNIX: "UNIX"}
+
+
+def _systemd_socket(desc: str, kw: dict[str, str], fd: int) -> socket.socket:
+    """A socket object for (a duplicate of) systemd's descriptor ``fd``.
+
+    Its address family is the socket's own, not ``domain=``: systemd makes
+    ``ListenStream=80`` a dual-stack IPv6 socket, and a worker that adopted
+    it as IPv4 (the ``domain=INET`` most configurations say) would read
+    every client address wrongly.  ``domain=`` is only checked to be a
+    known name."""
+    domain = kw.get("domain", "INET").upper()
+    if domain not in ("INET", "INET6", "UNIX"):
+        raise ListenError(f"{desc}: unsupported domain {domain}")
+    sock = socket.socket(fileno=os.dup(fd))
+    if sock.family not in _FAMILY_NAMES or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        raise ListenError(f"{desc}: systemd's socket is not a TCP or UNIX stream socket")
+    return sock
 
 
 def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
@@ -189,12 +242,14 @@ class _PemContextFactory:
     the key and certificate given as PEM bytes rather than file names."""
 
     def __init__(self, key: bytes, cert: bytes) -> None:
-        from OpenSSL import SSL, crypto
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+        from OpenSSL import SSL
 
         context = SSL.Context(SSL.SSLv23_METHOD)
         context.set_options(SSL.OP_NO_SSLv2)
-        context.use_certificate(crypto.load_certificate(crypto.FILETYPE_PEM, cert))
-        context.use_privatekey(crypto.load_privatekey(crypto.FILETYPE_PEM, key))
+        context.use_certificate(x509.load_pem_x509_certificate(cert))
+        context.use_privatekey(load_pem_private_key(key, None))  # type: ignore[arg-type]
         self._context = context
 
     def getContext(self) -> Any:
@@ -214,8 +269,14 @@ def tls_factory_pem(factory: Any, key: bytes, cert: bytes) -> Any:
 def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
     """The PEM key and certificate files the ``ssl:`` endpoints name, by
     path, read through ``files`` (``prexy.files``) and checked to load;
-    ``ListenError`` naming the file when one does not."""
-    from OpenSSL import crypto
+    ``ConfigError`` naming the file when one does not."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from prexy.config import ConfigError
+
+    def private_key(data: bytes) -> Any:
+        return load_pem_private_key(data, None)
 
     out: dict[str, bytes] = {}
     for desc in endpoints:
@@ -224,17 +285,17 @@ def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
             continue
         key = kw["privateKey"]
         for path, load, what in (
-            (key, crypto.load_privatekey, "private key"),
-            (kw.get("certKey", key), crypto.load_certificate, "certificate"),
+            (key, private_key, "private key (unencrypted)"),
+            (kw.get("certKey", key), x509.load_pem_x509_certificate, "certificate"),
         ):
             try:
                 data = out[path] if path in out else files.read(path)
             except OSError as exc:
-                raise ListenError(f"{desc}: cannot read {path}: {exc.strerror}") from None
+                raise ConfigError(path, None, None, f"cannot read ({desc}): {exc.strerror}") from None
             try:
-                load(crypto.FILETYPE_PEM, data)
-            except crypto.Error as exc:
-                raise ListenError(f"{path}: not a PEM {what}: {exc}") from None
+                load(data)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(path, None, None, f"not a PEM {what}: {exc}") from None
             out[path] = data
     return out
 
@@ -275,17 +336,20 @@ class ListeningService(service.Service):
 
     * the first start listens (in ``privilegedStartService`` when the
       parent calls it, so before twistd drops privileges); a listen that
-      fails there and then (a port in use) raises, so twistd refuses to
-      start with the error; a failure that comes later, or on a restart, is
-      logged (a cancelled listen is not);
+      fails there and then (a port in use) raises :class:`ListenError`, one
+      line naming ``description`` (the endpoint string) and the reason, so
+      twistd refuses to start with it; a failure that comes later, or on a
+      restart, is logged (a cancelled listen is not);
     * ``stopService`` cancels a listen still in progress, stops listening,
       and returns a Deferred that fires once the port is closed; stopping
       twice, or before starting, is harmless.
     """
 
-    def __init__(self, endpoint: Any, factory: Any) -> None:
+    def __init__(self, endpoint: Any, factory: Any, description: str | None = None) -> None:
         self.endpoint = endpoint
         self.factory = factory
+        #: The endpoint as configured, for messages.
+        self.description = description if description is not None else repr(endpoint)
         #: The listen in progress or done (None before a start, after a stop).
         self._listening: defer.Deferred[Any] | None = None
         #: Once it settled: the port, or None when the listen failed.
@@ -310,16 +374,18 @@ class ListeningService(service.Service):
             if self._raise_synchronously:
                 raised.append(failure)
             elif not failure.check(defer.CancelledError):
-                log.failure("cannot listen on {endpoint!r}", failure, endpoint=self.endpoint)
+                log.failure("cannot listen on {endpoint}", failure, endpoint=self.description)
             return None
 
         listening = self.endpoint.listen(self.factory)
         self._listening = listening
         listening.addErrback(failed)
         listening.addCallback(self._settled)
-        if raised:
-            raised[0].raiseException()
         self._raise_synchronously = False
+        if raised:
+            error = raised[0].value
+            reason = _reason(error) if error is not None else "unknown error"
+            raise ListenError(f"cannot listen on {self.description}: {reason}")
 
     def _settled(self, port: Any) -> Any:
         self._outcome = [port]
@@ -369,6 +435,16 @@ def listening_service(reactor: Any, description: str, factory: Any) -> Listening
         interface = kw.get("interface", "")
         tcp = TCP6ServerEndpoint if ":" in interface else TCP4ServerEndpoint
         endpoint = tcp(reactor, int(args[0]), backlog=int(kw.get("backlog", 50)), interface=interface)
-        return ListeningService(endpoint, tls_factory(factory, kw["privateKey"], kw.get("certKey")))
-    return ListeningService(serverFromString(reactor, description), factory)
+        return ListeningService(endpoint, tls_factory(factory, kw["privateKey"], kw.get("certKey")), description)
+    if kind == "systemd":
+        # The socket's own family (see _systemd_socket), not domain='s.
+        from twisted.internet.endpoints import AdoptedStreamServerEndpoint
+
+        sock = _systemd_socket(description, kw, _systemd_fd(description, args, kw))
+        family = sock.family
+        fd = sock.detach()
+        return ListeningService(AdoptedStreamServerEndpoint(reactor, fd, family), factory, description)
+    if kind == "unix" and args:
+        clear_stale_unix_socket(description, args[0])
+    return ListeningService(serverFromString(reactor, description), factory, description)
 

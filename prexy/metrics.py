@@ -24,6 +24,8 @@ HELP = {
     " cannot be decoded, by coding.",
     "prexy_decode_errors_total": "Upstream bodies that failed to decode (corrupt or truncated; the client was reset),"
     " by coding.",
+    "prexy_decode_trailing_garbage_total": "Upstream bodies with bytes after the end of their compressed stream"
+    " (ignored; the body before them was served), by coding.",
     "prexy_map_hits_total": "Requests answered or rewritten by a URL map, by action.",
     "prexy_bytes_out_total": "Response body bytes written to clients.",
     "prexy_worker_restarts_total": "Worker processes restarted by the master.",

@@ -165,18 +165,6 @@ class Runtime:
                     lines.append(line)
         return lines
 
-    def with_maps(self, maps: dict[str, Any]) -> Runtime:
-        """A copy whose sites use the given freshly loaded maps (by path)."""
-        sites = tuple(
-            attrs.evolve(s, urlmap=maps[s.config.map.path])
-            if s.config.map is not None and s.config.map.path in maps
-            else s
-            for s in self.sites
-        )
-        by_host = {h: s for s in sites for h in s.config.hosts}
-        default = next(s for s in sites if s.name == self.config.default_site)
-        return Runtime(self.config, sites, by_host, default, self.rulesets)
-
     def compile_ahead(self, limit: int) -> int:
         """Compile now every rule set the sites use that is not compiled
         yet, when there are at most ``limit`` of them (all of them: a few
@@ -191,10 +179,9 @@ class Runtime:
             compile_ruleset(rules, ahead=True)
         return len(pending)
 
-    def select(self, host: bytes | None) -> SiteRuntime:
+    def lookup(self, host: bytes | None) -> SiteRuntime:
         """The site for a Host header (port and one trailing dot ignored),
-        its rule set compiled: the first request for it in this process
-        compiles it here, before the request's scans are timed."""
+        as it is: its rule set perhaps not compiled yet."""
         site = self.default
         if host:
             name = host.decode("latin-1").lower()
@@ -203,6 +190,13 @@ class Runtime:
             else:
                 name = name.rsplit(":", 1)[0] if ":" in name else name
             site = self.by_host.get(name.rstrip("."), site)
+        return site
+
+    def select(self, host: bytes | None) -> SiteRuntime:
+        """The site for a Host header (port and one trailing dot ignored),
+        its rule set compiled: the first request for it in this process
+        compiles it here, before the request's scans are timed."""
+        site = self.lookup(host)
         rules = site.rules
         if rules is not None and not rules.compiled:
             compile_ruleset(rules)
@@ -363,16 +357,6 @@ def _load_map(path: str, files: IFiles = DISK) -> Any:
         raise ConfigError(path, None, None, f"cannot read map: {exc.strerror}") from None
 
 
-def load_map_checked(path: str, files: IFiles = DISK) -> Any:
-    """Load a map file; ConfigError (file:line) when it does not load."""
-    return _load_map(path, files)
-
-
-def map_changed(urlmap: Any, files: IFiles = DISK) -> bool:
-    """Whether any file a loaded map came from changed since (or vanished)."""
-    return not _unchanged(urlmap, files) and bool(getattr(urlmap, "source_files", None))
-
-
 def build_runtime(
     config: Config,
     load_rules: RuleLoader | None = None,
@@ -463,13 +447,16 @@ def reloads_in_place(old: Config, new: Config) -> bool:
 
 
 def _unchanged(loaded: Any, files: IFiles = DISK) -> bool:
-    """Whether the files a loaded object came from still have their mtimes."""
+    """Whether the files a loaded map came from still hold the bytes they
+    held when it was read (their digests, read through ``files``): an edit
+    goes live on the next reload even within the same modification-time
+    tick."""
+    from prexy.urlmap.index import source_digest
+
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
-    for source in sources:
-        path, mtime = (source.path, source.mtime) if hasattr(source, "path") else source
-        status = files.status(path)
-        if status is None or status.mtime != mtime:
-            return False
-    return True
+    try:
+        return all(source_digest(source.path, files) == source.digest for source in sources)
+    except OSError:
+        return False

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from twisted.application import service, strports
+from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -52,8 +52,20 @@ log = Logger()
 #: clone sets: 7 / 44 / 409 ms at 10 / 100 / 1000 rules, about 20 ms for 20.
 COMPILE_AHEAD = 64
 
-#: Seconds between checks of map files' modification times.
-MAP_CHECK_INTERVAL = 2.0
+
+class ConfigRefused(SystemExit):
+    """A configuration that does not load, given on the command line: twistd
+    exits 1 printing only ``prexy: FILE:LINE: reason`` (and ``then``, a
+    line saying what was not done), not the usage text a mistyped option
+    gets.  ``str()`` is the error alone, for a reload's answer."""
+
+    def __init__(self, error: ConfigError, then: str = "") -> None:
+        lines = f"prexy: {error}" + (f"\nprexy: {then}" if then else "")
+        super().__init__(lines)
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
 
 
 class Options(usage.Options):
@@ -122,18 +134,22 @@ class Options(usage.Options):
     opt_r = opt_rules
 
     def postOptions(self) -> None:
+        if self["reload"]:
+            # The running Prexy validates the files itself, rules and maps
+            # included, and answers with the error; here only the admin
+            # endpoint is needed.
+            try:
+                config = self._config()
+            except ConfigError as exc:
+                raise ConfigRefused(exc, "reload not requested") from None
+            raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
         try:
             config = self._config()
             runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
             #: The ssl: listeners' key and certificate files (PEM bytes by path).
             self.tls = tls_files(config.listen_endpoints(), self.files)
-        except (ConfigError, ListenError) as exc:
-            if self["check"]:
-                sys.stderr.write(f"prexy: {exc}\nprexy: configuration test failed\n")
-                raise SystemExit(1) from None
-            raise usage.UsageError(str(exc)) from None
-        if self["reload"]:
-            raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
+        except ConfigError as exc:
+            raise ConfigRefused(exc, "configuration test failed" if self["check"] else "") from None
         if self["check"]:
             source = config.source or "command line"
             files = f" ({len(config.included)} site file(s) included)" if config.included else ""
@@ -289,6 +305,8 @@ class ProxyService(service.MultiService):
 
     ``reload()`` re-reads the config file and swaps the runtime only when
     everything in it loads; on any error the old runtime keeps serving.
+    Rules and map files are read at start-up and on a reload only: a file
+    edited in place goes live when the operator reloads, validated first.
     """
 
     def __init__(
@@ -318,9 +336,6 @@ class ProxyService(service.MultiService):
         #: The site files parsed so far, for a reload to reuse.
         self.memo = memo if memo is not None else ConfigMemo()
         self.last_reload_error = ""
-        self._map_watch: Any = None
-        self._map_loading = False
-        self._map_failed: dict[int, tuple[float, ...]] = {}
         self._adopted: list[Any] = []
         self._draining = False
         self._cluster_cache: Any = None
@@ -351,14 +366,9 @@ class ProxyService(service.MultiService):
             for desc in config.listen_endpoints():
                 listening_service(reactor, desc, self._factory_for(desc)).setServiceParent(self)
         if config.admin and not inherited:
-            from twisted.web.server import Site
+            from prexy.admin import admin_service
 
-            from prexy.admin import AdminResource
-
-            admin = AdminResource(self)
-            admin_site = Site(admin)
-            admin_site.log = lambda request: None  # type: ignore[method-assign]
-            strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
+            admin_service(reactor, config.admin, self).setServiceParent(self)
         #: This node's link to the fleet (prexy.cluster) when it runs alone
         #: (workers = 0); in a pool the master holds it.
         self.cluster: Any = None
@@ -451,13 +461,6 @@ class ProxyService(service.MultiService):
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
-        # (A worker's maps change with its master's snapshot, not on disk.)
-        if not self.worker and any(site.urlmap is not None for site in self.resource.runtime.sites):
-            from twisted.internet.task import LoopingCall
-
-            self._map_watch = LoopingCall(self.check_maps)
-            self._map_watch.clock = self.reactor
-            self._map_watch.start(MAP_CHECK_INTERVAL, now=False)
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
             # Now, not once the reactor runs: READY=1 may go out first, and
             # a signal then would meet the default action (which ends us).
@@ -492,54 +495,6 @@ class ProxyService(service.MultiService):
         else:
             log.info("SIGUSR1: no access log to reopen")
 
-    def check_maps(self) -> Any:
-        """Reload any map file whose modification time changed: the new map
-        is loaded (in a thread: a large map takes a second or two) and
-        validated first, then swapped in; a broken file keeps the old map."""
-        from twisted.internet import defer
-        from twisted.internet.threads import deferToThread
-
-        from prexy.runtime import load_map_checked, map_changed
-
-        if self._map_loading:
-            return defer.succeed(None)
-        runtime = self.resource.runtime
-        changed = [
-            s for s in runtime.sites
-            if s.urlmap is not None and map_changed(s.urlmap)
-            and self._map_failed.get(id(s.urlmap)) != _signature(s.urlmap)
-        ]
-        if not changed:
-            return defer.succeed(None)
-        self._map_loading = True
-        paths = sorted({s.config.map.path for s in changed if s.config.map is not None})
-
-        def load_all() -> dict[str, Any]:
-            return {path: load_map_checked(path) for path in paths}
-
-        def swap(loaded: dict[str, Any]) -> None:
-            current = self.resource.runtime
-            if current is not runtime:
-                return  # a reload replaced everything meanwhile
-            self.resource.runtime = current.with_maps(loaded)
-            for path in paths:
-                log.info("map {path} changed: reloaded", path=path)
-
-        def failed(f: Any) -> None:
-            log.error("map file changed but does not load; keeping the old map: {error}", error=f.getErrorMessage())
-            # Do not retry the same broken files every tick: remember their
-            # modification times and try again when they change.
-            for site in changed:
-                self._map_failed[id(site.urlmap)] = _signature(site.urlmap)
-
-        def done(_: Any) -> None:
-            self._map_loading = False
-
-        d = deferToThread(load_all)
-        d.addCallbacks(swap, failed)
-        d.addBoth(done)
-        return d
-
     def drain_and_stop(self, deadline: float) -> None:
         """Graceful exit of a worker: stop accepting, close idle keep-alive
         connections, let requests in flight finish (up to ``deadline``
@@ -572,8 +527,6 @@ class ProxyService(service.MultiService):
     def stopService(self) -> Any:
         from twisted.internet import defer
 
-        if self._map_watch is not None and self._map_watch.running:
-            self._map_watch.stop()
         d = super().stopService()
         if self.resource.cache is not None:
             self.resource.cache.events.stop()
@@ -583,21 +536,41 @@ class ProxyService(service.MultiService):
         return defer.gatherResults([d, closed])
 
 
-def _signature(loaded: Any) -> tuple[float, ...]:
-    """Current modification times of the files a loaded map came from."""
-    out = []
-    for source in getattr(loaded, "source_files", ()):
-        try:
-            out.append(os.stat(source.path).st_mtime)
-        except OSError:
-            out.append(-1.0)
-    return tuple(out)
-
-
 def _global_reactor() -> Any:
     from twisted.internet import reactor
 
     return reactor
+
+
+class TopService(service.MultiService):
+    """What ``twistd prexy`` runs: a start-up that cannot listen on an
+    endpoint (a port in use, a socket systemd did not pass) stops twistd
+    with one log line naming the endpoint and the reason, exit status 1,
+    rather than a traceback.
+
+    Daemonised (no ``--nodaemon``), the error is raised on instead: twistd
+    hands an exception's one line to the process that launched it, which
+    prints it and exits 1, and waits for ever on anything else."""
+
+    def __init__(self, daemon: bool = False, pidfile: str | None = None) -> None:
+        super().__init__()
+        self.daemon = daemon
+        #: twistd's pid file, removed on the way out as twistd would.
+        self.pidfile = pidfile
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except ListenError as exc:
+            log.critical("{error}", error=str(exc))
+            if self.daemon:
+                raise
+            if self.pidfile:
+                try:
+                    os.unlink(self.pidfile)
+                except OSError:
+                    pass
+            raise SystemExit(1) from None
 
 
 def makeService(options: Options) -> service.IService:
@@ -607,7 +580,9 @@ def makeService(options: Options) -> service.IService:
 
     config: Config = options.config
     runtime: Runtime = options.runtime
-    top = service.MultiService()
+    twistd_options = getattr(options, "parent", None) or {}
+    top = TopService(daemon=bool(twistd_options) and not twistd_options.get("nodaemon"),
+                     pidfile=twistd_options.get("pidfile"))
     if options["demo"]:
         from prexy.demo import DemoService
 
@@ -617,9 +592,16 @@ def makeService(options: Options) -> service.IService:
     workers = config.workers if config.workers is not None else default_workers()
     if workers == 0:
         options.files = DISK  # (what the load recorded is not needed)
-        ProxyService(reactor, config, runtime).setServiceParent(top)
-        reactor.callWhenRunning(sd_notify, "READY=1")
-        log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
+        try:
+            ProxyService(reactor, config, runtime).setServiceParent(top)
+        except ListenError as exc:  # systemd passed no such socket
+            raise SystemExit(f"prexy: {exc}") from None
+
+        def listening() -> None:
+            sd_notify("READY=1")
+            log.info("prexy {pid} listening on {listen}", pid=os.getpid(), listen=", ".join(config.listen))
+
+        reactor.callWhenRunning(listening)
     else:
         files = options.files
         assert isinstance(files, Recorder)

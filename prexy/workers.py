@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from twisted.application import service, strports
+from twisted.application import service
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
@@ -224,13 +224,9 @@ class MasterService(service.MultiService):
             self.cluster.setServiceParent(self)
             self.announce = self.cluster.publish
         if config.admin:
-            from twisted.web.server import Site
+            from prexy.admin import admin_service
 
-            from prexy.admin import AdminResource
-
-            admin_site = Site(AdminResource(self))
-            admin_site.log = lambda request: None  # type: ignore[method-assign]
-            strports.service(config.admin, admin_site, reactor=reactor).setServiceParent(self)
+            admin_service(reactor, config.admin, self).setServiceParent(self)
 
     # -- lifecycle -----------------------------------------------------------
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -135,7 +137,25 @@ def _bind(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Callable
 
 
 def tmp_dir(case: Any) -> Path:
-    """A new empty directory for one test (under trial's ``_trial_temp``)."""
+    """A new empty directory for one test (under trial's ``_trial_temp``),
+    removed when the test ends."""
     path = Path(case.mktemp()).absolute()
     path.mkdir(parents=True)
+    case.addCleanup(shutil.rmtree, path, True)
     return path
+
+
+def unlinked_store(prefix: str, max_bytes: int, clock: Callable[[], float]) -> Any:
+    """A cache store (``prexy.cache.store.Store``) for one test that leaves
+    nothing on disk: its directory is removed as soon as LMDB has opened its
+    files, whose descriptors and mapping keep the data for as long as the
+    store lives.  For helpers that build a store without a test case at
+    hand to clean up after; such a store cannot be opened by another
+    process."""
+    from prexy.cache.store import Store
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        return Store.open(path, max_bytes, clock=clock)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

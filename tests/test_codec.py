@@ -1,12 +1,15 @@
 """The upstream codings (prexy.codec): every decodable coding, alone and
 stacked, decodes to exactly the original bytes whole, byte by byte and at
 any chunking; a corrupt or truncated body is a DecodeError, never a short
-clean end; the header's codings are parsed as applied."""
+clean end; bytes after the end that start no new member or frame are
+ignored and counted; the header's codings are parsed as applied."""
 
 from __future__ import annotations
 
 import gzip
 import random
+import shutil
+import subprocess
 import zlib
 from collections.abc import Callable
 
@@ -17,8 +20,11 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.codec import (
+    BR_REPLAY_LIMIT,
     DECODABLE,
     ENCODERS,
+    BodyDecoder,
+    BrotliDecoder,
     BrotliEncoder,
     Compression,
     DecodeError,
@@ -78,9 +84,26 @@ CASES: list[tuple[str, tuple[bytes, ...], Callable[[bytes], bytes]]] = [
 BODIES = {name: (codings, make(ORIGINAL)) for name, codings, make in CASES}
 
 
+#: Trailing garbage seen after real bodies: a CRLF, zero padding, an HTML
+#: footer a server appends after a compressed body, random bytes.
+GARBAGE = (
+    b"\r\n",
+    b"\x00" * 512,
+    b"<!-- served by origin -->\n" * 40,
+    b"~" + bytes(_rng.randrange(256) for _ in range(999)),
+)
+#: First bytes that may start a new gzip member or zstd frame.
+NEW_STREAM_BYTES = frozenset({b"\x1f", b"\x28", *(bytes([b]) for b in range(0x50, 0x60))})
+
+
 def decode(codings: tuple[bytes, ...], body: bytes, cuts: list[int]) -> bytes:
     """``body`` fed in pieces of the sizes in ``cuts`` (cycled), then finished."""
-    decoder = decoder_for(codings)
+    return feed_in(decoder_for(codings), body, cuts)
+
+
+def feed_in(decoder: BodyDecoder, body: bytes, cuts: list[int]) -> bytes:
+    """``body`` fed to ``decoder`` in pieces of the sizes in ``cuts``
+    (cycled), then finished."""
     out, pos, i = [], 0, 0
     while pos < len(body):
         cut = cuts[i % len(cuts)]
@@ -145,13 +168,112 @@ class DecodeTests(SynchronousTestCase):
                         decode(codings, bad, cuts)
                     self.assertIn(caught.exception.coding, codings)
 
-    def test_trailing_garbage_is_an_error(self) -> None:
-        """Bytes past the end of a body are an error (a corrupt deflate
-        body can end early), in one piece or arriving after the end."""
-        for coding, encode in ENCODE.items():
+    def test_trailing_garbage_is_ignored_and_counted(self) -> None:
+        """Bytes after the end of the stream that start no new gzip member
+        or zstd frame are ignored, as ``gzip -d`` and browsers ignore them:
+        the body decodes whole and the garbage is counted against the
+        coding it followed.  Every coding, stacked ones and several gzip
+        members too; whole, byte by byte, and with the garbage in the same
+        piece as the end or in later ones."""
+        for name, (codings, body) in BODIES.items():
+            for garbage in GARBAGE:
+                for cuts in ([len(body) + len(garbage)], [1], [len(body)], [len(body) - 1, 2], [7, 300]):
+                    decoder = decoder_for(codings)
+                    out = feed_in(decoder, body + garbage, cuts)
+                    what = f"{name} + {garbage[:8]!r}, fed {cuts}"
+                    self.assertEqual(out, ORIGINAL, what)
+                    self.assertEqual(decoder.trailing_garbage(), ((codings[-1], len(garbage)),), what)
+                decoder = decoder_for(codings)
+                self.assertEqual(feed_in(decoder, body, [len(body)]), ORIGINAL)
+                self.assertEqual(decoder.trailing_garbage(), (), name)
+
+    @settings(deadline=None, max_examples=80)
+    @given(
+        st.sampled_from(sorted(BODIES)),
+        st.binary(min_size=1, max_size=1).filter(lambda b: b not in NEW_STREAM_BYTES),
+        st.binary(max_size=200),
+        st.lists(st.integers(1, 5000), min_size=1, max_size=20),
+    )
+    def test_trailing_garbage_any_chunking(self, name: str, first: bytes, rest: bytes, cuts: list[int]) -> None:
+        """Any garbage (that starts no member or frame) after any coding's
+        body, at any chunking: the original bytes, the garbage counted."""
+        codings, body = BODIES[name]
+        decoder = decoder_for(codings)
+        self.assertEqual(feed_in(decoder, body + first + rest, cuts), ORIGINAL)
+        self.assertEqual(decoder.trailing_garbage(), ((codings[-1], 1 + len(rest)),))
+
+    def test_garbage_inside_a_stacked_coding(self) -> None:
+        """Garbage after the inner coding's stream (inside the outer one)
+        is that coding's: the outer stream decodes whole, then the inner."""
+        body = brotli.compress(gzip.compress(ORIGINAL) + b"\r\n<!-- footer -->")
+        for cuts in ([len(body)], [1], [100]):
+            decoder = decoder_for((b"gzip", b"br"))
+            self.assertEqual(feed_in(decoder, body, cuts), ORIGINAL)
+            self.assertEqual(decoder.trailing_garbage(), ((b"gzip", 17),))
+
+    def test_gzip_members_then_garbage_like_gzip_d(self) -> None:
+        """Several gzip members then garbage: every member decoded, the
+        garbage ignored, exactly as ``gzip -d`` outputs (it warns "trailing
+        garbage ignored"); a partial member start at the very end is
+        garbage too."""
+        half = len(ORIGINAL) // 2
+        members = gzip.compress(ORIGINAL[:half]) + gzip.compress(ORIGINAL[half:])
+        for garbage in (b"\x00" * 10, b"junk", b"\x1f", b"\x1f\x8b", b"\x1f\x8b\x09xyz", b"\x1fjunk"):
+            for cuts in ([1 << 20], [1], [len(members), 1]):
+                decoder = decoder_for((b"gzip",))
+                self.assertEqual(feed_in(decoder, members + garbage, cuts), ORIGINAL, garbage)
+                self.assertEqual(decoder.trailing_garbage(), ((b"gzip", len(garbage)),))
+            if shutil.which("gzip"):
+                oracle = subprocess.run(["gzip", "-dc"], input=members + garbage, capture_output=True, check=False)
+                self.assertEqual(oracle.stdout, ORIGINAL, garbage)
+
+    def test_a_broken_next_member_is_an_error(self) -> None:
+        """Bytes that start a gzip member must be one: a member start
+        followed by corrupt data, or cut short, fails as in ``gzip -d``."""
+        body = gzip.compress(ORIGINAL)
+        for bad in (b"\x1f\x8b\x08", b"\x1f\x8b\x08\x00garbage-not-a-member" * 3, gzip.compress(b"next")[:-3]):
             for cuts in ([1 << 20], [1]):
-                with self.assertRaises(DecodeError, msg=coding):
-                    decode((coding,), encode(ORIGINAL) + b"\x00junk", cuts)
+                with self.assertRaises(DecodeError, msg=bad):
+                    feed_in(decoder_for((b"gzip",)), body + bad, cuts)
+
+    def test_zstd_frame_starts_are_not_garbage(self) -> None:
+        """After a zstd frame, a skippable frame and another frame are part
+        of the body; a partial magic number at the very end is garbage."""
+        frame = zstandard.ZstdCompressor().compress(ORIGINAL)
+        skippable = b"\x5a\x2a\x4d\x18" + (3).to_bytes(4, "little") + b"abc"
+        body = frame + skippable + zstandard.ZstdCompressor().compress(b"more")
+        for cuts in ([1 << 20], [1], [len(frame) + 2, 5]):
+            decoder = decoder_for((b"zstd",))
+            self.assertEqual(feed_in(decoder, body, cuts), ORIGINAL + b"more")
+            self.assertEqual(decoder.trailing_garbage(), ())
+            for partial in (b"\x28", b"\x28\xb5\x2f", b"\x5a\x2a"):
+                decoder = decoder_for((b"zstd",))
+                self.assertEqual(feed_in(decoder, body + partial, cuts), ORIGINAL + b"more")
+                self.assertEqual(decoder.trailing_garbage(), ((b"zstd", len(partial)),))
+
+    def test_br_garbage_at_every_offset_of_the_last_piece(self) -> None:
+        """br fails a call whose input runs past the end of the stream; the
+        decoder finds the end inside that piece wherever it is."""
+        body = brotli.compress(ORIGINAL[:2000], quality=5)
+        for start in range(0, len(body), 37):
+            decoder = BrotliDecoder()
+            out = decoder.feed(body[:start]) + decoder.feed(body[start:] + b"junk") + decoder.finish()
+            self.assertEqual(out, ORIGINAL[:2000], start)
+            self.assertEqual(decoder.trailing_garbage(), ((b"br", 4),))
+
+    def test_br_garbage_past_the_replay_limit(self) -> None:
+        """A br body longer than the replay limit: garbage in a later piece
+        than the end is still ignored; garbage in the same piece as the end
+        can no longer be told from corruption, and is a DecodeError."""
+        rng = random.Random(5)
+        big = bytes(rng.randrange(256) for _ in range(BR_REPLAY_LIMIT + 1000))
+        body = brotli.compress(big, quality=1)
+        self.assertGreater(len(body), BR_REPLAY_LIMIT)
+        decoder = BrotliDecoder()
+        self.assertEqual(feed_in(decoder, body + b"junk", [len(body), 4]), big)
+        self.assertEqual(decoder.trailing_garbage(), ((b"br", 4),))
+        with self.assertRaises(DecodeError):
+            feed_in(BrotliDecoder(), body + b"junk", [len(body) - 10, 14])
 
     def test_gzip_members(self) -> None:
         """A gzip body of several members (RFC 1952) decodes whole."""

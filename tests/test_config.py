@@ -104,6 +104,9 @@ class ConfigTests(SynchronousTestCase):
             ("[limits]\nmax_header_line = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_line", "at least 256"),
             ("[limits]\nmax_request_head = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_request_head", "at least max_request_line"),
             ("[limits]\nmax_body = '4k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_body", "unknown key"),
+            ("[limits]\nmax_header_lines = 0\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_lines", "from 1 to 100000"),
+            ("[limits]\nmax_header_lines = '1k'\n[sites.a]\nupstream = 'http://x'\n", 2, "limits.max_header_lines", "must be a int"),
+            ("[sites.a]\nupstream = 'http://x'\n[limits]\nmax_header_lines = 100.5\n", 4, "limits.max_header_lines", "must be a int"),
             ("[timeouts]\nclient_header = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.client_header", "0 (off) or more"),
             ("[sites.a]\nupstream = 'http://x'\nallow_trace = 'yes'\n", 3, "sites.a.allow_trace", "must be a bool"),
             ("[compression]\ngzip_level = 10\n[sites.a]\nupstream = 'http://x'\n", 2, "compression.gzip_level", "from 1 to 9"),
@@ -171,6 +174,13 @@ class ConfigTests(SynchronousTestCase):
         for bad in ("-1", "1.5m", "1t", True):
             with self.assertRaises(ValueError):
                 parse_size(bad)  # type: ignore[arg-type]
+
+    def test_header_lines_limit(self) -> None:
+        """``limits.max_header_lines`` is a count (default 100), beside the
+        head sizes, which stay sizes."""
+        assert parse_config("[sites.a]\nupstream = 'http://x'\n").limits.max_header_lines == 100
+        limits = parse_config("[limits]\nmax_header_lines = 250\nmax_header_line = '4k'\n[sites.a]\nupstream = 'http://x'\n").limits
+        assert (limits.max_header_lines, limits.max_header_line) == (250, 4096)
 
     def test_single_site_command_line(self) -> None:
         """--listen/--upstream make a one-site config; a bad URL is refused."""

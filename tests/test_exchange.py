@@ -360,6 +360,54 @@ class PipelineTests(SynchronousTestCase):
         self.assertEqual(b"".join(out), self.whole())
 
     @settings(deadline=None)
+    @given(
+        st.lists(st.integers(1, 3000), min_size=1, max_size=20), st.booleans(), st.booleans(),
+        st.sampled_from([b"", b"\r\n", b"<!-- junk -->" * 9]),
+    )
+    def test_decoded_body_ended_by_its_last_piece(
+        self, cuts: list[int], last_with_data: bool, encode: bool, garbage: bytes
+    ) -> None:
+        """A compressed body (with or without garbage after its stream) fed
+        in any pieces, the last one marked ``last`` or not: the decoder, the
+        transducer and the encoder all end with the last piece when it is
+        marked (``finish()`` then adds nothing), and the bytes are those of
+        one whole rewrite; the garbage is reported."""
+        body = gzip.compress(PAGE) + garbage
+        pipeline = BodyPipeline(Transducer(RULES), Decoder(b"gzip"), GzipEncoder() if encode else None)
+        out, pos = [], 0
+        for cut in itertools.cycle(cuts):
+            if pos >= len(body):
+                break
+            piece = body[pos : pos + cut]
+            pos += cut
+            out.append(pipeline.feed(piece, last_with_data and pos >= len(body)))
+        ended = (pipeline.decoded_end, pipeline.ended, pipeline.encoded_end)
+        self.assertEqual(ended, (last_with_data, last_with_data, last_with_data and encode))
+        tail = pipeline.finish()
+        if last_with_data:
+            self.assertEqual(tail, b"")
+        joined = b"".join(out) + tail
+        self.assertEqual(gzip.decompress(joined) if encode else joined, self.whole())
+        self.assertEqual(pipeline.trailing_garbage(), ((b"gzip", len(garbage)),) if garbage else ())
+
+    def test_last_piece_decides_a_match_at_the_end(self) -> None:
+        """With ``replace_filter_max_buffered_size 0``, ``\\s+$`` at the end
+        of a body whose last piece carries the end is replaced, as the
+        module does for a body that comes whole; when the end comes on its
+        own, the held blanks exceed the limit and pass unchanged (the
+        module's bail-out)."""
+        rules = parse_rules(b"replace_filter_max_buffered_size 0;\nreplace_filter '\\s+$' '' g;\n", "t.rules")
+        page = b"  hello, world  \nblah yeah\nhello  \n   baby!\n     \nabc\n"
+        trimmed = b"  hello, world\nblah yeah\nhello\n   baby!\nabc"
+        for decoder, body in ((None, page), (Decoder(b"gzip"), gzip.compress(page))):
+            pipeline = BodyPipeline(Transducer(rules), decoder)
+            self.assertEqual(pipeline.feed(body, True) + pipeline.finish(), trimmed)
+            self.assertFalse(pipeline.transducer.bailed_out)
+        apart = BodyPipeline(Transducer(rules), Decoder(b"gzip"))
+        self.assertEqual(apart.feed(gzip.compress(page)) + apart.finish(), trimmed + b"\n")
+        self.assertTrue(apart.transducer.bailed_out)
+
+    @settings(deadline=None)
     @given(st.integers(1, 4000), st.booleans())
     def test_decode_and_encode(self, cut: int, encode: bool) -> None:
         body = gzip.compress(PAGE)

@@ -600,17 +600,32 @@ class CheckRequestTests(SynchronousTestCase):
             assert refusal is not None
             self.assertEqual(refusal[0], status, fields)
 
+    def test_field_count(self) -> None:
+        """At most ``max_fields`` header lines once the head is HTTP/1.1:
+        pseudo-fields do not count, ``:authority`` counts as the Host unless
+        a host field is there too."""
+        base = [(b":method", b"GET"), (b":scheme", b"https"), (b":path", b"/")]
+        many = [(b"x-%d" % i, b"v") for i in range(4)]
+        self.assertIsNone(check_request(base + many, 8192, 4))
+        self.assertEqual(check_request(base + [*many, (b"x-4", b"v")], 8192, 4), (431, "too many header fields"))
+        self.assertEqual(check_request([*base, (b":authority", b"a"), *many], 8192, 4), (431, "too many header fields"))
+        self.assertIsNone(check_request([*base, (b":authority", b"a"), *many[:3]], 8192, 4))
+        self.assertIsNone(check_request([*base, (b":authority", b"a"), (b"host", b"a"), *many[:3]], 8192, 4))
+        self.assertIsNone(check_request(base + [(b"x-%d" % i, b"v") for i in range(100)], 8192))
+        self.assertEqual(check_request(base + [(b"x-%d" % i, b"v") for i in range(101)], 8192)[:1], (431,))  # type: ignore[index]
+
     def test_refusal_answers_on_the_stream(self) -> None:
-        """refuse(): a short text/plain answer that ends the stream."""
+        """refuse(): the answer it is given, and the stream ends."""
         p = Pair()
         p.client.send_headers(1, GET, end_stream=True)
         p.to_server()
-        p.server.refuse(1, 400, "request target holds a byte it cannot hold")
+        p.server.refuse(1, 400, b"text/plain; charset=utf-8", b"400 Bad Request\n")
         p.server.pump()
         events = p.to_client()
         [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
-        self.assertEqual(dict(head.headers)[b":status"], b"400")
-        self.assertEqual(body_of(events, 1), b"400 request target holds a byte it cannot hold\n")
+        fields = dict(head.headers)
+        self.assertEqual((fields[b":status"], fields[b"content-type"]), (b"400", b"text/plain; charset=utf-8"))
+        self.assertEqual(body_of(events, 1), b"400 Bad Request\n")
         self.assertEqual(p.server.open, set())
 
 

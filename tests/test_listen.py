@@ -78,12 +78,14 @@ class ListeningServiceTests(SynchronousTestCase):
 
     def test_immediate_failure_raises(self) -> None:
         """A listen that fails at once at the first start (a port in use)
-        raises out of the start, so twistd refuses to start with the error;
+        raises a ListenError out of the start, one line naming the endpoint
+        and the OS's reason, so twistd refuses to start with it;
         ``when_listening`` then gives None."""
         error = CannotListenError("127.0.0.1", 80, OSError(98, "Address already in use"))
-        svc = ListeningService(FakeEndpoint(defer.fail(error)), FACTORY)
-        with self.assertRaises(CannotListenError):
+        svc = ListeningService(FakeEndpoint(defer.fail(error)), FACTORY, "tcp:80:interface=127.0.0.1")
+        with self.assertRaises(ListenError) as info:
             svc.privilegedStartService()
+        self.assertEqual(str(info.exception), "cannot listen on tcp:80:interface=127.0.0.1: Address already in use")
         self.assertIsNone(self.successResultOf(svc.when_listening()))
 
     def test_later_failure_is_logged(self) -> None:
@@ -155,3 +157,23 @@ class SystemdBindTests(SynchronousTestCase):
         with self.assertRaises(ListenError) as info:
             bind("systemd:domain=INET")
         self.assertIn("no socket at index 0", str(info.exception))
+
+    def test_family_is_the_sockets_own(self) -> None:
+        """The family of systemd's socket is read from the socket, not taken
+        from ``domain=``: ``ListenStream=80`` is a dual-stack IPv6 socket
+        that configurations name ``domain=INET``, and adopting it as IPv4
+        would garble every client address.  (A UNIX socket pair stands in
+        for systemd's socket here.)"""
+        import socket
+
+        from prexy.listen import _systemd_socket
+
+        one, other = socket.socketpair()
+        self.addCleanup(one.close)
+        self.addCleanup(other.close)
+        sock = _systemd_socket("systemd:domain=INET:index=0", {"domain": "INET"}, one.fileno())
+        self.addCleanup(sock.close)
+        self.assertEqual(sock.family, socket.AF_UNIX)
+        with self.assertRaises(ListenError) as info:
+            _systemd_socket("systemd:domain=IPX:index=0", {"domain": "IPX"}, one.fileno())
+        self.assertIn("unsupported domain IPX", str(info.exception))

@@ -106,6 +106,12 @@ CASES: list[tuple[str, bytes, int]] = [
     ("TE list", b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: gzip, chunked\r\n\r\n", 501),
     ("request line over 8 KiB", b"GET /" + b"a" * 8200 + b" HTTP/1.1\r\n" + H + b"\r\n", 414),
     ("header line over 8 KiB", b"GET / HTTP/1.1\r\n" + H + b"X-A: " + b"a" * 8200 + b"\r\n\r\n", 431),
+    ("100 header lines", b"GET / HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(99)) + b"\r\n", 0),
+    ("101 header lines", b"GET / HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),
+    ("1,000 header lines", b"GET / HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(999)) + b"\r\n", 431),
+    ("101 header lines, a bad one last",
+     b"GET / HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(99)) + b"X(A): b\r\n\r\n", 431),
+    ("101 header lines, two Hosts", b"GET / HTTP/1.1\r\n" + H * 2 + b"".join(b"X-%d: v\r\n" % i for i in range(99)) + b"\r\n", 431),
     ("head over 64 KiB", b"GET / HTTP/1.1\r\n" + H + b"X-A: " + b"a" * 8000 + b"\r\n" * 0
      + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 8000) for i in range(9)) + b"\r\n", 431),
 ]
@@ -227,6 +233,54 @@ class GateResultTests(SynchronousTestCase):
         lines = [b"GET / HTTP/1.1", b"Host: a"] + [b"X: " + b"a" * 250] * 4
         self.assertIsInstance(parse_head(lines, small), Head)  # the head's size is the gate's to count
         self.assertEqual(feed_pieces(b"\r\n".join(lines) + b"\r\n\r\n", [], small)[0], 431)
+
+
+@expand
+class HeaderLinesTests(SynchronousTestCase):
+    """``max_header_lines``: the header lines of a head are counted, the
+    request line and the final empty line not; the one-expression path and
+    the line reader give the same verdict at the limit's edge."""
+
+    SMALL = Limits(max_header_lines=3)
+
+    @parametrize("count", range(8))
+    def test_shortest_lines_at_the_edge(self, count: int) -> None:
+        """Heads of the shortest lines there are (``A / HTTP/1.0``, ``a:``),
+        whose size is the smallest that can hold ``count`` lines: the fast
+        path must not let a fourth line through."""
+        raw = b"A / HTTP/1.0\r\n" + b"a:\r\n" * count + b"\r\n"
+        expected = 0 if count <= 3 else 431
+        self.assertEqual(feed_pieces(raw, [], self.SMALL)[0], expected)
+        self.assertEqual(feed_pieces(raw, list(range(len(raw))), self.SMALL)[0], expected)
+        lines = raw.split(b"\r\n")[:-2]
+        self.assertEqual(0 if isinstance(parse_head(lines, self.SMALL), Head) else 431, expected)
+
+    def test_setting_is_honoured(self) -> None:
+        """The limit is the setting, not a constant: 150 lines pass at 150
+        and are refused at the default."""
+        raw = b"GET / HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(149)) + b"\r\n"
+        self.assertEqual(feed_pieces(raw, [], Limits(max_header_lines=150))[0], 0)
+        self.assertEqual(feed_pieces(raw, [], LIMITS)[0], 431)
+        refused = feed_pieces(raw, [], LIMITS)[1]
+        assert isinstance(refused, Refusal)
+        self.assertEqual(refused.reason, "too many header lines")
+
+    def test_refused_before_the_head_ends(self) -> None:
+        """The 101st line is refused as it completes, before the head does."""
+        gate = HeadGate(LIMITS)
+        self.assertIs(gate.feed(b"GET / HTTP/1.1\r\n" + H + b"X: v\r\n" * 99), PENDING)
+        self.assertEqual(verdict(gate.feed(b"X: v\r\n")), 431)
+
+    @given(st.integers(1, 6), st.lists(st.integers(0, 12), max_size=9), st.lists(st.integers(0, 200), max_size=5))
+    @settings(max_examples=200)
+    def test_any_count_any_lengths(self, limit: int, sizes: list[int], cuts: list[int]) -> None:
+        """Any number of lines of any length, whole or in pieces: refused
+        exactly when there are more lines than the limit."""
+        raw = b"GET / HTTP/1.1\r\nHost: a\r\n" + b"".join(b"x:%s\r\n" % (b"v" * n) for n in sizes) + b"\r\n"
+        expected = 0 if 1 + len(sizes) <= limit else 431
+        limits = Limits(max_header_lines=limit)
+        self.assertEqual(feed_pieces(raw, [], limits)[0], expected)
+        self.assertEqual(feed_pieces(raw, cuts, limits)[0], expected)
 
 
 class EarlyRefusalTests(SynchronousTestCase):

@@ -165,6 +165,29 @@ class RuntimeRuleSetsTests(SynchronousTestCase):
         assert second.sites[1] is first.sites[0]
         assert second.sites[2].rules is first.sites[1].rules
 
+    def test_reload_takes_a_changed_map_by_content(self) -> None:
+        """A reload loads a site's map again when its bytes changed, even
+        with the same modification time (an edit within one timestamp
+        tick), and reuses it when they did not, even when touched; a file
+        a wildcard include finds, added later, counts as a change."""
+        self.write("m.map", "/old /one;\ninclude parts/*.map;\n")
+        os.mkdir(os.path.join(self.tmp, "parts"))
+        path = os.path.join(self.tmp, "m.map")
+        config = parse_config(
+            "[sites.a]\nupstream = 'http://127.0.0.1:1'\nmap = 'm.map'\n", os.path.join(self.tmp, "prexy.toml")
+        )
+        first = build_runtime(config)
+        os.utime(path, (5, 5))
+        touched = build_runtime(config, previous=first)
+        assert touched.sites[0].urlmap is first.sites[0].urlmap
+        self.write("m.map", "/old /two;\ninclude parts/*.map;\n")
+        os.utime(path, (5, 5))
+        second = build_runtime(config, previous=touched)
+        assert second.sites[0].urlmap.lookup("/old") == "/two"
+        self.write("parts/x.map", "/new /three;\n")
+        third = build_runtime(config, previous=second)
+        assert third.sites[0].urlmap.lookup("/new") == "/three"
+
     def test_header_only_rules(self) -> None:
         """A file of header directives only: no body rule set, its header rules in force."""
         self.write("h.rules", HEADERS_ONLY)

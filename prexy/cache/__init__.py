@@ -68,7 +68,9 @@ response: hop-by-hop ones, ``Content-Length`` (the body gives it),
 ``Trailer``/``Server-Timing``, ``Age``, ``Cache-Status``.  A HEAD miss must
 not store its (empty) body as the GET object: fetch GET upstream and send the
 head only, or pass.  PURGE: ``store.purge_url(site, key_url(policy, host,
-target))``; admin ban: ``store.ban(site, regex)``.  Both are immediate and,
+target))``; admin ban: ``store.ban(Ban(site, target=regex, host=host))``
+(``prexy.cache.bans``: the regex on the path and query, as Varnish's
+``req.url``).  Both are immediate and,
 the store being shared, reach every worker at once.  A ban scans every object
 (about 5 µs each, below): run a large one in a thread
 (``deferToThread``), not on the reactor.

@@ -56,7 +56,6 @@ from __future__ import annotations
 import functools
 import marshal
 import os
-import re
 import struct
 import sys
 import time
@@ -67,6 +66,7 @@ import attrs
 import lmdb
 from zope.interface import Interface, implementer
 
+from prexy.cache.bans import Ban
 from prexy.cache.policy import CachePolicy, cache_key, primary_key, vary_key
 
 __all__ = ["CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
@@ -601,9 +601,9 @@ class Store:
         return len(keys)
 
     @_adopts_resize
-    def ban(self, site: str | None, url_regex: str | re.Pattern[str]) -> int:
-        """Removes now every object of ``site`` (any site when ``None``) whose
-        URL (decoded as latin-1) matches ``url_regex`` (``re.search``).
+    def ban(self, ban: Ban) -> int:
+        """Removes now every object that ``ban`` matches (of ``ban.site``,
+        or of any site when that is None); returns how many.
 
         Immediate scan-and-delete, not a ban list: the index is scanned in a
         read transaction (writers are not blocked), then matches are deleted
@@ -611,8 +611,8 @@ class Store:
         see the package docstring).  A response whose fetch started before
         the ban and is committed after it is not banned.
         """
-        pattern = re.compile(url_regex) if isinstance(url_regex, str) else url_regex
-        wanted = None if site is None else site.encode("utf-8")
+        wanted = None if ban.site is None else ban.site.encode("utf-8")
+        matches = ban.matches
         victims = []
         with self._env.begin(buffers=True) as txn:
             for k, v in txn.cursor(db=self._idx):
@@ -620,7 +620,7 @@ class Store:
                 s, _, url = site_url.partition(b"\0")
                 if wanted is not None and s != wanted:
                     continue
-                if pattern.search(url.decode("latin-1")):
+                if matches(url):
                     victims.append(bytes(k))
         return self._delete_many(victims)
 

@@ -1,11 +1,23 @@
 """What nodes tell each other through Redis, as bytes.
 
 An :class:`Invalidation` is what happened on one node (a PURGE of one URL,
-a ban by regex, a reload); a :class:`Message` is one with its origin (node
-name, wall time) as kept in the Redis stream: a flat list of field names
-and values (``XADD``'s form).  The doorbell rung on the channel after an
-entry is added, and the acknowledgement a node sends once it applied
-entries up to an id, are one short line each.
+a ban by regex and host, a reload); a :class:`Message` is one with its
+origin (node name, wall time) as kept in the Redis stream: a flat list of
+field names and values (``XADD``'s form).  The doorbell rung on the
+channel after an entry is added, and the acknowledgement a node sends once
+it applied entries up to an id, are one short line each.
+
+A ban's entry says how its regex is matched (field ``match``): ``target``,
+against the path and query of a stored URL, as ``POST /ban`` means it, with
+the host in fields of its own (``host``, a name compared whole;
+``host_regex``, searched in the host).  Entries written by older nodes
+have no ``match``: their regex was searched in the stored URL as a whole,
+host included (:attr:`BanScope.KEY_URL`), and a node replaying one applies
+it so, as the node that wrote it did.  An older node reading a ``target``
+entry ignores the fields it does not know and searches the regex in the
+whole URL: an unanchored regex (``css$``) bans the same objects there,
+one anchored at ``^/`` none; a ban by host alone it skips (no subject), a
+ban by regex and host it applies to every host.
 
 Pure: no Twisted, no sockets.  Decoding never trusts its input: anything
 malformed raises :class:`MessageError`, and the node skips that entry.
@@ -20,7 +32,7 @@ import re
 import attrs
 
 __all__ = [
-    "Kind", "Invalidation", "Message", "MessageError", "StreamId", "parse_id", "format_id",
+    "BanScope", "Kind", "Invalidation", "Message", "MessageError", "StreamId", "parse_id", "format_id",
     "doorbell", "ack", "parse_event",
 ]
 
@@ -28,6 +40,8 @@ __all__ = [
 StreamId = tuple[int, int]
 
 _ID = re.compile(rb"(\d{1,20})-(\d{1,20})")
+#: What a ban's host selector never holds (white space, controls, '/').
+_NOT_HOST = re.compile(r"[\x00-\x20\x7f/]")
 _MAX = 2**64 - 1
 
 
@@ -56,23 +70,39 @@ class Kind(enum.Enum):
     RELOAD = "reload"
 
 
+class BanScope(enum.Enum):
+    """What a ban's regex is searched in."""
+
+    #: The path and query of a stored URL (Varnish's ``req.url``).
+    TARGET = "target"
+    #: The stored URL as a whole, host included: entries of older nodes.
+    KEY_URL = "url"
+
+
 @attrs.frozen
 class Invalidation:
     """One PURGE (``site``, ``subject`` = the URL as the store keys it), one
-    ban (``site`` or None for every site, ``subject`` = the regex, UTF-8),
-    or one reload (no site, no subject)."""
+    ban (``site`` or None for every site, ``subject`` = the regex, UTF-8,
+    empty for a ban by host alone; ``host``, a host name, and
+    ``host_regex``, a regex on the host, or None), or one reload (no site,
+    no subject)."""
 
     kind: Kind
     site: str | None = None
     subject: bytes = b""
+    host: str | None = None
+    scope: BanScope = BanScope.TARGET
+    host_regex: str | None = None
 
     @classmethod
     def purge(cls, site: str, url: bytes) -> Invalidation:
         return cls(Kind.PURGE, site, url)
 
     @classmethod
-    def ban(cls, site: str | None, regex: str) -> Invalidation:
-        return cls(Kind.BAN, site, regex.encode("utf-8"))
+    def ban(
+        cls, site: str | None, regex: str | None, host: str | None = None, host_regex: str | None = None
+    ) -> Invalidation:
+        return cls(Kind.BAN, site, (regex or "").encode("utf-8"), host, host_regex=host_regex)
 
     @classmethod
     def reload(cls) -> Invalidation:
@@ -86,7 +116,15 @@ class Invalidation:
         if self.kind is Kind.RELOAD:
             return "reload"
         site = self.site if self.site is not None else "*"
-        return f"{self.kind.value} {site} {self.subject.decode('latin-1')}"
+        out = f"{self.kind.value} {site} {self.subject.decode('latin-1')}"
+        if self.kind is Kind.BAN:
+            if self.host is not None:
+                out += f" host={self.host}"
+            if self.host_regex is not None:
+                out += f" host~{self.host_regex}"
+            if self.scope is BanScope.KEY_URL:
+                out += " (on the whole URL)"
+        return out
 
 
 @attrs.frozen
@@ -106,6 +144,12 @@ class Message:
             out += [b"site", inv.site.encode("utf-8")]
         if inv.kind is not Kind.RELOAD:
             out += [b"subject", inv.subject]
+        if inv.kind is Kind.BAN:
+            out += [b"match", inv.scope.value.encode("ascii")]
+            if inv.host is not None:
+                out += [b"host", inv.host.encode("utf-8")]
+            if inv.host_regex is not None:
+                out += [b"host_regex", inv.host_regex.encode("utf-8")]
         return out
 
     @classmethod
@@ -137,16 +181,32 @@ class Message:
         if kind is Kind.RELOAD:
             if site is not None or b"subject" in table:
                 raise MessageError("a reload has no site and no subject")
-        elif b"subject" not in table or not subject:
+            return cls(Invalidation(kind), node, at)
+        if b"subject" not in table:
             raise MessageError(f"a {kind.value} needs a subject")
-        elif kind is Kind.PURGE and site is None:
-            raise MessageError("a purge needs a site")
-        elif kind is Kind.BAN:
-            try:
-                re.compile(subject.decode("utf-8"))
-            except (UnicodeDecodeError, re.error) as exc:
-                raise MessageError(f"bad ban regex: {exc}") from None
-        return cls(Invalidation(kind, site, subject), node, at)
+        if kind is Kind.PURGE:
+            if not subject:
+                raise MessageError("a purge needs a subject")
+            if site is None:
+                raise MessageError("a purge needs a site")
+            return cls(Invalidation(kind, site, subject), node, at)
+        try:
+            # No ``match``: an older node's ban, on the whole stored URL.
+            scope = BanScope(table[b"match"].decode("ascii")) if b"match" in table else BanScope.KEY_URL
+            host = table[b"host"].decode("utf-8") if b"host" in table else None
+            host_regex = table[b"host_regex"].decode("utf-8") if b"host_regex" in table else None
+            re.compile(subject.decode("utf-8"))
+            if host_regex is not None:
+                re.compile(host_regex)
+        except (ValueError, re.error) as exc:  # UnicodeDecodeError too
+            raise MessageError(f"bad ban: {exc}") from None
+        if host is not None and (scope is BanScope.KEY_URL or not host or _NOT_HOST.search(host)):
+            raise MessageError(f"bad ban host: {host!r}")
+        if host_regex is not None and (scope is BanScope.KEY_URL or not host_regex):
+            raise MessageError(f"bad ban host_regex: {host_regex!r}")
+        if not subject and host is None and host_regex is None:
+            raise MessageError("a ban needs a regex or a host")
+        return cls(Invalidation(kind, site, subject, host, scope, host_regex), node, at)
 
 
 def doorbell(entry: StreamId) -> bytes:

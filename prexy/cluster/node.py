@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
+from prexy.cache.bans import Ban, BanError
 from prexy.cluster.core import (
     Backoff,
     Confirmations,
@@ -41,6 +42,7 @@ from prexy.cluster.core import (
     parse_position,
 )
 from prexy.cluster.messages import (
+    BanScope,
     Invalidation,
     Kind,
     Message,
@@ -100,11 +102,27 @@ class StoreTarget:
             return defer.succeed(0)
         if invalidation.kind is Kind.PURGE:
             return self._in_thread(store.purge_url, invalidation.site, invalidation.subject)
-        return self._in_thread(store.ban, invalidation.site, invalidation.regex)
+        try:
+            ban = store_ban(invalidation)
+        except BanError as exc:
+            log.warn("cluster: skipped {what}: {why}", what=invalidation.describe(), why=exc)
+            return defer.succeed(0)
+        return self._in_thread(store.ban, ban)
 
     def flush(self) -> defer.Deferred[Any]:
         store = self.store()
         return self._in_thread(store.clear) if store is not None else defer.succeed(None)
+
+
+def store_ban(invalidation: Invalidation) -> Ban:
+    """The store's :class:`Ban` for a ban entry: its regex on the path and
+    query and its host selectors, as ``POST /ban`` made it, or, for an older node's
+    entry, its regex on the stored URL as a whole.  BanError when it cannot
+    be one."""
+    regex = invalidation.regex or None
+    if invalidation.scope is BanScope.KEY_URL:
+        return Ban(invalidation.site, key_url=regex)
+    return Ban(invalidation.site, target=regex, host=invalidation.host, host_regex=invalidation.host_regex)
 
 
 class PositionFile:

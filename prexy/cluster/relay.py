@@ -16,7 +16,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from prexy.cluster.messages import Invalidation, Kind
+from prexy.cluster.messages import BanScope, Invalidation, Kind
 from prexy.cluster.node import QUEUED_NOTE, ClusterService, store_path
 
 __all__ = ["WorkerRelay", "from_json", "relay_worker_message", "to_json", "verdict_key", "verdict_of"]
@@ -79,8 +79,11 @@ class WorkerRelay:
 
 
 def to_json(invalidation: Invalidation) -> dict[str, Any]:
-    return {"kind": invalidation.kind.value, "site": invalidation.site,
-            "subject": invalidation.subject.decode("latin-1")}
+    out = {"kind": invalidation.kind.value, "site": invalidation.site,
+           "subject": invalidation.subject.decode("latin-1")}
+    if invalidation.kind is Kind.BAN:
+        out.update(host=invalidation.host, host_regex=invalidation.host_regex, match=invalidation.scope.value)
+    return out
 
 
 def from_json(data: Any) -> Invalidation:
@@ -90,9 +93,14 @@ def from_json(data: Any) -> Invalidation:
     kind = Kind(data.get("kind"))
     site = data.get("site")
     subject = data.get("subject", "")
+    host = data.get("host")
+    host_regex = data.get("host_regex")
+    scope = BanScope(data.get("match", BanScope.TARGET.value))
     if (site is not None and not isinstance(site, str)) or not isinstance(subject, str):
         raise ValueError("bad site or subject")
-    return Invalidation(kind, site, subject.encode("latin-1"))
+    if any(x is not None and not isinstance(x, str) for x in (host, host_regex)):
+        raise ValueError("bad host or host_regex")
+    return Invalidation(kind, site, subject.encode("latin-1"), host, scope, host_regex)
 
 
 def tell_worker(path: str, datagram: bytes) -> None:

@@ -56,7 +56,7 @@ from prexy.cluster.messages import Invalidation
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
 from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
-from prexy.proxy.request import start_response, write_whole
+from prexy.proxy.request import error_answer, start_response, write_whole
 from prexy.runtime import SiteRuntime
 
 log = Logger()
@@ -186,7 +186,7 @@ class CacheLayer:
             self._wait_for_other_worker(resource, request, site, target, host, ctx, key, now)
             return server.NOT_DONE_YET, None
         ctx.claim_key = key
-        ctx.flight = self.inflight[key] = Flight(self, key)
+        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages)
         return None, ctx
 
     def _wait_for_other_worker(
@@ -397,13 +397,13 @@ class CacheLayer:
 
     # -- invalidation ------------------------------------------------------------------
 
-    def purge(self, request: Any, site: SiteRuntime, host: bytes | None, target: bytes) -> bytes:
+    def purge(self, request: Any, site: SiteRuntime, host: bytes | None, target: bytes) -> Any:
         client = getattr(request.getClientAddress(), "host", "")
         allowed = site.config.cache.purge_from if site.config.cache is not None else ()
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if client not in allowed:
-            request.setResponseCode(405)
-            return b"405 Method Not Allowed: PURGE is not allowed from this address\n"
+            error_answer(request, 405, site.config.error_pages)
+            return server.NOT_DONE_YET
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         url = key_url(site.cache_policy, host, target)
         count = self.store.purge_url(site.name, url)
         self.metrics.count("prexy_cache_purges_total")

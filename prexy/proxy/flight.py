@@ -18,8 +18,9 @@ from zope.interface import implementer
 
 from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
+from prexy.errorpages import ErrorPages
 from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, plain_answer, start_response
+from prexy.proxy.request import abort_client, error_answer, start_response
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -108,9 +109,11 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: Any, key: bytes) -> None:
+    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None) -> None:
         self.layer = layer
         self.key = key
+        #: The site's error pages, for a 502 to followers.
+        self.pages = pages
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         #: The body's length when the upstream gave it and nothing changes
@@ -204,7 +207,7 @@ class Flight:
             elif request.startedWriting:
                 abort_client(request)
             else:
-                plain_answer(request, 502, b"502 Bad Gateway: upstream failed\n")
+                error_answer(request, 502, self.pages)
         self.end()
 
     def not_storable(self, forward: Any) -> None:

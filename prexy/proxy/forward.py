@@ -89,8 +89,8 @@ class Exchange(Outcomes):
         self.task: Any = None
         self.work_paused = False
         self.slice = FIRST_SLICE
-        #: Body bytes still to come when the upstream gave a length (and
-        #: nothing is decoded): the last piece then ends the transducer.
+        #: Body bytes still to come when the upstream gave a length: the
+        #: last piece then ends the pipeline with its data.
         self.expect: int | None = None
         #: The transducer's last output, sent with the end of the response.
         self.stash = b""
@@ -205,7 +205,7 @@ class Exchange(Outcomes):
                 else:
                     whole = self._feed(body, True)
                     if whole is None:
-                        return  # the rewrite failed: the client was reset
+                        return  # the rewrite failed: the client got a 5xx
         tap = None
         plain = transducer is None and (skipped or not rewrite)  # only compressed, if at all
         if ctx is not None and encoder is not None and (transducer is not None or plain):
@@ -281,7 +281,7 @@ class Exchange(Outcomes):
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
-        if self.pipeline is not None and self.pipeline.decoder is None:
+        if self.pipeline is not None:
             self.expect = response.length
         if not response.body_in_hand:
             if self._unwanted():
@@ -383,11 +383,13 @@ class Exchange(Outcomes):
         self.backlog_bytes -= len(data)
         pipeline = self.pipeline
         assert pipeline is not None
-        out = self._feed(data, self.expect == 0 and not backlog)
+        # The last piece ends the pipeline with its data when the body is
+        # known complete: its length fully read, or its end already come.
+        out = self._feed(data, (self.expect == 0 or self.life.state is State.DRAINING) and not backlog)
         if out is None:
             backlog.clear()
             self.backlog_bytes = 0
-            return  # failed: the client was reset
+            return  # failed: answered or reset (``_pipeline_failed``)
         if out:
             self._out(out)
             if pipeline.ended:
@@ -397,7 +399,8 @@ class Exchange(Outcomes):
 
     def _feed(self, data: bytes, last: bool) -> bytes | None:
         """One slice through the pipeline, timed to size the next one; None
-        when it failed (the client is reset)."""
+        when it failed (the client got a 5xx, or is reset once the head
+        went out)."""
         pipeline = self.pipeline
         assert pipeline is not None
         timer = self.resource.rewriting.timer
@@ -443,6 +446,8 @@ class Exchange(Outcomes):
             except PipelineError as exc:
                 self._pipeline_failed(exc)
                 return
+            for coding, size in pipeline.trailing_garbage():
+                self.resource.trailing_garbage(self.site, coding, size, request.uri)
             if end:
                 self._out(end)
                 if self.life.over:

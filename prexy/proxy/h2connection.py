@@ -42,6 +42,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from prexy.errorpages import error_answer
 from prexy.h2server import (
     CONNECTION_SPECIFIC,
     HIGH_WATER,
@@ -243,9 +244,10 @@ class H2ServerProtocol(Protocol):
 
     def _head(self, event: Head) -> None:
         sid = event.stream_id
-        refusal = check_request(event.fields, self.site.limits.max_request_line)
+        limits = self.site.limits
+        refusal = check_request(event.fields, limits.max_request_line, limits.max_header_lines)
         if refusal is not None:
-            self.core.refuse(sid, *refusal)
+            self.core.refuse(sid, refusal[0], *error_answer(refusal[0], self.site.error_pages()))
             self.site.refused(self, Refusal(*refusal))
             return
         stream = StreamChannel(self, sid)
@@ -307,8 +309,8 @@ class H2ServerProtocol(Protocol):
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 stream.lost(Failure(ConnectionLost("the request body timed out")))
-            refusal = Refusal(408, "Request Timeout")
-            self.core.refuse(sid, refusal.status, refusal.reason)
+            refusal = Refusal(408, "request body stalled (client_body timeout)")
+            self.core.refuse(sid, refusal.status, *error_answer(refusal.status, self.site.error_pages()))
             self.site.refused(self, refusal)
         self._arm_body_check()
         self._flush()

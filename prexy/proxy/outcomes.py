@@ -2,8 +2,13 @@
 completed stream, and the cache's part in each: storing the body as it goes
 by, a 304 that refreshes the stored copy, a stale copy served on an
 upstream error (RFC 5861), upstream failures (502/504), a body that breaks
-(the client is reset), and a client that leaves while others still want
-the fetch (it goes on detached, ``flow.wanted``).
+(a 502 while the answer's head is still held, else the client is reset),
+and a client that leaves while others still want the fetch (it goes on
+detached, ``flow.wanted``).
+
+Every answer Prexy makes itself here has the site's error page or a
+generic body (``prexy.errorpages``); the reason, which may name the
+upstream, goes to the log, one line.
 
 :class:`Outcomes` is the half of the exchange that carries these out; the
 decisions are the pure ``prexy.cache.flow`` and ``prexy.exchange``.
@@ -22,7 +27,7 @@ from prexy.cache import flow
 from prexy.exchange import Lifecycle, PipelineError, State
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import DetachedRequest, abort_client, plain_answer
+from prexy.proxy.request import DetachedRequest, abort_client, error_answer
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 
@@ -148,27 +153,60 @@ class Outcomes:
 
     # -- failures ------------------------------------------------------------------------
 
+    @property
+    def head_held(self) -> bool:
+        """Nothing of the client's answer was sent yet (its head is still
+        being prepared, or held while its body is rewritten or compressed):
+        a failure can still be answered with an error status."""
+        return not self.detached and not self.request.startedWriting
+
     def bodyFailed(self, reason: Failure) -> None:
         if self.life.over:
             return
+        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
+        held = self.head_held
         log.warn(
-            "upstream failed mid-body for {method} {uri}: {why}; resetting client connection",
+            "upstream {upstream} failed mid-body for {method} {uri}: {why}; {then}",
+            upstream=str(self.site.config.upstream),
             method=self.request.method.decode("latin-1"),
             uri=self.request.uri.decode("latin-1"),
             why=reason.getErrorMessage(),
+            then="answering 502 (no byte of the answer was sent)" if held else "resetting the client connection",
         )
-        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
-        self.abort_client()
+        if held:
+            self.fail_before_head(502)
+        else:
+            self.abort_client()
 
     def _pipeline_failed(self, exc: PipelineError) -> None:
+        held = self.head_held
         if exc.decode:
-            log.warn("{uri}: {error}; resetting client connection", uri=self.request.uri.decode("latin-1"), error=str(exc))
+            log.warn(
+                "{uri}: {error}; {then}", uri=self.request.uri.decode("latin-1"), error=str(exc),
+                then="answering 502" if held else "resetting the client connection",
+            )
             self.resource.metrics.count(
                 "prexy_decode_errors_total", coding=(exc.coding or b"").decode("ascii", "replace")
             )
         else:
-            log.failure("substitution failed; aborting the response", Failure(exc.__cause__ or exc))
-        self.abort_client()
+            log.failure(
+                "substitution failed; " + ("answering 500" if held else "aborting the response"),
+                Failure(exc.__cause__ or exc),
+            )
+        if held:
+            self.fail_before_head(502 if exc.decode else 500)
+        else:
+            self.abort_client()
+
+    def fail_before_head(self, status: int) -> None:
+        """The answer cannot be completed, and nothing of it was sent: the
+        upstream's answer is dropped and the client gets ``status`` (or a
+        stale copy, when stale-if-error allows one), on a connection that
+        stays usable."""
+        self._unregister()
+        if self.response is not None:
+            self.response.abort()
+        self._answer_error(status)
 
     def _unregister(self) -> None:
         if self.producer_registered:
@@ -208,6 +246,13 @@ class Outcomes:
             upstream=str(self.site.config.upstream),
             why=reason.getErrorMessage(),
         )
+        self._answer_error(status)
+
+    def _answer_error(self, status: int) -> None:
+        """Answer ``status`` (with the site's page, else a generic body), or
+        the stale copy when stale-if-error allows it; waiters get the
+        same."""
+        request = self.request
         ctx = self.ctx
         if ctx is not None:
             stale = ctx.stale
@@ -215,17 +260,24 @@ class Outcomes:
             now = self.resource.reactor.seconds()
             if stale is not None and stale.stale_usable_on_error(now):
                 self.life.move(State.DONE)
+                if not self.detached:
+                    request.reset_head()
                 self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error")
                 return
-        phrase = b"Gateway Timeout" if status == 504 else b"Bad Gateway"
-        body = b"%d %s: %s\n" % (status, phrase, reason.getErrorMessage().encode("utf-8", "replace"))
         self.life.move(State.DONE)
-        plain_answer(request, status, body)
+        error_answer(request, status, self.site.config.error_pages)
 
     def internal_error(self, reason: Failure) -> None:
         log.failure("internal error while proxying", reason)
-        if not self.life.over:
-            self.abort_client()
+        if self.life.over:
+            return
+        if self.head_held:
+            try:
+                self.fail_before_head(500)
+                return
+            except Exception:
+                log.failure("internal error while answering 500", Failure())
+        self.abort_client()
 
     # -- a client that leaves --------------------------------------------------------------
 

@@ -25,6 +25,8 @@ from twisted.web.iweb import INonQueuedRequestFactory
 from zope.interface import provider
 
 from prexy.config import Timeouts
+from prexy.errorpages import ErrorPages, phrase
+from prexy.errorpages import error_answer as error_page
 from prexy.metrics import Metrics
 from prexy.requesthead import Head
 
@@ -67,6 +69,20 @@ def plain_answer(request: Any, code: int, body: bytes) -> None:
     """Answer with a short text/plain body and finish."""
     request.setResponseCode(code)
     request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+    request.setHeader(b"Content-Length", b"%d" % len(body))
+    request.write(body)
+    request.finish()
+
+
+def error_answer(request: Any, status: int, pages: ErrorPages | None) -> None:
+    """Prexy's own answer ``status`` (an upstream failure, a refused
+    request...): the site's page for it, else the generic body, never the
+    reason (that goes to the log).  Whatever head was being prepared for
+    the upstream's answer is dropped: nothing of it was sent."""
+    content_type, body = error_page(status, pages)
+    request.reset_head()
+    request.setResponseCode(status, phrase(status))
+    request.setHeader(b"Content-Type", content_type)
     request.setHeader(b"Content-Length", b"%d" % len(body))
     request.write(body)
     request.finish()
@@ -150,30 +166,37 @@ class ProxyRequest(server.Request):
         """413 before the body is read (twisted.web would read it whole)."""
         self._rejected = True
         self.content = io.BytesIO()
-        body = b"413 Payload Too Large: request body exceeds the configured limit\n"
         if not isinstance(self.channel, HTTPChannel):
             # An HTTP/2 stream (its length may come before the stream is
             # set up): the answer through the request in the next turn, then
             # the stream is reset (the rest of the body is not read).
-            self.proxy_site.reactor.callLater(0, self._answer_too_large_h2, body)
+            self.proxy_site.reactor.callLater(0, self._answer_too_large_h2)
             return
+        content_type, body = error_page(413, self._site_pages())
         self.channel.write(
-            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: %s\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (content_type, len(body), body)
         )
         self.proxy_site.metrics.count("prexy_requests_total", status="413")
         self.channel.loseConnection()
 
-    def _answer_too_large_h2(self, body: bytes) -> None:
+    def _answer_too_large_h2(self) -> None:
         if self.finished or self.channel is None:
             return
         self.proxy_site.metrics.count("prexy_requests_total", status="413")
+        content_type, body = error_page(413, self._site_pages())
         self.setResponseCode(413)
-        self.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+        self.setHeader(b"Content-Type", content_type)
         self.setHeader(b"Content-Length", b"%d" % len(body))
         self.write(body)
         stream: Any = self.channel
         stream.abortConnection()
+
+    def _site_pages(self) -> ErrorPages:
+        """The error pages of the site this request's Host names."""
+        hosts = self.requestHeaders.getRawHeaders(b"host")
+        pages: ErrorPages = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None).config.error_pages
+        return pages
 
     # -- processing -------------------------------------------------------------------
 
@@ -213,6 +236,19 @@ class ProxyRequest(server.Request):
         except BaseException:
             self.processingFailed(Failure())
 
+    def processingFailed(self, reason: Failure) -> Failure:
+        """An exception while routing the request: logged with its
+        traceback; the client gets a 500 (the site's page, else a generic
+        body, never the traceback), or a reset once its answer began."""
+        _log.failure("internal error while routing {uri}", reason, uri=self.uri.decode("latin-1"))
+        if self.finished or self.gone:
+            return reason
+        if self.startedWriting:
+            abort_client(self)
+        else:
+            error_answer(self, 500, self._site_pages())
+        return reason
+
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
@@ -233,6 +269,14 @@ class ProxyRequest(server.Request):
         """A trailer field, sent after the last chunk (chunked responses
         only; announce it with a ``Trailer`` header)."""
         self._trailers.append((name, value))
+
+    def reset_head(self) -> None:
+        """Forget the response head set so far (status, header fields,
+        trailers): another answer replaces it before anything was sent."""
+        assert not self.startedWriting, "the head went out already"
+        self.responseHeaders = Headers()
+        self._trailers = []
+        self.setResponseCode(200)
 
     def finish(self, last: bytes = b"") -> None:
         """End the response; ``last``: its last body bytes, which go out
@@ -304,6 +348,9 @@ class DetachedRequest:
 
     def add_trailer(self, name: bytes, value: bytes) -> None:
         pass
+
+    def reset_head(self) -> None:
+        self.responseHeaders = Headers()
 
     def write(self, data: bytes) -> None:
         self.startedWriting = True

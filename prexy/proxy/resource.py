@@ -6,9 +6,12 @@ or a rewritten target), an upgrade (WebSocket) straight upstream, its cache
 exchange (``prexy.proxy.forward``), with the upstream socket registered as
 a streaming producer on the client request, so a slow client pauses the
 upstream instead of filling memory.  Failures are mapped the way users of
-nginx expect: 502 when the upstream cannot be reached or answers garbage,
-504 on a timeout, and a reset client connection when the upstream dies
-mid-body (never a clean end).
+nginx expect: 502 when the upstream cannot be reached, answers garbage or
+dies before any byte of the answer was sent, 504 on a timeout, and a reset
+client connection when the upstream dies later in the body (never a clean
+end).  Those answers, and every other one Prexy makes itself, carry the
+site's error page or a generic body (``prexy.errorpages``), never the
+reason.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from prexy.metrics import Metrics
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
-from prexy.proxy.request import DetachedRequest, ProxyRequest, plain_answer
+from prexy.proxy.request import DetachedRequest, ProxyRequest, error_answer, plain_answer
 from prexy.proxy.rewriting import Rewriting
 from prexy.proxy.site import ProxySite
 from prexy.proxy.tunnel import Tunnel
@@ -72,6 +75,8 @@ class ProxyResource(Resource):
         self.slices: dict[str, int] = {}
         #: (site, coding label) pairs whose undecodable bodies were logged.
         self.unknown_codings: set[tuple[str, str]] = set()
+        #: Sites whose upstream bodies' trailing garbage was logged.
+        self.garbage_sites: set[str] = set()
         self._coding_labels: set[str] = set()
 
     def coding_not_decoded(self, site: SiteRuntime, coding: bytes, uri: bytes) -> None:
@@ -94,6 +99,20 @@ class ProxyResource(Resource):
             site=site.name, coding=coding.decode("latin-1"), uri=uri.decode("latin-1"),
         )
 
+    def trailing_garbage(self, site: SiteRuntime, coding: bytes, size: int, uri: bytes) -> None:
+        """An upstream body had ``size`` bytes after the end of its
+        ``coding`` stream, ignored (the body before them decoded whole and
+        was served): counted every time, logged once per site."""
+        self.metrics.count("prexy_decode_trailing_garbage_total", coding=coding_label(coding))
+        if site.name in self.garbage_sites:
+            return
+        self.garbage_sites.add(site.name)
+        log.warn(
+            "site {site}: {size} byte(s) of garbage after the end of a {coding} body ignored, as gzip -d and"
+            " browsers do (first seen on {uri}; counted in prexy_decode_trailing_garbage_total, not logged again)",
+            site=site.name, size=size, coding=coding.decode("latin-1"), uri=uri.decode("latin-1"),
+        )
+
     def render(self, request: ProxyRequest) -> Any:
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
@@ -101,12 +120,12 @@ class ProxyResource(Resource):
         site = self.runtime.select(host)
         target = _origin_form(request.uri)
         if target is None:
-            plain_answer(request, 400, b"Bad Request: unsupported request target\n")
+            error_answer(request, 400, site.config.error_pages)
             return server.NOT_DONE_YET
         client_target = target
         if request.method == b"TRACE" and not site.config.allow_trace:
             # TRACE echoes the request, credentials included (nginx: 405).
-            plain_answer(request, 405, b"405 Method Not Allowed: TRACE is not allowed on this site\n")
+            error_answer(request, 405, site.config.error_pages)
             return server.NOT_DONE_YET
 
         if site.urlmap is not None:
@@ -138,7 +157,7 @@ class ProxyResource(Resource):
                 if answer is not None:
                     return answer
         elif request.method == b"PURGE":
-            plain_answer(request, 405, b"405 Method Not Allowed: this site has no cache to purge\n")
+            error_answer(request, 405, site.config.error_pages)
             return server.NOT_DONE_YET
         return self.forward(request, site, target, host, ctx, raw)
 

@@ -20,6 +20,7 @@ from twisted.web.http_headers import Headers
 
 from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
+from prexy.errorpages import ErrorPages, error_answer, phrase
 from prexy.h2settings import H2Settings
 from prexy.metrics import Metrics
 from prexy.proxy.request import ProxyRequest
@@ -175,7 +176,7 @@ class ProxyChannel(HTTPChannel):
         transport: Any = self.transport
         if transport is None:
             return
-        transport.write(refusal_answer(refusal))
+        transport.write(refusal_answer(refusal, self.site.error_pages()))
         self.site.refused(self, refusal)
         self.loseConnection()
 
@@ -319,19 +320,14 @@ class ProxyChannel(HTTPChannel):
         return self._secure
 
 
-PHRASES = {
-    400: b"Bad Request", 405: b"Method Not Allowed", 408: b"Request Timeout", 414: b"URI Too Long",
-    431: b"Request Header Fields Too Large", 501: b"Not Implemented", 505: b"HTTP Version Not Supported",
-}
-
-
-def refusal_answer(refusal: Refusal) -> bytes:
-    """The whole response to a refused head: status, reason, and close."""
-    phrase = PHRASES.get(refusal.status, b"Bad Request")
-    body = b"%d %s: %s\n" % (refusal.status, phrase, refusal.reason.encode("ascii", "replace"))
+def refusal_answer(refusal: Refusal, pages: ErrorPages | None = None) -> bytes:
+    """The whole response to a refused head, and close: the page ``pages``
+    give for its status, else a generic body (the reason goes to the log,
+    ``ProxySite.refused``)."""
+    content_type, body = error_answer(refusal.status, pages)
     return (
-        b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-        b"Connection: close\r\n\r\n%s" % (refusal.status, phrase, len(body), body)
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (refusal.status, phrase(refusal.status), content_type, len(body), body)
     )
 
 
@@ -403,6 +399,13 @@ class ProxySite(server.Site):
             "refused a request from {peer}: {status} {reason}{more}",
             peer=peer, status=refusal.status, reason=refusal.reason, more=more,
         )
+
+    def error_pages(self) -> ErrorPages:
+        """The pages of answers made before a site is chosen (a refused
+        request head): the default site's, as nginx's default server
+        answers a request it cannot route."""
+        pages: ErrorPages = self.resource.runtime.default.config.error_pages
+        return pages
 
     def served(self, channel: Any) -> None:
         """A response on ``channel`` is complete."""

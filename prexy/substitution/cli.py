@@ -3,17 +3,26 @@
 Operators test rules before deploying them::
 
     python -m prexy rewrite --rules site.rules [--rules more.rules] \\
-        [--chunk-size N] < page.html > out.html
+        [--chunk-size N] [--end-apart] < page.html > out.html
     python -m prexy rewrite --rules site.rules --explain
 
 ``--explain`` prints each rule with the engine it runs on (``regex``, or
 RE2 for the shapes a backtracking engine cannot bound) and why.
 
 The body is read from stdin and fed to the same transducer the proxy uses,
-in ``N``-byte chunks (default 64 KiB), each chunk's output written at once,
-so memory stays flat whatever the size of the body.  A rules file that does not load exits with status 1 and
-the error (``file:line:column: reason``) on stderr.  The bail-out and timeout
-flags are reported on stderr, since they change the output.
+in ``N``-byte chunks (default 64 KiB), each chunk's output written as soon
+as the next chunk is read, so memory stays flat whatever the size of the
+body.  The last chunk is fed with the end of the body
+(``Transducer.finish(data)``), as nginx hands the replace-filter module a
+static file (its last buffer carries the end) and as the proxy does once it
+knows a body is complete: a match at the very end is decided with its data,
+and nothing there counts against ``replace_filter_max_buffered_size``.
+``--end-apart`` gives the end in a buffer of its own after the last chunk,
+as nginx does for a proxied body (with a small limit, a match that needs
+the end, such as ``\\s+$`` on the last blanks, then bails out).  A rules
+file that does not load exits with status 1 and the error
+(``file:line:column: reason``) on stderr.  The bail-out and timeout flags
+are reported on stderr, since they change the output.
 """
 
 from __future__ import annotations
@@ -56,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"read and feed the input in N-byte chunks (default {CHUNK})",
     )
+    parser.add_argument(
+        "--end-apart",
+        action="store_true",
+        help="give the end of the body after the last chunk, on its own (as nginx does for a proxied body),"
+        " instead of with the last chunk (as for a file)",
+    )
     return parser
 
 
@@ -81,12 +96,15 @@ def main(
         return 0
     source = stdin if stdin is not None else sys.stdin.buffer
     transducer = Transducer(ruleset)
-    while True:
-        data = source.read(args.chunk_size)
-        if not data:
+    # One chunk read ahead, so the last one is known when it is fed.
+    data = source.read(args.chunk_size)
+    while data:
+        ahead = source.read(args.chunk_size)
+        if not ahead and not args.end_apart:
             break
         sink.write(transducer.feed(data))
-    sink.write(transducer.finish())
+        data = ahead
+    sink.write(transducer.finish(data))
     sink.flush()
     if transducer.bailed_out:
         sys.stderr.write(

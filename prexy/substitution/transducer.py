@@ -33,8 +33,13 @@ capture slot 1, which is rule 0's ``$0`` end) and checked against the
 module's measured outputs.
 
 ``feed(data)`` returns what is ready now, ``finish()`` what is left at the
-end of the body.  The output never depends on how the body was cut, except
-where the buffer limit fires (as in the module).  Work per call is
+end of the body.  ``finish(data)`` takes the body's last bytes together with
+its end, as the module takes a buffer that carries the end (a static file,
+or a proxied body whose end is known when its last bytes arrive): a match
+at the very end is decided with them, and no bytes are held, so the buffer
+limit cannot fire there.  ``feed(data)`` then ``finish()`` gives the same
+bytes unless that ``feed`` hits the limit.  The output never depends on how
+the body was cut, except where the buffer limit fires (as in the module).  Work per call is
 proportional to the data passed, so callers keep latency bounded by feeding
 slices (e.g. 64 KB).
 """
@@ -232,7 +237,9 @@ class Transducer:
             yield self.feed(view[i : i + size].tobytes())
 
     def finish(self, data: bytes = b"") -> bytes:
-        """End of body (optionally with its last bytes); return the rest."""
+        """End of body, optionally with its last bytes ``data``; return the
+        rest.  With ``data``, the end comes in the same buffer as them (see
+        the module docstring): nothing is held, so no bail-out there."""
         if self.state is State.FINISHED:
             raise RuntimeError("finish() called twice")
         out = self._run(self._take_deferred(bytes(data)), final=True)

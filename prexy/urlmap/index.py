@@ -30,7 +30,9 @@ depends on the key, not on the map's size.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -52,11 +54,39 @@ _CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A file the map was read from and its modification time when read
-    (for a wildcard ``include``, also the directory searched)."""
+    """A file the map was read from, its modification time and the SHA-256
+    of its bytes when read (for a wildcard ``include``, also the directory
+    searched: the digest of its sorted entry names).  ``current()`` says
+    whether it still holds the same: a reload loads a map again only then."""
 
     path: str
     mtime: float
+    digest: bytes = b""
+
+    def current(self) -> bool:
+        """Whether the file (or directory) still has the bytes (entries) it
+        had when read; a file that cannot be read has not."""
+        try:
+            return source_digest(self.path) == self.digest
+        except OSError:
+            return False
+
+
+def source_digest(path: str, files: Any = None) -> bytes:
+    """SHA-256 of a file's bytes, or of a directory's sorted entry names;
+    read through ``files`` when given (``prexy.files.IFiles``), else from
+    the file system."""
+    if files is not None:
+        try:
+            names = files.listdir(path)
+        except NotADirectoryError:
+            return hashlib.sha256(files.read(path)).digest()
+        return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).digest()
+    if os.path.isdir(path):
+        names = "\0".join(sorted(os.listdir(path)))
+        return hashlib.sha256(names.encode("utf-8", "surrogateescape")).digest()
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).digest()
 
 
 @dataclass(frozen=True)
@@ -286,8 +316,8 @@ class UrlMap:
 
     Build one with :func:`prexy.urlmap.load_map` or
     :func:`prexy.urlmap.parse_map`.  ``entry_count`` counts the entries (not
-    ``default``); ``source_files`` lists every file read, with its mtime, so
-    a caller can watch them; ``variables`` names the variables values refer
+    ``default``); ``source_files`` lists every file read, with its digest, so
+    a caller can tell whether they changed; ``variables`` names the variables values refer
     to that are not captures (the caller supplies them at lookup).
     """
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import glob
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import Any
 import regex
 
 from prexy.urlmap.errors import MapError
-from prexy.urlmap.index import REGEX_FLAGS, RegexEntry, SourceFile, UrlMap
+from prexy.urlmap.index import REGEX_FLAGS, RegexEntry, SourceFile, UrlMap, source_digest
 from prexy.urlmap.lexer import statements
 from prexy.urlmap.pcre import (
     RegexSyntaxError,
@@ -136,7 +137,7 @@ class _Builder:
                 mtime = status.mtime if status is not None else 0.0
         except OSError as exc:
             raise MapError(where, line, path, "cannot open", exc.strerror or str(exc)) from None
-        self.sources.append(SourceFile(path, mtime))
+        self.sources.append(SourceFile(path, mtime, hashlib.sha256(data).digest()))
         self.stack.append(real)
         try:
             self.parse_text(data.decode("latin-1"), path, os.path.dirname(path))
@@ -193,18 +194,18 @@ class _Builder:
         """Splice the named file(s), relative to the including file."""
         path = os.path.join(base_dir, name)
         if _GLOB_CHARS.intersection(name):
-            # the directory's mtime changes when matching files come or go
+            # the directory's entries change when matching files come or go
             directory = os.path.dirname(path) or "."
             if self.files is None:
                 try:
-                    self.sources.append(SourceFile(directory, os.stat(directory).st_mtime_ns / 1e9))
+                    self.sources.append(SourceFile(directory, os.stat(directory).st_mtime, source_digest(directory)))
                 except OSError:
                     pass
                 found = sorted(glob.glob(path))
             else:
                 status = self.files.status(directory)
                 if status is not None:
-                    self.sources.append(SourceFile(directory, status.mtime))
+                    self.sources.append(SourceFile(directory, status.mtime, source_digest(directory, self.files)))
                 found = self.files.glob(path)
             for each in found:
                 self.read_file(each, filename, line)

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy.cache.bans import Ban
 from prexy.cache.policy import CachePolicy, cache_key, vary_key
 from prexy.cache.store import FORMAT, ObjectMeta, Store, StoreError
 from tests.cases import tmp_dir
@@ -303,18 +304,24 @@ class StoreTests(SynchronousTestCase):
         check_consistent(store)
 
     def test_ban(self) -> None:
-        """ban removes the matching URLs of one site (or of all sites with None)."""
+        """ban removes the objects a Ban matches, of one site (or of all
+        sites with None): its regex on the path and query of URLs stored
+        with their host, its host on the host."""
         path = str(tmp_dir(self) / "cache")
         clock = FakeClock()
         store = self.open_store(path, clock)
         for i in range(20):
-            store.put(key(b"/news/%d" % i), meta(b"/news/%d" % i), b"n")
-            store.put(key(b"/blog/%d" % i), meta(b"/blog/%d" % i), b"b")
-        store.put(key(b"/news/1", site="other"), meta(b"/news/1", site="other"), b"o")
-        assert store.ban("site", r"^/news/1") == 11  # 1 and 10..19
-        assert store.get(key(b"/news/2")) is not None
-        assert store.get(key(b"/news/1", site="other")) is not None
-        assert store.ban(None, "^/news/") == 10
+            store.put(key(b"a.test/news/%d" % i), meta(b"a.test/news/%d" % i), b"n")
+            store.put(key(b"a.test/blog/%d" % i), meta(b"a.test/blog/%d" % i), b"b")
+        store.put(key(b"b.test/news/1"), meta(b"b.test/news/1"), b"b")
+        store.put(key(b"a.test/news/1", site="other"), meta(b"a.test/news/1", site="other"), b"o")
+        assert store.ban(Ban("site", target=r"^/news/1", host="A.test")) == 11  # 1 and 10..19
+        assert store.get(key(b"a.test/news/2")) is not None
+        assert store.get(key(b"b.test/news/1")) is not None
+        assert store.get(key(b"a.test/news/1", site="other")) is not None
+        assert store.ban(Ban(None, target="^/news/1")) == 2  # b.test's, and the other site's
+        assert store.ban(Ban("site", target="^/nothing")) == 0
+        assert store.ban(Ban("site", key_url="^a.test/news/")) == 9  # an older node's ban
         assert store.stats()["count"] == 20
         check_consistent(store)
 

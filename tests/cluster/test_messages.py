@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cluster.messages import (
+    BanScope,
     Invalidation,
     Kind,
     Message,
@@ -22,7 +23,13 @@ from prexy.cluster.messages import (
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20)
 invalidations = st.one_of(
     st.builds(Invalidation.purge, names, st.binary(min_size=1, max_size=200)),
-    st.builds(Invalidation.ban, st.none() | names, st.sampled_from(["^/a", "x.*y", "/shop/[0-9]+$", "."])),
+    st.builds(Invalidation.ban, st.none() | names, st.sampled_from(["^/a", "x.*y", "/shop/[0-9]+$", "."]),
+              st.none() | st.sampled_from(["a.test", "shop.example:8080", "[::1]"])),
+    st.builds(Invalidation.ban, st.none() | names, st.just(None), st.just("a.test")),
+    st.builds(Invalidation.ban, st.none() | names, st.none() | st.just("^/a"), st.none() | st.just("a.test"),
+              st.sampled_from([r"\.example$", "^www[.]", "é"])),
+    st.builds(Invalidation, st.just(Kind.BAN), st.none() | names, st.sampled_from([b"^a.test/", b"x"]),
+              st.just(None), st.just(BanScope.KEY_URL)),
     st.just(Invalidation.reload()),
 )
 messages = st.builds(Message, invalidations, names, st.floats(allow_nan=False, allow_infinity=False))
@@ -54,13 +61,25 @@ class MessageTests(SynchronousTestCase):
             m.fields(),
             [b"kind", b"purge", b"node", b"n1", b"at", b"12.5", b"site", b"shop", b"subject", b"shop.example/a?b"],
         )
-        self.assertEqual(Message(Invalidation.ban(None, "^/x"), "n", 1.0).fields()[6:], [b"subject", b"^/x"])
+        self.assertEqual(Message(Invalidation.ban(None, "^/x"), "n", 1.0).fields()[6:],
+                         [b"subject", b"^/x", b"match", b"target"])
+        self.assertEqual(Message(Invalidation.ban("s", None, "a.test"), "n", 1.0).fields()[6:],
+                         [b"site", b"s", b"subject", b"", b"match", b"target", b"host", b"a.test"])
         self.assertEqual(Message(Invalidation.reload(), "n", 1.0).fields(), [b"kind", b"reload", b"node", b"n", b"at", b"1.0"])
 
     def test_unknown_fields_ignored(self) -> None:
         """A newer node's extra fields do not make an entry unreadable."""
         m = Message(Invalidation.ban("s", "^/x"), "n", 1.0)
         self.assertEqual(Message.from_fields([*m.fields(), b"future", b"x"]), m)
+
+    def test_older_nodes_ban(self) -> None:
+        """An entry of an older node (no ``match``) is a ban on the whole
+        stored URL, and is read so."""
+        old = [b"kind", b"ban", b"node", b"n", b"at", b"1.0", b"site", b"s", b"subject", b"^a.test/obj"]
+        inv = Message.from_fields(old).invalidation
+        self.assertEqual((inv.kind, inv.site, inv.regex, inv.host, inv.scope),
+                         (Kind.BAN, "s", "^a.test/obj", None, BanScope.KEY_URL))
+        self.assertEqual(inv.describe(), "ban s ^a.test/obj (on the whole URL)")
 
     def test_malformed(self) -> None:
         """Every broken entry is a MessageError."""
@@ -80,6 +99,15 @@ class MessageTests(SynchronousTestCase):
             [b"kind", b"purge", b"node", b"n", b"at", b"1", b"site", b"s", b"subject", b""],
             [b"kind", b"reload", b"node", b"n", b"at", b"1", b"site", b"s"],
             [b"kind", b"reload", b"node", b"n", b"at", b"1", b"subject", b"x"],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"target"],  # nothing to match
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"match", b"regex"],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"match", b"target", b"host", b"a b"],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"match", b"target", b"host", b""],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"host", b"a"],  # host on an old ban
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"url"],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"target", b"host_regex", b"("],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"", b"match", b"target", b"host_regex", b""],
+            [b"kind", b"ban", b"node", b"n", b"at", b"1", b"subject", b"x", b"host_regex", b"a"],  # on an old ban
             [b"kind", 5, b"node", b"n"],
             "kind purge",
         ]
@@ -97,6 +125,8 @@ class MessageTests(SynchronousTestCase):
 
     def test_describe(self) -> None:
         self.assertEqual(Invalidation.ban(None, "^/a").describe(), "ban * ^/a")
+        self.assertEqual(Invalidation.ban("s", "^/a", "a.test").describe(), "ban s ^/a host=a.test")
+        self.assertEqual(Invalidation.ban("s", None, host_regex="^w").describe(), "ban s  host~^w")
         self.assertEqual(Invalidation.purge("s", b"h/p").describe(), "purge s h/p")
         self.assertEqual(Invalidation.reload().describe(), "reload")
         self.assertEqual(Invalidation.ban("s", "é").regex, "é")

@@ -10,6 +10,7 @@ script of publications, cuts and returns converges (hypothesis)."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -291,6 +292,7 @@ class ConvergenceTests(SynchronousTestCase):
         clock.advance(1_700_000_000)
         server = FakeRedis(clock)
         directory = tempfile.mkdtemp(prefix="prexy-cluster-conv-")
+        self.addCleanup(shutil.rmtree, directory, True)
         nodes = [Node(self, name, server, clock, directory) for name in "ab"]
         made: list[set[bytes]] = [set(), set()]
 

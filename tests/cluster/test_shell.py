@@ -1,12 +1,13 @@
 """The cluster's seams in the shell, in memory: a PURGE through the proxy is
 applied at once and answered with the cluster's note when it fires (and
-only then); the admin endpoint's /health, /metrics and /reload?cluster=1 with and without a cluster; a worker's relay answers on
+only then); the admin endpoint's /health, /metrics and /reload?cluster=1 with and without a cluster;
+``POST /ban`` (the regex on the path and query, the host on its own, an
+answer that says when nothing matched, the same ban published); a worker's relay answers on
 the master's verdict or on its own timeout; the store target applies each
 kind to the store."""
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 from twisted.internet import defer
@@ -15,15 +16,17 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from prexy.admin import AdminResource
-from prexy.cache.policy import CachePolicy
-from prexy.cache.store import Store
-from prexy.cluster.messages import Invalidation, Kind
-from prexy.cluster.node import QUEUED_NOTE, StoreTarget
+from prexy.cache.bans import Ban
+from prexy.cache.policy import CachePolicy, cache_key
+from prexy.cache.store import ObjectMeta, Store
+from prexy.cluster.messages import BanScope, Invalidation, Kind
+from prexy.cluster.node import QUEUED_NOTE, StoreTarget, store_ban
 from prexy.cluster.relay import WorkerRelay, from_json, to_json, verdict_key, verdict_of
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.metrics import Metrics
 from prexy.proxy.caching import CacheLayer
 from prexy.runtime import build_runtime
+from tests.cases import tmp_dir, unlinked_store
 from tests.proxy.support import Harness, parse_response
 
 
@@ -31,7 +34,7 @@ def cached_harness() -> Harness:
     site = SiteConfig("s", UpstreamURL.parse("http://o.test"), cache=CachePolicy(purge_from=("10.1.2.3",)))
     config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
     h = Harness(config, build_runtime(config))
-    store = Store.open(tempfile.mkdtemp(prefix="prexy-cluster-shell-"), 16 << 20, clock=h.clock.seconds)
+    store = unlinked_store("prexy-cluster-shell-", 16 << 20, h.clock.seconds)
     h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 
@@ -103,6 +106,8 @@ class Owner:
         self.metrics = Metrics()
         self.reloads = 0
         self.store = store
+        self.reactor: Any = None
+        self.config: Config | None = None
 
     def reload(self) -> bool:
         self.reloads += 1
@@ -152,6 +157,89 @@ class AdminTests(SynchronousTestCase):
         self.assertEqual(b"".join(request.written), b"this node is in no cluster: reloaded here only\nreloaded\n")
 
 
+class SyncPool:
+    """Runs the work at once (what deferToThreadPool needs of a pool)."""
+
+    def callInThreadWithCallback(self, on_result: Any, f: Any, *args: Any, **kw: Any) -> None:
+        on_result(True, f(*args, **kw))
+
+
+class SyncReactor:
+    def getThreadPool(self) -> SyncPool:
+        return SyncPool()
+
+    def callFromThread(self, f: Any, *args: Any) -> None:
+        f(*args)
+
+
+class BanAdminTests(SynchronousTestCase):
+    """``POST /ban``: the regex on the path and query, the host on its own,
+    an answer that says when nothing matched, the same ban published."""
+
+    def owner(self, cluster: FakeCluster | None = None) -> Owner:
+        store = Store.open(str(tmp_dir(self) / "cache"), 16 << 20, clock=lambda: 1000.0)
+        self.addCleanup(store.close)
+        for site, url in (("a", b"a.test/obj"), ("a", b"a.test/obj/2?x=1"), ("a", b"www.a.test/obj"),
+                          ("a", b"a.test/other"), ("b", b"b.test/obj")):
+            store.put(cache_key(site, b"GET", url, b"", "v"), ObjectMeta(200, (), 1000.0, 60.0, site=site, url=url), b"x")
+        owner = Owner(cluster, store)
+        owner.reactor = SyncReactor()
+        owner.config = Config(listen=("tcp:0",), sites=(
+            SiteConfig("a", UpstreamURL.parse("http://o.test")), SiteConfig("b", UpstreamURL.parse("http://o.test"))),
+            default_site="a")
+        return owner
+
+    def ban(self, owner: Owner, **args: str) -> tuple[int, bytes]:
+        request = render(owner, b"POST", b"/ban", {k.encode(): [v.encode()] for k, v in args.items()})
+        return request.responseCode or 200, b"".join(request.written)
+
+    def test_regex_on_path_and_query(self) -> None:
+        """``regex=^/obj&site=a`` bans the /obj objects of site a, whatever
+        their host; the next one matches nothing and says so (200)."""
+        owner = self.owner()
+        self.assertEqual(self.ban(owner, regex="^/obj", site="a"), (200, b"banned 3 object(s)\n"))
+        self.assertEqual(self.ban(owner, regex="^/obj", site="a"), (
+            200, b"banned 0 object(s): no stored object matched (site a, path and query ~ '^/obj'); "
+                 b"the regex is searched in the path and query, the host is given with host= or host_regex=\n"))
+        self.assertEqual(owner.store.stats()["count"], 2)
+
+    def test_host_selects(self) -> None:
+        owner = self.owner()
+        self.assertEqual(self.ban(owner, regex="^/obj", host="WWW.a.test"), (200, b"banned 1 object(s)\n"))
+        self.assertEqual(self.ban(owner, host_regex=r"^www\.", site="a"), (200, b"banned 0 object(s): no stored object "
+                         b"matched (site a, host ~ '^www\\.'); the regex is searched in the path and query, the host "
+                         b"is given with host= or host_regex=\n"))
+        self.assertEqual(self.ban(owner, host="a.test", site="a"), (200, b"banned 3 object(s)\n"))
+        self.assertEqual(self.ban(owner, regex="^/obj", host_regex=r"^b\.test$"), (200, b"banned 1 object(s)\n"))
+        self.assertEqual(owner.store.stats()["count"], 0)
+
+    def test_refused(self) -> None:
+        """Nothing to match, a bad regex, a bad host, an unknown site: 400,
+        nothing banned; GET: 405."""
+        owner = self.owner()
+        for args, says in (({}, b"a ban needs a regex"), ({"regex": "("}, b"bad regex"),
+                           ({"host": "a b"}, b"bad host"), ({"host_regex": "["}, b"bad regex"), ({"regex": "^/", "site": "c"}, b"no site named 'c' (sites: a, b)")):
+            code, body = self.ban(owner, **args)
+            self.assertEqual(code, 400, args)
+            self.assertIn(says, body)
+        self.assertEqual(render(owner, b"GET", b"/ban").responseCode, 405)
+        self.assertEqual(owner.store.stats()["count"], 5)
+
+    def test_cluster_publishes_the_same_ban(self) -> None:
+        """The ban goes to the fleet as regex and host, marked as matched on
+        the path and query, and the answer carries the fleet's note."""
+        cluster = FakeCluster()
+        owner = self.owner(cluster)
+        code, body = self.ban(owner, regex="^/obj", host="a.test", site="a")
+        self.assertEqual((code, body), (200, b"banned 2 object(s)\ncluster: applied by all 1 other node(s)\n"))
+        self.ban(owner, host_regex="^www[.]")
+        self.assertEqual(cluster.published, [Invalidation.ban("a", "^/obj", "a.test"),
+                                             Invalidation.ban(None, None, host_regex="^www[.]")])
+        self.assertEqual(cluster.published[0].scope, BanScope.TARGET)
+        self.assertEqual(store_ban(cluster.published[0]), Ban("a", target="^/obj", host="a.test"))
+        self.assertEqual(store_ban(cluster.published[1]), Ban(None, host_regex="^www[.]"))
+
+
 class WorkerRelayTests(SynchronousTestCase):
     class Events:
         def __init__(self) -> None:
@@ -186,7 +274,8 @@ class WorkerRelayTests(SynchronousTestCase):
 
     def test_json(self) -> None:
         """What a worker sends over the pipe round-trips; anything else is a ValueError."""
-        for inv in (Invalidation.purge("s", b"h/\xe9"), Invalidation.ban(None, "^x"), Invalidation.reload()):
+        for inv in (Invalidation.purge("s", b"h/\xe9"), Invalidation.ban(None, "^x"), Invalidation.reload(),
+                    Invalidation.ban("s", None, "a.test"), Invalidation.ban(None, "^/x", host_regex="^a")):
             self.assertEqual(from_json(to_json(inv)), inv)
         for bad in (None, [], {"kind": "nope"}, {"kind": "ban", "site": 3, "subject": "x"},
                     {"kind": "ban", "subject": 5}):
@@ -208,8 +297,8 @@ class StoreTargetTests(SynchronousTestCase):
                 calls.append(("purge", site, url))
                 return 1
 
-            def ban(self, site: str | None, regex: str) -> int:
-                calls.append(("ban", site, regex))
+            def ban(self, ban: Ban) -> int:
+                calls.append(("ban", ban))
                 return 2
 
             def clear(self) -> None:
@@ -232,9 +321,17 @@ class StoreTargetTests(SynchronousTestCase):
         target = StoreTarget(Reactor(), FakeStore, lambda: reloads.append(True))
         self.assertEqual(self.successResultOf(target.apply(Invalidation.purge("s", b"x/p"))), 1)
         self.assertEqual(self.successResultOf(target.apply(Invalidation.ban(None, "^x"))), 2)
+        self.assertEqual(self.successResultOf(target.apply(Invalidation.ban("s", None, "a.test"))), 2)
+        older = Invalidation(Kind.BAN, "s", b"^a.test/x", scope=BanScope.KEY_URL)
+        self.assertEqual(self.successResultOf(target.apply(older)), 2)
+        # A ban no store can make (a bad host from a foreign writer) is skipped.
+        self.assertEqual(self.successResultOf(target.apply(Invalidation.ban("s", "^/x", "a b"))), 0)
         self.successResultOf(target.flush())
         self.successResultOf(target.apply(Invalidation.reload()))
-        self.assertEqual(calls, [("purge", "s", b"x/p"), ("ban", None, "^x"), ("clear",)])
+        self.assertEqual(calls, [
+            ("purge", "s", b"x/p"), ("ban", Ban(None, target="^x")), ("ban", Ban("s", host="a.test")),
+            ("ban", Ban("s", key_url="^a.test/x")), ("clear",),
+        ])
         self.assertEqual(reloads, [True])
         nothing = StoreTarget(Reactor(), lambda: None, lambda: None)
         self.assertEqual(self.successResultOf(nothing.apply(Invalidation.purge("s", b"x"))), 0)

@@ -5,10 +5,16 @@ after the test, a Deferred result waited for with ``pytest_twisted.blockon``
 (fixtures run in the reactor's greenlet).  The other fixtures register their
 own teardown there, so a test that restarts a proxy mid-way still stops
 every instance in reverse order of start.
+
+Each test's ports (``free_port``) and scratch directories (``scratch_dir``)
+are released and removed after every other teardown of the test.  The whole
+session runs with a temporary directory of its own (``tests.tmpguard``):
+whatever is left there at the end fails the session.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,8 +26,54 @@ from twisted.logger import globalLogPublisher
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 from prexy.runtime import build_runtime
 from prexy.service import ProxyService
+from tests.tmpguard import PrivateTmp, describe
 
 from .origin import Origin, origin_site
+from .twistd_support import release_ports, remove_scratch, reserved_ports, scratch_dirs
+
+#: The session's own temporary directory (see pytest_configure).
+_private: list[PrivateTmp] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _private.append(PrivateTmp())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the session when its tests left anything in their temporary
+    directory (pytest's own ``tmp_path`` base, which pytest manages, aside),
+    then removes the directory."""
+    release_ports()
+    remove_scratch()
+    if not _private:
+        return
+    private = _private.pop()
+    left = private.leftovers(ignore=lambda name: name.startswith("pytest-of-"))
+    private.close()
+    if not left:
+        return
+    message = describe(left, private.path)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", "temporary files left behind", red=True)
+        reporter.write_line(message)
+    else:
+        sys.stderr.write(message + "\n")
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _test_resources() -> Iterator[None]:
+    """Releases the ports reserved and removes the scratch directories made
+    during the test, after all its other teardowns (an autouse fixture is
+    set up first, so torn down last)."""
+    ports, dirs = reserved_ports(), set(scratch_dirs())
+    yield
+    release_ports(reserved_ports() - ports)
+    remove_scratch([d for d in scratch_dirs() if d not in dirs])
 
 
 class Cleanups:

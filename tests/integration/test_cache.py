@@ -1,12 +1,12 @@
 """The cache through the proxy service on loopback, against a real origin:
 what is stored and served, what passes, coalescing, grace, stale-if-error,
-revalidation, PURGE, and that rewritten bytes are what is cached."""
+revalidation, PURGE, and that rewritten bytes are what is cached; admin
+bans through ``twistd prexy --workers 2``."""
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from prexy.service import ProxyService
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import body_of
+from .twistd_support import Twistd, body_of, free_port_block, scratch_dir
 
 
 def wait(seconds: float) -> defer.Deferred[None]:
@@ -52,7 +52,7 @@ class TestCache:
     def restart_rewriting(self, **cache: Any) -> Any:
         """Restart the proxy with a rule that rewrites ``page`` to ``PAGE``
         in text/plain (and ``cache`` settings)."""
-        rules = os.path.join(tempfile.mkdtemp(), "r.rules")
+        rules = os.path.join(scratch_dir(), "r.rules")
         with open(rules, "w") as f:
             f.write("replace_filter 'page' 'PAGE' g;\nreplace_filter_types text/plain;\n")
         yield self.service.stopService()
@@ -60,7 +60,7 @@ class TestCache:
 
     @defer.inlineCallbacks
     def start(self, rules: tuple[str, ...] = (), **cache: Any) -> Any:
-        self.dir = tempfile.mkdtemp(prefix="prexy-cache-test-")
+        self.dir = scratch_dir("prexy-cache-test-")
         config = Config(
             listen=("tcp:0:interface=127.0.0.1",),
             sites=(
@@ -329,3 +329,78 @@ class TestCache:
         passed = yield self.get("/c/once", b"Cookie: session=1\r\n")
         assert b"fwd=bypass" in header(passed, b"cache-status")
         assert len(calls) == 2
+
+
+class TestBanThroughTwistd:
+    """``POST /ban`` on the admin endpoint of ``twistd prexy --workers 2``
+    with the cache on: the regex is matched against the path and query (as
+    Varnish's ``req.url``), ``host=`` and ``host_regex=`` select by host,
+    ``site=`` by site, and a ban that matches nothing says so."""
+
+    @pytest_twisted.inlineCallbacks
+    def test_ban_by_path_host_and_site(self, cleanup: Cleanups) -> Any:
+        origin = Origin()
+        origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+        cleanup(origin_port.stopListening)
+        upstream = f"http://127.0.0.1:{origin_port.getHost().port}"
+        base = free_port_block(2)
+        port, admin = base, base + 1
+        directory = scratch_dir("prexy-ban-")
+        config = os.path.join(directory, "prexy.toml")
+        with open(config, "w") as f:
+            f.write(
+                f"[server]\nlisten = ['tcp:{port}:interface=127.0.0.1']\nadmin = 'tcp:{admin}:interface=127.0.0.1'\n"
+                f"workers = 2\naccess_log = 'off'\n[cache]\nsize = '32M'\npath = {os.path.join(directory, 'store')!r}\n"
+                f"[sites.a]\nhosts = ['a.test', 'www.a.test']\nupstream = '{upstream}'\n"
+                f"[sites.b]\nhosts = ['b.test']\nupstream = '{upstream}'\n"
+            )
+        child = Twistd("--config", config)
+        cleanup(child.stop)
+        yield child.ready()
+        assert len(child.children()) == 2
+
+        @defer.inlineCallbacks
+        def get(host: bytes, path: bytes) -> Any:
+            client = RawClient(b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+            yield connect(port, client)
+            raw = bytes(client.data)
+            assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
+            return header(raw, b"cache-status") or b""
+
+        @defer.inlineCallbacks
+        def ban(query: bytes) -> Any:
+            client = RawClient(b"POST /ban?" + query + b" HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n"
+                               b"Connection: close\r\n\r\n")
+            yield connect(admin, client)
+            raw = bytes(client.data)
+            assert raw.startswith(b"HTTP/1.1 200"), raw
+            return body_of(raw)
+
+        pages = [(b"a.test", b"/c/obj"), (b"a.test", b"/c/obj/2?x=1"), (b"www.a.test", b"/c/obj"),
+                 (b"a.test", b"/c/other"), (b"b.test", b"/c/obj")]
+        for host, path in pages:
+            yield get(host, path)
+            assert b"hit" in (yield get(host, path)), (host, path)
+
+        assert (yield ban(b"regex=%5E/c/obj&site=a")) == b"banned 3 object(s)\n"
+        assert b"miss" in (yield get(b"a.test", b"/c/obj"))
+        assert b"miss" in (yield get(b"www.a.test", b"/c/obj"))
+        assert b"hit" in (yield get(b"a.test", b"/c/other"))
+        assert b"hit" in (yield get(b"b.test", b"/c/obj"))  # another site
+
+        # host= selects: a.test's /c/obj goes, www.a.test's stays.
+        assert (yield ban(b"regex=%5E/c/obj&host=a.test&site=a")) == b"banned 1 object(s)\n"
+        assert b"miss" in (yield get(b"a.test", b"/c/obj"))
+        assert b"hit" in (yield get(b"www.a.test", b"/c/obj"))
+        assert (yield ban(b"regex=%5E/c/obj&host_regex=%5Ewww%5C.&site=a")) == b"banned 1 object(s)\n"
+        assert b"miss" in (yield get(b"www.a.test", b"/c/obj"))
+        assert (yield ban(b"host=b.test")) == b"banned 1 object(s)\n"
+        assert b"miss" in (yield get(b"b.test", b"/c/obj"))
+
+        # A ban that matches nothing says so; the URL as stored (host and
+        # path) is not what the regex is matched against.
+        nothing = yield ban(b"regex=%5Ea.test/c/other&site=a")
+        assert nothing.startswith(b"banned 0 object(s): no stored object matched (site a, path and query ~ ")
+        assert b"hit" in (yield get(b"a.test", b"/c/other"))
+        yield child.stop()
+        assert "ban (site a, path and query ~ '^/c/obj'): 3 object(s)" in child.output()

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from prexy.service import ProxyService
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
-from .twistd_support import TWISTD, Twistd, child_env, free_port
+from .twistd_support import TWISTD, Twistd, child_env, free_port, scratch_dir
 
 REDIS = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
 pytestmark = [
@@ -93,7 +92,7 @@ class Redis:
 
     def __init__(self, cleanup: Cleanups) -> None:
         self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="prexy-redis-")
+        self.dir = scratch_dir("prexy-redis-")
         self.unix = os.path.join(self.dir, "redis.sock")
         self.process: RedisProcess | None = None
         cleanup(lambda: self.process.stop() if self.process is not None else None)
@@ -219,7 +218,7 @@ class Target:
 def test_two_services(redis: Redis, cleanup: Cleanups) -> Any:
     """Two ClusterServices on the real server: a ban published by one is
     applied by the other before the publisher's answer."""
-    tmp = tempfile.mkdtemp(prefix="prexy-cluster-")
+    tmp = scratch_dir("prexy-cluster-")
     services, targets = [], []
     for name in ("a", "b"):
         target = Target()
@@ -243,7 +242,7 @@ def test_single_process_nodes(redis: Redis, cleanup: Cleanups) -> Any:
     origin = Origin()
     origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
     cleanup(origin_port.stopListening)
-    tmp = tempfile.mkdtemp(prefix="prexy-cluster-inproc-")
+    tmp = scratch_dir("prexy-cluster-inproc-")
     ports = {}
     for name in "xy":
         config = parse_config(
@@ -291,7 +290,7 @@ class Fleet:
         port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(port.stopListening)
         self.origin_port = port.getHost().port
-        self.dir = tempfile.mkdtemp(prefix="prexy-fleet-")
+        self.dir = scratch_dir("prexy-fleet-")
         self.ports: dict[str, tuple[int, int]] = {}
         self.nodes: dict[str, Twistd] = {}
         pool = HTTPConnectionPool(reactor, persistent=False)
@@ -455,3 +454,36 @@ def test_redis_restart_under_load(fleet: Fleet, redis: Redis, cleanup: Cleanups)
     output = fleet.nodes["a"].output()
     assert output.count("unreachable (") == 1, "an outage is logged once"
     assert "back after" in output
+
+
+@pytest_twisted.inlineCallbacks
+def test_bans_mean_the_same_on_every_node(fleet: Fleet, redis: Redis, cleanup: Cleanups) -> Any:
+    """A ban on B's admin endpoint (regex on the path and query, host on its
+    own) drops the same objects on A and C.  An entry an older node wrote
+    (no ``match`` field: its regex was searched in the stored URL, host
+    included) is replayed with that meaning."""
+    for path in (b"/c/anchored", b"/c/legacy", b"/c/legacy2"):
+        for name in "abc":
+            yield fleet.request(name, b"GET", path)
+            _, status, _ = yield fleet.request(name, b"GET", path)
+            assert hit(status), (name, path, status)
+    code, _, body = yield fleet.request("b", b"POST", b"/ban?regex=%5E/c/anchored$&host=t&site=t", admin=True)
+    assert (code, body) == (200, b"banned 1 object(s)\ncluster: applied by all 2 other node(s)\n"), body
+    for name in "ac":
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/anchored")
+        assert status.startswith(b"prexy; fwd=uri-miss"), (name, status)
+
+    channel = yield Channel.open(redis.url, cleanup)
+    entries = []
+    for subject in (b"^t/c/legacy$", b"^/c/legacy2$"):  # the second matched nothing where it was written
+        raw = yield channel.commands.command("XADD", "prexy:log", "*", "kind", "ban", "node", "old", "at", "1.0",
+                                             "site", "t", "subject", subject)
+        entries.append(parse_id(raw))
+        yield channel.commands.command("PUBLISH", "prexy:events", b"entry " + raw)
+    for name in "ac":
+        yield channel.until(channel.node_at_least(name, entries[-1]), 30, f"{name}'s ack of the older entries")
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/legacy")
+        assert status.startswith(b"prexy; fwd=uri-miss"), (name, status)
+        _, status, _ = yield fleet.request(name, b"GET", b"/c/legacy2")
+        assert hit(status), (name, status)
+    assert "cluster: ban t ^t/c/legacy$ (on the whole URL) from old" in fleet.nodes["a"].output()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +13,12 @@ from twisted.internet import defer, reactor
 
 from prexy.proxy.events import KeyEvents
 
+from .twistd_support import scratch_dir
+
 
 class Pair:
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-events-")
+        self.dir = scratch_dir("prexy-events-")
         self.a = KeyEvents(reactor, self.dir, "a")
         self.b = KeyEvents(reactor, self.dir, "b")
 

@@ -40,6 +40,7 @@ from prexy.headerrules import HeaderRules, HeaderRulesBuilder, RequestVars
 from prexy.substitution.rules import RulesError, Token, tokenize
 
 from .test_strict import listening
+from .twistd_support import free_port
 
 HOST = "Example.COM:8080"
 COMPARED = (b"location", b"refresh", b"set-cookie")
@@ -205,13 +206,6 @@ def self_signed(d: Path) -> None:
     (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (d / "key.pem").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @attrs.frozen

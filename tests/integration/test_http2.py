@@ -23,7 +23,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from .conftest import Cleanups
 from .raw_origin import RawOrigin
 from .test_headerrules_nginx import self_signed
 from .test_rfc_cache import ScriptedOrigin
-from .twistd_support import Twistd, free_port
+from .twistd_support import Twistd, free_port, scratch_dir
 
 PAGE = b"<html><body>" + b"<p>www.origin.test page</p>" * 200 + b"</body></html>"
 REWRITTEN = PAGE.replace(b"www.origin.test", b"clone.test")
@@ -74,7 +73,7 @@ def scripted() -> Any:
 @defer.inlineCallbacks
 def start(cleanup: Cleanups, origin: ScriptedOrigin, workers: int = 1, http2: str = "http2 = true\n") -> Any:
     """twistd prexy on TLS with a cache and a map, in front of ``origin``."""
-    d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
+    d = Path(scratch_dir("prexy-h2-"))
     (d / "site.map").write_text("/old-page /new-page;\n")
     child, port = yield run_twistd(
         cleanup, d, origin.port, f"workers = {workers}\n{http2}access_log = \"-\"\n",
@@ -187,7 +186,7 @@ def test_h2_compressed(cleanup: Cleanups, scripted: ScriptedOrigin) -> Any:
 def test_curl_http2(cleanup: Cleanups, scripted: ScriptedOrigin) -> Any:
     """curl --http2 speaks HTTP/2 to the listener and gets the page."""
     child, port = yield start(cleanup, scripted)
-    out = tempfile.mktemp()
+    out = os.path.join(scratch_dir("prexy-curl-"), "body")
 
     def run() -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
@@ -211,7 +210,7 @@ def test_http2_by_default(cleanup: Cleanups, scripted: ScriptedOrigin, workers: 
     """An ssl: listener offers h2 unless [server] http2 = false, with or
     without worker processes; the body is the same either way."""
     child, port = yield start(cleanup, scripted, workers=workers, http2=http2)
-    out = tempfile.mktemp()
+    out = os.path.join(scratch_dir("prexy-curl-"), "body")
 
     def run() -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
@@ -345,7 +344,7 @@ def worker_cpu_seconds(child: Twistd) -> float:
 def start_held(cleanup: Cleanups, routes: dict[bytes, list[Any]]) -> Any:
     origin = HeldOrigin(routes)
     cleanup(origin.close)
-    d = Path(tempfile.mkdtemp(prefix="prexy-h2-"))
+    d = Path(scratch_dir("prexy-h2-"))
     child, port = yield run_twistd(cleanup, d, origin.port, 'workers = 1\nhttp2 = true\naccess_log = "off"\n')
     return child, port, origin, d / "prexy.toml"
 
@@ -536,7 +535,7 @@ def test_h2c_prior_knowledge(cleanup: Cleanups) -> Any:
     HTTP/1.1."""
     origin = HeldOrigin({b"/c": [b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nh2c"] * 1})
     cleanup(origin.close)
-    d = Path(tempfile.mkdtemp(prefix="prexy-h2c-"))
+    d = Path(scratch_dir("prexy-h2c-"))
     port = free_port()
     (d / "prexy.toml").write_text(
         f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nh2c_listen = ["tcp:{port}:interface=127.0.0.1"]\n'

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import os
 import socket
-import tempfile
 from typing import Any
 
 import brotli
@@ -17,7 +16,7 @@ from twisted.internet import defer, threads
 
 from .conftest import Cleanups
 from .test_rfc_cache import ScriptedOrigin
-from .twistd_support import Twistd, free_port
+from .twistd_support import Twistd, free_port, scratch_dir
 
 PAGE = b"<html><body>" + b"<p>www.origin.test text</p>" * 300 + b"</body></html>"
 
@@ -40,7 +39,7 @@ def raw_get(port: int, extra: bytes = b"") -> bytes:
 
 @defer.inlineCallbacks
 def start(cleanup: Cleanups, origin: ScriptedOrigin, site_extra: str = "") -> Any:
-    d = tempfile.mkdtemp(prefix="prexy-hints-")
+    d = scratch_dir("prexy-hints-")
     rules = os.path.join(d, "site.rules")
     with open(rules, "w") as f:
         f.write("replace_filter 'www\\.origin\\.test' 'clone.test' g;\nreplace_filter_headers Link;\n")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import tempfile
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from twisted.internet import defer, threads
 from .conftest import Cleanups
 from .test_headerrules_nginx import Origin, find_nginx
 from .test_strict import listening
-from .twistd_support import Twistd, free_port, stop_process
+from .twistd_support import Twistd, free_port, free_ports, scratch_dir, stop_process
 
 #: name -> directives (the same text in nginx's location and Prexy's rules file)
 DIRECTIVES = {
@@ -91,8 +90,8 @@ class Nginx:
     """nginx with one server (port) per directive set, each proxying ``/``."""
 
     def __init__(self, binary: str, origin_port: int) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-redirect-nginx-")
-        self.ports = [free_port() for _ in DIRECTIVES]
+        self.dir = scratch_dir("prexy-redirect-nginx-")
+        self.ports = free_ports(len(DIRECTIVES))
         d = self.dir
         servers = "".join(
             f"  server {{ listen 127.0.0.1:{port}; server_name _;\n"
@@ -123,7 +122,7 @@ def origin() -> Any:
 
 @defer.inlineCallbacks
 def twistd_for(cleanup: Cleanups, origin_port: int, directives: str) -> Any:
-    d = tempfile.mkdtemp(prefix="prexy-redirect-")
+    d = scratch_dir("prexy-redirect-")
     rules = os.path.join(d, "site.rules")
     with open(rules, "w") as f:
         f.write(directives.replace("@port@", str(origin_port)) + "\n")

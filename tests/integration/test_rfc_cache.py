@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 from collections import deque
 from typing import Any
 
@@ -22,7 +21,7 @@ from twisted.internet import defer, threads
 
 from .conftest import Cleanups
 from .raw_origin import RawOrigin
-from .twistd_support import Twistd, free_port
+from .twistd_support import Twistd, free_port, scratch_dir
 
 BODY = b"0123456789" * 100
 
@@ -75,7 +74,7 @@ def origin() -> Any:
 
 @defer.inlineCallbacks
 def start(cleanup: Cleanups, origin: ScriptedOrigin, grace: int = 0) -> Any:
-    d = tempfile.mkdtemp(prefix="prexy-rfc-")
+    d = scratch_dir("prexy-rfc-")
     port = free_port()
     config = os.path.join(d, "prexy.toml")
     with open(config, "w") as f:

@@ -191,13 +191,15 @@ def test_keep_alive_both_ways(served: Served) -> Any:
 
 
 @pytest_twisted.inlineCallbacks
-def test_changed_map_is_picked_up(origin_server: OriginServer, proxy: Proxy, logged_errors: list[Any]) -> Any:
-    """A map file whose modification time changes is reloaded (validated
-    first); a broken one keeps the old map."""
+def test_changed_map_goes_live_on_reload(origin_server: OriginServer, proxy: Proxy, logged_errors: list[Any]) -> Any:
+    """A map file changed on disk goes live on a reload, not before (as a
+    rules file does); a broken one is refused on reload and the old map
+    keeps serving."""
     import os
-    import tempfile
 
-    map_path = os.path.join(tempfile.mkdtemp(prefix="prexy-map-"), "old.map")
+    from .twistd_support import scratch_dir
+
+    map_path = os.path.join(scratch_dir("prexy-map-"), "old.map")
     with open(map_path, "w") as f:
         f.write("/old /new-one;\n")
     from prexy.config import MapConfig
@@ -218,11 +220,13 @@ def test_changed_map_is_picked_up(origin_server: OriginServer, proxy: Proxy, log
     with open(map_path, "w") as f:
         f.write("/old /new-two;\n")
     os.utime(map_path, (1, 1))  # a different mtime, whatever the clock
-    yield service.check_maps()
+    assert (yield location()) == b"http://t/new-one"
+    assert service.reload()
     assert (yield location()) == b"http://t/new-two"
     with open(map_path, "w") as f:
         f.write("~^/(broken /x;\n")
     os.utime(map_path, (2, 2))
-    yield service.check_maps()
+    assert not service.reload()
+    assert f"{map_path}:1:" in service.last_reload_error
     assert (yield location()) == b"http://t/new-two"
     assert len(logged_errors) == 0

@@ -7,7 +7,6 @@ the request hears connectionLost), which the in-memory tests only imitate
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from prexy.runtime import build_runtime
 from prexy.service import ProxyService
 
 from .conftest import Cleanups
-from .twistd_support import body_of
+from .twistd_support import body_of, scratch_dir
 
 BODY = bytes(range(256)) * 256  # 64 KiB
 PIECE = 16 * 1024
@@ -100,7 +99,7 @@ class TestSharedMiss:
         site.log = lambda request: None  # type: ignore[method-assign]
         self.origin_port = reactor.listenTCP(0, site, interface="127.0.0.1")
         cleanup(self.origin_port.stopListening)
-        directory = tempfile.mkdtemp(prefix="prexy-shared-miss-")
+        directory = scratch_dir("prexy-shared-miss-")
         config = Config(
             listen=("tcp:0:interface=127.0.0.1",),
             sites=(

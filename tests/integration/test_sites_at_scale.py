@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from twisted.internet.threads import deferToThread
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, body_of, child_env, free_port
+from .twistd_support import TWISTD, Twistd, body_of, child_env, free_port, scratch_dir
 
 SITES = ("a", "b", "c")
 
@@ -34,7 +33,7 @@ class TestSitesFolder:
         port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(port.stopListening)
         upstream = f"http://127.0.0.1:{port.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-sites-test-")
+        self.dir = scratch_dir("prexy-sites-test-")
         cleanup(shutil.rmtree, self.dir, True)
         os.mkdir(os.path.join(self.dir, "sites.d"))
         os.mkdir(os.path.join(self.dir, "rules"))

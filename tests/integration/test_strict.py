@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ from prexy.config import Limits
 from prexy.requesthead import HeadGate, Passed
 
 from .conftest import Cleanups, OriginServer
-from .twistd_support import Twistd, free_port, free_port_block, stop_process
+from .twistd_support import Twistd, free_port, free_port_block, scratch_dir, stop_process
 
 H = b"Host: a\r\n"
 
@@ -93,6 +92,9 @@ CASES: dict[str, bytes] = {
     "40 KB header": b"GET /hello HTTP/1.1\r\n" + H + b"X-A: " + b"a" * 40000 + b"\r\n\r\n",
     "9 KB header": b"GET /hello HTTP/1.1\r\n" + H + b"X-A: " + b"a" * 9000 + b"\r\n\r\n",
     "70 KB head": b"GET /hello HTTP/1.1\r\n" + H + b"".join(b"X-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70)) + b"\r\n",
+    "100 header lines": b"GET /hello HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(99)) + b"\r\n",
+    "Host and 1,000 more header lines":
+        b"GET /hello HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(1000)) + b"\r\n",
     "0x chunk size": b"POST /echo HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
 }
 
@@ -113,6 +115,10 @@ STRICTER: dict[str, tuple[bytes, str]] = {
     "Host with userinfo": (b"GET /hello HTTP/1.1\r\nHost: u@a\r\n\r\n", "not a host (RFC 3986 3.2.2)"),
     "Host with a backslash": (b"GET /hello HTTP/1.1\r\nHost: a\\b\r\n\r\n", "not a host (RFC 3986 3.2.2)"),
     "Host with a bad port": (b"GET /hello HTTP/1.1\r\nHost: a:x\r\n\r\n", "a port is digits"),
+    "101 header lines": (
+        b"GET /hello HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(100)) + b"\r\n",
+        "limits.max_header_lines, 100 as Apache's LimitRequestFields (nginx refuses past 1,000)",
+    ),
     "ftp target": (b"GET ftp://a/hello HTTP/1.1\r\n" + H + b"\r\n", "Prexy fronts http and https only"),
 }
 ALL_CASES = {**CASES, **{name: raw for name, (raw, _) in STRICTER.items()}}
@@ -190,7 +196,7 @@ class Nginx:
     """nginx as a reverse proxy to ``upstream`` (a port), in a child."""
 
     def __init__(self, binary: str, upstream: int) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-nginx-")
+        self.dir = scratch_dir("prexy-nginx-")
         self.port = free_port()
         d = self.dir
         conf = f"""daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;
@@ -250,7 +256,7 @@ class TestStrict:
         self.origin = origin_server.origin
         self.origin_port = origin_server.port
         self.upstream = origin_server.url
-        self.dir = tempfile.mkdtemp(prefix="prexy-strict-")
+        self.dir = scratch_dir("prexy-strict-")
 
     @defer.inlineCallbacks
     def twistd(self, config: str = "", workers: int = 2) -> Any:
@@ -296,6 +302,23 @@ class TestStrict:
                 problems.append(f"{name}: Prexy should refuse it ({STRICTER[name][1]}), got {ours}")
         assert problems == [], "\n".join(problems)
         assert "Traceback" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
+    def test_header_lines_limit(self) -> Any:
+        """``limits.max_header_lines`` through ``twistd prexy --workers 2``:
+        up to it is served, one line past it (or Host and 1,000 more) is a
+        431 that reaches no origin, counted and logged."""
+        def head(count: int) -> bytes:
+            return b"GET /hello HTTP/1.1\r\n" + H + b"".join(b"X-%d: v\r\n" % i for i in range(count - 1)) + b"\r\n"
+
+        child, port = yield self.twistd("[limits]\nmax_header_lines = 150\n")
+        ours, answer = yield self.outcome(port, head(150))
+        assert (ours, answer.status) == ("served", 200), bytes(answer.data)
+        for count in (151, 1001):
+            ours, answer = yield self.outcome(port, head(count))
+            assert (ours, answer.status) == ("refused:4xx", 431), bytes(answer.data)
+        yield child.stop()
+        assert child.output().count("refused a request from 127.0.0.1: 431 too many header lines") == 2
 
     @pytest_twisted.inlineCallbacks
     def test_header_deadline(self) -> Any:

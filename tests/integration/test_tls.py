@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import tempfile
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from prexy.config import Config, SiteConfig, UpstreamURL, parse_config
 from .conftest import Cleanups, Proxy
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
+from .twistd_support import scratch_dir
 
 
 def make_pki(directory: str) -> dict[str, str]:
@@ -66,7 +66,7 @@ class TLSOrigin:
     """A CA, a certificate for localhost, and an origin serving it."""
 
     def __init__(self, cleanup: Cleanups) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-tls-")
+        self.dir = scratch_dir("prexy-tls-")
         self.pki = make_pki(self.dir)
         with open(self.pki["key"]) as k, open(self.pki["cert"]) as c:
             server_cert = ssl.PrivateCertificate.loadPEM(k.read() + c.read())

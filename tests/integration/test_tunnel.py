@@ -12,7 +12,6 @@ tunnel is counted, and logged once with its bytes.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from websockets.sync.client import connect
 from websockets.sync.server import serve
 
 from .conftest import Cleanups
-from .twistd_support import Twistd, free_port
+from .twistd_support import Twistd, free_port, scratch_dir
 
 
 class WsOrigin:
@@ -76,7 +75,7 @@ def ws_origin() -> Iterator[WsOrigin]:
 @defer.inlineCallbacks
 def start_prexy(cleanup: Cleanups, origin: WsOrigin, extra: str = "", site_extra: str = "") -> Any:
     port = free_port()
-    directory = tempfile.mkdtemp(prefix="prexy-ws-")
+    directory = scratch_dir("prexy-ws-")
     config = os.path.join(directory, "prexy.toml")
     with open(config, "w") as f:
         f.write(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from twisted.internet import defer, reactor, task
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block
+from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, scratch_dir
 
 RULES = b"""
 replace_filter 'https://www\\.original-shop\\.example' 'http://clone.test' g;
@@ -41,7 +42,7 @@ class TestTwistd:
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(self.origin_port.stopListening)
         self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-files-")
+        self.dir = scratch_dir("prexy-files-")
 
     @defer.inlineCallbacks
     def start(self, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> Any:
@@ -144,6 +145,30 @@ class TestTwistd:
         head, _ = yield self.fetch(base, "/blog/2024/summer-sale")
         assert b"Location: http://t/news/summer-sale.html" in head
         assert "Prexy demo is running" in child.output()
+
+    @pytest.mark.parametrize(("workers", "signum"), [("0", signal.SIGINT), ("2", signal.SIGTERM)])
+    @pytest_twisted.inlineCallbacks
+    def test_demo_removes_its_files(self, workers: str, signum: int) -> Any:
+        """The demo keeps what it writes (its cache store, the notice
+        sockets beside it, its rules for another port) in one directory,
+        and removes it when it stops on SIGINT or SIGTERM, in-process or
+        with workers; nothing is left where the store used to go."""
+        from prexy.demo import demo_dir
+        from prexy.proxy.caching import default_cache_path
+
+        base = free_port_block(3)
+        files = demo_dir(base)
+        child, port = yield self.start(
+            "--demo", "--workers", workers, env={"PREXY_DEMO_PORT": str(base)}, port=base
+        )
+        head, _ = yield self.fetch(base, "/")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert {"cache", "demo.rules"} <= set(os.listdir(files)), child.output()
+        child.process.send_signal(signum)
+        code = yield child.wait_exit(20)
+        assert code in (0, -signum), child.output()  # twistd re-raises the signal it stopped on
+        assert not os.path.exists(files), os.listdir(files)
+        assert not os.path.exists(os.path.join(default_cache_path(), f"demo-{base}"))
 
     @pytest_twisted.inlineCallbacks
     def test_gzip_upstream_rewritten(self) -> Any:
@@ -284,7 +309,7 @@ class TestCheck:
         )
 
     def test_check_good_and_bad(self) -> None:
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         write(d, "ok.rules", RULES)
         good = write(d, "good.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['ok.rules']\n")
         result = self.run_twistd("--config", good, "--check")
@@ -305,7 +330,7 @@ class TestCheck:
     def _engine_lines(self, rules: bytes) -> tuple[str, list[str]]:
         """``twistd --config --check`` on a site with ``rules`` (accepted):
         the rules file's path and the lines that name a rule's engine."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         write(d, "site.rules", rules)
         config = write(d, "site.toml", b"[sites.a]\nupstream = 'http://127.0.0.1:1'\nrules = ['site.rules']\n")
         result = self.run_twistd("--config", config, "--check")
@@ -331,7 +356,7 @@ class TestCheck:
 
     def test_broken_config_refuses_to_start(self) -> None:
         """Without --check, a broken config stops twistd with the reason."""
-        d = tempfile.mkdtemp(prefix="prexy-check-")
+        d = scratch_dir("prexy-check-")
         bad = write(d, "bad.toml", b"[sites.a]\nupstream = 'gopher://x'\n")
         result = self.run_twistd("--config", bad)
         assert result.returncode != 0
@@ -348,4 +373,6 @@ class TestCheck:
                 "--workers", "0", "--listen", f"tcp:{port}:interface=127.0.0.1", "--upstream", "http://127.0.0.1:1"
             )
         assert result.returncode == 1
-        assert f"Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use" in result.stdout + result.stderr
+        output = result.stdout + result.stderr
+        assert f"cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use" in output
+        assert "Traceback" not in output

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from .twistd_support import (
     free_port,
     free_port_block,
     listen_notify,
+    scratch_dir,
 )
 
 
@@ -71,7 +71,7 @@ class TestWorkerPool:
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(self.origin_port.stopListening)
         self.upstream = f"http://127.0.0.1:{self.origin_port.getHost().port}"
-        self.dir = tempfile.mkdtemp(prefix="prexy-workers-")
+        self.dir = scratch_dir("prexy-workers-")
         self.rules = os.path.join(self.dir, "site.rules")
         self.write_rules(b"replace_filter 'hello' 'HELLO' g;\nreplace_filter_types text/plain;\n")
 
@@ -247,7 +247,7 @@ class TestWorkerPool:
         assert "reloaded" in result.stdout
         answer = yield self.get()
         assert body_of(answer) == b"BYE world!"
-        # A file that breaks after --reload checked it locally: the master refuses.
+        # A broken rules file: the master refuses, with the file and line.
         client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         self.write_rules(b"replace_filter 'x' 'y' q;\n")
         yield connect(self.admin, client)
@@ -352,7 +352,7 @@ class TestSocketActivation:
             "os.environ['LISTEN_FDNAMES'] = 'http'\n"
             "os.execv(sys.executable, [sys.executable, '-c', sys.argv[2], *sys.argv[3:]])\n"
         )
-        log_dir = tempfile.mkdtemp(prefix="prexy-sd-")
+        log_dir = scratch_dir("prexy-sd-")
         log = open(os.path.join(log_dir, "out.log"), "wb")
         notify_path, notifications, notify_port = listen_notify(log_dir)
         self.cleanup(notify_port.stopListening)
@@ -401,8 +401,8 @@ class TestSharedCache:
         origin_port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
         self.cleanup(origin_port.stopListening)
         port, admin = free_port(), free_port()
-        store = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "store")
-        config = os.path.join(tempfile.mkdtemp(prefix="prexy-shared-"), "prexy.toml")
+        store = os.path.join(scratch_dir("prexy-shared-"), "store")
+        config = os.path.join(scratch_dir("prexy-shared-"), "prexy.toml")
         with open(config, "w") as f:
             f.write(
                 f"[server]\nlisten = ['tcp:{port}:interface=127.0.0.1']\nadmin = 'tcp:{admin}:interface=127.0.0.1'\n"

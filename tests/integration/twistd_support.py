@@ -9,6 +9,11 @@ Waits fire on events, never on polling: the child's ``sd_notify`` messages
 restart) arrive on a datagram socket given as ``NOTIFY_SOCKET``, as
 systemd's would, and its exit is reported by a thread blocked in
 ``wait()``.
+
+The ports servers listen on come from :func:`free_port`: never the same
+twice in a process, and held from their choice until after the server has
+bound them (see :func:`_reserve`).  The files of a test go in a
+:func:`scratch_dir`, removed when the test ends.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,30 +51,115 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+#: Ports handed out for tests: below the kernel's ephemeral range (32768 up
+#: on Linux), so no outgoing connection is given one of them meanwhile.
+PORT_RANGE = (20000, 32000)
+#: Every port this process handed out: never handed out twice.
+_handed_out: set[int] = set()
+#: The reservations held now, by port (see :func:`free_port_block`).
+_reserved: dict[int, socket.socket] = {}
+
+
+def _reserve(port: int) -> socket.socket | None:
+    """A socket holding ``port`` on 127.0.0.1, or None when it is taken.
+
+    The bind is made without SO_REUSEADDR, so it fails on any socket bound
+    to the port (listening, reserved by another test process, or a
+    connection of the port in TIME-WAIT).  SO_REUSEADDR is set after the
+    bind: Linux then lets a server that sets it too (Twisted, Prexy, nginx
+    and redis all do) bind and listen beside the reservation, which never
+    listens, while every later probe like this one still sees the port
+    taken.  So the port is held from the moment it is chosen until after
+    the server holds it, with no gap in between."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def free_port_block(n: int = 1) -> int:
-    """A base port with ``n`` consecutive bindable ports, below the ephemeral
-    range (a port that an outgoing connection used recently, even in
-    TIME-WAIT, can refuse a listener)."""
+    """A base port with ``n`` consecutive ports reserved for this test.
+
+    The ports are held (:func:`_reserve`) until :func:`release_ports`, which
+    the test tier's conftest calls after each test; a server started on them
+    meanwhile binds beside the reservation.  No port is handed out twice in
+    one process, and another process probing this way sees them taken."""
     rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
-        if all(_bindable(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no block of free ports")
+    low, high = PORT_RANGE
+    for _ in range(500):
+        base = rng.randrange(low, high - n)
+        block = range(base, base + n)
+        if _handed_out.intersection(block):
+            continue
+        held: list[socket.socket] = []
+        for port in block:
+            sock = _reserve(port)
+            if sock is None:
+                break
+            held.append(sock)
+        if len(held) < n:
+            for sock in held:
+                sock.close()
+            continue
+        for port, sock in zip(block, held, strict=True):
+            _handed_out.add(port)
+            _reserved[port] = sock
+        return base
+    raise RuntimeError(f"no block of {n} free port(s) in {low}-{high}")
 
 
 def free_port() -> int:
+    """One reserved port (see :func:`free_port_block`)."""
     return free_port_block(1)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct reserved ports, not necessarily consecutive."""
+    return [free_port() for _ in range(n)]
+
+
+def reserved_ports() -> set[int]:
+    """The ports whose reservation is held now."""
+    return set(_reserved)
+
+
+def release_ports(ports: Any = None) -> None:
+    """Close the reservations of ``ports`` (all of them by default).  A
+    server already listening on one keeps it; the port is never handed out
+    again by this process."""
+    for port in list(_reserved) if ports is None else list(ports):
+        sock = _reserved.pop(port, None)
+        if sock is not None:
+            sock.close()
+
+
+#: Directories made by :func:`scratch_dir` and not yet removed.
+_scratch: list[str] = []
+
+
+def scratch_dir(prefix: str = "prexy-test-") -> str:
+    """A new directory for one test, removed by :func:`remove_scratch`
+    (which the tier's conftest calls after each test)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    _scratch.append(path)
+    return path
+
+
+def scratch_dirs() -> list[str]:
+    """The directories made by :func:`scratch_dir` not yet removed."""
+    return list(_scratch)
+
+
+def remove_scratch(paths: Any = None) -> None:
+    """Remove the scratch directories ``paths`` (all by default)."""
+    for path in list(_scratch) if paths is None else list(paths):
+        if path in _scratch:
+            _scratch.remove(path)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -131,7 +222,7 @@ class Twistd:
     """One ``twistd -n prexy`` child process."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, twistd_args: tuple[str, ...] = ()) -> None:
-        self.dir = tempfile.mkdtemp(prefix="prexy-test-")
+        self.dir = scratch_dir("prexy-test-")
         self.log_path = os.path.join(self.dir, "out.log")
         self._log = open(self.log_path, "wb")
         notify_path, self.notifications, self._notify_port = listen_notify(self.dir)

@@ -14,6 +14,7 @@ from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
@@ -21,6 +22,23 @@ from prexy.metrics import Metrics
 from prexy.proxy.pool import UpstreamPool
 from prexy.proxy.resource import ProxyResource, ProxySite
 from prexy.runtime import Runtime, SiteRuntime, build_runtime
+
+
+class Logged:
+    """Every line logged while a test runs, formatted (``text``: all of
+    them, one a line)."""
+
+    def __init__(self, case: Any) -> None:
+        self.lines: list[str] = []
+        globalLogPublisher.addObserver(self)
+        case.addCleanup(globalLogPublisher.removeObserver, self)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.lines.append(formatEvent(event))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
 
 
 class ClosingTransport(StringTransport):

@@ -3,19 +3,19 @@ without one, and never a fixed-interval poll."""
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
-from prexy.cache import ObjectMeta, Store
+from prexy.cache import ObjectMeta
 from prexy.metrics import Metrics
 from prexy.proxy import caching
 from prexy.proxy.caching import CacheLayer
 from prexy.proxy.events import MAX_FALLBACK
 from prexy.proxy.flight import CacheContext
+from tests.cases import unlinked_store
 
 KEY = b"key-of-/page"
 
@@ -77,7 +77,7 @@ class WaitTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
         self.clock.advance(1_000)
-        self.store = Store.open(tempfile.mkdtemp(prefix="prexy-wait-"), 8 << 20, clock=self.clock.seconds)
+        self.store = unlinked_store("prexy-wait-", 8 << 20, self.clock.seconds)
         self.events = FakeEvents()
         self.layer = CacheLayer(self.clock, self.store, Metrics(), self.events)
         self.resource = Resource()
@@ -153,7 +153,7 @@ class SlowFollowerTests(SynchronousTestCase):
             default_site="s",
         )
         h = Harness(config)
-        store = Store.open(tempfile.mkdtemp(prefix="prexy-follow-"), 64 << 20, clock=h.clock.seconds)
+        store = unlinked_store("prexy-follow-", 64 << 20, h.clock.seconds)
         h.resource.cache = CacheLayer(h.clock, store, h.metrics)
         get = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n"
         _, leader = h.send(get)

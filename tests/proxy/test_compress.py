@@ -6,18 +6,17 @@ bodies, other types, HEAD and a cached site's answers stay as they were."""
 from __future__ import annotations
 
 import gzip
-import tempfile
 
 import brotli
 import zstandard
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache.policy import CachePolicy
-from prexy.cache.store import Store
 from prexy.codec import Compression
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.proxy.caching import CacheLayer
 from prexy.substitution import parse_rules
+from tests.cases import unlinked_store
 
 from .support import Harness, header, parse_response, site_runtime
 from .test_rewrite import PAGE, REWRITTEN, RULES
@@ -41,7 +40,7 @@ def harness(compression: Compression = DEFAULT, cache: CachePolicy | None = None
     )
     h = Harness(config, site_runtime(config, s={"rules": parse_rules(RULES, "test.rules")}))
     if cache is not None:
-        store = Store.open(tempfile.mkdtemp(prefix="prexy-compress-"), 64 << 20, clock=h.clock.seconds)
+        store = unlinked_store("prexy-compress-", 64 << 20, h.clock.seconds)
         h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 

@@ -5,15 +5,16 @@ rewritten headers, and a rules file that holds header directives only."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache.policy import CachePolicy
-from prexy.cache.store import Store
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.proxy.caching import CacheLayer
 from prexy.runtime import build_runtime
+from tests.cases import unlinked_store
 
 from .support import Harness, header, parse_response
 
@@ -34,9 +35,14 @@ def harness(rules: bytes | None = None, cache: bool = False) -> Harness:
     site = SiteConfig("s", UpstreamURL.parse("https://www.origin.test"), host_header="upstream", rules=files,
                       cache=CachePolicy() if cache else None)
     config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
-    h = Harness(config, build_runtime(config))
+    try:
+        runtime = build_runtime(config)
+    finally:
+        for path in files:  # compiled now: nothing reads the file again
+            os.unlink(path)
+    h = Harness(config, runtime)
     if cache:
-        store = Store.open(tempfile.mkdtemp(prefix="prexy-headers-"), 64 << 20, clock=h.clock.seconds)
+        store = unlinked_store("prexy-headers-", 64 << 20, h.clock.seconds)
         h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 
@@ -109,6 +115,7 @@ class HeaderRulesTests(SynchronousTestCase):
 
         with tempfile.NamedTemporaryFile("wb", suffix=".rules", delete=False) as f:
             f.write(b"replace_filter a b;\n\nproxy_cookie_domain ~(broken x;\n")
+        self.addCleanup(os.unlink, f.name)
         site = SiteConfig("s", UpstreamURL.parse("http://o.test"), rules=(f.name,))
         with self.assertRaises(ConfigError) as caught:
             build_runtime(Config(listen=("tcp:0",), sites=(site,), default_site="s"))

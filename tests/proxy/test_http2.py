@@ -30,6 +30,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.accesslog import combined_line
+from prexy.config import Limits
 from prexy.h2server import PREFACE
 from prexy.proxy.http2 import PriorKnowledgeFactory
 from tests.test_h2server import frames
@@ -446,6 +447,35 @@ class RefusalTests(SynchronousTestCase):
         self.assertEqual(h.conns, [])
         c.get(3, b"/ok")
         self.assertIn(b"GET /ok HTTP/1.1\r\n", h.conns[-1].sent())
+
+
+    def test_too_many_fields_answered_431_on_the_stream(self) -> None:
+        """A header list of 101 fields (``:authority`` is the Host) gets 431
+        on its stream, counted like an HTTP/1.1 refusal; 100 are forwarded;
+        the connection goes on."""
+        h = Harness()
+        c = H2Client(h)
+        fields = [(b"x-%d" % i, b"v") for i in range(99)]
+        events = c.get(1, b"/many", extra=[*fields, (b"x-99", b"v")])
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b":status"], b"431")
+        self.assertEqual(body(events, 1), b"431 Request Header Fields Too Large\n")  # the reason goes to the log
+        self.assertEqual(h.conns, [])
+        self.assertEqual(h.metrics.counters[("prexy_requests_total", (("status", "431"),))], 1)
+        c.get(3, b"/ok", extra=fields)
+        sent = h.conns[-1].sent()
+        self.assertIn(b"GET /ok HTTP/1.1\r\n", sent)
+        self.assertIn(b"x-98: v\r\n", sent.lower())
+
+    def test_field_limit_comes_from_the_site(self) -> None:
+        h = Harness()
+        h.site.limits = Limits(max_header_lines=5)
+        c = H2Client(h)
+        events = c.get(1, b"/five", extra=[(b"x-%d" % i, b"v") for i in range(5)])
+        [head] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        self.assertEqual(dict(head.headers)[b":status"], b"431")
+        c.get(3, b"/four", extra=[(b"x-%d" % i, b"v") for i in range(4)])
+        self.assertIn(b"GET /four HTTP/1.1\r\n", h.conns[-1].sent())
 
 
 class UploadTests(SynchronousTestCase):

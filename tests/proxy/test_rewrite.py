@@ -267,16 +267,77 @@ class CompressedUpstreamTests(SynchronousTestCase):
         self.assertEqual(len(notes), 1)
         self.assertEqual(notes[0]["coding"], "compress")
 
-    def test_corrupt_gzip_resets_client(self) -> None:
-        """A corrupt compressed body ends in a reset, not a clean end."""
+    def test_trailing_garbage_served_counted_logged_once(self) -> None:
+        """A compressed body with garbage after the end of its stream (every
+        coding, stacked too, with a length or chunked, whole or in pieces)
+        is served whole and rewritten, status 200, never a reset; each is
+        counted by coding and the site is logged once."""
+        import gzip
+        import zlib
+
+        import brotli
+        import zstandard
+        from twisted.logger import globalLogPublisher
+
+        logged: list[dict[str, object]] = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        page = PAGE * 50
+        bodies = [
+            (b"gzip", gzip.compress(page) + b"\r\n", "gzip"),
+            (b"gzip", gzip.compress(page[:100]) + gzip.compress(page[100:]) + b"\x00" * 8, "gzip"),
+            (b"deflate", zlib.compress(page) + b"junk", "deflate"),
+            (b"br", brotli.compress(page) + b"<!-- end -->", "br"),
+            (b"zstd", zstandard.ZstdCompressor().compress(page) + b"\n", "zstd"),
+            (b"gzip, br", brotli.compress(gzip.compress(page)) + b"junk", "br"),
+            (b"gzip, br", brotli.compress(gzip.compress(page) + b"junk"), "gzip"),
+        ]
+        h = harness()
+        counts: dict[str, int] = {}
+        for coding, body, label in bodies:
+            for chunked in (False, True):
+                for pieces in (1, 7):
+                    _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    conn = h.conns[-1]
+                    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
+                    conn.reply(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: %s\r\n%s\r\n\r\n"
+                        % (coding, framing)
+                    )
+                    step = max(1, len(body) // pieces)
+                    for i in range(0, len(body), step):
+                        piece = body[i : i + step]
+                        conn.reply(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                    if chunked:
+                        conn.reply(b"0\r\n\r\n")
+                    h.settle()
+                    what = (coding, body[-4:], chunked, pieces)
+                    self.assertFalse(client.aborted, what)
+                    status, headers, out = parse_response(client.value())
+                    self.assertEqual((status, out), (200, REWRITTEN * 50), what)
+                    counts[label] = counts.get(label, 0) + 1
+        for label, n in counts.items():
+            self.assertEqual(h.metrics.counters[("prexy_decode_trailing_garbage_total", (("coding", label),))], n)
+        self.assertEqual(h.metrics.counters[("prexy_decode_errors_total", (("coding", "gzip"),))], 0)
+        notes = [e for e in logged if "garbage after the end" in str(e.get("log_format", ""))]
+        self.assertEqual([(n["site"], n["coding"], n["size"]) for n in notes], [("s", "gzip", 2)])
+
+    def test_corrupt_gzip_before_the_head_is_502(self) -> None:
+        """A compressed body that is corrupt before anything of the answer
+        went out gets a 502 (never a clean short answer, nor a silent close
+        that a keep-alive client would retry); the connection stays open."""
         h = harness()
         body = b"\x1f\x8b\x08\x00garbage-not-gzip-at-all"
         _, client = respond(
             h,
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n" % len(body),
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nETag: \"e\"\r\n"
+            b"Content-Length: %d\r\n" % len(body),
             body,
         )
-        self.assertTrue(client.aborted)
+        status, headers, out = parse_response(client.value())
+        self.assertEqual((status, out), (502, b"502 Bad Gateway\n"))
+        self.assertEqual(header(headers, b"etag") + header(headers, b"trailer"), [])
+        self.assertFalse(client.disconnecting)
         self.assertEqual(h.metrics.counters[("prexy_decode_errors_total", (("coding", "gzip"),))], 1)
 
     def test_corrupt_br_mid_stream_resets_client(self) -> None:
@@ -750,3 +811,63 @@ class WholeBodyTests(SynchronousTestCase):
         [timing] = header(parse_response(client10.value())[1], b"server-timing")
         self.assertIn(said, timing)
         self.assertEqual(h.resource.metrics.counters[("prexy_rewrite_timeouts_total", ())], 2)
+
+
+class EndWithDataTests(SynchronousTestCase):
+    """Where the proxy knows a body is complete when it rewrites its last
+    piece (the whole body came with its head, its length is fully read, or
+    its end has already come), the transducer ends with that piece, as the
+    replace-filter module ends a body whose last buffer carries the end:
+    with ``replace_filter_max_buffered_size 0``, ``\\s+$`` at the end of the
+    body is replaced (module tests 01-sanity.t and 04-capturing.t, "trim
+    trailing spaces").  When the end comes on its own, after the last piece
+    was rewritten, the module bails out, and so does Prexy."""
+
+    RULES = b"replace_filter_max_buffered_size 0;\nreplace_filter '\\s+$' '' g;\n"
+    PAGE = b"  hello, world  \nblah yeah\nhello  \n   baby!\n     \nabc\n"
+    TRIMMED = b"  hello, world\nblah yeah\nhello\n   baby!\nabc"
+
+    def _get(self, h: Harness, reads: list[bytes]) -> bytes:
+        """The client's body when the upstream's answer comes in ``reads``,
+        each handled (and its body rewritten) before the next."""
+        _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn = h.conns[-1]
+        for data in reads:
+            conn.reply(data)
+            h.settle()
+        self.assertFalse(client.aborted)
+        status, _, out = parse_response(client.value())
+        self.assertEqual(status, 200)
+        return out
+
+    def test_known_length(self) -> None:
+        """With a Content-Length, identity or gzip, the body with the head
+        or after it, or (gzip) all but its header in a later read: the
+        blanks at the end go."""
+        import gzip
+
+        h = harness(self.RULES)
+        for coding, body in ((b"", self.PAGE), (b"Content-Encoding: gzip\r\n", gzip.compress(self.PAGE))):
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n%sContent-Length: %d\r\n\r\n" % (coding, len(body))
+            for pieces in ([head + body], [head, body], [head, body[:10], body[10:]]):
+                self.assertEqual(self._get(h, pieces), self.TRIMMED, (coding, len(pieces)))
+        self.assertEqual(h.metrics.counters[("prexy_rewrite_bailouts_total", ())], 0)
+
+    def test_chunked_end_with_the_last_chunk(self) -> None:
+        """Chunked, the last chunk and the end in one read: the end is known
+        when the last piece is rewritten."""
+        h = harness(self.RULES)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n"
+        first, last = self.PAGE[:20], self.PAGE[20:]
+        reads = [head + b"\r\n", b"%x\r\n%s\r\n" % (len(first), first), b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last)]
+        self.assertEqual(self._get(h, reads), self.TRIMMED)
+        self.assertEqual(h.metrics.counters[("prexy_rewrite_bailouts_total", ())], 0)
+
+    def test_chunked_end_on_its_own(self) -> None:
+        """Chunked, the end in a later read than the last chunk: the module's
+        bail-out (the trailing blanks are held beyond the limit)."""
+        h = harness(self.RULES)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n"
+        reads = [head + b"\r\n", b"%x\r\n%s\r\n" % (len(self.PAGE), self.PAGE), b"0\r\n\r\n"]
+        self.assertEqual(self._get(h, reads), self.TRIMMED + b"\n")
+        self.assertEqual(h.metrics.counters[("prexy_rewrite_bailouts_total", ())], 1)

@@ -5,15 +5,13 @@ and 304s that update the stored headers."""
 
 from __future__ import annotations
 
-import tempfile
-
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.cache.policy import CachePolicy
-from prexy.cache.store import Store
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.proxy.caching import CacheLayer
 from prexy.runtime import build_runtime
+from tests.cases import unlinked_store
 
 from .support import Harness, header, parse_response
 
@@ -24,7 +22,7 @@ def harness(policy: CachePolicy | None = None) -> Harness:
     site = SiteConfig("s", UpstreamURL.parse("http://o.test"), cache=policy or CachePolicy(purge_from=("10.1.2.3",)))
     config = Config(listen=("tcp:0",), sites=(site,), default_site="s")
     h = Harness(config, build_runtime(config))
-    store = Store.open(tempfile.mkdtemp(prefix="prexy-rfc-"), 64 << 20, clock=h.clock.seconds)
+    store = unlinked_store("prexy-rfc-", 64 << 20, h.clock.seconds)
     h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 

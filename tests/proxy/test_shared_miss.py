@@ -5,14 +5,13 @@ cancelled once nobody is left and nothing is stored."""
 
 from __future__ import annotations
 
-import tempfile
-
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.cache import CachePolicy, Store
+from prexy.cache import CachePolicy
 from prexy.config import Config, SiteConfig, UpstreamURL
 from prexy.proxy.caching import CacheLayer
 from prexy.substitution import parse_rules
+from tests.cases import unlinked_store
 
 from .support import ClosingTransport, Harness, OriginConn, header, parse_response, site_runtime
 
@@ -47,7 +46,7 @@ def harness(policy: CachePolicy, rules: bytes | None = None) -> Harness:
     )
     runtime = site_runtime(config, s={"rules": parse_rules(rules, "test.rules")}) if rules else None
     h = Harness(config, runtime)
-    store = Store.open(tempfile.mkdtemp(prefix="prexy-shared-"), 64 << 20, clock=h.clock.seconds)
+    store = unlinked_store("prexy-shared-", 64 << 20, h.clock.seconds)
     h.resource.cache = CacheLayer(h.clock, store, h.metrics)
     return h
 

@@ -14,6 +14,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, Limits, SiteConfig, Timeouts, UpstreamURL
+from prexy.errorpages import ErrorPage, ErrorPages, phrase
 from prexy.proxy.site import refusal_answer
 from prexy.requesthead import Refusal
 
@@ -45,6 +46,9 @@ class LogLines:
 class RefusedHeadTests(SynchronousTestCase):
     """Heads the gate refuses, through the channel."""
 
+    #: The line ``refused`` saw logged.
+    log_line = ""
+
     def refused(self, raw: bytes, status: int) -> bytes:
         h = Harness()
         log = LogLines(self)
@@ -59,12 +63,25 @@ class RefusedHeadTests(SynchronousTestCase):
         self.assertEqual(len(log.lines), 1)
         self.assertEqual(h.metrics.counters[("prexy_requests_total", (("status", str(status)),))], 1)
         self.assertEqual(self.flushLoggedErrors(), [])
+        # The reason is in the log line, never in the body.
+        self.assertEqual(body, b"%d %s\n" % (status, phrase(status)))
+        self.log_line = log.lines[0]
         return body
 
     def test_obs_fold_hiding_transfer_encoding(self) -> None:
-        body = self.refused(
+        self.refused(
             b"POST / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc", 400)
-        self.assertIn(b"obs-fold", body)
+        self.assertIn("obs-fold", self.log_line)
+
+    def test_too_many_header_lines(self) -> None:
+        """101 header lines: 431, counted and logged like the other head
+        limits; 100 go upstream."""
+        lines = b"".join(b"X-%d: v\r\n" % i for i in range(99))
+        self.refused(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"X-99: v\r\n\r\n", 431)
+        self.assertIn("431 too many header lines", self.log_line)
+        h = Harness()
+        h.send(b"GET / HTTP/1.1\r\nHost: a\r\n" + lines + b"\r\n")
+        self.assertIn(b"x-98: v", h.conns[0].sent().lower())
 
     def test_chunked_and_identity_in_two_headers(self) -> None:
         self.refused(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n", 400)
@@ -169,11 +186,18 @@ class RefusedHeadTests(SynchronousTestCase):
         self.assertEqual(h.metrics.counters[("prexy_requests_total", (("status", "400"),))], 51)
 
     def test_refusal_answer(self) -> None:
+        """A generic body (the reason is logged), or the page given for the status."""
         raw = refusal_answer(Refusal(431, "header line too long"))
         self.assertEqual(
             raw,
             b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            b"Content-Length: 58\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large: header line too long\n",
+            b"Content-Length: 36\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large\n",
+        )
+        pages = ErrorPages((("4xx", ErrorPage("4xx.html", b"<p>no</p>", b"text/html; charset=utf-8")),))
+        self.assertEqual(
+            refusal_answer(Refusal(400, "two Host headers"), pages),
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/html; charset=utf-8\r\n"
+            b"Content-Length: 9\r\nConnection: close\r\n\r\n<p>no</p>",
         )
 
 

@@ -47,3 +47,20 @@ def load_cases(name: str) -> list[dict[str, Any]] | None:
 
 
 SKIP_REASON = "conformance cases not found: set PREXY_SHARED or put shared/ beside the checkout"
+
+
+#: The module's tests whose body comes whole (a static file: the end is in
+#: its last buffer) and ends in blanks that ``\s+$`` removes, with
+#: ``replace_filter_max_buffered_size 0``: (test, pattern, replacement,
+#: expected body).  Copied from replace-filter-nginx-module's t/01-sanity.t
+#: and t/04-capturing.t (the body is the ``a.html`` user file).
+TRIM_PAGE = b"  hello, world  \nblah yeah\nhello  \n   baby!\n     \nabc\n"
+TRIM_CASES = [
+    ("01-sanity.t TEST 21", b"\\s+$", b"", b"  hello, world\nblah yeah\nhello\n   baby!\nabc"),
+    ("01-sanity.t TEST 22", b"^\\s+|\\s+$", b"", b"hello, world\nblah yeah\nhello\nbaby!\nabc"),
+    ("04-capturing.t TEST 21", b"\\s+$", b"[$&]", b"  hello, world[  ]\nblah yeah\nhello[  ]\n   baby![\n     ]\nabc[\n]"),
+    (
+        "04-capturing.t TEST 22", b"^\\s+|\\s+$", b"[$&]",
+        b"[  ]hello, world[  ]\nblah yeah\nhello[  ]\n[   ]baby!\n[     \n]abc[\n]",
+    ),
+]

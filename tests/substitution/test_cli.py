@@ -13,6 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from prexy.substitution.cli import main
 from tests.cases import tmp_dir
 
+from .shared import TRIM_CASES, TRIM_PAGE
+
 PAGE = b'<a href="http://www.example.com/x">UA-1234-5</a>\n' * 50
 
 
@@ -144,3 +146,60 @@ class CliTests(SynchronousTestCase):
         stderr = io.StringIO()
         assert run_main(["--rules", str(self.rules_file), "--chunk-size", "0"], b"x", stderr) == (2, b"")
         assert "--chunk-size" in stderr.getvalue()
+
+
+class EndWithLastChunkTests(SynchronousTestCase):
+    """The last chunk of stdin is fed with the end of the body, as nginx
+    gives the module a file: the module's own trim tests come out exactly,
+    without a bail-out, at the limit of 0 they were written with."""
+
+    def setUp(self) -> None:
+        self.tmp_path = tmp_dir(self)
+
+    def _rules(self, pattern: bytes, replacement: bytes) -> str:
+        path = self.tmp_path / "trim.rules"
+        path.write_bytes(
+            b"replace_filter_max_buffered_size 0;\nreplace_filter '%s' '%s' g;\n" % (pattern, replacement)
+        )
+        return str(path)
+
+    def test_module_trim_cases(self) -> None:
+        """Read in one chunk (the default) or in chunks of which the last
+        holds all the trailing blanks: the module's bytes, no bail-out."""
+        for name, pattern, replacement, expected in TRIM_CASES:
+            rules = self._rules(pattern, replacement)
+            for size in ([], ["--chunk-size", str(len(TRIM_PAGE))], ["--chunk-size", str(len(TRIM_PAGE) - 1)]):
+                stderr = io.StringIO()
+                assert run_main(["--rules", rules, *size], TRIM_PAGE, stderr) == (0, expected), (name, size)
+                assert stderr.getvalue() == "", (name, size)
+
+    def test_end_apart_is_the_proxied_delivery(self) -> None:
+        """``--end-apart`` gives the end on its own after the last chunk: the
+        trailing blanks are held past the limit of 0 and pass unchanged
+        (the module's bail-out on a proxied body), and it says so."""
+        rules = self._rules(b"\\s+$", b"")
+        stderr = io.StringIO()
+        assert run_main(["--rules", rules, "--end-apart"], TRIM_PAGE, stderr) == (0, TRIM_CASES[0][3] + b"\n")
+        assert "replace_filter_max_buffered_size (0) exceeded" in stderr.getvalue()
+
+    def test_end_apart_same_bytes_when_nothing_bails_out(self) -> None:
+        """Under the default limit, where the end comes makes no difference."""
+        expected = PAGE.replace(b"www.example.com", b"www.example.nl").replace(b"UA-1234-5", b"UA-99999-9")
+        rules = str(write_rules_file(self.tmp_path))
+        for size in ([], ["--chunk-size", "1"], ["--chunk-size", "7"]):
+            assert run_main(["--rules", rules, "--end-apart", *size], PAGE) == (0, expected)
+            assert run_main(["--rules", rules, *size], PAGE) == (0, expected)
+        assert run_main(["--rules", rules], b"") == (0, b"")
+        assert run_main(["--rules", rules, "--end-apart"], b"") == (0, b"")
+
+    def test_through_the_process(self) -> None:
+        """``python -m prexy rewrite`` as a real process, stdin a pipe."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "prexy", "rewrite", "--rules", self._rules(b"\\s+$", b"[$&]")],
+            input=TRIM_PAGE,
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[2],
+            check=False,
+            timeout=60,
+        )
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, TRIM_CASES[2][3], b"")

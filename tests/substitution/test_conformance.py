@@ -17,7 +17,7 @@ from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
 from tests.cases import expand, param, parametrize
 
-from .shared import SKIP_REASON, load_cases
+from .shared import SKIP_REASON, TRIM_CASES, TRIM_PAGE, load_cases
 
 #: Every prefilter engine available here, and none (each rule scans).
 ENGINES = [*FILTER_ENGINES, "none"]
@@ -187,3 +187,34 @@ class ConformanceTests(SynchronousTestCase):
         pieces = [_b(x) for x in case["chunks"]]
         out = body_or_passthrough(case, ruleset, pieces, case["last_chunk_has_eof"])
         assert out == _b(case["expected_body"])
+
+
+@expand
+class WholeBodyTrimTests(SynchronousTestCase):
+    """The module's trim tests on a body that comes whole (``TRIM_CASES``,
+    two of them not in the shared cases), at the limit of 0 they were
+    written with: given with the end in its last piece, as the module gets a
+    static file, each gives the module's bytes and no bail-out, on every
+    prefilter engine and through a rules file; the end given apart holds the
+    last blanks past the limit, and substitution stops there."""
+
+    @parametrize("case", [param(c, id=c[0]) for c in TRIM_CASES])
+    @parametrize("engine", ENGINES)
+    def test_with_the_end(self, case: tuple[str, bytes, bytes, bytes], engine: str) -> None:
+        _, pattern, replacement, expected = case
+        ruleset = RuleSet.build([compile_rule(pattern, replacement, "g")], max_buffered_size=0, engine=engine)
+        t = Transducer(ruleset)
+        assert t.finish(TRIM_PAGE) == expected
+        assert not t.bailed_out
+        rules = b"replace_filter_max_buffered_size 0;\nreplace_filter %s %s g;\n" % (
+            nginx_quote(pattern), nginx_quote(replacement)
+        )
+        assert Transducer(parse_rules(rules, "trim.rules")).finish(TRIM_PAGE) == expected
+
+    @parametrize("case", [param(c, id=c[0]) for c in TRIM_CASES])
+    def test_end_apart(self, case: tuple[str, bytes, bytes, bytes]) -> None:
+        _, pattern, replacement, expected = case
+        t = Transducer(RuleSet.build([compile_rule(pattern, replacement, "g")], max_buffered_size=0))
+        out = t.feed(TRIM_PAGE) + t.finish()
+        assert t.bailed_out
+        assert out.endswith(b"abc\n") and not expected.endswith(b"abc\n")

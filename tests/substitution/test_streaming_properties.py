@@ -268,3 +268,50 @@ class StreamingPropertiesTests(SynchronousTestCase):
         out.append(t.feed(b">") + t.finish())
         assert time.process_time() - started < 10
         assert b"".join(out) == b"T"
+
+
+class EndWithDataTests(SynchronousTestCase):
+    """``finish(data)``: the last piece given with the end of the body, as
+    the module gets a buffer that carries the end."""
+
+    @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "200")), deadline=None)
+    @given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.sampled_from(ENGINES))
+    def test_last_piece_with_the_end_same_output(
+        self, specs: list[RuleSpec], body: bytes, cuts: list[int], engine: str
+    ) -> None:
+        """Without a limit, the last piece given with the end gives the same
+        bytes as given before a separate end, at any chunking."""
+        ruleset = build(specs, engine)
+        expected = reference(build(specs, "none"), body)
+        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+        pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)] or [b""]
+        t = Transducer(ruleset, timeout=None)
+        out = b"".join(t.feed(p) for p in pieces[:-1]) + t.finish(pieces[-1])
+        assert out == expected == feed_in(ruleset, pieces)
+        assert not t.bailed_out
+
+    @settings(max_examples=int(os.environ.get("PREXY_HYPOTHESIS_EXAMPLES", "200")), deadline=None)
+    @given(rule_specs, bodies, st.lists(st.integers(0, 40), max_size=8), st.integers(0, 8))
+    def test_under_a_limit_the_end_with_data_never_bails_out(
+        self, specs: list[RuleSpec], body: bytes, cuts: list[int], limit: int
+    ) -> None:
+        """Under a small limit (the module's ``max_buffered_size``): the last
+        piece given with the end never bails out; when nothing bailed out
+        before it, the output is the whole body's, as the module gives a
+        body whose last buffer carries the end; and it equals the last piece
+        fed before a separate end whenever that feed did not bail out."""
+        rules = [compile_rule(p.encode(), r.encode(), f) for p, r, f in specs]
+        ruleset = RuleSet.build(rules, max_buffered_size=limit)
+        points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+        pieces = [body[a:b] for a, b in zip(points, points[1:], strict=False)] or [b""]
+        with_end, apart = Transducer(ruleset, timeout=None), Transducer(ruleset, timeout=None)
+        before = b"".join(with_end.feed(p) for p in pieces[:-1])
+        assert before == b"".join(apart.feed(p) for p in pieces[:-1])
+        bailed_before = with_end.bailed_out
+        out = before + with_end.finish(pieces[-1])
+        assert with_end.bailed_out == bailed_before
+        if not bailed_before:
+            assert out == reference(build(specs), body)
+        last = apart.feed(pieces[-1])
+        if apart.bailed_out == bailed_before:
+            assert out == before + last + apart.finish()
