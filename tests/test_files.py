@@ -254,16 +254,25 @@ class EncodingTests(SynchronousTestCase):
         st.dictionaries(_paths, st.none() | st.builds(FileStatus, *[st.integers(0, 2**63)] * 5), max_size=3),
         st.dictionaries(_paths, st.booleans(), max_size=3),
         st.dictionaries(_paths, st.lists(_paths, max_size=3), max_size=3),
+        st.dictionaries(_paths, st.none() | st.lists(_paths, max_size=3), max_size=3),
     )
-    def test_round_trip(self, contents: Any, status: Any, is_file: Any, globs: Any) -> None:
+    def test_round_trip(self, contents: Any, status: Any, is_file: Any, globs: Any, dirs: Any) -> None:
         """Any snapshot decodes to an equal one (binary contents, newlines,
         non-ASCII names); cut short or followed by more bytes, it is refused."""
-        snapshot = Snapshot(contents, status, is_file, globs)
+        snapshot = Snapshot(contents, status, is_file, globs, dirs)
         data = snapshot.encode()
         assert Snapshot.decode(data) == snapshot
         self.assertRaises(ValueError, Snapshot.decode, data + b"x")
         if any(contents.values()):
             self.assertRaises(ValueError, Snapshot.decode, data[:-1])
+
+    def test_listings_replayed(self) -> None:
+        """A directory listing is answered as recorded; a file is not a
+        directory; a path the load never asked about is not in it."""
+        snapshot = Snapshot({"/d/a.map": b"x"}, dirs={"/d": ["a.map"]})
+        assert snapshot.listdir("/d") == ["a.map"]
+        self.assertRaises(NotADirectoryError, snapshot.listdir, "/d/a.map")
+        self.assertRaises(NotInSnapshot, snapshot.listdir, "/e")
 
     def test_not_a_snapshot(self) -> None:
         for data in (b"", b"no index", b"[1]\n", b'{"files": 3}\n'):
