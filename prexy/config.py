@@ -8,7 +8,6 @@ imports Twisted or opens sockets, so ``--check`` and the tests run it as is.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import tomllib
@@ -22,6 +21,7 @@ from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
 from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
+from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -103,6 +103,9 @@ class OriginKey:
     host: str
     port: int
     ca_file: str | None = None
+    #: The CA file's content as validated (``prexy.runtime``); None: read
+    #: ``ca_file`` when a connection first needs it.
+    ca_pem: bytes | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen
@@ -337,19 +340,9 @@ class ConfigMemo:
         self.sites = {k: site for k, site in self.sites.items() if k[0] in keys}
 
 
-def _status(path: str) -> tuple[int, ...] | None:
-    """What tells a file changed without reading it (None: cannot stat)."""
+def _read_text(path: str, files: IFiles = DISK) -> str:
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = files.read(path)
     except OSError as exc:
         raise ConfigError(path, None, None, f"cannot read: {exc.strerror}") from None
     try:
@@ -382,7 +375,8 @@ def _site_file(path: str, text: str) -> tuple[dict[str, Any], _Source]:
 
 
 def _include(
-    value: Any, sites: Any, main: _Source, files: dict[str, _Source], err: Any, memo: ConfigMemo | None = None
+    value: Any, sites: Any, main: _Source, files: dict[str, _Source], err: Any, memo: ConfigMemo | None = None,
+    reader: IFiles = DISK,
 ) -> dict[str, Any]:
     """The main file's ``[sites]`` with those of the files ``include`` names
     (glob patterns relative to the main file, each file in name order; a
@@ -397,7 +391,7 @@ def _include(
     seen: set[str] = set()
     for pattern in patterns:
         full = pattern if os.path.isabs(pattern) else os.path.join(main.base, pattern)
-        found = sorted(glob.glob(full))
+        found = reader.glob(full)
         if not found:
             err("include", f"{pattern!r} matches no file")
         for path in found:
@@ -405,11 +399,11 @@ def _include(
                 continue
             seen.add(path)
             known = memo.files.get(path) if memo is not None else None
-            status = _status(path) if memo is not None else None
+            status = reader.status(path) if memo is not None else None
             if known is not None and status is not None and known[0] == status:
                 _, table, source = known  # unchanged: not even read
             else:
-                text = _read_text(path)
+                text = _read_text(path, reader)
                 if known is not None and known[2].key[1] == text:
                     _, table, source = known  # touched, same text
                 else:
@@ -436,16 +430,19 @@ def _known(
             err(f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(allowed)})")
 
 
-def load_config(path: str, memo: ConfigMemo | None = None) -> Config:
+def load_config(path: str, memo: ConfigMemo | None = None, files: IFiles = DISK) -> Config:
     """Read and validate a TOML config file (and the site files it includes;
     with a ``memo``, those unchanged since the memo's last load are not
-    parsed and checked again)."""
-    return parse_config(_read_text(path), path, memo)
+    parsed and checked again).  Every file is read through ``files``
+    (:mod:`prexy.files`: the disk, or a master's snapshot)."""
+    return parse_config(_read_text(path, files), path, memo, files)
 
 
-def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = None) -> Config:
+def parse_config(
+    text: str, path: str = "<config>", memo: ConfigMemo | None = None, files: IFiles = DISK
+) -> Config:
     """Validate a TOML config text; relative file names resolve against
-    ``path``'s directory."""
+    ``path``'s directory; the files it names are looked for in ``files``."""
     data = _toml(text, path)
     # The file whose keys are being checked: the main file, or a site's
     # own file (``include``); errors name it and relative names resolve
@@ -514,7 +511,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     for key in ("tls_certificate", "tls_key"):
         if key in server:
             file = rel(typed(server, key, str, "server"))
-            if not os.path.isfile(file):
+            if not files.is_file(file):
                 err(f"server.{key}", f"no such file: {file}")
             kwargs[key] = file
     if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in kwargs:
@@ -547,7 +544,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
                 err(full, reason)
             err(table, f"{key!r}: {reason}")
 
-        return load_error_pages(value, rel, fail)
+        return load_error_pages(value, rel, fail, files.read)
 
     server_pages = error_pages(server["error_pages"], "server") if "error_pages" in server else NO_PAGES
     kwargs["error_pages"] = server_pages
@@ -642,7 +639,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     sites_table = data.get("sites")
     site_files: dict[str, _Source] = {}
     if "include" in data:
-        sites_table = _include(data["include"], sites_table, main, site_files, err, memo)
+        sites_table = _include(data["include"], sites_table, main, site_files, err, memo, files)
         kwargs["included"] = tuple(sorted({f.path for f in site_files.values()}))
     if not isinstance(sites_table, dict) or not sites_table:
         err("sites", "at least one [sites.NAME] table with an upstream is required")
@@ -660,15 +657,14 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
     def same_page(path: str, body: bytes) -> bool:  # each file read once per load
         if path not in page_bytes:
             try:
-                with open(path, "rb") as f:
-                    page_bytes[path] = f.read()
+                page_bytes[path] = files.read(path)
             except OSError:
                 page_bytes[path] = None
         return page_bytes[path] == body
 
     def is_file(path: str) -> bool:  # once per file, however many sites name it
         if path not in exists:
-            exists[path] = os.path.isfile(path)
+            exists[path] = files.is_file(path)
         return exists[path]
 
     def still_there(site: SiteConfig) -> bool:
@@ -726,7 +722,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
         upstream_ca = None
         if "upstream_ca" in table:
             upstream_ca = rel(typed(table, "upstream_ca", str, where))
-            if not os.path.isfile(upstream_ca):
+            if not is_file(upstream_ca):
                 err(f"{where}.upstream_ca", f"no such file: {upstream_ca}")
             if upstream.scheme != "https":
                 err(f"{where}.upstream_ca", "only applies to an https upstream")
@@ -742,7 +738,7 @@ def parse_config(text: str, path: str = "<config>", memo: ConfigMemo | None = No
         map_cfg = None
         if "map" in table:
             map_path = rel(typed(table, "map", str, where))
-            if not os.path.isfile(map_path):
+            if not is_file(map_path):
                 err(f"{where}.map", f"no such file: {map_path}")
             action = table.get("map_action", "redirect")
             if action not in ("redirect", "rewrite"):
@@ -866,8 +862,10 @@ def single_site_config(
     admin: str | None = None,
     workers: int | None = None,
     host_header: str = "pass",
+    files: IFiles = DISK,
 ) -> Config:
-    """The config the single-site command line describes."""
+    """The config the single-site command line describes (its files looked
+    for in ``files``)."""
     try:
         url = UpstreamURL.parse(upstream)
     except ValueError as exc:
@@ -875,9 +873,9 @@ def single_site_config(
     for desc in listen:
         _check_endpoint(desc, lambda reason: _raise_cli("--listen", reason))
     for r in rules:
-        if not os.path.isfile(r):
+        if not files.is_file(r):
             raise ConfigError(None, None, "--rules", f"no such file: {r}")
-    if map_path is not None and not os.path.isfile(map_path):
+    if map_path is not None and not files.is_file(map_path):
         raise ConfigError(None, None, "--map", f"no such file: {map_path}")
     site = SiteConfig(
         name="default",

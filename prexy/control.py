@@ -1,18 +1,23 @@
 """The pipes between the master and its workers carry one JSON object per
 line, both ways (``ready``, ``metrics``, ``reloaded``, a ``cluster``
-invalidation up; ``reload`` commands down).  Pure: bytes in, objects out."""
+invalidation up; ``configuration`` and ``reload`` commands down).  A
+command may carry a payload: ``"bytes": N`` in its line, then N raw bytes
+(the configuration snapshot, ``prexy.files``).  Pure: bytes in, objects out."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-__all__ = ["JsonLines", "encode"]
+__all__ = ["Commands", "JsonLines", "encode"]
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    """One message as its line."""
-    return (json.dumps(message) + "\n").encode()
+def encode(message: dict[str, Any], payload: bytes | None = None) -> bytes:
+    """One message as its line; with a ``payload``, the line says how many
+    bytes follow it, and they do."""
+    if payload is None:
+        return (json.dumps(message) + "\n").encode()
+    return (json.dumps({**message, "bytes": len(payload)}) + "\n").encode() + payload
 
 
 class JsonLines:
@@ -37,3 +42,46 @@ class JsonLines:
             if isinstance(message, dict):
                 out.append(message)
         return out
+
+
+class Commands:
+    """Reads the master's commands from a worker's stdin as they come: a
+    JSON object a line, each with the payload its ``"bytes": N`` announces
+    (``b""`` when none).  A line that is not a JSON object is skipped.
+    Payloads of tens of megabytes arrive in pieces: the buffer grows in
+    place, so reading one is linear in its size."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._pending: dict[str, Any] | None = None
+        self._needed = 0
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        """The commands ``data`` completes, in order, with their payloads."""
+        self._buffer += data
+        out: list[tuple[dict[str, Any], bytes]] = []
+        while True:
+            if self._pending is not None:
+                if len(self._buffer) < self._needed:
+                    return out
+                payload = bytes(self._buffer[: self._needed])
+                del self._buffer[: self._needed]
+                out.append((self._pending, payload))
+                self._pending = None
+                continue
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                return out
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict):
+                continue
+            size = message.get("bytes")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                self._pending, self._needed = message, size
+            else:
+                out.append((message, b""))

@@ -116,14 +116,20 @@ def error_answer(status: int, pages: ErrorPages | None = None) -> tuple[bytes, b
     return page.content_type, page.body
 
 
-def load_error_pages(value: Any, resolve: Callable[[str], str], fail: Callable[[str | None, str], Any]) -> ErrorPages:
+def load_error_pages(
+    value: Any,
+    resolve: Callable[[str], str],
+    fail: Callable[[str | None, str], Any],
+    read: Callable[[str], bytes] | None = None,
+) -> ErrorPages:
     """The ``error_pages`` table of a configuration: keys ``4xx``, ``5xx``
     or an exact status from 400 to 599, each naming a file (``resolve``
     makes a relative name relative to the file that names it).  Each file
     is read now: it must exist, be at most ``MAX_PAGE`` bytes and have an
     extension of ``PAGE_TYPES``.  ``fail(key, reason)`` reports an error
     (``key``: the table's key at fault, None for the table itself) and
-    does not return."""
+    does not return.  ``read`` reads a file (``prexy.files``: the disk or a
+    master's snapshot); without it, the file system."""
     if not isinstance(value, dict):
         fail(None, 'must be a table of status keys and file names, such as { "5xx" = "errors/5xx.html" }')
     pages = []
@@ -139,8 +145,11 @@ def load_error_pages(value: Any, resolve: Callable[[str], str], fail: Callable[[
             fail(key, f"{path}: the Content-Type comes from the extension; use one of {', '.join(PAGE_TYPES)}")
             continue
         try:
-            with open(path, "rb") as f:
-                body = f.read(MAX_PAGE + 1)
+            if read is not None:
+                body = read(path)
+            else:
+                with open(path, "rb") as f:
+                    body = f.read(MAX_PAGE + 1)
         except OSError as exc:
             fail(key, f"cannot read {path}: {exc.strerror}")
             continue

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IOpenSSLContextFactory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 log = Logger()
 
@@ -205,11 +208,16 @@ def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
     return int(endpoint.fileno)
 
 
-def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any) -> Any:
+def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any, pem: Mapping[str, bytes] | None = None) -> Any:
     """Start listening on an inherited socket in a worker (TLS when the spec
-    has a key); the worker's copy of the fd is closed after adoption."""
+    has a key: from ``pem``, the key's and certificate's bytes by path, when
+    given, else from their files); the worker's copy of the fd is closed
+    after adoption."""
     if spec.tls_key:
-        factory = tls_factory(factory, spec.tls_key, spec.tls_cert)
+        if pem is not None:
+            factory = tls_factory_pem(factory, pem[spec.tls_key], pem[spec.tls_cert or spec.tls_key])
+        else:
+            factory = tls_factory(factory, spec.tls_key, spec.tls_cert)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
     accept_one_per_wakeup(port)
@@ -226,6 +234,70 @@ def tls_factory(factory: Any, key: str, cert: str | None) -> Any:
     if getattr(factory, "alpn", False):
         context.getContext().set_alpn_select_callback(_alpn_choice)
     return TLSMemoryBIOFactory(context, False, factory)
+
+
+@implementer(IOpenSSLContextFactory)
+class _PemContextFactory:
+    """``DefaultOpenSSLContextFactory`` (the same method and options) with
+    the key and certificate given as PEM bytes rather than file names."""
+
+    def __init__(self, key: bytes, cert: bytes) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+        from OpenSSL import SSL
+
+        context = SSL.Context(SSL.SSLv23_METHOD)
+        context.set_options(SSL.OP_NO_SSLv2)
+        context.use_certificate(x509.load_pem_x509_certificate(cert))
+        context.use_privatekey(load_pem_private_key(key, None))  # type: ignore[arg-type]
+        self._context = context
+
+    def getContext(self) -> Any:
+        return self._context
+
+
+def tls_factory_pem(factory: Any, key: bytes, cert: bytes) -> Any:
+    """:func:`tls_factory` with the key and certificate as PEM bytes."""
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    context = _PemContextFactory(key, cert)
+    if getattr(factory, "alpn", False):
+        context.getContext().set_alpn_select_callback(_alpn_choice)
+    return TLSMemoryBIOFactory(context, False, factory)
+
+
+def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
+    """The PEM key and certificate files the ``ssl:`` endpoints name, by
+    path, read through ``files`` (``prexy.files``) and checked to load;
+    ``ConfigError`` naming the file when one does not."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from prexy.config import ConfigError
+
+    def private_key(data: bytes) -> Any:
+        return load_pem_private_key(data, None)
+
+    out: dict[str, bytes] = {}
+    for desc in endpoints:
+        kind, _args, kw = split_endpoint(desc)
+        if kind != "ssl" or not kw.get("privateKey"):
+            continue
+        key = kw["privateKey"]
+        for path, load, what in (
+            (key, private_key, "private key (unencrypted)"),
+            (kw.get("certKey", key), x509.load_pem_x509_certificate, "certificate"),
+        ):
+            try:
+                data = out[path] if path in out else files.read(path)
+            except OSError as exc:
+                raise ConfigError(path, None, None, f"cannot read ({desc}): {exc.strerror}") from None
+            try:
+                load(data)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(path, None, None, f"not a PEM {what}: {exc}") from None
+            out[path] = data
+    return out
 
 
 def _alpn_choice(connection: Any, offered: list[bytes]) -> bytes:

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from prexy.config import Config, ConfigError, OriginKey, SiteConfig
+from prexy.files import DISK, IFiles
 
 
 @attrs.frozen
@@ -114,9 +115,25 @@ def _header_names(rules: Any) -> frozenset[bytes]:
     return frozenset(names)
 
 
-def _origin_key(config: SiteConfig) -> OriginKey:
+def _origin_key(config: SiteConfig, ca_pem: bytes | None = None) -> OriginKey:
     up = config.upstream
-    return OriginKey(up.scheme, up.host, up.port, config.upstream_ca)
+    return OriginKey(up.scheme, up.host, up.port, config.upstream_ca, ca_pem)
+
+
+def _load_ca(path: str, files: IFiles) -> bytes:
+    """A site's ``upstream_ca`` file, read once and checked to hold PEM CA
+    certificates; ConfigError when it does not."""
+    import ssl
+
+    try:
+        data = files.read(path)
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read CA file: {exc.strerror}") from None
+    try:
+        ssl.create_default_context(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(path, None, None, f"not PEM CA certificates: {exc}") from None
+    return data
 
 
 @attrs.frozen
@@ -241,7 +258,11 @@ class RuleSets:
     refuses is still refused at load, with its file and line.
     """
 
-    def __init__(self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None) -> None:
+    def __init__(
+        self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK
+    ) -> None:
+        #: Where rules files are read (:mod:`prexy.files`).
+        self.files = files
         self.lazy = lazy
         self.check = check
         self._files: dict[tuple[str, bytes], Any] = {}
@@ -266,8 +287,7 @@ class RuleSets:
         parsed_before = self.parsed
         for path in paths:
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = self.files.read(path)
             except OSError as exc:
                 raise ConfigError(path, None, None, f"cannot read rules: {exc.strerror}") from None
             key = (engine, hashlib.sha256(data).digest())
@@ -321,11 +341,11 @@ class RuleSets:
         self._checked &= set(self._files)
 
 
-def _load_map(path: str) -> Any:
+def _load_map(path: str, files: IFiles = DISK) -> Any:
     from prexy.urlmap import MapError, load_map
 
     try:
-        return load_map(path)
+        return load_map(path, files)
     except MapError as exc:
         reason = exc.reason
         if exc.text:
@@ -340,31 +360,41 @@ def _load_map(path: str) -> Any:
 def build_runtime(
     config: Config,
     load_rules: RuleLoader | None = None,
-    load_map: MapLoader = _load_map,
+    load_map: MapLoader | None = None,
     previous: Runtime | None = None,
     *,
     lazy: bool = True,
     check: bool = False,
+    files: IFiles = DISK,
 ) -> Runtime:
     """Load every site's rules and maps; raise ConfigError on any failure.
 
     Rules go through a :class:`RuleSets` store (``lazy`` and ``check`` are
     its options), which takes over ``previous``'s rule sets whose files
     hold the same bytes; maps whose files did not change since
-    ``previous`` are reused rather than loaded again.  An injected
-    ``load_rules`` (tests) replaces the store.
+    ``previous`` are reused rather than loaded again.  Each site's
+    ``upstream_ca`` file is read and checked here too, and its bytes kept
+    in the site's origin key (the upstream pool trusts those).  Every file
+    is read through ``files`` (:mod:`prexy.files`: the disk, or a master's
+    snapshot).  An injected ``load_rules`` (tests) replaces the store.
     """
     store: RuleSets | None = None
     if load_rules is None:
-        store = RuleSets(lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None)
+        store = RuleSets(
+            lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files
+        )
         load_rules = store.load
+    if load_map is None:
+        def load_map(path: str) -> Any:
+            return _load_map(path, files)
     reuse_maps: dict[str, Any] = {}
     previous_sites = {s.name: s for s in previous.sites} if previous is not None else {}
     if previous is not None:
         for s in previous.sites:
-            if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap):
+            if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap, files):
                 reuse_maps[s.config.map.path] = s.urlmap
     compiled: dict[tuple[str, ...], Any] = {}
+    cas: dict[str, bytes] = {}
     bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
     sites = []
     for site in config.sites:
@@ -376,10 +406,16 @@ def build_runtime(
         urlmap = None
         if site.map is not None:
             urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
+        ca_pem = None
+        if site.upstream_ca is not None:
+            if site.upstream_ca not in cas:
+                cas[site.upstream_ca] = _load_ca(site.upstream_ca, files)
+            ca_pem = cas[site.upstream_ca]
+        origin_key = _origin_key(site, ca_pem)
         before = previous_sites.get(site.name)
         if (
             before is not None and before.loaded is loaded and before.urlmap is urlmap
-            and (before.config is site or before.config == site)
+            and (before.config is site or before.config == site) and before.origin_key == origin_key
         ):
             sites.append(before)  # unchanged: its header rules, digests and all
             continue
@@ -392,8 +428,8 @@ def build_runtime(
             header_rules = _header_rules(site, loaded)
             bound[bind_key] = (header_rules, _header_names(header_rules), _rules_version(rules, header_rules))
         header_rules, header_names, version = bound[bind_key]
-        sites.append(SiteRuntime(site, rules, urlmap, header_rules=header_rules, header_names=header_names,
-                                 rules_version=version, loaded=loaded))
+        sites.append(SiteRuntime(site, rules, urlmap, origin_key=origin_key, header_rules=header_rules,
+                                 header_names=header_names, rules_version=version, loaded=loaded))
     by_host = {h: s for s in sites for h in s.config.hosts}
     default = next(s for s in sites if s.name == config.default_site)
     if store is not None:
@@ -410,11 +446,17 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
-def _unchanged(loaded: Any) -> bool:
+def _unchanged(loaded: Any, files: IFiles = DISK) -> bool:
     """Whether the files a loaded map came from still hold the bytes they
-    held when it was read (``SourceFile.current``): an edit goes live on
-    the next reload even within the same modification-time tick."""
+    held when it was read (their digests, read through ``files``): an edit
+    goes live on the next reload even within the same modification-time
+    tick."""
+    from prexy.urlmap.index import source_digest
+
     sources = getattr(loaded, "source_files", None)
     if not sources:
         return False
-    return all(source.current() for source in sources)
+    try:
+        return all(source_digest(source.path, files) == source.digest for source in sources)
+    except OSError:
+        return False

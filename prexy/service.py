@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 from twisted.logger import Logger
@@ -28,8 +28,19 @@ from prexy.config import (
     parse_size,
     single_site_config,
 )
-from prexy.listen import ListenError, ListeningService, ListenSpec, adopt, listening_service
+from prexy.files import DISK, IFiles, Recorder
+from prexy.listen import (
+    ListenError,
+    ListeningService,
+    ListenSpec,
+    adopt,
+    listening_service,
+    tls_files,
+)
 from prexy.runtime import Runtime, build_runtime
+
+if TYPE_CHECKING:
+    from prexy.workers import Validated
 
 log = Logger()
 
@@ -100,6 +111,10 @@ class Options(usage.Options):
         #: sets, by content).  ``ConfigLoader`` carries both across reloads.
         self.memo = ConfigMemo()
         self.previous: Runtime | None = None
+        #: Where every file is read (``prexy.files``): the disk, through a
+        #: recorder whose snapshot a master hands its workers; a worker
+        #: sets its master's snapshot here.
+        self.files: IFiles = Recorder()
 
     def parseOptions(self, options: Any = None) -> None:
         # Keep the command line: workers and reloads parse it again.
@@ -130,7 +145,9 @@ class Options(usage.Options):
             raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
         try:
             config = self._config()
-            runtime = build_runtime(config, previous=self.previous, check=self.check_rules)
+            runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
+            #: The ssl: listeners' key and certificate files (PEM bytes by path).
+            self.tls = tls_files(config.listen_endpoints(), self.files)
         except ConfigError as exc:
             raise ConfigRefused(exc, "configuration test failed" if self["check"] else "") from None
         if self["check"]:
@@ -171,7 +188,7 @@ class Options(usage.Options):
         if self["config"]:
             if self["listen"] or self["rules"] or self["map"]:
                 raise usage.UsageError("--listen/--rules/--map go without --config (put them in the file)")
-            config = load_config(self["config"], self.memo)
+            config = load_config(self["config"], self.memo, self.files)
             if workers is not None:
                 import attrs
 
@@ -186,6 +203,7 @@ class Options(usage.Options):
             admin=self["admin"],
             workers=workers,
             host_header=self["host-header"],
+            files=self.files,
         )
 
 
@@ -204,20 +222,35 @@ class ConfigLoader:
     """``config_from_argv`` for a process that loads the same command line
     again and again (the master, on every reload): it keeps the site files
     parsed and the runtime built last time, so a reload parses, checks and
-    builds only what changed (issue 21: thousands of site files)."""
+    builds only what changed (issue 21: thousands of site files).  Each
+    load is recorded (``files``, a ``prexy.files.Recorder``): it gives the
+    configuration with the snapshot of the files it was validated from,
+    which is what the workers load."""
 
-    def __init__(self, memo: ConfigMemo | None = None, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, memo: ConfigMemo | None = None, runtime: Runtime | None = None, files: Recorder | None = None
+    ) -> None:
         self.memo = memo if memo is not None else ConfigMemo()
         self.runtime = runtime
+        self.files = files if files is not None else Recorder()
 
-    def __call__(self, argv: Sequence[str]) -> Config:
+    def __call__(self, argv: Sequence[str]) -> Validated:
+
         options = Options()
         options.memo = self.memo
         options.previous = self.runtime
+        options.files = self.files
+        self.files.begin()
         options.parseOptions(list(argv))
         self.runtime = options.runtime
         config: Config = options.config
-        return config
+        return self.validated(config, options.tls)
+
+    def validated(self, config: Config, tls: dict[str, bytes]) -> Validated:
+        """``config``, just loaded through ``files``, with its files."""
+        from prexy.workers import Validated
+
+        return Validated(config, self.files.snapshot(), tls)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -284,9 +317,20 @@ class ProxyService(service.MultiService):
         inherited: Sequence[tuple[ListenSpec, int]] = (),
         check_rules: bool = True,
         memo: ConfigMemo | None = None,
+        files: IFiles = DISK,
+        tls: dict[str, bytes] | None = None,
     ) -> None:
         super().__init__()
+        #: The inherited ssl: sockets' keys and certificates (PEM by path),
+        #: as the master validated them; None: read their files.
+        self.tls = tls
+        #: Where a reload reads the files (``prexy.files``); a worker's
+        #: master hands it a snapshot with each reload instead.
+        self.files = files
         self._inherited = list(inherited)
+        #: A worker of a pool (given its listening sockets): its master
+        #: decides reloads.
+        self.worker = bool(inherited)
         #: Passed to ``build_runtime`` on reload (see ``Options.check_rules``).
         self.check_rules = check_rules
         #: The site files parsed so far, for a reload to reuse.
@@ -369,12 +413,15 @@ class ProxyService(service.MultiService):
     def runtime(self) -> Runtime:
         return self.resource.runtime
 
-    def reload(self) -> bool:
-        """Re-read the config file (if any) and its rules and maps; swap them in
-        when all of it is valid. Returns whether the new config is in force."""
+    def reload(self, files: IFiles | None = None) -> bool:
+        """Re-read the config file (if any) and its rules and maps (from
+        ``files``: a worker's master hands it the snapshot it validated;
+        else ``self.files``); swap them in when all of it is valid. Returns
+        whether the new config is in force."""
+        files = files if files is not None else self.files
         try:
-            config = load_config(self.config.source, self.memo) if self.config.source else self.config
-            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules)
+            config = load_config(self.config.source, self.memo, files) if self.config.source else self.config
+            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
@@ -410,12 +457,14 @@ class ProxyService(service.MultiService):
                 cache.announce = self.cluster.publish
                 self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
         for spec, fd in self._inherited:
-            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description)))
+            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls))
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
         if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
-            self.reactor.callWhenRunning(self._install_signals)
+            # Now, not once the reactor runs: READY=1 may go out first, and
+            # a signal then would meet the default action (which ends us).
+            self._install_signals()
         # Upstream host names are resolved in the reactor's thread pool,
         # whose first thread was otherwise started by the first request.
         call_in_thread = getattr(self.reactor, "callInThread", None)
@@ -423,10 +472,28 @@ class ProxyService(service.MultiService):
             self.reactor.callWhenRunning(call_in_thread, lambda: None)
 
     def _install_signals(self) -> None:
-        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        # A worker (inherited sockets) reloads on its master's command only.
+        if not self.worker:
+            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        # SIGUSR1 reopens the access log (logrotate), with or without one:
+        # the default action would end the process.  twistd's own handler,
+        # when it set one (``--logfile FILE``: it rotates that file), still runs.
+        previous = signal.getsignal(signal.SIGUSR1)
+
+        def on_usr1(signum: int, frame: Any) -> None:
+            self.reactor.callFromThread(self.reopen_logs)
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    def reopen_logs(self) -> None:
+        """Reopen the access log, if any (after logrotate moved it)."""
         if self.access_log is not None:
-            log_file = self.access_log
-            signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(log_file.reopen))
+            self.access_log.reopen()
+            log.info("SIGUSR1: access log reopened")
+        else:
+            log.info("SIGUSR1: no access log to reopen")
 
     def drain_and_stop(self, deadline: float) -> None:
         """Graceful exit of a worker: stop accepting, close idle keep-alive
@@ -524,6 +591,7 @@ def makeService(options: Options) -> service.IService:
 
     workers = config.workers if config.workers is not None else default_workers()
     if workers == 0:
+        options.files = DISK  # (what the load recorded is not needed)
         try:
             ProxyService(reactor, config, runtime).setServiceParent(top)
         except ListenError as exc:  # systemd passed no such socket
@@ -535,8 +603,12 @@ def makeService(options: Options) -> service.IService:
 
         reactor.callWhenRunning(listening)
     else:
-        loader = ConfigLoader(options.memo, runtime)
-        MasterService(reactor, config, options.argv, workers, loader).setServiceParent(top)
+        files = options.files
+        assert isinstance(files, Recorder)
+        loader = ConfigLoader(options.memo, runtime, files)
+        MasterService(reactor, loader.validated(config, options.tls), options.argv, workers, loader).setServiceParent(
+            top
+        )
     return top
 
 

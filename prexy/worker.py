@@ -8,11 +8,17 @@ descriptor, family, endpoint description, TLS files), the control pipe
 on the inherited sockets, writes ``{"ready": true}`` and then its metrics
 every second to the pipe, drains on SIGTERM and exits when the master dies.
 
-The master's commands come on the worker's stdin, one JSON object a line:
-``{"reload": N}`` reloads the configuration in place (``ProxyService.reload``:
-only the rule sets and maps whose files changed are loaded again; the
-process, its connections, its applicability memory and its compiled rule
-sets stay) and answers ``{"reloaded": N, "ok": ..., "error": ...}``.
+The master's commands come on the worker's stdin, one JSON object a line,
+some with a payload (``prexy.control.Commands``).  The first is
+``{"configuration": G, "bytes": N}``: the snapshot of the files the
+configuration in force was validated from (``prexy.files.Snapshot``).  The
+worker loads its configuration from it, never from the disk, so it serves
+what its master runs even if the files changed since, or no longer load.
+``{"reload": N, "bytes": M}`` with a new snapshot reloads the configuration
+in place (``ProxyService.reload``: only the rule sets and maps whose files
+changed are loaded again; the process, its connections, its applicability
+memory and its compiled rule sets stay) and answers ``{"reloaded": N,
+"ok": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.control import JsonLines, encode
+from prexy.control import Commands, encode
+from prexy.files import Snapshot
 from prexy.listen import ListenSpec
 from prexy.service import Options, ProxyService
 
@@ -37,14 +44,16 @@ METRICS_INTERVAL = 1.0
 
 @implementer(IReadDescriptor)
 class CommandReader:
-    """Reads the master's commands, one JSON object a line, from a pipe
-    (the worker's stdin) in the reactor, and hands each to ``command``."""
+    """Reads the master's commands, one JSON object a line with its payload
+    (``prexy.control.Commands``), from a pipe (the worker's stdin) in the
+    reactor, and hands each to ``command(message, payload)``.  ``commands``
+    is the reader's state so far (what was read before the reactor ran)."""
 
-    def __init__(self, reactor: Any, fd: int, command: Any) -> None:
+    def __init__(self, reactor: Any, fd: int, command: Any, commands: Commands | None = None) -> None:
         self.reactor = reactor
         self.fd = fd
         self.command = command
-        self._lines = JsonLines()
+        self._commands = commands if commands is not None else Commands()
 
     def fileno(self) -> int:
         return self.fd
@@ -54,15 +63,15 @@ class CommandReader:
 
     def doRead(self) -> Any:
         try:
-            data = os.read(self.fd, 65536)
+            data = os.read(self.fd, 1 << 20)
         except BlockingIOError:
             return None
         except OSError as exc:
             return Failure(exc)
         if not data:
             return Failure(EOFError("the master closed the command pipe"))
-        for message in self._lines.feed(data):
-            self.command(message)
+        for message, payload in self._commands.feed(data):
+            self.command(message, payload)
         return None
 
     def connectionLost(self, reason: Any) -> None:
@@ -82,10 +91,34 @@ def _die_with_parent() -> None:
         pass
 
 
+def read_configuration(fd: int, commands: Commands) -> tuple[Snapshot, list[tuple[dict[str, Any], bytes]]]:
+    """Block until the master's first command, the configuration snapshot,
+    has come on ``fd``; it, and the commands read after it (to run once
+    the worker serves).  ``SystemExit`` when the pipe ends first or the
+    first command is not the configuration."""
+    while True:
+        data = os.read(fd, 1 << 20)
+        if not data:
+            raise SystemExit("prexy worker: the master sent no configuration")
+        received = commands.feed(data)
+        if received:
+            (message, payload), *later = received
+            if "configuration" not in message:
+                raise SystemExit(f"prexy worker: expected the configuration first, got {sorted(message)}")
+            try:
+                return Snapshot.decode(payload), later
+            except ValueError as exc:
+                raise SystemExit(f"prexy worker: {exc}") from None
+
+
 def worker_main(spec_json: str) -> None:
     """Entry point of a worker process."""
     spec = json.loads(spec_json)
     _die_with_parent()
+    # From the start (loading thousands of sites takes seconds): reload is
+    # the master's business, and SIGUSR1 waits for the service's handler.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if os.getppid() != spec["master_pid"]:
         sys.exit(1)  # the master died before we got here
     from twisted.internet import reactor as _reactor
@@ -94,15 +127,20 @@ def worker_main(spec_json: str) -> None:
     reactor: Any = _reactor
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
+    commands = Commands()
+    snapshot, later = read_configuration(0, commands)
     options = Options()
     options.check_rules = False  # the master checked these files already
+    options.files = snapshot  # and these are the bytes it checked
     options.parseOptions(spec["argv"])
+    # Loaded: the snapshot is not kept (a reload comes with its own).
+    options.files = snapshot = Snapshot({})
     inherited = [
         (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
     ]
     control_fd = spec["control_fd"]
     svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited, check_rules=False,
-                       memo=options.memo)
+                       memo=options.memo, files=snapshot, tls=options.tls)
 
     def send(message: dict[str, Any]) -> None:
         try:
@@ -114,14 +152,21 @@ def worker_main(spec_json: str) -> None:
     def report() -> None:
         send({"metrics": svc.metrics.snapshot()})
 
-    def command(message: dict[str, Any]) -> None:
+    def command(message: dict[str, Any], payload: bytes) -> None:
         if "reload" in message:
-            ok = svc.reload()
+            try:
+                files = Snapshot.decode(payload)
+            except ValueError as exc:
+                send({"reloaded": message["reload"], "ok": False, "error": str(exc)})
+                return
+            ok = svc.reload(files)
             send({"reloaded": message["reload"], "ok": ok, "error": "" if ok else svc.last_reload_error})
 
     def started() -> None:
         svc.startService()
-        reactor.addReader(CommandReader(reactor, 0, command))
+        reactor.addReader(CommandReader(reactor, 0, command, commands))
+        for message, payload in later:  # (a reload sent while this worker started)
+            command(message, payload)
         cluster = options.config.cluster
         if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
             from prexy.cluster.relay import WorkerRelay
@@ -139,7 +184,6 @@ def worker_main(spec_json: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload is the master's business
     reactor.callWhenRunning(started)
 
     def final_report() -> None:

@@ -17,10 +17,18 @@ master's admin endpoint serves health, the summed metrics and reload.
 
 A worker runs ``python -m prexy.worker SPEC`` (:mod:`prexy.worker`): SPEC
 (JSON) carries the prexy command line, the inherited socket descriptors and
-the control pipe.  This module is the master's side only: it knows the
-command line as an argument list and a function that turns one into a
-``Config`` (``twistd prexy``'s options, passed in by ``prexy.service``), so
-it does not import the service it supervises.
+the control pipe.  It loads its configuration from the files the master
+validated, never from the disk: the master keeps a snapshot of them
+(:mod:`prexy.files`) for the configuration in force and writes it on the
+stdin of every worker it starts (``configuration``) and of every worker
+that reloads in place (``reload``).  A worker that replaces a dead one
+therefore serves the configuration in force, even when the files changed
+since without a reload, or no longer load.
+
+This module is the master's side only: it knows the command line as an
+argument list and a function that turns one into a ``Validated``
+configuration (``twistd prexy``'s options, passed in by ``prexy.service``),
+so it does not import the service it supervises.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 from twisted.application import service
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
 from prexy.config import Config
 from prexy.control import JsonLines, encode
+from prexy.files import Snapshot
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, render
 from prexy.runtime import reloads_in_place
@@ -50,6 +60,23 @@ FIRST_SOCKET_FD = 4
 #: Restart backoff: a worker that lived less than this is "crashing".
 HEALTHY_AFTER = 10.0
 MAX_BACKOFF = 30.0
+
+
+@attrs.frozen
+class Validated:
+    """A configuration that loaded, with the files it loaded from."""
+
+    config: Config
+    #: Exactly the bytes (and file answers) it was validated from.
+    snapshot: Snapshot = attrs.field(eq=False)
+    #: The ssl: listeners' key and certificate (PEM bytes by path).
+    tls: dict[str, bytes] = attrs.field(factory=dict, eq=False)
+
+
+def _global_reactor() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
 
 
 def default_workers() -> int:
@@ -109,12 +136,15 @@ class _WorkerProcess(protocol.ProcessProtocol):
         self.master.worker_ended(self, reason)
         self.ended.callback(None)
 
-    def command(self, message: dict[str, Any]) -> None:
-        """Send the worker a command (a line on its stdin: ``prexy.worker``)."""
+    def command(self, message: dict[str, Any], payload: bytes | None = None) -> None:
+        """Send the worker a command (a line on its stdin, then the
+        payload if any: ``prexy.worker``)."""
         if self.transport is not None:
-            self.transport.write(encode(message))
+            self.transport.write(encode(message, payload))
 
-    def signal(self, name: str) -> None:
+    def signal(self, name: str | int) -> None:
+        """Send the worker a signal ("TERM", "KILL"... or a number); nothing
+        when it is gone already."""
         try:
             if self.transport is not None and self.transport.pid is not None:
                 self.transport.signalProcess(name)
@@ -139,7 +169,7 @@ class _InPlaceReload:
         self.gone(worker)
 
     def gone(self, worker: _WorkerProcess) -> None:
-        """A worker answered or ended (its replacement reads the new files)."""
+        """A worker answered or ended (its replacement starts with the new snapshot)."""
         self.waiting.discard(worker)
         if not self.waiting and not self.done.called:
             self.done.callback(not self.errors)
@@ -148,22 +178,27 @@ class _InPlaceReload:
 class MasterService(service.MultiService):
     """Binds the sockets, runs and supervises the workers, reloads.
 
-    ``load(argv)`` turns the command line into a ``Config`` (raising
-    ``UsageError`` or ``SystemExit`` when it does not load): a reload calls
-    it to validate everything before it starts a new generation.
+    ``load(argv)`` turns the command line into a ``Validated``
+    configuration (raising ``UsageError`` or ``SystemExit`` when it does
+    not load): a reload calls it to validate everything before it starts a
+    new generation.  ``validated`` is the configuration to start with, and
+    the files it was validated from: what every worker loads.
     """
 
     def __init__(
         self,
         reactor: Any,
-        config: Config,
+        validated: Validated,
         argv: Sequence[str],
         workers: int,
-        load: Callable[[Sequence[str]], Config],
+        load: Callable[[Sequence[str]], Validated],
     ) -> None:
         super().__init__()
         self.reactor = reactor
-        self.config = config
+        config = self.config = validated.config
+        #: The files the configuration in force was validated from.
+        self.snapshot = validated.snapshot
+        self.tls = validated.tls
         self.argv = list(argv)
         self.load = load
         self.count = workers
@@ -221,11 +256,29 @@ class MasterService(service.MultiService):
             n=self.count,
             listen=", ".join(self.config.listen),
         )
-        if hasattr(signal, "SIGHUP"):
-            self.reactor.callWhenRunning(self._install_signals)
+        if hasattr(signal, "SIGHUP") and self.reactor is _global_reactor():
+            self._install_signals()  # now: a signal while starting must not end us
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        # SIGUSR1 (logrotate's "reopen your logs") goes on to the workers,
+        # which write the access log; twistd's own handler, when it set one
+        # (``--logfile FILE``: it rotates that file), still runs.
+        previous = signal.getsignal(signal.SIGUSR1)
+
+        def on_usr1(signum: int, frame: Any) -> None:
+            self.reactor.callFromThread(self.reopen_logs)
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    def reopen_logs(self) -> None:
+        """Have every live worker reopen its access log (SIGUSR1)."""
+        live = [w for w in self.workers if not w.ended.called]
+        log.info("SIGUSR1: {n} worker(s) reopen their logs", n=len(live))
+        for w in live:
+            w.signal(signal.SIGUSR1)
 
     def stopService(self) -> Any:
         """Forward SIGTERM, wait for the workers to drain, then close."""
@@ -291,6 +344,8 @@ class MasterService(service.MultiService):
             env=env,
             childFDs=child_fds,
         )
+        # Its configuration: the files the one in force was validated from.
+        worker.command({"configuration": generation}, self.snapshot.encode())
         self.workers.append(worker)
         return worker
 
@@ -345,18 +400,22 @@ class MasterService(service.MultiService):
         (switched) or False (refused, by the master or by a worker)."""
         sd_notify("RELOADING=1")
         try:
-            config = self.load(self.argv)
+            validated = self.load(self.argv)
         except BaseException as exc:  # UsageError or SystemExit from a check
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
             sd_notify("READY=1")
             return defer.succeed(False)
+        config = validated.config
         if config.listen != self.config.listen:
             log.warn("reload: listen endpoints changed; they take effect on restart")
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
-        previous, self.config = self.config, config
-        if reloads_in_place(previous, config):
+        previous, self.config, self.snapshot = self.config, config, validated.snapshot
+        # New certificates (renewed in place) need new workers, which adopt
+        # the sockets with them; the ones running keep theirs.
+        same_tls, self.tls = validated.tls == self.tls, validated.tls
+        if reloads_in_place(previous, config) and same_tls:
             return self._reload_in_place()
         if self._reloading is not None:
             # A reload already in progress: supersede it.
@@ -370,17 +429,20 @@ class MasterService(service.MultiService):
 
     def _reload_in_place(self) -> Any:
         """Only sites changed: each worker of the current generation loads
-        the configuration again itself, reusing the rule sets and maps whose
-        files did not change, and keeps its connections, applicability
-        memory and compiled rule sets.  Fires True once every worker has."""
+        the configuration again itself from the snapshot the master
+        validated (sent with the command), reusing the rule sets and maps
+        whose files did not change, and keeps its connections,
+        applicability memory and compiled rule sets.  Fires True once every
+        worker has."""
         self._reload_number += 1
         number = self._reload_number
         workers = [w for w in self.workers if w.generation == self.generation and not w.retiring]
         pending = _InPlaceReload(number, workers)
         self._in_place[number] = pending
         log.info("reload: only sites changed; {n} worker(s) reload in place", n=len(workers))
+        payload = self.snapshot.encode()
         for w in workers:
-            w.command({"reload": number})
+            w.command({"reload": number}, payload)
 
         def finished(ok: bool) -> bool:
             del self._in_place[number]

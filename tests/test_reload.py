@@ -16,8 +16,10 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
+from prexy.control import Commands
+from prexy.files import Snapshot
 from prexy.worker import CommandReader
-from prexy.workers import CONTROL_FD, MasterService, _WorkerProcess
+from prexy.workers import CONTROL_FD, MasterService, Validated, _WorkerProcess
 
 
 def _config(*names: str, **changes: Any) -> Config:
@@ -35,15 +37,19 @@ class _Pipe:
     def write(self, data: bytes) -> None:
         self.written += data
 
+    def commands(self) -> list[tuple[dict[str, Any], bytes]]:
+        return Commands().feed(self.written)
+
     def messages(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.written.splitlines()]
+        """The commands, without the payloads' sizes."""
+        return [{k: v for k, v in message.items() if k != "bytes"} for message, _ in self.commands()]
 
 
 class MasterReloadTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = MemoryReactorClock()
         self.loads = [_config("a", "b")]
-        self.master = MasterService(self.reactor, self.loads[0], ["--config", "x"], 2, lambda argv: self.loads[-1])
+        self.master = MasterService(self.reactor, self.load(None), ["--config", "x"], 2, self.load)
         self.spawned: list[int] = []
         self.patch(self.master, "_spawn", lambda generation, slot: self.spawned.append(generation))
         self.master.generation = 1
@@ -55,6 +61,14 @@ class MasterReloadTests(SynchronousTestCase):
             w.ready = True
             self.workers.append(w)
         self.master.workers = list(self.workers)
+
+    @staticmethod
+    def snapshot_of(config: Config) -> Snapshot:
+        """A stand-in for the files ``config`` was loaded from."""
+        return Snapshot({"/etc/prexy.toml": repr(config).encode()})
+
+    def load(self, argv: Any) -> Validated:
+        return Validated(self.loads[-1], self.snapshot_of(self.loads[-1]))
 
     def answer(self, worker: _WorkerProcess, number: int, ok: bool = True, error: str = "") -> None:
         line = json.dumps({"reloaded": number, "ok": ok, "error": error}).encode() + b"\n"
@@ -73,6 +87,31 @@ class MasterReloadTests(SynchronousTestCase):
         self.answer(self.workers[1], 1)
         assert self.successResultOf(d) is True
         assert self.master.config == self.loads[-1]
+
+    def test_in_place_reload_carries_the_validated_files(self) -> None:
+        """Each worker's reload command carries the snapshot of the files
+        the master validated (the workers never read the disk), and the
+        master keeps it for the workers it starts later."""
+        self.loads.append(_config("a", "b", "c"))
+        self.master.reload()
+        expected = self.snapshot_of(self.loads[-1])
+        for w in self.workers:
+            [(message, payload)] = w.transport.commands()  # type: ignore[union-attr]
+            assert message == {"reload": 1, "bytes": len(payload)}
+            assert Snapshot.decode(payload) == expected
+        assert self.master.snapshot == expected
+
+    def test_a_refused_reload_keeps_the_snapshot_in_force(self) -> None:
+        """A configuration that does not load leaves the master's snapshot
+        as it was: what a restarted worker gets."""
+        before = self.master.snapshot
+
+        def broken(argv: Any) -> Validated:
+            raise SystemExit("x.rules:1: bad")
+
+        self.master.load = broken
+        assert self.successResultOf(self.master.reload()) is False
+        assert self.master.snapshot is before
 
     def test_a_refusing_worker_is_reported(self) -> None:
         """A worker that could not reload (it keeps its configuration) makes
@@ -117,14 +156,84 @@ class MasterReloadTests(SynchronousTestCase):
         assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
         self.assertNoResult(d)
 
+    def test_new_certificates_start_a_new_generation(self) -> None:
+        """The same configuration with other key or certificate bytes (a
+        renewal, then SIGHUP): a new generation adopts the sockets with
+        them; an in-place reload would keep the old ones."""
+        self.master.tls = {"/k.pem": b"old"}
+        self.load = lambda argv: Validated(self.loads[-1], self.snapshot_of(self.loads[-1]), {"/k.pem": b"new"})  # type: ignore[method-assign]
+        self.master.load = self.load
+        self.master.reload()
+        assert self.spawned == [2, 2] and self.master.tls == {"/k.pem": b"new"}
+        assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+
     def test_a_refused_configuration_sends_nothing(self) -> None:
         """A configuration that does not load is refused by the master alone."""
-        def broken(argv: Any) -> Config:
+        def broken(argv: Any) -> Validated:
             raise SystemExit("x.toml:2: sites.a.upstream: bad")
 
         self.master.load = broken
         assert self.successResultOf(self.master.reload()) is False
         assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+
+
+class _SpawningReactor(MemoryReactorClock):
+    """Starts no process: each spawned worker gets a ``_Pipe`` as stdin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawned: list[_WorkerProcess] = []
+
+    def spawnProcess(self, protocol: Any, executable: Any, args: Any, env: Any = None, path: Any = None,
+                     uid: Any = None, gid: Any = None, usePTY: Any = 0, childFDs: Any = None) -> Any:
+        pipe = _Pipe(200 + len(self.spawned))
+        protocol.makeConnection(pipe)
+        self.spawned.append(protocol)
+        return pipe
+
+
+class MasterSpawnTests(SynchronousTestCase):
+    """What a worker the master starts loads: the snapshot in force."""
+
+    def setUp(self) -> None:
+        self.reactor = _SpawningReactor()
+        self.configs = [_config("a", "b")]
+        self.master = MasterService(self.reactor, self.load(None), ["--config", "x"], 1, self.load)
+        self.master.generation = 1
+
+    def load(self, argv: Any) -> Validated:
+        return Validated(self.configs[-1], MasterReloadTests.snapshot_of(self.configs[-1]))
+
+    def first_command(self, worker: _WorkerProcess) -> tuple[dict[str, Any], Snapshot]:
+        message, payload = worker.transport.commands()[0]  # type: ignore[union-attr]
+        return message, Snapshot.decode(payload)
+
+    def test_a_new_worker_gets_the_configuration_first(self) -> None:
+        worker = self.master._spawn(1, 0)
+        message, snapshot = self.first_command(worker)
+        assert "configuration" in message and snapshot == self.master.snapshot
+
+    def test_a_replacement_gets_the_snapshot_in_force(self) -> None:
+        """A worker that dies after an in-place reload is replaced by one
+        that loads the reloaded snapshot (not the one it started with, not
+        the disk); after a refused reload, the one still in force."""
+        first = self.master._spawn(1, 0)
+        first.ready = True
+        self.configs.append(_config("a", "b", "c"))
+        self.master.reload()
+        expected = self.master.snapshot
+        assert expected == MasterReloadTests.snapshot_of(self.configs[-1])
+
+        def broken(argv: Any) -> Validated:
+            raise SystemExit("a.rules:1: bad")
+
+        self.master.load = broken
+        assert self.successResultOf(self.master.reload()) is False
+        self.master.worker_ended(first, Failure(Exception("killed")))
+        self.reactor.advance(60)
+        replacement = self.reactor.spawned[-1]
+        assert replacement is not first
+        assert self.first_command(replacement)[1] == expected
 
 
 class _Reactor:
@@ -143,7 +252,7 @@ class CommandReaderTests(SynchronousTestCase):
         self.addCleanup(os.close, r)
         got: list[dict[str, Any]] = []
         reactor = _Reactor()
-        reader = CommandReader(reactor, r, got.append)
+        reader = CommandReader(reactor, r, lambda message, payload: got.append(message))
         result = None
         for piece in pieces:
             os.write(w, piece)
@@ -167,6 +276,27 @@ class CommandReaderTests(SynchronousTestCase):
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True) if text[a:b]]
         got, _ = self.read_all(pieces)
         assert got == [{"reload": 1}, {"reload": 2, "x": "\u00e9"}]
+
+    def test_configuration_first(self) -> None:
+        """A worker starts with the snapshot that comes first on its stdin;
+        what follows it stays for the command reader; a pipe that ends
+        first, or another command first, stops the worker with a message."""
+        from prexy.control import encode
+        from prexy.worker import read_configuration
+
+        snapshot = Snapshot({"/etc/prexy.toml": b"[server]\n"})
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        os.write(w, encode({"configuration": 1}, snapshot.encode()) + encode({"reload": 7}))
+        assert read_configuration(r, Commands()) == (snapshot, [({"reload": 7}, b"")])
+        os.write(w, encode({"reload": 1}))
+        with self.assertRaises(SystemExit) as caught:
+            read_configuration(r, Commands())
+        assert "expected the configuration first" in str(caught.exception)
+        os.close(w)
+        with self.assertRaises(SystemExit) as caught:
+            read_configuration(r, Commands())
+        assert "sent no configuration" in str(caught.exception)
 
     def test_end_of_pipe(self) -> None:
         """The master closing the pipe ends the reader (removed from the reactor)."""

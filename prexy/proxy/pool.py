@@ -266,7 +266,9 @@ class UpstreamPool:
 
         options = self._tls_cache.get(key)
         if options is None:
-            if key.ca_file:
+            if key.ca_pem is not None:
+                trust = Certificate.loadPEM(key.ca_pem)
+            elif key.ca_file:
                 with open(key.ca_file, "rb") as f:
                     trust = Certificate.loadPEM(f.read())
             else:

@@ -72,8 +72,16 @@ class SourceFile:
             return False
 
 
-def source_digest(path: str) -> bytes:
-    """SHA-256 of a file's bytes, or of a directory's sorted entry names."""
+def source_digest(path: str, files: Any = None) -> bytes:
+    """SHA-256 of a file's bytes, or of a directory's sorted entry names;
+    read through ``files`` when given (``prexy.files.IFiles``), else from
+    the file system."""
+    if files is not None:
+        try:
+            names = files.listdir(path)
+        except NotADirectoryError:
+            return hashlib.sha256(files.read(path)).digest()
+        return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).digest()
     if os.path.isdir(path):
         names = "\0".join(sorted(os.listdir(path)))
         return hashlib.sha256(names.encode("utf-8", "surrogateescape")).digest()

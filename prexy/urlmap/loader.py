@@ -52,11 +52,14 @@ _FLAGS = int(REGEX_FLAGS)
 _CASELESS_FLAGS = int(REGEX_FLAGS | regex.IGNORECASE)
 
 
-def load_map(path: str | os.PathLike[str]) -> UrlMap:
-    """Read the map file at ``path`` (and what it includes) into a :class:`UrlMap`."""
+def load_map(path: str | os.PathLike[str], files: Any = None) -> UrlMap:
+    """Read the map file at ``path`` (and what it includes) into a :class:`UrlMap`.
+
+    ``files`` reads them when given (``prexy.files.IFiles``: ``read``,
+    ``status`` with an ``mtime``, ``glob``), else the file system."""
     filename = os.fspath(path)
     with _gc_paused():
-        builder = _Builder()
+        builder = _Builder(files)
         builder.read_file(filename, filename, 0)
         return builder.build()
 
@@ -93,7 +96,8 @@ def _gc_paused() -> Iterator[None]:
 class _Builder:
     """Accumulates entries in file order, with nginx's conflict rules."""
 
-    def __init__(self) -> None:
+    def __init__(self, files: Any = None) -> None:
+        self.files = files
         self.hostnames = False
         self.default: Value | None = None
         self.exact: dict[str, Value] = {}
@@ -123,9 +127,14 @@ class _Builder:
             chain = " -> ".join([*self.stack[self.stack.index(real):], real])
             raise MapError(where, line, path, "include cycle", chain)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-                mtime = os.fstat(f.fileno()).st_mtime
+            if self.files is None:
+                with open(path, "rb") as f:
+                    data = f.read()
+                    mtime = os.fstat(f.fileno()).st_mtime_ns / 1e9  # as prexy.files.FileStatus.mtime
+            else:
+                status = self.files.status(path)
+                data = self.files.read(path)
+                mtime = status.mtime if status is not None else 0.0
         except OSError as exc:
             raise MapError(where, line, path, "cannot open", exc.strerror or str(exc)) from None
         self.sources.append(SourceFile(path, mtime, hashlib.sha256(data).digest()))
@@ -187,11 +196,18 @@ class _Builder:
         if _GLOB_CHARS.intersection(name):
             # the directory's entries change when matching files come or go
             directory = os.path.dirname(path) or "."
-            try:
-                self.sources.append(SourceFile(directory, os.stat(directory).st_mtime, source_digest(directory)))
-            except OSError:
-                pass
-            for each in sorted(glob.glob(path)):
+            if self.files is None:
+                try:
+                    self.sources.append(SourceFile(directory, os.stat(directory).st_mtime, source_digest(directory)))
+                except OSError:
+                    pass
+                found = sorted(glob.glob(path))
+            else:
+                status = self.files.status(directory)
+                if status is not None:
+                    self.sources.append(SourceFile(directory, status.mtime, source_digest(directory, self.files)))
+                found = self.files.glob(path)
+            for each in found:
                 self.read_file(each, filename, line)
             return
         self.read_file(path, filename, line)

@@ -138,3 +138,93 @@ def test_ssl_listen_with_config_certificate(tls: TLSOrigin, proxy: Proxy, cleanu
     yield endpoint.connect(Factory.forProtocol(lambda: client))
     yield client.closed
     assert bytes(client.data).endswith(b"hello world!"), bytes(client.data)[:200]
+
+
+@pytest_twisted.inlineCallbacks
+def test_restarted_workers_trust_the_validated_ca(tls: TLSOrigin, cleanup: Cleanups) -> Any:
+    """Through ``twistd prexy --workers 2``: the site's CA file replaced by
+    garbage without a reload, then every worker killed: the replacements
+    trust the CA the master validated and the https upstream still answers."""
+    import signal
+
+    from .twistd_support import Twistd, free_port
+
+    port = free_port()
+    config = os.path.join(tls.dir, "prexy.toml")
+    with open(config, "w") as f:
+        f.write(
+            f"[server]\nlisten = ['tcp:{port}:interface=127.0.0.1']\naccess_log = 'off'\nworkers = 2\n"
+            f"[sites.t]\nupstream = 'https://localhost:{tls.tls_port.getHost().port}'\n"
+            f"upstream_ca = {tls.pki['ca']!r}\n"
+        )
+    child = Twistd("--config", config)
+    cleanup(child.stop)
+    yield child.ready()
+
+    @defer.inlineCallbacks
+    def get() -> Any:
+        client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        yield connect(port, client)
+        return bytes(client.data)
+
+    assert (yield get()).endswith(b"hello world!")
+    with open(tls.pki["ca"], "wb") as f:
+        f.write(b"not a certificate\n")
+    for victim in child.children():
+        replaced = child.notified("READY=1", seconds=15)
+        os.kill(victim, signal.SIGKILL)
+        yield replaced
+    answers = yield defer.gatherResults([get() for _ in range(6)])
+    assert all(a.endswith(b"hello world!") for a in answers), answers[0][:300]
+
+
+@pytest_twisted.inlineCallbacks
+def test_restarted_workers_serve_the_validated_certificate(tls: TLSOrigin, cleanup: Cleanups) -> Any:
+    """Through ``twistd prexy --workers 2`` with an ssl: listener: the key
+    and certificate overwritten with garbage, SIGHUP is refused naming the
+    file, then every worker killed: the replacements serve TLS with the key
+    and certificate the master validated."""
+    import signal
+
+    from .twistd_support import Twistd, free_port
+
+    plain = reactor.listenTCP(0, origin_site(tls.origin), interface="127.0.0.1")
+    cleanup(plain.stopListening)
+    port = free_port()
+    config = os.path.join(tls.dir, "prexy.toml")
+    with open(config, "w") as f:
+        f.write(
+            f"[server]\nlisten = ['ssl:{port}:interface=127.0.0.1']\naccess_log = 'off'\nworkers = 2\n"
+            f"tls_certificate = {tls.pki['cert']!r}\ntls_key = {tls.pki['key']!r}\n"
+            f"[sites.t]\nupstream = 'http://127.0.0.1:{plain.getHost().port}'\n"
+        )
+    child = Twistd("--config", config)
+    cleanup(child.stop)
+    yield child.ready()
+    with open(tls.pki["ca"], "rb") as f:
+        trust = ssl.Certificate.loadPEM(f.read())
+
+    @defer.inlineCallbacks
+    def get() -> Any:
+        endpoint = SSL4ClientEndpoint(reactor, "127.0.0.1", port, ssl.optionsForClientTLS("localhost", trustRoot=trust))
+        client = RawClient(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        yield endpoint.connect(Factory.forProtocol(lambda: client))
+        yield client.closed
+        return bytes(client.data)
+
+    assert (yield get()).endswith(b"hello world!")
+    for name in ("key", "cert"):
+        with open(tls.pki[name], "wb") as f:
+            f.write(b"garbage\n")
+    refused = child.notified("READY=1")
+    os.kill(child.process.pid, signal.SIGHUP)
+    yield refused
+    assert f"reload refused, keeping the running configuration: {tls.pki['key']}: not a PEM private key" in (
+        child.output()
+    )
+    for victim in child.children():
+        replaced = child.notified("READY=1", seconds=15)
+        os.kill(victim, signal.SIGKILL)
+        yield replaced
+    answers = yield defer.gatherResults([get() for _ in range(6)])
+    assert all(a.endswith(b"hello world!") for a in answers), answers[0][:300]

@@ -151,6 +151,51 @@ class TestWorkerPool:
         assert body_of(answer) == b"HELLO world!"
         assert sorted(child.children()) == sorted(before)
 
+    @defer.inlineCallbacks
+    def replace_every_worker(self, child: Twistd) -> Any:
+        """SIGKILL each worker in turn and wait until the master has a whole
+        pool again: afterwards only replacements serve."""
+        for victim in child.children():
+            replaced = child.notified("READY=1", seconds=15)  # the pool is whole again
+            os.kill(victim, signal.SIGKILL)
+            yield replaced
+        assert len(child.children()) == 2
+
+    @defer.inlineCallbacks
+    def bodies(self, n: int = 30) -> Any:
+        answers = yield defer.gatherResults([self.get() for _ in range(n)])
+        return {body_of(a) for a in answers}
+
+    @pytest_twisted.inlineCallbacks
+    def test_restarted_workers_serve_the_configuration_in_force(self) -> Any:
+        """A rules file changed without a reload: workers that replace dead
+        ones serve the rules the master validated, not the file's new
+        text, so the site never serves two rule sets at once; the next
+        SIGHUP puts the new rules in force everywhere."""
+        child = yield self.start()
+        self.write_rules(b"replace_filter 'hello' 'HOWDY' g;\nreplace_filter_types text/plain;\n")
+        yield self.replace_every_worker(child)
+        assert (yield self.bodies()) == {b"HELLO world!"}
+        reloaded = child.notified("READY=1")
+        os.kill(child.process.pid, signal.SIGHUP)
+        yield reloaded
+        assert (yield self.bodies()) == {b"HOWDY world!"}
+
+    @pytest_twisted.inlineCallbacks
+    def test_broken_rules_on_disk_never_take_the_site_down(self) -> Any:
+        """A broken rules file, refused by SIGHUP as documented, then every
+        worker killed: the replacements start with the running rules (they
+        never read the broken file) and the site keeps answering."""
+        child = yield self.start()
+        self.write_rules(b"replace_filter 'hello' 'BYE' gx;\n")
+        refused = child.notified("READY=1")
+        os.kill(child.process.pid, signal.SIGHUP)
+        yield refused
+        assert "reload refused" in child.output()
+        yield self.replace_every_worker(child)
+        assert (yield self.bodies()) == {b"HELLO world!"}
+        assert "usage" not in child.output().lower()
+
     @pytest_twisted.inlineCallbacks
     def test_reload_under_load_loses_nothing(self) -> Any:
         """SIGHUP with good rules while requests keep coming: every request

@@ -221,14 +221,14 @@ def exited(process: subprocess.Popen[bytes]) -> defer.Deferred[int]:
 class Twistd:
     """One ``twistd -n prexy`` child process."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, twistd_args: tuple[str, ...] = ()) -> None:
         self.dir = scratch_dir("prexy-test-")
         self.log_path = os.path.join(self.dir, "out.log")
         self._log = open(self.log_path, "wb")
         notify_path, self.notifications, self._notify_port = listen_notify(self.dir)
         environ = child_env({"NOTIFY_SOCKET": notify_path, **(env or {})})
         self.process = subprocess.Popen(
-            [sys.executable, "-c", TWISTD, "-n", "--pidfile=", "prexy", *args],
+            [sys.executable, "-c", TWISTD, "-n", "--pidfile=", *twistd_args, "prexy", *args],
             cwd=self.dir,
             stdout=self._log,
             stderr=subprocess.STDOUT,
