@@ -20,6 +20,7 @@ from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
+from prexy import signals
 from prexy.config import (
     Config,
     ConfigError,
@@ -473,19 +474,7 @@ class ProxyService(service.MultiService):
 
     def _install_signals(self) -> None:
         # A worker (inherited sockets) reloads on its master's command only.
-        if not self.worker:
-            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
-        # SIGUSR1 reopens the access log (logrotate), with or without one:
-        # the default action would end the process.  twistd's own handler,
-        # when it set one (``--logfile FILE``: it rotates that file), still runs.
-        previous = signal.getsignal(signal.SIGUSR1)
-
-        def on_usr1(signum: int, frame: Any) -> None:
-            self.reactor.callFromThread(self.reopen_logs)
-            if callable(previous):
-                previous(signum, frame)
-
-        signal.signal(signal.SIGUSR1, on_usr1)
+        signals.install(self.reactor, self.reopen_logs, None if self.worker else self.reload)
 
     def reopen_logs(self) -> None:
         """Reopen the access log, if any (after logrotate moved it)."""

@@ -46,6 +46,7 @@ from twisted.application import service
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
+from prexy import signals
 from prexy.config import Config
 from prexy.control import JsonLines, encode
 from prexy.files import Snapshot
@@ -260,18 +261,9 @@ class MasterService(service.MultiService):
             self._install_signals()  # now: a signal while starting must not end us
 
     def _install_signals(self) -> None:
-        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
         # SIGUSR1 (logrotate's "reopen your logs") goes on to the workers,
-        # which write the access log; twistd's own handler, when it set one
-        # (``--logfile FILE``: it rotates that file), still runs.
-        previous = signal.getsignal(signal.SIGUSR1)
-
-        def on_usr1(signum: int, frame: Any) -> None:
-            self.reactor.callFromThread(self.reopen_logs)
-            if callable(previous):
-                previous(signum, frame)
-
-        signal.signal(signal.SIGUSR1, on_usr1)
+        # which write the access log.
+        signals.install(self.reactor, self.reopen_logs, self.reload)
 
     def reopen_logs(self) -> None:
         """Have every live worker reopen its access log (SIGUSR1)."""
