@@ -434,7 +434,10 @@ def load_config(path: str, memo: ConfigMemo | None = None, files: IFiles = DISK)
     """Read and validate a TOML config file (and the site files it includes;
     with a ``memo``, those unchanged since the memo's last load are not
     parsed and checked again).  Every file is read through ``files``
-    (:mod:`prexy.files`: the disk, or a master's snapshot)."""
+    (:mod:`prexy.files`: the disk, or a master's snapshot) by its absolute
+    path, the name the configuration's ``source`` keeps: a worker reloading
+    from its master's snapshot looks the file up by that name."""
+    path = os.path.abspath(path)
     return parse_config(_read_text(path, files), path, memo, files)
 
 

@@ -102,6 +102,20 @@ class SnapshotTests(SynchronousTestCase):
         assert self.served(worker, b"a.test")[1] == "/new-x"
         self.assertRaises(SystemExit, ConfigLoader(), self.argv)  # (the disk no longer loads)
 
+    def test_a_relative_config_path_reloads_in_a_worker(self) -> None:
+        """``--config prexy.toml`` given relative to the working directory:
+        a worker's in-place reload reads the file by the configuration's
+        ``source`` (an absolute path), which its snapshot must hold."""
+        self.addCleanup(os.chdir, os.getcwd())
+        os.chdir(self.tmp)
+        argv = ["--config", "prexy.toml"]
+        loader = ConfigLoader()
+        worker = worker_load(argv, loader(argv).snapshot)
+        write(f"{self.tmp}/a.rules", "replace_filter 'x' 'changed' g;\n")
+        snapshot = Snapshot.decode(loader(argv).snapshot.encode())
+        config = load_config(worker.config.source, files=snapshot)
+        assert config.source == os.path.join(self.tmp, "prexy.toml")
+
     def test_what_a_reload_did_not_read_is_in_its_snapshot(self) -> None:
         """A second load with the same loader skips unchanged site files
         (``ConfigMemo``) and reuses the maps whose bytes did not change: its

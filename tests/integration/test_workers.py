@@ -182,6 +182,31 @@ class TestWorkerPool:
         assert (yield self.bodies()) == {b"HOWDY world!"}
 
     @pytest_twisted.inlineCallbacks
+    def test_reload_in_place_with_a_relative_config_path(self) -> Any:
+        """``--config`` named relative to the master's working directory:
+        the workers reload in place from the master's snapshot (they look
+        the file up by its absolute name) and serve the new rules."""
+        self.port = free_port()
+        config = os.path.join(self.dir, "prexy.toml")
+        with open(config, "w") as f:
+            f.write(
+                f"[server]\nlisten = ['tcp:{self.port}:interface=127.0.0.1']\nworkers = 2\naccess_log = 'off'\n"
+                f"[sites.t]\nupstream = '{self.upstream}'\nrules = ['site.rules']\n"
+            )
+        # The child runs in a scratch directory beside ours (same parent).
+        child = Twistd("--config", os.path.join("..", os.path.basename(self.dir), "prexy.toml"))
+        self.cleanup(child.stop)
+        yield child.ready()
+        assert os.path.dirname(child.dir) == os.path.dirname(self.dir)
+        assert (yield self.bodies()) == {b"HELLO world!"}
+        self.write_rules(b"replace_filter 'hello' 'HOWDY' g;\nreplace_filter_types text/plain;\n")
+        reloaded = child.notified("READY=1")
+        os.kill(child.process.pid, signal.SIGHUP)
+        yield reloaded
+        assert "reload refused" not in child.output()
+        assert (yield self.bodies()) == {b"HOWDY world!"}
+
+    @pytest_twisted.inlineCallbacks
     def test_broken_rules_on_disk_never_take_the_site_down(self) -> Any:
         """A broken rules file, refused by SIGHUP as documented, then every
         worker killed: the replacements start with the running rules (they
