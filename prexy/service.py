@@ -189,7 +189,10 @@ class Options(usage.Options):
         if self["config"]:
             if self["listen"] or self["rules"] or self["map"]:
                 raise usage.UsageError("--listen/--rules/--map go without --config (put them in the file)")
-            config = load_config(self["config"], self.memo, self.files)
+            # The master and --check check that certificates are valid
+            # now; a worker loads what its master validated.
+            now = time.time() if self.check_rules else None
+            config = load_config(self["config"], self.memo, self.files, now)
             if workers is not None:
                 import attrs
 
@@ -421,7 +424,8 @@ class ProxyService(service.MultiService):
         whether the new config is in force."""
         files = files if files is not None else self.files
         try:
-            config = load_config(self.config.source, self.memo, files) if self.config.source else self.config
+            now = time.time() if self.check_rules else None
+            config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
             runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
