@@ -103,7 +103,11 @@ def load_certificate(chain_pem: bytes, key_pem: bytes) -> Certificate:
     """The certificate of these files' bytes; :class:`CertificateError` when
     the chain or the key is not PEM, or the key is not the leaf's."""
     from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_private_key
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_private_key,
+    )
 
     try:
         chain = x509.load_pem_x509_certificates(chain_pem)

@@ -366,9 +366,16 @@ class ProxyService(service.MultiService):
 
             self.access_log = AccessLog(reactor, config.access_log)
             self.site.log = self.access_log.log  # type: ignore[method-assign]
+        from prexy.sni import ServerCertificates
+
+        #: The ssl: listeners' certificates, the sites' chosen by SNI.
+        self.certificates = ServerCertificates(alpn=config.http2, count=self.metrics.count)
+        self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
         if not inherited:
             for desc in config.listen_endpoints():
-                listening_service(reactor, desc, self._factory_for(desc)).setServiceParent(self)
+                listening_service(
+                    reactor, desc, self._factory_for(desc), self.certificates, self.tls
+                ).setServiceParent(self)
         if config.admin and not inherited:
             from prexy.admin import admin_service
 
@@ -436,6 +443,12 @@ class ProxyService(service.MultiService):
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
         runtime.compile_ahead(COMPILE_AHEAD)
+        try:
+            self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
+        except Exception as exc:  # (validated at load: OpenSSL refusing one is unexpected)
+            self.last_reload_error = f"TLS: {exc}"
+            log.failure("reload refused, keeping the running configuration: TLS")
+            return False
         self.config = config
         self.resource.runtime = runtime
         self.site.max_request_body = config.max_request_body
@@ -462,7 +475,9 @@ class ProxyService(service.MultiService):
                 cache.announce = self.cluster.publish
                 self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
         for spec, fd in self._inherited:
-            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls))
+            self._adopted.append(
+                adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls, self.certificates)
+            )
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()
