@@ -114,7 +114,10 @@ def load_certificate(chain_pem: bytes, key_pem: bytes) -> Certificate:
     except ValueError as exc:
         raise CertificateError("certificate", f"not a PEM certificate: {exc}") from None
     try:
-        key = load_pem_private_key(key_pem, None)
+        # Without cryptography's RSA consistency check (tens of ms a key,
+        # minutes for thousands of sites): the key is still checked to be
+        # the certificate's below, by its public half.
+        key = load_pem_private_key(key_pem, None, unsafe_skip_rsa_key_validation=True)
     except (ValueError, TypeError) as exc:
         raise CertificateError("key", f"not a PEM private key (unencrypted): {exc}") from None
     leaf = chain[0]

@@ -97,7 +97,8 @@ class ServerCertificates:
         context.use_certificate(leaf)
         for extra in chain:
             context.add_extra_chain_cert(extra)
-        context.use_privatekey(load_pem_private_key(certificate.key_pem, None))  # type: ignore[arg-type]
+        key = load_pem_private_key(certificate.key_pem, None, unsafe_skip_rsa_key_validation=True)
+        context.use_privatekey(key)  # type: ignore[arg-type]
         context.check_privatekey()
         if self.alpn:
             context.set_alpn_select_callback(alpn_choice)
