@@ -208,25 +208,29 @@ def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
 
 def adopt(
     reactor: Any, spec: ListenSpec, fd: int, factory: Any, pem: Mapping[str, bytes] | None = None,
-    certificates: Any = None,
+    certificates: Any = None, default: tuple[str, str] | None = None,
 ) -> Any:
     """Start listening on an inherited socket in a worker (TLS when the spec
     has a key: from ``pem``, the key's and certificate's bytes by path, when
-    given, else from their files; the sites' certificates by SNI from
-    ``certificates``, a ``prexy.sni.ServerCertificates``); the worker's copy
-    of the fd is closed after adoption."""
+    given, else from their files; ``default``: the key's and certificate's
+    paths in force, when they moved since the master bound the socket; the
+    sites' certificates by SNI from ``certificates``, a
+    ``prexy.sni.ServerCertificates``, which knows the listener by the
+    spec's description); the worker's copy of the fd is closed after
+    adoption."""
     if spec.tls_key:
+        key, cert = default or (spec.tls_key, spec.tls_cert or spec.tls_key)
         if pem is not None:
-            factory = tls_factory_pem(factory, pem[spec.tls_key], pem[spec.tls_cert or spec.tls_key], certificates)
+            factory = tls_factory_pem(factory, pem[key], pem[cert], certificates, spec.description)
         else:
-            factory = tls_factory(factory, spec.tls_key, spec.tls_cert, certificates)
+            factory = tls_factory(factory, key, cert, certificates, spec.description)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
     accept_one_per_wakeup(port)
     return port
 
 
-def tls_factory(factory: Any, key: str, cert: str | None, certificates: Any = None) -> Any:
+def tls_factory(factory: Any, key: str, cert: str | None, certificates: Any = None, name: Any = None) -> Any:
     """``factory`` behind TLS with ``key`` and ``cert`` (PEM files) as the
     default certificate: see :func:`tls_factory_pem`."""
     with open(key, "rb") as f:
@@ -236,23 +240,23 @@ def tls_factory(factory: Any, key: str, cert: str | None, certificates: Any = No
     else:
         with open(cert, "rb") as f:
             cert_pem = f.read()
-    return tls_factory_pem(factory, key_pem, cert_pem, certificates)
+    return tls_factory_pem(factory, key_pem, cert_pem, certificates, name)
 
 
-def tls_factory_pem(factory: Any, key: bytes, cert: bytes, certificates: Any = None) -> Any:
+def tls_factory_pem(factory: Any, key: bytes, cert: bytes, certificates: Any = None, name: Any = None) -> Any:
     """``factory`` behind TLS, ``key`` and ``cert`` (PEM bytes, the chain
     after the certificate) the default certificate; each handshake's
     server name picks a site's certificate from ``certificates`` (a
     ``prexy.sni.ServerCertificates``; without one, the default serves
-    every name).  ALPN offers h2 when the factory says it speaks it
-    (``factory.alpn``)."""
+    every name; ``name`` is what it knows this listener by).  ALPN offers
+    h2 when the factory says it speaks it (``factory.alpn``)."""
     from twisted.protocols.tls import TLSMemoryBIOFactory
 
     from prexy.sni import ServerCertificates
 
     if certificates is None:
         certificates = ServerCertificates(alpn=bool(getattr(factory, "alpn", False)))
-    return TLSMemoryBIOFactory(certificates.listener(cert, key), False, factory)
+    return TLSMemoryBIOFactory(certificates.listener(cert, key, name), False, factory)
 
 
 def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
@@ -423,9 +427,9 @@ def listening_service(
         endpoint = tcp(reactor, int(args[0]), backlog=int(kw.get("backlog", 50)), interface=interface)
         key, cert = kw["privateKey"], kw.get("certKey", kw["privateKey"])
         if pem is not None and key in pem and cert in pem:
-            wrapped = tls_factory_pem(factory, pem[key], pem[cert], certificates)
+            wrapped = tls_factory_pem(factory, pem[key], pem[cert], certificates, description)
         else:
-            wrapped = tls_factory(factory, key, cert, certificates)
+            wrapped = tls_factory(factory, key, cert, certificates, description)
         return ListeningService(endpoint, wrapped, description)
     if kind == "systemd":
         # The socket's own family (see _systemd_socket), not domain='s.

@@ -36,6 +36,7 @@ from prexy.listen import (
     ListenSpec,
     adopt,
     listening_service,
+    split_endpoint,
     tls_files,
 )
 from prexy.runtime import Runtime, build_runtime
@@ -332,6 +333,9 @@ class ProxyService(service.MultiService):
         #: master hands it a snapshot with each reload instead.
         self.files = files
         self._inherited = list(inherited)
+        #: The listeners' names, in the order of the endpoints they were
+        #: made for (an inherited socket's description is its master's).
+        self._listener_names = [spec.description for spec, _ in inherited] or list(config.listen_endpoints())
         #: A worker of a pool (given its listening sockets): its master
         #: decides reloads.
         self.worker = bool(inherited)
@@ -409,6 +413,20 @@ class ProxyService(service.MultiService):
             return NegotiatedFactory(self.site)
         return self.site
 
+    def _default_certificates(self, config: Config) -> dict[str, tuple[str, str]]:
+        """The key and certificate paths ``config`` gives each ssl:
+        listener, by the listener's name; none when its endpoints are not
+        the ones listened on (they changed: a restart takes them)."""
+        endpoints = config.listen_endpoints()
+        if len(endpoints) != len(self._listener_names):
+            return {}
+        out = {}
+        for name, desc in zip(self._listener_names, endpoints, strict=True):
+            kind, _args, kw = split_endpoint(desc)
+            if kind == "ssl" and kw.get("privateKey"):
+                out[name] = (kw["privateKey"], kw.get("certKey", kw["privateKey"]))
+        return out
+
     def _listeners(self) -> list[ListeningService]:
         """The services listening on the proxy endpoints (not the admin's)."""
         return [c for c in self if isinstance(c, ListeningService) and _site_of(c.factory) is self.site]
@@ -434,6 +452,7 @@ class ProxyService(service.MultiService):
             now = time.time() if self.check_rules else None
             config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
             runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
+            tls = tls_files(config.listen_endpoints(), files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
@@ -444,6 +463,9 @@ class ProxyService(service.MultiService):
             log.warn("reload: [cluster] changed; it takes effect on restart")
         runtime.compile_ahead(COMPILE_AHEAD)
         try:
+            for name, (key, cert) in self._default_certificates(config).items():
+                if self.certificates.renew_default(name, tls[cert], tls[key]):
+                    log.info("reload: {listener} has a new default certificate", listener=name)
             self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
         except Exception as exc:  # (validated at load: OpenSSL refusing one is unexpected)
             self.last_reload_error = f"TLS: {exc}"
@@ -474,10 +496,12 @@ class ProxyService(service.MultiService):
                 self._cluster_cache = cache
                 cache.announce = self.cluster.publish
                 self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
+        defaults = self._default_certificates(self.config)
         for spec, fd in self._inherited:
-            self._adopted.append(
-                adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls, self.certificates)
-            )
+            self._adopted.append(adopt(
+                self.reactor, spec, fd, self._factory_for(spec.description), self.tls, self.certificates,
+                defaults.get(spec.description),
+            ))
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()

@@ -75,8 +75,8 @@ class ServerCertificates:
         self._refuse = False
         #: Contexts by certificate (the sites' and the listeners' defaults).
         self._contexts: dict[Certificate, Any] = {}
-        #: The listeners' default certificates (kept across updates).
-        self._defaults: set[Certificate] = set()
+        #: The listeners, by the name they were made with.
+        self._listeners: dict[Any, ListenerContexts] = {}
 
     def context(self, certificate: Certificate) -> Any:
         """The context of ``certificate``, made once."""
@@ -110,7 +110,7 @@ class ServerCertificates:
         certificates get their contexts now); ``refuse``: refuse handshakes
         without a name or for a name no site serves."""
         wanted = {s.config.certificate for s in runtime.sites if s.config.certificate is not None}
-        wanted |= self._defaults
+        wanted |= {listener.certificate for listener in self._listeners.values()}
         contexts = {certificate: self.context(certificate) for certificate in wanted}
         made = len(set(contexts) - set(self._contexts))
         self._contexts = contexts
@@ -121,12 +121,28 @@ class ServerCertificates:
         if made:
             log.info("TLS: {n} certificate(s) ready, {made} new", n=len(contexts), made=made)
 
-    def listener(self, chain_pem: bytes, key_pem: bytes) -> ListenerContexts:
+    def listener(self, chain_pem: bytes, key_pem: bytes, name: Any = None) -> ListenerContexts:
         """The context factory of a listener whose default certificate is
-        this chain and key (PEM)."""
+        this chain and key (PEM); ``name`` (its endpoint) is what
+        :meth:`renew_default` knows it by."""
         certificate = load_certificate(chain_pem, key_pem)
-        self._defaults.add(certificate)
-        return ListenerContexts(self, self.context(certificate))
+        listener = ListenerContexts(certificate, self.context(certificate))
+        self._listeners[object() if name is None else name] = listener
+        return listener
+
+    def renew_default(self, name: Any, chain_pem: bytes, key_pem: bytes) -> bool:
+        """Make this chain and key the default certificate of the listener
+        called ``name`` (for the handshakes from now on); whether it
+        changed (False for a name no listener has)."""
+        listener = self._listeners.get(name)
+        if listener is None:
+            return False
+        certificate = load_certificate(chain_pem, key_pem)
+        if certificate == listener.certificate:
+            return False
+        listener.default = self.context(certificate)
+        listener.certificate = certificate
+        return True
 
     def _choose(self, connection: Any) -> None:
         """OpenSSL's server-name callback: switch ``connection`` to its
@@ -155,8 +171,9 @@ class ListenerContexts:
     """One listener's ``IOpenSSLContextFactory``: each handshake starts on
     its default context, whose server-name callback picks the site's."""
 
-    def __init__(self, certificates: ServerCertificates, default: Any) -> None:
-        self.certificates = certificates
+    def __init__(self, certificate: Certificate, default: Any) -> None:
+        #: The default certificate and its context.
+        self.certificate = certificate
         self.default = default
 
     def getContext(self) -> Any:

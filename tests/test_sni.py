@@ -412,3 +412,29 @@ class CertificateValueTests(SynchronousTestCase):
         two = load_certificate(issued.chain_pem, issued.key_pem)
         assert one == two and hash(one) == hash(two)
         assert attrs.evolve(one, key_pem=b"x") != one
+
+
+class InProcessReloadTests(SynchronousTestCase):
+    def test_reload_swaps_default_and_site_certificates(self) -> None:
+        """A process serving alone (``--workers 0``) reloads renewed
+        certificates, the [server] one and a site's, into its listener:
+        the next handshakes get them."""
+        from twisted.internet.testing import MemoryReactorClock
+
+        from prexy.service import ProxyService
+
+        f = _Files(self)
+        f.issue("a", "a.test")
+        f.site("a", ["a.test"], "a")
+        options = Options()
+        options.parseOptions(["--config", f.main(), "--workers", "0"])
+        service = ProxyService(MemoryReactorClock(), options.config, options.runtime)
+        [listener] = service.certificates._listeners.values()
+        before = {name: Handshake(listener, name).client.get_peer_certificate() for name in (b"a.test", None)}
+        f.issue("default", "default.test")
+        f.issue("a", "a.test")
+        assert service.reload(), service.last_reload_error
+        for name, old in before.items():
+            new = Handshake(listener, name).client.get_peer_certificate()
+            assert new is not None and old is not None
+            assert new.to_cryptography().serial_number != old.to_cryptography().serial_number, name

@@ -5,7 +5,8 @@ Python TLS client verifying the name, and ``openssl s_client
 unrecognized_name alert with ``tls_unknown = "refuse"``; HTTP/2 is still
 negotiated by ALPN; a reload with a renewed site certificate serves it in
 place while an open connection keeps working; a reload with an expired one
-is refused and the running certificates stay."""
+is refused and the running certificates stay; a renewed or moved [server]
+certificate is served after a reload."""
 
 from __future__ import annotations
 
@@ -200,3 +201,41 @@ def test_reload_swaps_a_site_certificate_in_place(cleanup: Cleanups) -> Any:
     still = yield connect(setup.port, "a.test", setup.ca_file)
     assert still.cert.serial_number == serial
     still.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_reload_with_a_new_server_certificate(cleanup: Cleanups) -> Any:
+    """The [server] certificate renewed in its files (in place: the same
+    workers), then moved to other files (a new generation of workers):
+    each reload serves the new default certificate, and the sites keep
+    theirs."""
+    setup = Setup(cleanup)
+    child = setup.start(cleanup)
+    yield child.ready()
+    workers = sorted(child.children())
+    serial = setup.issue("default", "default.test")
+    reloaded = child.notified("READY=1")
+    os.kill(child.process.pid, signal.SIGHUP)
+    yield reloaded
+    assert sorted(child.children()) == workers
+    for _ in range(4):
+        client = yield connect(setup.port, "nobody.test")
+        assert client.cert.serial_number == serial
+        client.close()
+    serial = setup.issue("moved", "default.test")
+    with open(setup.config) as f:
+        text = f.read()
+    with open(setup.config, "w") as f:
+        f.write(text.replace("tls/default.", "tls/moved."))
+    reloaded = child.notified("READY=1")
+    os.kill(child.process.pid, signal.SIGHUP)
+    yield reloaded
+    assert "reload: starting worker generation 2" in child.output()
+    for _ in range(4):
+        client = yield connect(setup.port, "nobody.test")
+        assert client.cert.serial_number == serial, child.output()[-3000:]
+        client.close()
+    client = yield connect(setup.port, "a.test", setup.ca_file)
+    assert client.subject == "CN=a.test"
+    client.close()
+    assert "Traceback" not in child.output(), child.output()[-3000:]
