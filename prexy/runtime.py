@@ -457,7 +457,9 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     building a new runtime (``ProxyService.reload``): when they differ in
     their sites only (sites, default site, the site files included).  Any
     other change (listeners, workers, cache, timeouts, limits, the server's
-    compression, TLS, HTTP/2, cluster) starts a new generation of workers."""
+    compression, the [server] certificate's files, HTTP/2, cluster) starts a
+    new generation of workers (renewed certificate bytes in the same files
+    are swapped in place: ``ProxyService.reload``)."""
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
