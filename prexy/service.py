@@ -155,6 +155,9 @@ class Options(usage.Options):
         if self["check"]:
             source = config.source or "command line"
             files = f" ({len(config.included)} site file(s) included)" if config.included else ""
+            own = sum(1 for site in config.sites if site.certificate is not None)
+            if own:
+                files += f", {own} with a certificate of its own"
             sys.stdout.write(
                 f"prexy: configuration {source} is ok: {len(config.sites)} site(s){files}, "
                 f"listening on {', '.join(config.listen)}\n"

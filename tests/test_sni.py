@@ -7,6 +7,7 @@ memory, through pyOpenSSL memory BIOs: no sockets)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -215,6 +216,27 @@ class ValidationTests(SynchronousTestCase):
         self.main = self.f.main(server="tls_unknown = 'drop'\n")
         with self.assertRaisesRegex(ConfigError, r"prexy.toml:6: server.tls_unknown: must be 'default'"):
             load_config(self.main)
+
+    def test_check(self) -> None:
+        """``--check`` refuses with the file, line and reason, and counts
+        the sites with their own certificate when all is well."""
+        import io
+
+        from prexy.service import ConfigRefused
+
+        self.f.issue("a", "b.test")
+        path = self.f.site("a", ["a.test"], "a")
+        with self.assertRaises(ConfigRefused) as caught:
+            Options().parseOptions(["--config", self.main, "--check"])
+        assert str(caught.exception).startswith(f"{path}:4: sites.a.tls_certificate: "), str(caught.exception)
+        assert "configuration test failed" in caught.exception.code  # type: ignore[operator]
+        self.f.issue("a", "a.test")
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        with self.assertRaises(SystemExit) as ok:
+            Options().parseOptions(["--config", self.main, "--check"])
+        assert ok.exception.code == 0
+        assert "1 site(s) (1 site file(s) included), 1 with a certificate of its own" in out.getvalue()
 
     def test_worker_loads_without_the_time_check(self) -> None:
         """Without ``now`` (a worker loading what its master validated),
