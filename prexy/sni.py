@@ -111,8 +111,8 @@ class ServerCertificates:
         without a name or for a name no site serves."""
         wanted = {s.config.certificate for s in runtime.sites if s.config.certificate is not None}
         wanted |= {listener.certificate for listener in self._listeners.values()}
+        made = len(wanted - set(self._contexts))
         contexts = {certificate: self.context(certificate) for certificate in wanted}
-        made = len(set(contexts) - set(self._contexts))
         self._contexts = contexts
         self._runtime = runtime
         if refuse and not self._refuse:

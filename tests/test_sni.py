@@ -418,6 +418,16 @@ class SelectionTests(SynchronousTestCase):
         kept = {c: ctx for c, ctx in self.certificates._contexts.items() if c in contexts}
         assert len(kept) == 4 and all(contexts[c] is ctx for c, ctx in kept.items())
 
+    def test_a_renewed_certificate_changes_that_site_alone(self) -> None:
+        """Built from the previous runtime, only the site whose certificate
+        was renewed is a new SiteRuntime; the others are kept as they were."""
+        memo = ConfigMemo()
+        first = build_runtime(load_config(self.main, memo, now=NOW))
+        self.f.issue("b", "*.b.test")
+        second = build_runtime(load_config(self.main, memo, now=NOW), previous=first)
+        changed = [s.name for s, t in zip(first.sites, second.sites, strict=True) if s is not t]
+        assert changed == ["b"]
+
     def test_request_host_uses_the_same_table(self) -> None:
         """A request's Host is looked up in the same table: wildcards route
         requests to their site too."""

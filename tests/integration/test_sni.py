@@ -180,6 +180,7 @@ def test_reload_swaps_a_site_certificate_in_place(cleanup: Cleanups) -> Any:
     os.kill(child.process.pid, signal.SIGHUP)
     yield reloaded
     assert "only sites changed; 2 worker(s) reload in place" in child.output()
+    assert child.output().count("TLS: 4 certificate(s) ready, 1 new") == 2  # (a's, in each worker)
     assert sorted(child.children()) == workers
     for _ in range(4):  # (both workers)
         after = yield connect(setup.port, "a.test", setup.ca_file)
