@@ -18,11 +18,13 @@ from urllib.parse import urlsplit
 import attrs
 
 from prexy.cache.policy import CachePolicy, PolicyError
+from prexy.certs import Certificate, CertificateError, load_certificate
 from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
 from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
 from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
+from prexy.hostnames import host_problem
 
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
@@ -204,6 +206,14 @@ class SiteConfig:
     #: The pages of the answers Prexy makes itself (its ``error_pages``,
     #: else the server's); empty: generic bodies.
     error_pages: ErrorPages = NO_PAGES
+    #: The site's own certificate (PEM chain and key files) for the ssl:
+    #: listeners, chosen by the handshake's server name; None: the
+    #: [server] one.
+    tls_certificate: str | None = None
+    tls_key: str | None = None
+    #: Their contents as validated (compared by bytes: a renewed file is a
+    #: changed site).
+    certificate: Certificate | None = attrs.field(default=None, repr=False)
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -227,6 +237,10 @@ class Config:
     admin: str | None = None
     tls_certificate: str | None = None
     tls_key: str | None = None
+    #: A TLS handshake with no server name, or one no site serves:
+    #: "default" (the [server] certificate) or "refuse" (an
+    #: unrecognized_name alert).
+    tls_unknown: str = "default"
     #: Offer HTTP/2 (ALPN h2 beside http/1.1) on the ssl: listeners
     #: (Prexy's own HTTP/2 connection, prexy.h2server); false: HTTP/1.1 only.
     http2: bool = True
@@ -332,6 +346,8 @@ class ConfigMemo:
     def __init__(self) -> None:
         self.files: dict[str, tuple[Any, dict[str, Any], _Source]] = {}
         self.sites: dict[tuple[Any, ...], SiteConfig] = {}
+        #: Certificates loaded, by their files' bytes (chain, key).
+        self.certificates: dict[tuple[bytes, bytes], Certificate] = {}
 
     def keep_only(self, sources: Sequence[_Source]) -> None:
         """Forget the files (and their sites) a load no longer included."""
@@ -430,22 +446,29 @@ def _known(
             err(f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(allowed)})")
 
 
-def load_config(path: str, memo: ConfigMemo | None = None, files: IFiles = DISK) -> Config:
+def load_config(
+    path: str, memo: ConfigMemo | None = None, files: IFiles = DISK, now: float | None = None
+) -> Config:
     """Read and validate a TOML config file (and the site files it includes;
     with a ``memo``, those unchanged since the memo's last load are not
     parsed and checked again).  Every file is read through ``files``
     (:mod:`prexy.files`: the disk, or a master's snapshot) by its absolute
     path, the name the configuration's ``source`` keeps: a worker reloading
-    from its master's snapshot looks the file up by that name."""
+    from its master's snapshot looks the file up by that name.  With
+    ``now`` (seconds since the epoch), certificates must be valid then."""
     path = os.path.abspath(path)
-    return parse_config(_read_text(path, files), path, memo, files)
+    return parse_config(_read_text(path, files), path, memo, files, now)
 
 
 def parse_config(
-    text: str, path: str = "<config>", memo: ConfigMemo | None = None, files: IFiles = DISK
+    text: str, path: str = "<config>", memo: ConfigMemo | None = None, files: IFiles = DISK,
+    now: float | None = None,
 ) -> Config:
     """Validate a TOML config text; relative file names resolve against
-    ``path``'s directory; the files it names are looked for in ``files``."""
+    ``path``'s directory; the files it names are looked for in ``files``.
+    Certificates (a site's and the server's) are read and checked to load
+    and match their key; with ``now``, also to be valid at that time (what
+    the master and ``--check`` do; a worker loads what they validated)."""
     data = _toml(text, path)
     # The file whose keys are being checked: the main file, or a site's
     # own file (``include``); errors name it and relative names resolve
@@ -481,6 +504,7 @@ def parse_config(
             "max_request_body",
             "tls_certificate",
             "tls_key",
+            "tls_unknown",
             "default_site",
             "workers",
             "shutdown_timeout",
@@ -519,6 +543,40 @@ def parse_config(
             kwargs[key] = file
     if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in kwargs:
         err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
+    known_certificates = memo.certificates if memo is not None else {}
+    certificates: dict[tuple[bytes, bytes], Certificate] = {}
+
+    def certificate(cert_path: str, key_path: str, where: str, hosts: tuple[str, ...]) -> Certificate:
+        """The certificate of these files (read through ``files``, parsed
+        once per content), checked for ``hosts`` (and ``now``)."""
+        loaded = []
+        for key, file in ((f"{where}.tls_certificate", cert_path), (f"{where}.tls_key", key_path)):
+            try:
+                loaded.append(files.read(file))
+            except OSError as exc:
+                err(key, f"cannot read {file}: {exc.strerror}")
+        pair = (loaded[0], loaded[1])
+        found = certificates.get(pair) or known_certificates.get(pair)
+        if found is None:
+            try:
+                found = load_certificate(*pair)
+            except CertificateError as exc:
+                which = "tls_key" if exc.which == "key" else "tls_certificate"
+                err(f"{where}.{which}", f"{key_path if which == 'tls_key' else cert_path}: {exc.reason}")
+        assert found is not None
+        certificates[pair] = found
+        if now is not None:
+            problem = found.problem(hosts, now)
+            if problem is not None:
+                err(f"{where}.tls_certificate", f"{cert_path}: {problem}")
+        return found
+
+    if "tls_key" in kwargs:  # (the certificate may be in the key's file)
+        certificate(kwargs.get("tls_certificate", kwargs["tls_key"]), kwargs["tls_key"], "server", ())
+    if "tls_unknown" in server:
+        kwargs["tls_unknown"] = typed(server, "tls_unknown", str, "server")
+        if kwargs["tls_unknown"] not in ("default", "refuse"):
+            err("server.tls_unknown", "must be 'default' (the [server] certificate) or 'refuse'")
     if "http2" in server:
         kwargs["http2"] = typed(server, "http2", bool, "server")
     if "h2c_listen" in server:
@@ -671,7 +729,8 @@ def parse_config(
         return exists[path]
 
     def still_there(site: SiteConfig) -> bool:
-        named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()))
+        named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()),
+                 *((site.tls_certificate,) if site.tls_certificate else ()), *((site.tls_key,) if site.tls_key else ()))
         # (a missing one: the site is checked again below, and refused with its key and line)
         return all(is_file(file) for file in named) and all(
             same_page(page.path, page.body) for _, page in site.error_pages.pages
@@ -688,6 +747,13 @@ def parse_config(
                     other = site_files.get(seen_hosts[h], main).path
                     err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
                 seen_hosts[h] = name
+            if known.tls_certificate is not None and known.tls_key is not None:
+                # The files may hold a renewed certificate: read again.
+                current = certificate(known.tls_certificate, known.tls_key, where, known.hosts)
+                if current != known.certificate:
+                    known = attrs.evolve(known, certificate=current)
+                    if memo is not None and memo_key is not None:
+                        memo.sites[memo_key] = known
             sites.append(known)
             continue
         if not isinstance(table, dict):
@@ -698,7 +764,7 @@ def parse_config(
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
              "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field",
-             "error_pages"),
+             "error_pages", "tls_certificate", "tls_key"),
             where,
             err,
         )
@@ -713,6 +779,9 @@ def parse_config(
             err(f"{where}.hosts", "must be a list of host names")
         norm_hosts = tuple(h.lower().rstrip(".") for h in hosts)
         for h in norm_hosts:
+            problem = host_problem(h)
+            if problem is not None:
+                err(f"{where}.hosts", problem)
             if h in seen_hosts:
                 other = site_files.get(seen_hosts[h], main).path
                 err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
@@ -729,6 +798,20 @@ def parse_config(
                 err(f"{where}.upstream_ca", f"no such file: {upstream_ca}")
             if upstream.scheme != "https":
                 err(f"{where}.upstream_ca", "only applies to an https upstream")
+        tls_paths: dict[str, str] = {}
+        for key in ("tls_certificate", "tls_key"):
+            if key in table:
+                tls_paths[key] = rel(typed(table, key, str, where))
+                if not is_file(tls_paths[key]):
+                    err(f"{where}.{key}", f"no such file: {tls_paths[key]}")
+        site_certificate = None
+        if tls_paths:
+            for key, other in (("tls_certificate", "tls_key"), ("tls_key", "tls_certificate")):
+                if key not in tls_paths:
+                    err(f"{where}.{other}", f"needs {key} too (a certificate and its key)")
+            if not norm_hosts:
+                err(f"{where}.tls_certificate", "a site's certificate is chosen by its hosts: give it hosts")
+            site_certificate = certificate(tls_paths["tls_certificate"], tls_paths["tls_key"], where, norm_hosts)
         rules = table.get("rules", [])
         if isinstance(rules, str):
             rules = [rules]
@@ -802,6 +885,9 @@ def parse_config(
                 upgrade=frozenset(u.lower().encode("ascii") for u in upgrade),
                 compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
                 error_pages=error_pages(table["error_pages"], where) if "error_pages" in table else server_pages,
+                tls_certificate=tls_paths.get("tls_certificate"),
+                tls_key=tls_paths.get("tls_key"),
+                certificate=site_certificate,
             )
         )
         if memo is not None and memo_key is not None:
@@ -809,6 +895,7 @@ def parse_config(
     here = main
     if memo is not None:
         memo.keep_only(list(site_files.values()))
+        memo.certificates = certificates
     if "default_site" in server:
         default = typed(server, "default_site", str, "server")
         if default not in sites_table:

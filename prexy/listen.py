@@ -22,10 +22,8 @@ import attrs
 from twisted.application import service
 from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IOpenSSLContextFactory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 log = Logger()
 
@@ -208,62 +206,57 @@ def _systemd_fd(desc: str, args: list[str], kw: dict[str, str]) -> int:
     return int(endpoint.fileno)
 
 
-def adopt(reactor: Any, spec: ListenSpec, fd: int, factory: Any, pem: Mapping[str, bytes] | None = None) -> Any:
+def adopt(
+    reactor: Any, spec: ListenSpec, fd: int, factory: Any, pem: Mapping[str, bytes] | None = None,
+    certificates: Any = None, default: tuple[str, str] | None = None,
+) -> Any:
     """Start listening on an inherited socket in a worker (TLS when the spec
     has a key: from ``pem``, the key's and certificate's bytes by path, when
-    given, else from their files); the worker's copy of the fd is closed
-    after adoption."""
+    given, else from their files; ``default``: the key's and certificate's
+    paths in force, when they moved since the master bound the socket; the
+    sites' certificates by SNI from ``certificates``, a
+    ``prexy.sni.ServerCertificates``, which knows the listener by the
+    spec's description); the worker's copy of the fd is closed after
+    adoption."""
     if spec.tls_key:
+        key, cert = default or (spec.tls_key, spec.tls_cert or spec.tls_key)
         if pem is not None:
-            factory = tls_factory_pem(factory, pem[spec.tls_key], pem[spec.tls_cert or spec.tls_key])
+            factory = tls_factory_pem(factory, pem[key], pem[cert], certificates, spec.description)
         else:
-            factory = tls_factory(factory, spec.tls_key, spec.tls_cert)
+            factory = tls_factory(factory, key, cert, certificates, spec.description)
     port = reactor.adoptStreamPort(fd, spec.address_family, factory)
     os.close(fd)
     accept_one_per_wakeup(port)
     return port
 
 
-def tls_factory(factory: Any, key: str, cert: str | None) -> Any:
-    """``factory`` behind TLS with ``key`` and ``cert`` (PEM files); ALPN
-    offers h2 when the factory says it speaks it (``factory.alpn``)."""
-    from twisted.internet.ssl import DefaultOpenSSLContextFactory
+def tls_factory(factory: Any, key: str, cert: str | None, certificates: Any = None, name: Any = None) -> Any:
+    """``factory`` behind TLS with ``key`` and ``cert`` (PEM files) as the
+    default certificate: see :func:`tls_factory_pem`."""
+    with open(key, "rb") as f:
+        key_pem = f.read()
+    if cert is None or cert == key:
+        cert_pem = key_pem
+    else:
+        with open(cert, "rb") as f:
+            cert_pem = f.read()
+    return tls_factory_pem(factory, key_pem, cert_pem, certificates, name)
+
+
+def tls_factory_pem(factory: Any, key: bytes, cert: bytes, certificates: Any = None, name: Any = None) -> Any:
+    """``factory`` behind TLS, ``key`` and ``cert`` (PEM bytes, the chain
+    after the certificate) the default certificate; each handshake's
+    server name picks a site's certificate from ``certificates`` (a
+    ``prexy.sni.ServerCertificates``; without one, the default serves
+    every name; ``name`` is what it knows this listener by).  ALPN offers
+    h2 when the factory says it speaks it (``factory.alpn``)."""
     from twisted.protocols.tls import TLSMemoryBIOFactory
 
-    context = DefaultOpenSSLContextFactory(key, cert or key)
-    if getattr(factory, "alpn", False):
-        context.getContext().set_alpn_select_callback(_alpn_choice)
-    return TLSMemoryBIOFactory(context, False, factory)
+    from prexy.sni import ServerCertificates
 
-
-@implementer(IOpenSSLContextFactory)
-class _PemContextFactory:
-    """``DefaultOpenSSLContextFactory`` (the same method and options) with
-    the key and certificate given as PEM bytes rather than file names."""
-
-    def __init__(self, key: bytes, cert: bytes) -> None:
-        from cryptography import x509
-        from cryptography.hazmat.primitives.serialization import load_pem_private_key
-        from OpenSSL import SSL
-
-        context = SSL.Context(SSL.SSLv23_METHOD)
-        context.set_options(SSL.OP_NO_SSLv2)
-        context.use_certificate(x509.load_pem_x509_certificate(cert))
-        context.use_privatekey(load_pem_private_key(key, None))  # type: ignore[arg-type]
-        self._context = context
-
-    def getContext(self) -> Any:
-        return self._context
-
-
-def tls_factory_pem(factory: Any, key: bytes, cert: bytes) -> Any:
-    """:func:`tls_factory` with the key and certificate as PEM bytes."""
-    from twisted.protocols.tls import TLSMemoryBIOFactory
-
-    context = _PemContextFactory(key, cert)
-    if getattr(factory, "alpn", False):
-        context.getContext().set_alpn_select_callback(_alpn_choice)
-    return TLSMemoryBIOFactory(context, False, factory)
+    if certificates is None:
+        certificates = ServerCertificates(alpn=bool(getattr(factory, "alpn", False)))
+    return TLSMemoryBIOFactory(certificates.listener(cert, key, name), False, factory)
 
 
 def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
@@ -298,12 +291,6 @@ def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:
                 raise ConfigError(path, None, None, f"not a PEM {what}: {exc}") from None
             out[path] = data
     return out
-
-
-def _alpn_choice(connection: Any, offered: list[bytes]) -> bytes:
-    """The application protocol of a TLS connection: h2 when the client
-    offers it, else HTTP/1.1 (also when it offers neither)."""
-    return b"h2" if b"h2" in offered else b"http/1.1"
 
 
 def accept_one_per_wakeup(port: Any) -> None:
@@ -423,19 +410,27 @@ class ListeningService(service.Service):
         return d
 
 
-def listening_service(reactor: Any, description: str, factory: Any) -> ListeningService:
+def listening_service(
+    reactor: Any, description: str, factory: Any, certificates: Any = None, pem: Mapping[str, bytes] | None = None
+) -> ListeningService:
     """A :class:`ListeningService` for an endpoint string (as
-    ``strports.service`` takes).  An ``ssl:`` endpoint whose factory speaks
-    HTTP/2 (``factory.alpn``) listens on TCP behind :func:`tls_factory`, as
-    a worker's adopted socket does: Twisted's ``ssl:`` strings have no ALPN."""
+    ``strports.service`` takes).  An ``ssl:`` endpoint listens on TCP
+    behind :func:`tls_factory_pem` (its key and certificate from ``pem`` by
+    path when given, else from their files), as a worker's adopted socket
+    does: Twisted's ``ssl:`` strings have neither ALPN nor SNI."""
     kind, args, kw = split_endpoint(description)
-    if kind == "ssl" and getattr(factory, "alpn", False) and args and "privateKey" in kw:
+    if kind == "ssl" and args and "privateKey" in kw:
         from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 
         interface = kw.get("interface", "")
         tcp = TCP6ServerEndpoint if ":" in interface else TCP4ServerEndpoint
         endpoint = tcp(reactor, int(args[0]), backlog=int(kw.get("backlog", 50)), interface=interface)
-        return ListeningService(endpoint, tls_factory(factory, kw["privateKey"], kw.get("certKey")), description)
+        key, cert = kw["privateKey"], kw.get("certKey", kw["privateKey"])
+        if pem is not None and key in pem and cert in pem:
+            wrapped = tls_factory_pem(factory, pem[key], pem[cert], certificates, description)
+        else:
+            wrapped = tls_factory(factory, key, cert, certificates, description)
+        return ListeningService(endpoint, wrapped, description)
     if kind == "systemd":
         # The socket's own family (see _systemd_socket), not domain='s.
         from twisted.internet.endpoints import AdoptedStreamServerEndpoint

@@ -26,6 +26,7 @@ import attrs
 
 from prexy.config import Config, ConfigError, OriginKey, SiteConfig
 from prexy.files import DISK, IFiles
+from prexy.hostnames import HostTable
 
 
 @attrs.frozen
@@ -147,6 +148,13 @@ class Runtime:
     #: The rule sets by content this runtime's sites use (reused by the
     #: next reload); None when built with an injected rules loader.
     rulesets: RuleSets | None = attrs.field(default=None, eq=False)
+    #: Every site's hosts, exact names and wildcards (:mod:`prexy.hostnames`):
+    #: where a request's Host and a TLS handshake's server name are looked up.
+    hosts: HostTable[SiteRuntime] = attrs.field(
+        default=attrs.Factory(lambda self: HostTable((h, s) for s in self.sites for h in s.config.hosts),
+                              takes_self=True),
+        eq=False, hash=False,
+    )
 
     def linear_rules(self) -> list[str]:
         """One line per rule that runs on RE2 or the sregex-order VM rather than ``regex`` (for
@@ -180,17 +188,24 @@ class Runtime:
         return len(pending)
 
     def lookup(self, host: bytes | None) -> SiteRuntime:
-        """The site for a Host header (port and one trailing dot ignored),
+        """The site for a Host header (port and one trailing dot ignored;
+        the exact name, else the longest wildcard, else the default site),
         as it is: its rule set perhaps not compiled yet."""
-        site = self.default
         if host:
             name = host.decode("latin-1").lower()
             if name.startswith("["):
                 name = name[: name.find("]") + 1]
             else:
                 name = name.rsplit(":", 1)[0] if ":" in name else name
-            site = self.by_host.get(name.rstrip("."), site)
-        return site
+            site = self.hosts.get(name)
+            if site is not None:
+                return site
+        return self.default
+
+    def serving(self, name: str) -> SiteRuntime | None:
+        """The site whose hosts hold ``name`` (a TLS server name), or None:
+        no default site here."""
+        return self.hosts.get(name)
 
     def select(self, host: bytes | None) -> SiteRuntime:
         """The site for a Host header (port and one trailing dot ignored),
@@ -442,7 +457,9 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     building a new runtime (``ProxyService.reload``): when they differ in
     their sites only (sites, default site, the site files included).  Any
     other change (listeners, workers, cache, timeouts, limits, the server's
-    compression, TLS, HTTP/2, cluster) starts a new generation of workers."""
+    compression, the [server] certificate's files, HTTP/2, cluster) starts a
+    new generation of workers (renewed certificate bytes in the same files
+    are swapped in place: ``ProxyService.reload``)."""
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 

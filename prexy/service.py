@@ -36,6 +36,7 @@ from prexy.listen import (
     ListenSpec,
     adopt,
     listening_service,
+    split_endpoint,
     tls_files,
 )
 from prexy.runtime import Runtime, build_runtime
@@ -154,6 +155,9 @@ class Options(usage.Options):
         if self["check"]:
             source = config.source or "command line"
             files = f" ({len(config.included)} site file(s) included)" if config.included else ""
+            own = sum(1 for site in config.sites if site.certificate is not None)
+            if own:
+                files += f", {own} with a certificate of its own"
             sys.stdout.write(
                 f"prexy: configuration {source} is ok: {len(config.sites)} site(s){files}, "
                 f"listening on {', '.join(config.listen)}\n"
@@ -189,7 +193,10 @@ class Options(usage.Options):
         if self["config"]:
             if self["listen"] or self["rules"] or self["map"]:
                 raise usage.UsageError("--listen/--rules/--map go without --config (put them in the file)")
-            config = load_config(self["config"], self.memo, self.files)
+            # The master and --check check that certificates are valid
+            # now; a worker loads what its master validated.
+            now = time.time() if self.check_rules else None
+            config = load_config(self["config"], self.memo, self.files, now)
             if workers is not None:
                 import attrs
 
@@ -329,6 +336,9 @@ class ProxyService(service.MultiService):
         #: master hands it a snapshot with each reload instead.
         self.files = files
         self._inherited = list(inherited)
+        #: The listeners' names, in the order of the endpoints they were
+        #: made for (an inherited socket's description is its master's).
+        self._listener_names = [spec.description for spec, _ in inherited] or list(config.listen_endpoints())
         #: A worker of a pool (given its listening sockets): its master
         #: decides reloads.
         self.worker = bool(inherited)
@@ -363,9 +373,16 @@ class ProxyService(service.MultiService):
 
             self.access_log = AccessLog(reactor, config.access_log)
             self.site.log = self.access_log.log  # type: ignore[method-assign]
+        from prexy.sni import ServerCertificates
+
+        #: The ssl: listeners' certificates, the sites' chosen by SNI.
+        self.certificates = ServerCertificates(alpn=config.http2, count=self.metrics.count)
+        self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
         if not inherited:
             for desc in config.listen_endpoints():
-                listening_service(reactor, desc, self._factory_for(desc)).setServiceParent(self)
+                listening_service(
+                    reactor, desc, self._factory_for(desc), self.certificates, self.tls
+                ).setServiceParent(self)
         if config.admin and not inherited:
             from prexy.admin import admin_service
 
@@ -399,6 +416,20 @@ class ProxyService(service.MultiService):
             return NegotiatedFactory(self.site)
         return self.site
 
+    def _default_certificates(self, config: Config) -> dict[str, tuple[str, str]]:
+        """The key and certificate paths ``config`` gives each ssl:
+        listener, by the listener's name; none when its endpoints are not
+        the ones listened on (they changed: a restart takes them)."""
+        endpoints = config.listen_endpoints()
+        if len(endpoints) != len(self._listener_names):
+            return {}
+        out = {}
+        for name, desc in zip(self._listener_names, endpoints, strict=True):
+            kind, _args, kw = split_endpoint(desc)
+            if kind == "ssl" and kw.get("privateKey"):
+                out[name] = (kw["privateKey"], kw.get("certKey", kw["privateKey"]))
+        return out
+
     def _listeners(self) -> list[ListeningService]:
         """The services listening on the proxy endpoints (not the admin's)."""
         return [c for c in self if isinstance(c, ListeningService) and _site_of(c.factory) is self.site]
@@ -421,8 +452,10 @@ class ProxyService(service.MultiService):
         whether the new config is in force."""
         files = files if files is not None else self.files
         try:
-            config = load_config(self.config.source, self.memo, files) if self.config.source else self.config
+            now = time.time() if self.check_rules else None
+            config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
             runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
+            tls = tls_files(config.listen_endpoints(), files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
@@ -432,6 +465,15 @@ class ProxyService(service.MultiService):
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
         runtime.compile_ahead(COMPILE_AHEAD)
+        try:
+            for name, (key, cert) in self._default_certificates(config).items():
+                if self.certificates.renew_default(name, tls[cert], tls[key]):
+                    log.info("reload: {listener} has a new default certificate", listener=name)
+            self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
+        except Exception as exc:  # (validated at load: OpenSSL refusing one is unexpected)
+            self.last_reload_error = f"TLS: {exc}"
+            log.failure("reload refused, keeping the running configuration: TLS")
+            return False
         self.config = config
         self.resource.runtime = runtime
         self.site.max_request_body = config.max_request_body
@@ -457,8 +499,12 @@ class ProxyService(service.MultiService):
                 self._cluster_cache = cache
                 cache.announce = self.cluster.publish
                 self.cluster.ready.addCallback(lambda _: setattr(self.resource, "cache", cache))
+        defaults = self._default_certificates(self.config)
         for spec, fd in self._inherited:
-            self._adopted.append(adopt(self.reactor, spec, fd, self._factory_for(spec.description), self.tls))
+            self._adopted.append(adopt(
+                self.reactor, spec, fd, self._factory_for(spec.description), self.tls, self.certificates,
+                defaults.get(spec.description),
+            ))
         self._inherited = []
         if self.access_log is not None:
             self.access_log.start()

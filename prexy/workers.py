@@ -404,10 +404,12 @@ class MasterService(service.MultiService):
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
-        # New certificates (renewed in place) need new workers, which adopt
-        # the sockets with them; the ones running keep theirs.
-        same_tls, self.tls = validated.tls == self.tls, validated.tls
-        if reloads_in_place(previous, config) and same_tls:
+        # Renewed certificates (the [server] one in the same files, or a
+        # site's) are swapped in place by the workers, for the handshakes
+        # that follow; certificates in other files are a changed [server]:
+        # a new generation, which adopts the sockets with them.
+        self.tls = validated.tls
+        if reloads_in_place(previous, config):
             return self._reload_in_place()
         if self._reloading is not None:
             # A reload already in progress: supersede it.

@@ -20,6 +20,7 @@ from prexy.config import (
     single_site_config,
 )
 from tests.cases import expand, parametrize, tmp_dir
+from tests.pki import TestCA
 
 
 def write(tmp: str, name: str, text: str) -> str:
@@ -138,8 +139,9 @@ class ConfigTests(SynchronousTestCase):
     def test_ssl_listen_gets_configured_certificate(self) -> None:
         """ssl: endpoints without privateKey= get the configured key and cert."""
         tmp = str(tmp_dir(self))
-        cert = write(tmp, "c:ert.pem", "x")
-        key = write(tmp, "key.pem", "x")
+        issued = TestCA().issue("localhost")
+        cert = write(tmp, "c:ert.pem", issued.chain_pem.decode())
+        key = write(tmp, "key.pem", issued.key_pem.decode())
         config = parse_config(
             f"[server]\nlisten=['ssl:8443']\ntls_certificate={cert!r}\ntls_key={key!r}\n[sites.a]\nupstream='http://x'\n",
             os.path.join(tmp, "p.toml"),

@@ -173,6 +173,8 @@ class ImportGraphTests(SynchronousTestCase):
 #: nothing of the shell (``prexy.proxy``), so each is tested on its own.
 CORES = (
     "prexy.config",
+    "prexy.certs",
+    "prexy.hostnames",
     "prexy.runtime",
     "prexy.exchange",
     "prexy.http1",

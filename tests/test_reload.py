@@ -156,16 +156,19 @@ class MasterReloadTests(SynchronousTestCase):
         assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
         self.assertNoResult(d)
 
-    def test_new_certificates_start_a_new_generation(self) -> None:
+    def test_renewed_certificates_reload_in_place(self) -> None:
         """The same configuration with other key or certificate bytes (a
-        renewal, then SIGHUP): a new generation adopts the sockets with
-        them; an in-place reload would keep the old ones."""
+        renewal in the same files, then SIGHUP): the workers reload in
+        place with the new snapshot (each swaps its listeners' default
+        certificate); no new generation."""
         self.master.tls = {"/k.pem": b"old"}
         self.load = lambda argv: Validated(self.loads[-1], self.snapshot_of(self.loads[-1]), {"/k.pem": b"new"})  # type: ignore[method-assign]
         self.master.load = self.load
         self.master.reload()
-        assert self.spawned == [2, 2] and self.master.tls == {"/k.pem": b"new"}
-        assert all(w.transport.written == b"" for w in self.workers)  # type: ignore[union-attr]
+        assert self.spawned == [] and self.master.generation == 1 and self.master.tls == {"/k.pem": b"new"}
+        for w in self.workers:
+            [(message, _payload)] = w.transport.commands()  # type: ignore[union-attr]
+            assert message["reload"] == 1
 
     def test_a_refused_configuration_sends_nothing(self) -> None:
         """A configuration that does not load is refused by the master alone."""

@@ -219,8 +219,9 @@ def test_restarted_workers_serve_the_validated_certificate(tls: TLSOrigin, clean
     refused = child.notified("READY=1")
     os.kill(child.process.pid, signal.SIGHUP)
     yield refused
-    assert f"reload refused, keeping the running configuration: {tls.pki['key']}: not a PEM private key" in (
-        child.output()
+    assert (
+        f"reload refused, keeping the running configuration: {config}:5: server.tls_certificate: "
+        f"{tls.pki['cert']}: not a PEM certificate" in child.output()
     )
     for victim in child.children():
         replaced = child.notified("READY=1", seconds=15)
