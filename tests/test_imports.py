@@ -195,6 +195,7 @@ CORES = (
     "prexy.urlmap.loader",
     "prexy.h2server",
     "prexy.control",
+    "prexy.acme.policy",
 )
 
 
