@@ -196,6 +196,7 @@ CORES = (
     "prexy.h2server",
     "prexy.control",
     "prexy.acme.policy",
+    "prexy.acme.storage",
 )
 
 
