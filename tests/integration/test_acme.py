@@ -1,0 +1,222 @@
+"""Certificates from a real ACME CA: Debian's ``pebble`` on loopback, its
+DNS sending every name to 127.0.0.1, validating for real.
+
+The issuer orders a certificate for a name and answers HTTP-01 from the
+challenge resource on a real listener (pebble's HTTP-01 port), or
+TLS-ALPN-01 from the ALPN callback on a real TLS listener (its TLS-ALPN-01
+port); the stored chain verifies against pebble's root and covers the name.
+An unreachable directory is one clear error and one log line however often
+asked; a refused order and a failed validation are counted, logged once,
+and not retried.  Every wait fires on an event (a log line, a Deferred)
+and is bounded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from OpenSSL import SSL, crypto
+from twisted.internet import defer, reactor, ssl
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.threads import deferToThread
+from twisted.logger import globalLogPublisher
+from twisted.python.threadpool import ThreadPool
+from twisted.web.server import Site
+
+from prexy.acme.challenges import ChallengeRegistry
+from prexy.acme.issuer import (
+    BlockingIssuer,
+    DirectoryUnreachable,
+    Issuer,
+    IssuerSettings,
+    OrderRefused,
+    ValidationFailed,
+)
+from prexy.acme.policy import Ledger, Limits, last_two_labels
+from prexy.acme.storage import Storage, StoredCertificate, covers
+from prexy.acme.web import ChallengeResource, alpn_selector
+
+from .conftest import Cleanups
+from .pebble import CHALLTESTSRV, PEBBLE, Pebble, bounded, start_pebble
+from .twistd_support import free_port, scratch_dir
+
+pytestmark = pytest.mark.skipif(
+    PEBBLE is None or CHALLTESTSRV is None, reason="needs pebble and pebble-challtestsrv (Debian: apt-get install pebble)"
+)
+
+
+class Setup:
+    """An issuer against ``pebble`` with its storage and challenge
+    registry in a scratch directory, on a thread pool stopped at cleanup."""
+
+    def __init__(self, cleanup: Cleanups, directory: str, ca_bundle: str, challenges: tuple[str, ...]) -> None:
+        root = Path(scratch_dir("prexy-acme-"))
+        self.storage = Storage(root / "store")
+        self.registry = ChallengeRegistry(root / "challenges")
+        self.settings = IssuerSettings(directory=directory, email="ops@shop.test", ca_bundle=ca_bundle, challenges=challenges, timeout=5, deadline=20)
+        self.blocking = BlockingIssuer(self.settings, self.storage, self.registry)
+        pool = ThreadPool(minthreads=0, maxthreads=2, name="acme-test")
+        pool.start()
+        cleanup(pool.stop)
+        self.issuer = Issuer(reactor, pool, self.blocking, Ledger(Limits(per_domain_per_hour=5, concurrent=2), last_two_labels), time.time)
+        self.logged: list[dict[str, Any]] = []
+
+        def observe(event: dict[str, Any]) -> None:
+            if event.get("log_namespace", "").startswith("prexy.acme"):
+                self.logged.append(event)
+
+        globalLogPublisher.addObserver(observe)
+        cleanup(lambda: globalLogPublisher.removeObserver(observe))
+
+
+def serve_http01(cleanup: Cleanups, registry: ChallengeRegistry, port: int) -> None:
+    listening = reactor.listenTCP(port, Site(ChallengeResource(registry)), interface="127.0.0.1")
+    cleanup(listening.stopListening)
+
+
+def default_context() -> SSL.Context:
+    """A TLS server context with a throw-away RSA certificate of its own
+    (what a listener serves when no challenge is asked for; RSA, so that
+    the answer's EC certificate would sit beside it if the callback merely
+    added it)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "default")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
+    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+    ctx.use_certificate(cert)
+    ctx.use_privatekey(key)
+    return ctx
+
+
+class _Contexts(ssl.ContextFactory):
+    def __init__(self, ctx: SSL.Context) -> None:
+        self.ctx = ctx
+
+    def getContext(self) -> SSL.Context:
+        return self.ctx
+
+
+def serve_tls_alpn01(cleanup: Cleanups, registry: ChallengeRegistry, port: int) -> None:
+    ctx = default_context()
+    ctx.set_alpn_select_callback(alpn_selector(registry, [b"h2", b"http/1.1"]))
+    listening = reactor.listenSSL(port, Factory.forProtocol(Protocol), _Contexts(ctx), interface="127.0.0.1")
+    cleanup(listening.stopListening)
+
+
+@defer.inlineCallbacks
+def check_chain(pebble: Pebble, stored: StoredCertificate, name: str) -> Any:
+    """The stored chain verifies up to pebble's root and its leaf covers ``name``."""
+    response = yield deferToThread(requests.get, pebble.roots_url, verify=pebble.ca_bundle, timeout=5)
+    root = crypto.load_certificate(crypto.FILETYPE_PEM, response.content)
+    chain = [crypto.load_certificate(crypto.FILETYPE_PEM, pem) for pem in split_pem(stored.chain_pem)]
+    store = crypto.X509Store()
+    store.add_cert(root)
+    crypto.X509StoreContext(store, chain[0], chain=chain[1:]).verify_certificate()
+    assert covers(stored.leaf(), name)
+    assert stored.not_before <= time.time() < stored.not_after
+
+
+def split_pem(data: bytes) -> list[bytes]:
+    marker = b"-----BEGIN CERTIFICATE-----"
+    return [marker + part for part in data.split(marker)[1:]]
+
+
+@pytest_twisted.inlineCallbacks
+def test_http01(cleanup: Cleanups) -> Any:
+    """An order answered over HTTP-01 by the challenge resource is issued,
+    stored and chains to pebble's root; the answers are gone afterwards,
+    and a second order reuses the stored account."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port())
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    serve_http01(cleanup, setup.registry, http_port)
+    stored = yield bounded(setup.issuer.issue("Shop.Prexy.Test"), 30, "issuance")
+    assert stored.name == "shop.prexy.test"
+    yield check_chain(pebble, stored, "shop.prexy.test")
+    assert setup.storage.load("shop.prexy.test") == stored
+    assert len(setup.registry) == 0
+    assert list((setup.registry.directory / "http-01").iterdir()) == []  # type: ignore[operator]
+    assert setup.issuer.stats.placed == 1 and setup.issuer.stats.issued == 1
+    assert "Attempting to validate w/ HTTP: http://shop.prexy.test:" in pebble.output()
+    account = setup.storage.load_account(pebble.directory)
+    assert account is not None and account.uri is not None
+    # A new issuer on the same storage loads the account instead of
+    # registering a new one.
+    again = BlockingIssuer(setup.settings, setup.storage, setup.registry)
+    second = yield deferToThread(again.issue, "www.prexy.test")
+    assert setup.storage.load_account(pebble.directory) == account
+    yield check_chain(pebble, second, "www.prexy.test")
+
+
+@pytest_twisted.inlineCallbacks
+def test_tls_alpn01(cleanup: Cleanups) -> Any:
+    """An order answered over TLS-ALPN-01 by the ALPN callback on a real
+    TLS listener is issued and chains to pebble's root."""
+    tls_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=free_port(), tls_port=tls_port)
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("tls-alpn-01",))
+    serve_tls_alpn01(cleanup, setup.registry, tls_port)
+    stored = yield bounded(setup.issuer.issue("fr.shop.prexy.test"), 30, "issuance")
+    yield check_chain(pebble, stored, "fr.shop.prexy.test")
+    assert len(setup.registry) == 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_validation_failed(cleanup: Cleanups) -> Any:
+    """Nothing answers HTTP-01: the order fails once with the CA's reason,
+    counted and logged once, nothing stored."""
+    pebble = yield start_pebble(cleanup, http_port=free_port(), tls_port=free_port())
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    with pytest.raises(ValidationFailed, match="shop.prexy.test: validation failed: http-01: .*connection"):
+        yield bounded(setup.issuer.issue("shop.prexy.test"), 30, "failure")
+    assert setup.issuer.stats.failed == {"validation": 1}
+    assert setup.storage.load("shop.prexy.test") is None
+    assert len(setup.logged) == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_refused(cleanup: Cleanups) -> Any:
+    """A name the CA refuses: one OrderRefused with the CA's problem,
+    counted; asking again places one more order and logs nothing more."""
+    pebble = yield start_pebble(cleanup, http_port=free_port(), tls_port=free_port(), blocked=("blocked.test",))
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    for _ in range(2):
+        with pytest.raises(OrderRefused, match="x.blocked.test: the CA refused the order: .*rejectedIdentifier"):
+            yield bounded(setup.issuer.issue("x.blocked.test"), 30, "refusal")
+    assert setup.issuer.stats.failed == {"refused": 2}
+    assert setup.issuer.stats.placed == 2
+    assert len(setup.logged) == 1
+    assert "rejectedIdentifier" in setup.issuer.stats.failing["x.blocked.test"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_unreachable_directory(cleanup: Cleanups) -> Any:
+    """No CA listening: DirectoryUnreachable saying so, at once, one log
+    line for any number of attempts, no order counted as issued."""
+    setup = Setup(cleanup, f"https://127.0.0.1:{free_port()}/dir", None, ("http-01",))  # type: ignore[arg-type]
+    for _ in range(3):
+        with pytest.raises(DirectoryUnreachable, match=r"ACME directory https://127\.0\.0\.1:\d+/dir unreachable: .*refused"):
+            yield bounded(setup.issuer.issue("shop.prexy.test"), 10, "failure")
+    assert setup.issuer.stats.failed == {"unreachable": 3}
+    assert setup.issuer.stats.issued == 0
+    assert len(setup.logged) == 1
