@@ -46,8 +46,10 @@ from prexy.acme.challenges import TLSALPN01, ChallengeRegistry
 from prexy.acme.policy import Ledger, Refusal, normalize_name
 from prexy.acme.storage import Account, Storage, StoredCertificate
 
-#: The challenge types Prexy answers, in its default order of preference.
-CHALLENGE_TYPES = ("tls-alpn-01", "http-01")
+#: The challenge types Prexy answers, in its default order of preference:
+#: HTTP-01 first, because while a TLS-ALPN-01 answer is registered every
+#: handshake for its name gets the answer (see prexy.acme.web).
+CHALLENGE_TYPES = ("http-01", "tls-alpn-01")
 
 
 class AcmeError(Exception):

@@ -44,7 +44,7 @@ from prexy.acme.issuer import (
 )
 from prexy.acme.policy import Ledger, Limits, last_two_labels
 from prexy.acme.storage import Storage, StoredCertificate, covers
-from prexy.acme.web import ChallengeResource, alpn_selector
+from prexy.acme.web import ChallengeResource, alpn_selector, servername_callback
 
 from .conftest import Cleanups
 from .pebble import CHALLTESTSRV, PEBBLE, Pebble, bounded, start_pebble
@@ -118,7 +118,8 @@ class _Contexts(ssl.ContextFactory):
 
 def serve_tls_alpn01(cleanup: Cleanups, registry: ChallengeRegistry, port: int) -> None:
     ctx = default_context()
-    ctx.set_alpn_select_callback(alpn_selector(registry, [b"h2", b"http/1.1"]))
+    ctx.set_alpn_select_callback(alpn_selector([b"h2", b"http/1.1"]))
+    ctx.set_tlsext_servername_callback(servername_callback(registry))
     listening = reactor.listenSSL(port, Factory.forProtocol(Protocol), _Contexts(ctx), interface="127.0.0.1")
     cleanup(listening.stopListening)
 
