@@ -369,6 +369,6 @@ class Issuer:
         self.stats.failing[name] = message
         if first:
             if isinstance(error, AcmeError):
-                self.log.error("ACME: {message}", message=message)
+                self.log.error("ACME: {reason}", reason=message)
             else:
                 self.log.failure("ACME: issuance for {name} failed", failure, name=name)
