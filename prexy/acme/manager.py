@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import attrs
-from twisted.internet import defer
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -136,6 +136,13 @@ class CertificateManager:
         self._names: OrderedDict[str, _Name] = OrderedDict()
         self._asked: dict[str, tuple[bool, float]] = {}
         self._stopped = False
+        self._watchers: list[Callable[[str, StoredCertificate], None]] = []
+
+    def watch(self, callback: Callable[[str, StoredCertificate], None]) -> None:
+        """Call ``callback(name, certificate)`` whenever a certificate is
+        issued (first time or renewal): a listener drops what it built
+        from the old one."""
+        self._watchers.append(callback)
 
     # -- the SNI side
 
@@ -328,6 +335,11 @@ class CertificateManager:
         entry.certificate = stored
         if not self._stopped:
             self._schedule_renewal(name, entry)
+        for watcher in list(self._watchers):
+            try:
+                watcher(name, stored)
+            except Exception:
+                self.log.failure("ACME: a watcher of {name} broke", name=name)
         self._tell(entry, stored)
 
     def _failed(self, failure: Failure, name: str) -> None:
@@ -399,10 +411,24 @@ class AskClient:
         d = self.agent.request(b"GET", ask_url(self.url, name).encode("ascii"))
         d.addTimeout(self.timeout, self.clock)
 
-        def got(response: Any) -> bool:
-            from twisted.web.client import readBody
-
-            readBody(response).addErrback(lambda _: None)
-            return bool(response.code == 200)
+        def got(response: Any) -> defer.Deferred[bool]:
+            # The body says nothing; read it to its end so the connection
+            # can serve the next question.
+            ended: defer.Deferred[None] = defer.Deferred()
+            response.deliverBody(_Discard(ended))
+            return ended.addCallback(lambda _: bool(response.code == 200))
 
         return d.addCallback(got)
+
+
+class _Discard(protocol.Protocol):
+    """Reads a response body to its end, keeping nothing."""
+
+    def __init__(self, ended: defer.Deferred[None]) -> None:
+        self.ended = ended
+
+    def dataReceived(self, data: bytes) -> None:
+        pass
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.ended.callback(None)

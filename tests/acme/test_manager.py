@@ -236,3 +236,20 @@ class ManagerTests(SynchronousTestCase):
     def test_ask_url(self) -> None:
         self.assertEqual(ask_url("http://ask.test/check", "a.shop.example"), "http://ask.test/check?domain=a.shop.example")
         self.assertEqual(ask_url("http://ask.test/check?k=1", "a.b"), "http://ask.test/check?k=1&domain=a.b")
+
+
+class WatchTests(SynchronousTestCase):
+    def test_watchers_told_of_each_issuance(self) -> None:
+        clock = Clock()
+        clock.advance(START.timestamp())
+        storage = Storage(tmp_dir(self))
+        issuer = FakeIssuer(storage, clock)
+        m = CertificateManager(clock, NamePolicy.of(SITES, ask=False), storage, issuer, rand=lambda: 0.5)
+        self.addCleanup(m.stop)
+        seen: list[tuple[str, float]] = []
+        m.watch(lambda name, cert: seen.append((name, cert.not_after)))
+        m.watch(lambda name, cert: 1 / 0)  # type: ignore[func-returns-value]
+        m.start()
+        first = issuer.succeed("shop.example")
+        self.assertEqual(seen, [("shop.example", first.not_after)])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)

@@ -31,6 +31,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 from twisted.logger import globalLogPublisher
 from twisted.python.threadpool import ThreadPool
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from prexy.acme.challenges import ChallengeRegistry
@@ -42,7 +44,8 @@ from prexy.acme.issuer import (
     OrderRefused,
     ValidationFailed,
 )
-from prexy.acme.policy import Ledger, Limits, last_two_labels
+from prexy.acme.manager import AskClient, CertificateManager
+from prexy.acme.policy import Ledger, Limits, NamePolicy, Renewal, last_two_labels
 from prexy.acme.storage import Storage, StoredCertificate, covers
 from prexy.acme.web import ChallengeResource, alpn_selector, servername_callback
 
@@ -221,3 +224,78 @@ def test_unreachable_directory(cleanup: Cleanups) -> Any:
     assert setup.issuer.stats.failed == {"unreachable": 3}
     assert setup.issuer.stats.issued == 0
     assert len(setup.logged) == 1
+
+
+class AskResource(Resource):
+    """The ask endpoint: 200 for the allowed names, 404 else; records the questions."""
+
+    isLeaf = True
+
+    def __init__(self, allowed: set[str]) -> None:
+        super().__init__()
+        self.allowed = allowed
+        self.asked: list[str] = []
+
+    def render_GET(self, request: Any) -> bytes:
+        name = request.args.get(b"domain", [b""])[0].decode()
+        self.asked.append(name)
+        request.setResponseCode(200 if name in self.allowed else 404)
+        return b""
+
+
+def manager_for(setup: Setup, sites: dict[str, list[str]], ask: Any = None, **kwargs: Any) -> CertificateManager:
+    return CertificateManager(reactor, NamePolicy.of(sites, ask=ask is not None), setup.storage, setup.issuer, ask=ask, **kwargs)
+
+
+@pytest_twisted.inlineCallbacks
+def test_on_demand_after_ask(cleanup: Cleanups) -> Any:
+    """A name under a site's wildcard: the ask endpoint is asked over HTTP;
+    a yes gets a certificate from pebble within the bound (timed), a no
+    places no order; a name no site serves asks nothing."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port())
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    serve_http01(cleanup, setup.registry, http_port)
+    endpoint = AskResource({"new.shop.prexy.test"})
+    ask_port = reactor.listenTCP(0, Site(endpoint), interface="127.0.0.1")
+    cleanup(ask_port.stopListening)
+    pool = HTTPConnectionPool(reactor)
+    cleanup(pool.closeCachedConnections)
+    ask = AskClient(Agent(reactor, pool=pool), f"http://127.0.0.1:{ask_port.getHost().port}/ask", reactor)
+    manager = manager_for(setup, {"shop": ["shop.prexy.test", "*.shop.prexy.test"]}, ask=ask, wait=10)
+    cleanup(manager.stop)
+    started = time.monotonic()
+    stored = yield manager.obtain("new.shop.prexy.test")
+    took = time.monotonic() - started
+    assert stored is not None, setup.issuer.stats
+    yield check_chain(pebble, stored, "new.shop.prexy.test")
+    assert took < 5, took
+    print(f"on-demand issuance took {took:.2f} s")
+    assert (yield manager.obtain("bot.shop.prexy.test")) is None
+    assert (yield manager.obtain("other.prexy.test")) is None
+    assert endpoint.asked == ["new.shop.prexy.test", "bot.shop.prexy.test"]
+    assert setup.issuer.stats.placed == 1
+    assert manager.current("new.shop.prexy.test") == stored
+
+
+@pytest_twisted.inlineCallbacks
+def test_renewal(cleanup: Cleanups) -> Any:
+    """A certificate of pebble's, 10 s long, is renewed at two thirds of
+    its life, in the background; the new one chains and replaces it."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port(), validity=10)
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    serve_http01(cleanup, setup.registry, http_port)
+    manager = manager_for(setup, {"shop": ["shop.prexy.test"]}, renewal=Renewal(jitter=0.0))
+    cleanup(manager.stop)
+    issued: list[defer.Deferred[StoredCertificate]] = [defer.Deferred(), defer.Deferred()]
+    manager.watch(lambda name, cert: next(d for d in issued if not d.called).callback(cert))
+    yield manager.start()
+    first = yield bounded(issued[0], 20, "first issuance")
+    assert manager.current("shop.prexy.test") == first
+    second = yield bounded(issued[1], 20, "renewal")
+    assert second.not_after > first.not_after
+    assert time.time() < first.not_after, "renewed only after expiry"
+    yield check_chain(pebble, second, "shop.prexy.test")
+    assert manager.current("shop.prexy.test") == second
+    assert setup.storage.load("shop.prexy.test") == second
