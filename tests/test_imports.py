@@ -197,6 +197,7 @@ CORES = (
     "prexy.control",
     "prexy.acme.policy",
     "prexy.acme.storage",
+    "prexy.acme.challenges",
 )
 
 
