@@ -44,7 +44,7 @@ from twisted.python.threadpool import ThreadPool
 
 from prexy.acme.challenges import TLSALPN01, ChallengeRegistry
 from prexy.acme.policy import Ledger, Refusal, normalize_name
-from prexy.acme.storage import Account, Storage, StoredCertificate
+from prexy.acme.storage import Account, Storage, StorageError, StoredCertificate
 
 #: The challenge types Prexy answers, in its default order of preference:
 #: HTTP-01 first, because while a TLS-ALPN-01 answer is registered every
@@ -137,8 +137,12 @@ class BlockingIssuer:
         self.registry = registry
         self._key_pem = key_pem
         self._lock = threading.Lock()
-        self._client: acme_client.ClientV2 | None = None
-        self._jwk: jose.JWK | None = None
+        #: The CA's directory, the account key and URL, once known.
+        self._account: tuple[messages.Directory, jose.JWK, str] | None = None
+        self._generation = 0
+        #: Each thread's own client: requests sessions and the library's
+        #: nonce pool are not made to be shared between threads.
+        self._local = threading.local()
 
     def _network(self, jwk: jose.JWK | None) -> acme_client.ClientNetwork:
         # requests takes a CA bundle path where the library's signature says bool.
@@ -148,18 +152,31 @@ class BlockingIssuer:
         )
 
     def client(self) -> tuple[acme_client.ClientV2, jose.JWK]:
-        """The client with its account ready, made on first use."""
+        """This thread's client, its account ready (loaded, or registered
+        and stored, on first use by any thread)."""
         with self._lock:
-            if self._client is None or self._jwk is None:
-                self._client, self._jwk = self._open()
-            return self._client, self._jwk
+            if self._account is None:
+                self._account = self._open()
+            directory, jwk, uri = self._account
+            generation = self._generation
+        mine = getattr(self._local, "client", None)
+        if mine is not None and mine[2] == generation:
+            return mine[0], jwk
+        net = self._network(jwk)
+        net.account = messages.RegistrationResource(uri=uri, body=messages.Registration())
+        acme = acme_client.ClientV2(directory, net)
+        self._local.client = (acme, jwk, generation)
+        return acme, jwk
 
-    def _open(self) -> tuple[acme_client.ClientV2, jose.JWK]:
+    def _open(self) -> tuple[messages.Directory, jose.JWK, str]:
         url = self.settings.directory
-        account = self.storage.load_account(url)
-        if account is None:
-            account = Account(directory=url, key_pem=self._key_pem())
-            self.storage.save_account(account)
+        try:
+            account = self.storage.load_account(url)
+            if account is None:
+                account = Account(directory=url, key_pem=self._key_pem())
+                self.storage.save_account(account)
+        except (StorageError, OSError) as e:
+            raise AcmeError(f"ACME account for {url}: {e}") from None
         key = serialization.load_pem_private_key(account.key_pem, password=None)
         jwk = jose.JWKEC(key=key)
         net = self._network(jwk)
@@ -169,30 +186,27 @@ class BlockingIssuer:
             raise DirectoryUnreachable(f"ACME directory {url} unreachable: {_reason(e)}") from None
         except (messages.Error, acme_errors.Error, ValueError) as e:
             raise DirectoryUnreachable(f"ACME directory {url} gave no directory: {e}") from None
-        acme = acme_client.ClientV2(directory, net)
         if account.uri is not None:
-            net.account = messages.RegistrationResource(uri=account.uri, body=messages.Registration())
-            return acme, jwk
+            return directory, jwk, account.uri
         registration = messages.NewRegistration.from_data(email=self.settings.email, terms_of_service_agreed=True)
         try:
-            regr = acme.new_account(registration)
-            uri = regr.uri
+            uri = acme_client.ClientV2(directory, net).new_account(registration).uri
         except acme_errors.ConflictError as e:
             # The key is registered already: the CA answered its URL.
             uri = str(e)
-            net.account = messages.RegistrationResource(uri=uri, body=messages.Registration())
         except requests.RequestException as e:
             raise DirectoryUnreachable(f"ACME directory {url} unreachable: {_reason(e)}") from None
         except messages.Error as e:
             raise OrderRefused(f"ACME account refused by {url}: {_problem(e)}") from None
         self.storage.save_account(attrs.evolve(account, uri=uri))
-        return acme, jwk
+        return directory, jwk, uri
 
     def forget_account(self) -> None:
         """Drop the account's URL (the CA no longer knows it): the next
         order registers the key again."""
         with self._lock:
-            self._client = None
+            self._account = None
+            self._generation += 1
             account = self.storage.load_account(self.settings.directory)
             if account is not None:
                 self.storage.save_account(attrs.evolve(account, uri=None))

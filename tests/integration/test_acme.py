@@ -299,3 +299,25 @@ def test_renewal(cleanup: Cleanups) -> Any:
     yield check_chain(pebble, second, "shop.prexy.test")
     assert manager.current("shop.prexy.test") == second
     assert setup.storage.load("shop.prexy.test") == second
+
+
+@pytest_twisted.inlineCallbacks
+def test_ca_forgot_account(cleanup: Cleanups) -> Any:
+    """pebble restarted forgets every account: the stored account's URL is
+    refused, the key is registered again and the order goes through."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port())
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    serve_http01(cleanup, setup.registry, http_port)
+    yield bounded(setup.issuer.issue("shop.prexy.test"), 30, "issuance")
+    before = setup.storage.load_account(pebble.directory)
+    yield pebble.stop()
+    yield pebble.start()
+    stored = yield bounded(setup.issuer.issue("www.prexy.test"), 30, "issuance after the restart")
+    yield check_chain(pebble, stored, "www.prexy.test")
+    after = setup.storage.load_account(pebble.directory)
+    assert before is not None and after is not None
+    assert after.key_pem == before.key_pem
+    # The restarted pebble (its output alone is kept) saw the key registered.
+    assert "There are now 1 accounts in memory" in pebble.output()
+    assert setup.issuer.stats.failed == {}
