@@ -46,6 +46,7 @@ from prexy.acme.issuer import (
 )
 from prexy.acme.manager import AskClient, CertificateManager
 from prexy.acme.policy import Ledger, Limits, NamePolicy, Renewal, last_two_labels
+from prexy.acme.service import AcmeService
 from prexy.acme.storage import Storage, StoredCertificate, covers
 from prexy.acme.web import ChallengeResource, alpn_selector, servername_callback
 
@@ -321,3 +322,36 @@ def test_ca_forgot_account(cleanup: Cleanups) -> Any:
     # The restarted pebble (its output alone is kept) saw the key registered.
     assert "There are now 1 accounts in memory" in pebble.output()
     assert setup.issuer.stats.failed == {}
+
+
+@pytest_twisted.inlineCallbacks
+def test_service_issues_listed_names_answered_by_another_process(cleanup: Cleanups) -> Any:
+    """AcmeService at start orders each listed name; the HTTP-01 answers
+    are served by a registry of its own over the same storage directory
+    (what another worker of the machine does), so validation does not
+    depend on the CA's request reaching the issuing process."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port())
+    root = Path(scratch_dir("prexy-acme-service-"))
+    settings = IssuerSettings(directory=pebble.directory, ca_bundle=pebble.ca_bundle, challenges=("http-01",), timeout=5, deadline=20)
+    service = AcmeService(reactor, settings, root, {"shop": ["shop.prexy.test", "www.prexy.test", "*.shop.prexy.test"]})
+    other_worker = ChallengeRegistry(root / "challenges")
+    serve_http01(cleanup, other_worker, http_port)
+    names = {"shop.prexy.test", "www.prexy.test"}
+    done: defer.Deferred[None] = defer.Deferred()
+    issued: dict[str, StoredCertificate] = {}
+
+    def seen(name: str, cert: StoredCertificate) -> None:
+        issued[name] = cert
+        if set(issued) == names and not done.called:
+            done.callback(None)
+
+    service.manager.watch(seen)
+    service.startService()
+    cleanup(service.stopService)
+    yield bounded(done, 30, "both listed names issued")
+    for name in sorted(names):
+        yield check_chain(pebble, issued[name], name)
+        assert service.manager.current(name) == issued[name]
+    assert service.issuer.stats.issued == 2
+    assert service.manager.current("new.shop.prexy.test") is None
