@@ -316,7 +316,8 @@ class Issuer:
     Orders run on ``pool`` (a started :class:`ThreadPool`; its threads
     bound the orders that can be in flight), are admitted by ``ledger``
     (its clock is ``now``), and one order serves every request for a name
-    made while it is in flight."""
+    made while it is in flight.  A failure is logged once per name until
+    that name succeeds; an unreachable CA once until any order succeeds."""
 
     log = Logger()
 
@@ -334,6 +335,7 @@ class Issuer:
         self.ledger = ledger
         self._now = now
         self._waiting: dict[str, list[defer.Deferred[StoredCertificate]]] = {}
+        self._unreachable = False
         self.stats = IssuerStats()
 
     def issue(self, name: str) -> defer.Deferred[StoredCertificate]:
@@ -366,6 +368,9 @@ class Issuer:
             self._failed(name, outcome)
         else:
             self.stats.issued += 1
+            if self._unreachable:
+                self._unreachable = False
+                self.log.info("ACME: the CA answers again")
             if self.stats.failing.pop(name, None) is not None:
                 self.log.info("ACME: {name} issued after failures", name=name)
         for d in waiters:
@@ -381,6 +386,10 @@ class Issuer:
         message = str(error) if isinstance(error, AcmeError) else f"{name}: {failure.getErrorMessage()}"
         first = name not in self.stats.failing
         self.stats.failing[name] = message
+        if isinstance(error, DirectoryUnreachable):
+            # One line for the CA, not one per name: every name fails
+            # alike until the CA answers again.
+            first, self._unreachable = not self._unreachable, True
         if first:
             if isinstance(error, AcmeError):
                 self.log.error("ACME: {reason}", reason=message)

@@ -109,6 +109,24 @@ class IssuerTests(SynchronousTestCase):
         self.failureResultOf(d, AcmeError)
         self.assertEqual(len(self.errors_logged()), 2)
 
+    def test_unreachable_logged_once_for_all_names(self) -> None:
+        """An unreachable CA: one log line whatever the number of names,
+        each name's failure kept for /health; a success ends it."""
+        down = DirectoryUnreachable("ACME directory https://ca.test/dir unreachable: Connection refused")
+        names = [f"n{i}.shop{i}.example" for i in range(5)]
+        issuer, pool, _ = self.make({n: [down, cert(n)] for n in names}, Limits(concurrent=5))
+        ds = [issuer.issue(n) for n in names]
+        for _ in names:
+            pool.run_one()
+        for d in ds:
+            self.failureResultOf(d, DirectoryUnreachable)
+        self.assertEqual(len(self.errors_logged()), 1)
+        self.assertEqual(sorted(issuer.stats.failing), sorted(names))
+        d = issuer.issue(names[0])
+        pool.run_one()
+        self.successResultOf(d)
+        self.assertTrue(any("answers again" in str(e.get("log_format")) for e in self.logged))
+
     def test_unexpected_error(self) -> None:
         """An error that is not an AcmeError reaches the caller and the log (with its traceback)."""
         issuer, pool, _ = self.make({"a.shop.example": [RuntimeError("boom")]})
