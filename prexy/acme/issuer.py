@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -213,8 +214,23 @@ class BlockingIssuer:
 
     def issue(self, name: str) -> StoredCertificate:
         """Order, validate, finalise and store a certificate for ``name``.
-        Raises :class:`AcmeError`."""
+        Raises :class:`AcmeError`.
+
+        The order is placed under the name's lock in storage: a process of
+        the machine that waited for the lock while another ordered the
+        same name takes the certificate that one stored instead of
+        ordering again."""
         name = normalize_name(name)
+        asked = time.time()
+        with self.storage.name_lock(name):
+            modified = self.storage.modified(name)
+            if modified is not None and modified >= asked:
+                stored = self.storage.load(name)
+                if stored is not None:
+                    return stored
+            return self._issue_once(name)
+
+    def _issue_once(self, name: str) -> StoredCertificate:
         try:
             return self._issue(name)
         except messages.Error as e:

@@ -6,6 +6,9 @@ A directory (``[acme] storage``) holds::
                                     account key (PEM) and the account's URL
     certs/<name>.pem                one per name: the private key, then the
                                     certificate chain (leaf first), PEM
+    locks/<name>.lock               held (flock) by the process ordering
+                                    the name, so one process of the machine
+                                    orders it at a time
 
 Each file is written whole to a temporary file beside it and renamed over
 the old one, so a reader (any worker, any time) sees the old file or the
@@ -18,10 +21,13 @@ read at a handshake (one small file) and write from the issuer's thread.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -140,7 +146,8 @@ class Storage:
         self.root = Path(root)
         self.certs = self.root / "certs"
         self.accounts = self.root / "accounts"
-        for d in (self.root, self.certs, self.accounts):
+        self.locks = self.root / "locks"
+        for d in (self.root, self.certs, self.accounts, self.locks):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- certificates
@@ -179,6 +186,26 @@ class Storage:
         key = key_pem if key_pem.endswith(b"\n") else key_pem + b"\n"
         write_atomically(path, key + chain_pem)
         return stored
+
+    def modified(self, name: str) -> float | None:
+        """When ``name``'s certificate file was last written (POSIX
+        seconds), None when there is none."""
+        try:
+            return self.certificate_path(name).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def name_lock(self, name: str) -> Iterator[None]:
+        """Hold ``name``'s lock (an flock, so it is released when its holder
+        dies): blocks while another process or thread holds it."""
+        path = self.locks / self.certificate_path(name).with_suffix(".lock").name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     # -- accounts
 

@@ -49,7 +49,7 @@ class StorageTests(SynchronousTestCase):
         path = self.storage.certificate_path("shop.example")
         self.assertEqual(stat.S_IMODE(path.stat().st_mode), 0o600)
         self.assertEqual(stat.S_IMODE(self.storage.account_path("https://ca.test/dir").stat().st_mode), 0o600)
-        for d in (self.storage.root, self.storage.certs, self.storage.accounts):
+        for d in (self.storage.root, self.storage.certs, self.storage.accounts, self.storage.locks):
             self.assertEqual(stat.S_IMODE(d.stat().st_mode), 0o700)
         self.assertEqual(sorted(p.name for p in self.storage.certs.iterdir()), ["shop.example.pem"])
 
@@ -116,6 +116,31 @@ class StorageTests(SynchronousTestCase):
             self.assertRaises(OSError, write_atomically, path, b"new")
         self.assertEqual(path.read_bytes(), b"old")
         self.assertEqual(sorted(os.listdir(self.dir)), ["acme", "f"])
+
+
+class LockTests(SynchronousTestCase):
+    """A name's lock excludes every other holder, in this process or
+    another (flock on its own open file), and is released on exit."""
+
+    def test_exclusive(self) -> None:
+        import fcntl
+
+        storage = Storage(tmp_dir(self))
+        path = storage.locks / "shop.example.lock"
+        with storage.name_lock("Shop.Example"):
+            fd = os.open(path, os.O_RDWR)
+            self.addCleanup(os.close, fd)
+            self.assertRaises(BlockingIOError, fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self.assertRaises(StorageError, storage.name_lock("../x").__enter__)
+
+    def test_modified(self) -> None:
+        storage = Storage(tmp_dir(self))
+        self.assertIsNone(storage.modified("shop.example"))
+        leaf = make_leaf(make_ca(), ["shop.example"])
+        storage.save("shop.example", leaf.key_pem, leaf.cert_pem)
+        self.assertEqual(storage.modified("shop.example"), storage.certificate_path("shop.example").stat().st_mtime)
 
 
 class CoversTests(SynchronousTestCase):

@@ -355,3 +355,21 @@ def test_service_issues_listed_names_answered_by_another_process(cleanup: Cleanu
         assert service.manager.current(name) == issued[name]
     assert service.issuer.stats.issued == 2
     assert service.manager.current("new.shop.prexy.test") is None
+
+
+@pytest_twisted.inlineCallbacks
+def test_two_issuers_one_order(cleanup: Cleanups) -> Any:
+    """Two issuers over one storage directory (two processes of a machine)
+    asked for the same name at once: one order reaches pebble, both get the
+    certificate it stored."""
+    http_port = free_port()
+    pebble = yield start_pebble(cleanup, http_port=http_port, tls_port=free_port())
+    setup = Setup(cleanup, pebble.directory, pebble.ca_bundle, ("http-01",))
+    serve_http01(cleanup, setup.registry, http_port)
+    other = BlockingIssuer(setup.settings, setup.storage, ChallengeRegistry(setup.registry.directory))
+    results = yield defer.gatherResults(
+        [deferToThread(setup.blocking.issue, "shop.prexy.test"), deferToThread(other.issue, "shop.prexy.test")]
+    )
+    assert results[0] == results[1]
+    assert pebble.output().count("Added order") == 1
+    yield check_chain(pebble, results[0], "shop.prexy.test")
