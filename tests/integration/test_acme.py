@@ -63,7 +63,7 @@ class Setup:
     """An issuer against ``pebble`` with its storage and challenge
     registry in a scratch directory, on a thread pool stopped at cleanup."""
 
-    def __init__(self, cleanup: Cleanups, directory: str, ca_bundle: str, challenges: tuple[str, ...]) -> None:
+    def __init__(self, cleanup: Cleanups, directory: str, ca_bundle: str | None, challenges: tuple[str, ...]) -> None:
         root = Path(scratch_dir("prexy-acme-"))
         self.storage = Storage(root / "store")
         self.registry = ChallengeRegistry(root / "challenges")
@@ -218,7 +218,7 @@ def test_refused(cleanup: Cleanups) -> Any:
 def test_unreachable_directory(cleanup: Cleanups) -> Any:
     """No CA listening: DirectoryUnreachable saying so, at once, one log
     line for any number of attempts, no order counted as issued."""
-    setup = Setup(cleanup, f"https://127.0.0.1:{free_port()}/dir", None, ("http-01",))  # type: ignore[arg-type]
+    setup = Setup(cleanup, f"https://127.0.0.1:{free_port()}/dir", None, ("http-01",))
     for _ in range(3):
         with pytest.raises(DirectoryUnreachable, match=r"ACME directory https://127\.0\.0\.1:\d+/dir unreachable: .*refused"):
             yield bounded(setup.issuer.issue("shop.prexy.test"), 10, "failure")
