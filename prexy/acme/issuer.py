@@ -255,7 +255,8 @@ class BlockingIssuer:
                     if authz.body.status == messages.STATUS_VALID:
                         continue
                     cleanups.append(self._answer(acme, jwk, name, authz))
-                order = acme.poll_and_finalize(order, deadline)
+                order = self._poll_authorizations(acme, order, deadline)
+                order = acme.finalize_order(order, deadline)
             except acme_errors.ValidationError as e:
                 raise ValidationFailed(f"{name}: validation failed: {_validation_problems(e.failed_authzrs)}") from None
             except acme_errors.IssuanceError as e:
@@ -268,6 +269,28 @@ class BlockingIssuer:
             for cleanup in cleanups:
                 cleanup()
         return self.storage.save(name, key_pem, order.fullchain_pem.encode("ascii"))
+
+    def _poll_authorizations(
+        self, acme: acme_client.ClientV2, order: messages.OrderResource, deadline: datetime.datetime
+    ) -> messages.OrderResource:
+        """Wait for every authorization to leave "pending", asking again
+        after 50 ms, then twice as long each time up to 1 s (the library's
+        own loop waits a whole second from the first time: half the
+        latency of an on-demand issuance)."""
+        done = []
+        for authz in order.authorizations:
+            pause = 0.05
+            while authz.body.status == messages.STATUS_PENDING:
+                if datetime.datetime.now() >= deadline:
+                    raise acme_errors.TimeoutError()
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                authz, _ = acme.poll(authz)
+            done.append(authz)
+        failed = [a for a in done if a.body.status != messages.STATUS_VALID]
+        if failed:
+            raise acme_errors.ValidationError(failed)
+        return order.update(authorizations=done)
 
     def _answer(
         self, acme: acme_client.ClientV2, jwk: jose.JWK, name: str, authz: messages.AuthorizationResource

@@ -16,7 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from twisted.internet import defer, protocol, reactor
+from twisted.internet import defer, endpoints, error, protocol, reactor, task
 
 from .conftest import Cleanups
 from .twistd_support import free_port, scratch_dir
@@ -91,6 +91,24 @@ def _https_identity(directory: str) -> tuple[str, str]:
     with open(key_path, "wb") as f:
         f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return cert_path, key_path
+
+
+@defer.inlineCallbacks
+def listening(port: int, seconds: float) -> Any:
+    """Fires once a connection to ``port`` on 127.0.0.1 is accepted: each
+    refusal is answered by a new attempt 10 ms later, for ``seconds``."""
+    give_up = reactor.seconds() + seconds
+    endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+    while True:
+        try:
+            connected = yield endpoint.connect(protocol.Factory.forProtocol(protocol.Protocol))
+        except error.ConnectionRefusedError:
+            if reactor.seconds() > give_up:
+                raise AssertionError(f"nothing listens on {port} after {seconds} s") from None
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        else:
+            connected.transport.loseConnection()
+            return
 
 
 class Pebble:
@@ -171,6 +189,8 @@ class Pebble:
         )
         self.children.append(ca)
         yield bounded(ca.ready, 15, "pebble readiness line")
+        # pebble logs its directory's URL just before it binds the port.
+        yield listening(self.port, 5)
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
