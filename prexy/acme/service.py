@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.application.service import Service
+from twisted.internet import task
 from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -88,6 +89,7 @@ class AcmeService(Service):
             backoff=backoff,
             rand=rand,
             wait=wait,
+            cooperator=task.Cooperator(scheduler=lambda step: clock.callLater(0, step)),
         )
 
     def startService(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -253,3 +253,34 @@ class WatchTests(SynchronousTestCase):
         first = issuer.succeed("shop.example")
         self.assertEqual(seen, [("shop.example", first.not_after)])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+
+class CooperativeStartTests(SynchronousTestCase):
+    def test_start_between_other_work(self) -> None:
+        """With a cooperator, start reads one listed name per turn of the
+        clock, and fires once all are read."""
+        clock = Clock()
+        clock.advance(START.timestamp())
+        storage = Storage(tmp_dir(self))
+        issuer = FakeIssuer(storage, clock)
+        names = [f"n{i}.example" for i in range(5)]
+        for name in names:
+            issuer.store(name)
+        cooperator = task.Cooperator(
+            # A turn a second, one step a turn.
+            scheduler=lambda step: clock.callLater(1, step),
+            terminationPredicateFactory=lambda: lambda: True,
+        )
+        m = CertificateManager(clock, NamePolicy.of({"s": names}, ask=False), storage, issuer, cooperator=cooperator)
+        self.addCleanup(m.stop)
+        d = m.start()
+        self.assertNoResult(d)
+        held = lambda: sum(m.phase(n) is Phase.HELD for n in names)  # noqa: E731
+        self.assertEqual(held(), 0)
+        clock.advance(1)
+        self.assertEqual(held(), 1)
+        for _ in names:
+            clock.advance(1)
+        self.assertEqual(held(), 5)
+        self.successResultOf(d)
+        self.assertEqual(issuer.placed, [])
