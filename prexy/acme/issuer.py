@@ -73,11 +73,15 @@ class ValidationFailed(AcmeError):
 
 
 class LimitReached(AcmeError):
+    """Not ordered: a limit said no; ``retry_at`` is the earliest time the
+    limit allows one more (POSIX seconds; for the concurrency limit, now)."""
+
     kind = "limit"
 
-    def __init__(self, message: str, refusal: Refusal) -> None:
+    def __init__(self, message: str, refusal: Refusal, retry_at: float) -> None:
         super().__init__(message)
         self.refusal = refusal
+        self.retry_at = retry_at
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -384,10 +388,12 @@ class Issuer:
         if waiting is not None:
             waiting.append(mine)
             return mine
-        refusal = self.ledger.admit(name, self._now())
+        now = self._now()
+        refusal = self.ledger.admit(name, now)
         if refusal is not None:
             self.stats.limited[refusal.value] = self.stats.limited.get(refusal.value, 0) + 1
-            return defer.fail(LimitReached(f"{name}: not ordered now ({refusal.value} limit)", refusal))
+            retry_at = self.ledger.next_slot(name, now)
+            return defer.fail(LimitReached(f"{name}: not ordered now ({refusal.value} limit)", refusal, retry_at))
         self._waiting[name] = [mine]
         self.stats.placed += 1
         d = defer.Deferred.fromCoroutine(self._run(name))

@@ -366,9 +366,7 @@ class CertificateManager:
         entry.last_error = str(error) if isinstance(error, AcmeError) else failure.getErrorMessage()
         delay = self.backoff.delay(entry.failures, self.rand)
         if isinstance(error, LimitReached):
-            slot = getattr(self.issuer, "ledger", None)
-            if slot is not None:
-                delay = max(delay, slot.next_slot(name, self.clock.seconds()) - self.clock.seconds())
+            delay = max(delay, error.retry_at - self.clock.seconds())
         if entry.certificate is not None:
             # Never wait past the expiry of what is served now.
             left = entry.certificate.not_after - self.clock.seconds()

@@ -71,11 +71,25 @@ class IssuerTests(SynchronousTestCase):
         first = issuer.issue("a.one.example")
         refused = self.failureResultOf(issuer.issue("b.two.example"), LimitReached)
         self.assertEqual(refused.value.refusal, Refusal.CONCURRENT)
+        self.assertEqual(refused.value.retry_at, self.clock.seconds())
         self.assertEqual(issuer.stats.limited, {"concurrent": 1})
         pool.run_one()
         self.successResultOf(first)
         self.assertEqual(blocking.calls, ["a.one.example"])
         self.assertEqual(issuer.stats.placed, 1)
+
+    def test_domain_rate_retry_at(self) -> None:
+        """Past the hourly limit of a registered domain: refused with the
+        time its hour frees a slot."""
+        names = ["a.shop.example", "b.shop.example"]
+        issuer, pool, _ = self.make({n: [cert(n)] for n in names}, Limits(per_domain_per_hour=1))
+        first = issuer.issue(names[0])
+        pool.run_one()
+        self.successResultOf(first)
+        self.clock.advance(600)
+        refused = self.failureResultOf(issuer.issue(names[1]), LimitReached)
+        self.assertEqual(refused.value.refusal, Refusal.DOMAIN_RATE)
+        self.assertEqual(refused.value.retry_at, self.clock.seconds() + 3000)
 
     def test_failure_logged_once(self) -> None:
         """A name failing again and again: every request gets the error,

@@ -238,6 +238,28 @@ class ManagerTests(SynchronousTestCase):
         self.assertEqual(ask_url("http://ask.test/check?k=1", "a.b"), "http://ask.test/check?k=1&domain=a.b")
 
 
+class LimitRetryTests(SynchronousTestCase):
+    def test_retry_when_limit_frees(self) -> None:
+        """An order refused by the hourly limit is retried when the limit
+        frees a slot, not sooner (the backoff alone would say 60 s)."""
+        from prexy.acme.issuer import LimitReached
+        from prexy.acme.policy import Refusal
+
+        clock = Clock()
+        clock.advance(START.timestamp())
+        storage = Storage(tmp_dir(self))
+        issuer = FakeIssuer(storage, clock)
+        m = CertificateManager(clock, NamePolicy.of(SITES, ask=False), storage, issuer, backoff=Backoff(first=60), rand=lambda: 1.0)
+        self.addCleanup(m.stop)
+        m.start()
+        issuer.orders.pop("blog.example").callback(issuer.store("blog.example"))
+        issuer.orders.pop("shop.example").errback(LimitReached("limit", Refusal.DOMAIN_RATE, clock.seconds() + 1800))
+        clock.advance(1799)
+        self.assertEqual(issuer.placed.count("shop.example"), 1)
+        clock.advance(1)
+        self.assertEqual(issuer.placed.count("shop.example"), 2)
+
+
 class WatchTests(SynchronousTestCase):
     def test_watchers_told_of_each_issuance(self) -> None:
         clock = Clock()
