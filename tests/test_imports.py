@@ -195,6 +195,9 @@ CORES = (
     "prexy.urlmap.loader",
     "prexy.h2server",
     "prexy.control",
+    "prexy.acme.policy",
+    "prexy.acme.storage",
+    "prexy.acme.challenges",
 )
 
 

@@ -1,0 +1,1 @@
+"""Unit tier of automatic certificates (prexy.acme)."""
