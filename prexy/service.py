@@ -427,7 +427,10 @@ class ProxyService(service.MultiService):
         if self.acme is not None:
             contexts = self.certificates.acme
             self.acme.manager.watch(lambda name, stored: contexts.forget(name))
-            self.acme.manager.watch(acme_issued)
+            from prexy.acme.service import stored_line
+            from prexy.workers import sd_notify
+
+            self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
 
     def certificate_stored(self, name: str) -> None:
         """The issuing process stored ``name``'s certificate: the next
@@ -617,15 +620,6 @@ def _global_reactor() -> Any:
 
     return reactor
 
-
-def acme_issued(name: str, stored: Any) -> None:
-    """The issuing process's line (and systemd status) for a certificate
-    stored: what an operator, and a test, waits for."""
-    from prexy.workers import sd_notify
-
-    days = (stored.not_after - time.time()) / 86400
-    log.info("ACME: certificate for {name} stored, valid {days:.1f} more day(s)", name=name, days=days)
-    sd_notify(f"STATUS=ACME certificate stored: {name}")
 
 
 class TopService(service.MultiService):

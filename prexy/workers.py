@@ -228,12 +228,11 @@ class MasterService(service.MultiService):
         #: (prexy.acme.service.AcmeService): the workers read what it stores.
         self.acme: Any = None
         if config.acme is not None:
-            from prexy.acme.service import acme_service
-            from prexy.service import acme_issued
+            from prexy.acme.service import acme_service, stored_line
 
             self.acme = acme_service(reactor, config.acme, config.acme_sites())
             self.acme.manager.watch(self.certificate_stored)
-            self.acme.manager.watch(acme_issued)
+            self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
         if config.admin:
             from prexy.admin import admin_service
 

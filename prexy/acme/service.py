@@ -18,6 +18,7 @@ requests that reach it through the shared port.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,15 @@ def acme_service(reactor: Any, acme: Any, sites: Mapping[str, Iterable[str]]) ->
     settings = IssuerSettings(acme.directory, email=acme.email, ca_bundle=acme.ca_bundle, challenges=acme.challenges)
     limits = Limits(per_domain_per_hour=acme.per_domain_per_hour, concurrent=acme.concurrent)
     return AcmeService(reactor, settings, acme.storage, sites, limits=limits)
+
+
+def stored_line(name: str, stored: Any, notify: Callable[[str], None]) -> None:
+    """The issuing process's log line, and systemd status (``notify``:
+    ``prexy.workers.sd_notify``), for a certificate stored: what an
+    operator, and a test, waits for."""
+    days = (stored.not_after - time.time()) / 86400
+    AcmeService.log.info("ACME: certificate for {name} stored, valid {days:.1f} more day(s)", name=name, days=days)
+    notify(f"STATUS=ACME certificate stored: {name}")
 
 
 def challenge_registry(acme: Any) -> ChallengeRegistry:
