@@ -10,6 +10,7 @@ for the certificate is the master's systemd status line."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import ssl
 import urllib.request
@@ -19,7 +20,7 @@ import pytest
 import pytest_twisted
 import requests
 from cryptography import x509
-from twisted.internet import reactor, threads
+from twisted.internet import defer, reactor, threads
 
 from tests.pki import TestCA
 
@@ -58,36 +59,60 @@ def fetch(url: str) -> str:
         return answer.read().decode("utf-8")
 
 
+class Setup:
+    """pebble validating on Prexy's plain and TLS ports, an origin, a
+    default certificate and a config whose site ``shop`` is on ACME."""
+
+    def __init__(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
+        self.dir = scratch_dir("prexy-acme-twistd-")
+        self.plain, self.tls, self.admin = free_port(), free_port(), free_port()
+        TestCA().issue("default.test").write(self.dir, "default")
+        self.config = os.path.join(self.dir, "prexy.toml")
+
+    @defer.inlineCallbacks
+    def start(self) -> Any:
+        self.pebble = yield start_pebble(self.cleanup, http_port=self.plain, tls_port=self.tls)
+        upstream = reactor.listenTCP(0, origin_site(Origin()), interface="127.0.0.1")
+        self.cleanup(upstream.stopListening)
+        self.upstream = f"http://127.0.0.1:{upstream.getHost().port}"
+
+    def write(self, hosts: list[str]) -> None:
+        with open(self.config, "w") as f:
+            f.write(
+                f"[server]\nlisten = ['tcp:{self.plain}:interface=127.0.0.1', 'ssl:{self.tls}:interface=127.0.0.1']\n"
+                f"admin = 'tcp:{self.admin}:interface=127.0.0.1'\naccess_log = 'off'\n"
+                "tls_certificate = 'default.crt'\ntls_key = 'default.key'\n"
+                f"[acme]\ndirectory = '{self.pebble.directory}'\nca_bundle = '{self.pebble.ca_bundle}'\n"
+                "email = 'ops@example.com'\nstorage = 'acme'\n"
+                f"[sites.shop]\nupstream = '{self.upstream}'\nhosts = {hosts!r}\ntls = 'acme'\n"
+            )
+
+    @defer.inlineCallbacks
+    def root(self) -> Any:
+        """pebble's root (fresh at each start), from its management API, as a file."""
+        root = yield threads.deferToThread(requests.get, self.pebble.roots_url, verify=self.pebble.ca_bundle, timeout=5)
+        path = os.path.join(self.dir, "pebble-root.pem")
+        with open(path, "wb") as f:
+            f.write(root.content)
+        return path
+
+    def metrics(self) -> Any:
+        return threads.deferToThread(fetch, f"http://127.0.0.1:{self.admin}/metrics")
+
+
 @pytest_twisted.inlineCallbacks
 def test_listed_host_issued_at_start_and_served_by_the_workers(cleanup: Cleanups) -> Any:
-    directory = scratch_dir("prexy-acme-twistd-")
-    plain, tls, admin = free_port(), free_port(), free_port()
-    pebble = yield start_pebble(cleanup, http_port=plain, tls_port=tls)
-    ca = TestCA()
-    ca.issue("default.test").write(directory, "default")
-    origin = Origin()
-    upstream = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
-    cleanup(upstream.stopListening)
-    config = os.path.join(directory, "prexy.toml")
-    with open(config, "w") as f:
-        f.write(
-            f"[server]\nlisten = ['tcp:{plain}:interface=127.0.0.1', 'ssl:{tls}:interface=127.0.0.1']\n"
-            f"admin = 'tcp:{admin}:interface=127.0.0.1'\naccess_log = 'off'\n"
-            "tls_certificate = 'default.crt'\ntls_key = 'default.key'\n"
-            f"[acme]\ndirectory = '{pebble.directory}'\nca_bundle = '{pebble.ca_bundle}'\n"
-            "email = 'ops@example.com'\nstorage = 'acme'\n"
-            f"[sites.shop]\nupstream = 'http://127.0.0.1:{upstream.getHost().port}'\n"
-            "hosts = ['shop.test']\ntls = 'acme'\n"
-        )
-    child = Twistd("--config", config, "--workers", "2")
+    setup = Setup(cleanup)
+    yield setup.start()
+    setup.write(["shop.test"])
+    directory, tls, admin = setup.dir, setup.tls, setup.admin
+    child = Twistd("--config", setup.config, "--workers", "2")
     cleanup(child.stop)
     stored = child.notified("STATUS=ACME certificate stored: shop.test", 60)
     yield child.ready()
     yield stored
-    root = yield threads.deferToThread(requests.get, pebble.roots_url, verify=pebble.ca_bundle, timeout=5)
-    root_file = os.path.join(directory, "pebble-root.pem")
-    with open(root_file, "wb") as f:
-        f.write(root.content)
+    root_file = yield setup.root()
     # Verified against pebble's root, for the name, over and over (the
     # shared port hands the connections to either worker).
     for _ in range(6):
@@ -100,10 +125,37 @@ def test_listed_host_issued_at_start_and_served_by_the_workers(cleanup: Cleanups
     # A name no site serves: the default certificate, no order.
     cert, _ = yield threads.deferToThread(handshake, tls, "nobody.test", None)
     assert cert.subject.rfc4514_string() == "CN=default.test"
-    metrics = yield threads.deferToThread(fetch, f"http://127.0.0.1:{admin}/metrics")
+    metrics = yield setup.metrics()
     assert "prexy_acme_orders_total 1\n" in metrics, metrics
     assert "prexy_acme_issued_total 1\n" in metrics, metrics
     assert 'prexy_acme_expiry_days{site="shop"}' in metrics, metrics
     health = yield threads.deferToThread(fetch, f"http://127.0.0.1:{admin}/health")
     assert health == "ok\n"
     assert os.path.exists(os.path.join(directory, "acme", "certs", "shop.test.pem"))
+
+
+@pytest_twisted.inlineCallbacks
+def test_one_process_and_a_host_added_at_reload(cleanup: Cleanups) -> Any:
+    """With --workers 0 the process issues itself; a host added by a
+    reload is ordered then, the one it had is not ordered again."""
+    setup = Setup(cleanup)
+    yield setup.start()
+    setup.write(["shop.test"])
+    child = Twistd("--config", setup.config, "--workers", "0")
+    cleanup(child.stop)
+    stored = child.notified("STATUS=ACME certificate stored: shop.test", 60)
+    yield child.ready()
+    yield stored
+    setup.write(["shop.test", "www.shop.test"])
+    stored = child.notified("STATUS=ACME certificate stored: www.shop.test", 60)
+    os.kill(child.process.pid, signal.SIGHUP)
+    yield stored
+    root_file = yield setup.root()
+    for name in ("shop.test", "www.shop.test"):
+        cert, answer = yield threads.deferToThread(handshake, setup.tls, name, root_file)
+        assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName) == [name]
+        assert answer.endswith(b"hello world!"), answer
+    metrics = yield setup.metrics()
+    assert "prexy_acme_orders_total 2\n" in metrics, metrics
+    assert "prexy_acme_issued_total 2\n" in metrics, metrics
