@@ -796,6 +796,8 @@ def parse_config(
                     other = site_files.get(seen_hosts[h], main).path
                     err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
                 seen_hosts[h] = name
+            if known.acme and "acme" not in kwargs:  # (the main file's [acme] went)
+                err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
             if known.tls_certificate is not None and known.tls_key is not None:
                 # The files may hold a renewed certificate: read again.
                 current = certificate(known.tls_certificate, known.tls_key, where, known.hosts)

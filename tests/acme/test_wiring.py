@@ -81,6 +81,18 @@ class ConfigTests(SynchronousTestCase):
                      site="tls = 'acme'\ntls_certificate = '../shop.crt'\ntls_key = '../shop.key'\n",
                      hosts=["shop.test"])
 
+    def test_acme_removed_under_an_unchanged_site_file(self) -> None:
+        """A reload reusing a parsed site file still checks it has its [acme]."""
+        from prexy.config import ConfigMemo
+
+        memo = ConfigMemo()
+        self.f.site("shop", ["shop.test"], extra="tls = 'acme'\n")
+        load_config(self.f.main(sites="\n" + ACME), memo, now=NOW)
+        with self.assertRaises(ConfigError) as caught:
+            load_config(self.f.main(), memo, now=NOW)
+        assert (caught.exception.path, caught.exception.line, caught.exception.key) == (
+            self.f.path("sites.d/shop.toml"), 4, "sites.shop.tls")
+
     def test_table_errors(self) -> None:
         # (the main file: [acme] on line 7, directory 8, email 9, the next 10)
         for acme, key, reason, line in (
