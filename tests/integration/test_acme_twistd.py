@@ -63,8 +63,9 @@ class Setup:
     """pebble validating on Prexy's plain and TLS ports, an origin, a
     default certificate and a config whose site ``shop`` is on ACME."""
 
-    def __init__(self, cleanup: Cleanups) -> None:
+    def __init__(self, cleanup: Cleanups, validity: int | None = None) -> None:
         self.cleanup = cleanup
+        self.validity = validity
         self.dir = scratch_dir("prexy-acme-twistd-")
         self.plain, self.tls, self.admin = free_port(), free_port(), free_port()
         TestCA().issue("default.test").write(self.dir, "default")
@@ -72,7 +73,7 @@ class Setup:
 
     @defer.inlineCallbacks
     def start(self) -> Any:
-        self.pebble = yield start_pebble(self.cleanup, http_port=self.plain, tls_port=self.tls)
+        self.pebble = yield start_pebble(self.cleanup, http_port=self.plain, tls_port=self.tls, validity=self.validity)
         upstream = reactor.listenTCP(0, origin_site(Origin()), interface="127.0.0.1")
         self.cleanup(upstream.stopListening)
         self.upstream = f"http://127.0.0.1:{upstream.getHost().port}"
@@ -158,4 +159,33 @@ def test_one_process_and_a_host_added_at_reload(cleanup: Cleanups) -> Any:
         assert answer.endswith(b"hello world!"), answer
     metrics = yield setup.metrics()
     assert "prexy_acme_orders_total 2\n" in metrics, metrics
+    assert "prexy_acme_issued_total 2\n" in metrics, metrics
+
+
+@pytest_twisted.inlineCallbacks
+def test_renewal_reaches_the_workers(cleanup: Cleanups) -> Any:
+    """A 10-second certificate renewed by the master (at two thirds of its
+    life) is what the workers serve next: the master's command on the
+    control pipe dropped the context they kept."""
+    setup = Setup(cleanup, validity=10)
+    yield setup.start()
+    setup.write(["shop.test"])
+    child = Twistd("--config", setup.config, "--workers", "2")
+    cleanup(child.stop)
+    stored = child.notified("STATUS=ACME certificate stored: shop.test", 60)
+    yield child.ready()
+    yield stored
+    renewed = child.notified("STATUS=ACME certificate stored: shop.test", 30)
+    root_file = yield setup.root()
+    first = set()
+    for _ in range(4):
+        cert, _answer = yield threads.deferToThread(handshake, setup.tls, "shop.test", root_file)
+        first.add(cert.serial_number)
+    assert len(first) == 1
+    yield renewed
+    for _ in range(4):
+        cert, answer = yield threads.deferToThread(handshake, setup.tls, "shop.test", root_file)
+        assert cert.serial_number not in first
+        assert answer.endswith(b"hello world!"), answer
+    metrics = yield setup.metrics()
     assert "prexy_acme_issued_total 2\n" in metrics, metrics
