@@ -265,3 +265,44 @@ class ReportTests(SynchronousTestCase):
             assert line in lines, (line, lines)
         assert health_lines(health) == ["acme: x.shop.test failing: x.shop.test: refused (rejectedIdentifier)"]
         assert health_lines({"earliest_expiry_days": {}, "failing": {}}) == []
+
+
+class _Acme:
+    def __init__(self, health: dict[str, Any]) -> None:
+        self.health = health
+
+    def metric_lines(self) -> list[str]:
+        return metric_lines(self.health)
+
+    def health_lines(self) -> list[str]:
+        return health_lines(self.health)
+
+
+class AdminTests(SynchronousTestCase):
+    """The admin endpoint of a process that issues (``--workers 0``)."""
+
+    def render(self, path: bytes, acme: Any) -> bytes:
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from prexy.admin import AdminResource
+        from prexy.metrics import Metrics
+
+        owner: Any = type("Owner", (), {"metrics": Metrics(), "cluster": None, "acme": acme})()
+        request = DummyRequest([b""])
+        request.path = path
+        result = AdminResource(owner).render(request)
+        assert isinstance(result, bytes)
+        return result
+
+    def test_health_names_the_failing(self) -> None:
+        failing = _Acme({"earliest_expiry_days": {}, "failing": {"a.test": "a.test: refused (rejectedIdentifier)"}})
+        assert self.render(b"/health", failing) == b"ok\nacme: a.test failing: a.test: refused (rejectedIdentifier)\n"
+        assert self.render(b"/health", _Acme({"failing": {}})) == b"ok\n"
+        assert self.render(b"/health", None) == b"ok\n"
+
+    def test_metrics(self) -> None:
+        acme = _Acme({"earliest_expiry_days": {"shop": 2.0}, "failing": {}, "issuer": {"placed": 1, "issued": 1}})
+        text = self.render(b"/metrics", acme)
+        assert b"prexy_requests_total" in text or b"prexy_bytes_out_total 0\n" in text
+        assert b'prexy_acme_expiry_days{site="shop"} 2.000\n' in text
+        assert b"prexy_acme_issued_total 1\n" in text
