@@ -185,12 +185,17 @@ ACME_CHALLENGES = ("http-01", "tls-alpn-01")
 
 
 def default_acme_storage(cache_path: str) -> str:
-    """Where certificates are stored unless ``[acme] storage`` says: beside
-    a configured ``[cache] path`` (its sibling ``prexy-acme``); else
+    """Where certificates are stored unless ``[acme] storage`` says:
+    ``$STATE_DIRECTORY/acme`` under systemd's ``StateDirectory=`` (the
+    unit in conf/ sets ``/var/lib/prexy``); else beside a configured
+    ``[cache] path`` (its sibling ``prexy-acme``); else
     ``/var/lib/prexy/acme`` for root, ``~/.local/state/prexy/acme`` for
     another user.  Never the default cache directory, which is tmpfs: the
     certificates must outlive a reboot (re-issuing them all would meet the
     CA's rate limits)."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return os.path.join(state, "acme")
     if cache_path:
         return os.path.join(os.path.dirname(cache_path.rstrip("/")) or "/", "prexy-acme")
     if os.getuid() == 0:

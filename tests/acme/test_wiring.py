@@ -62,15 +62,22 @@ class ConfigTests(SynchronousTestCase):
         assert config.acme_sites() == {"shop": ("shop.test", "*.shop.test")}
 
     def test_defaults(self) -> None:
+        self.patch(os, "environ", {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"})
         acme = self.load().acme
         assert acme.challenges == ("http-01", "tls-alpn-01")
         assert acme.storage == default_acme_storage("")
         assert (acme.email, acme.ca_bundle, acme.ask) == ("ops@shop.test", None, None)
 
     def test_default_storage_beside_the_cache(self) -> None:
+        self.patch(os, "environ", {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"})
         assert default_acme_storage("/srv/prexy/cache") == "/srv/prexy/prexy-acme"
         assert default_acme_storage("/srv/prexy/cache/") == "/srv/prexy/prexy-acme"
         assert not default_acme_storage("").startswith("/dev/shm")
+
+    def test_default_storage_under_systemd(self) -> None:
+        """systemd's StateDirectory= (conf/prexy.service: /var/lib/prexy) first."""
+        self.patch(os, "environ", {**os.environ, "STATE_DIRECTORY": "/var/lib/prexy:/var/lib/other"})
+        assert default_acme_storage("/var/cache/prexy/store") == "/var/lib/prexy/acme"
 
     def test_site_errors(self) -> None:
         self.refused("sites.shop.tls", "the only value is \"acme\"", 4, True, site="tls = 'auto'\n")
