@@ -78,14 +78,14 @@ class Setup:
         self.cleanup(upstream.stopListening)
         self.upstream = f"http://127.0.0.1:{upstream.getHost().port}"
 
-    def write(self, hosts: list[str]) -> None:
+    def write(self, hosts: list[str], acme: str = "") -> None:
         with open(self.config, "w") as f:
             f.write(
                 f"[server]\nlisten = ['tcp:{self.plain}:interface=127.0.0.1', 'ssl:{self.tls}:interface=127.0.0.1']\n"
                 f"admin = 'tcp:{self.admin}:interface=127.0.0.1'\naccess_log = 'off'\n"
                 "tls_certificate = 'default.crt'\ntls_key = 'default.key'\n"
                 f"[acme]\ndirectory = '{self.pebble.directory}'\nca_bundle = '{self.pebble.ca_bundle}'\n"
-                "email = 'ops@example.com'\nstorage = 'acme'\n"
+                f"email = 'ops@example.com'\nstorage = 'acme'\n{acme}"
                 f"[sites.shop]\nupstream = '{self.upstream}'\nhosts = {hosts!r}\ntls = 'acme'\n"
             )
 
@@ -189,3 +189,22 @@ def test_renewal_reaches_the_workers(cleanup: Cleanups) -> Any:
         assert answer.endswith(b"hello world!"), answer
     metrics = yield setup.metrics()
     assert "prexy_acme_issued_total 2\n" in metrics, metrics
+
+
+@pytest_twisted.inlineCallbacks
+def test_tls_alpn01_answered_by_the_workers(cleanup: Cleanups) -> Any:
+    """With TLS-ALPN-01 alone, pebble's validation handshake (ALPN
+    acme-tls/1 for the name) reaches a worker on Prexy's ssl: listener."""
+    setup = Setup(cleanup)
+    yield setup.start()
+    setup.write(["shop.test"], acme="challenges = ['tls-alpn-01']\n")
+    child = Twistd("--config", setup.config, "--workers", "2")
+    cleanup(child.stop)
+    stored = child.notified("STATUS=ACME certificate stored: shop.test", 60)
+    yield child.ready()
+    yield stored
+    root_file = yield setup.root()
+    cert, answer = yield threads.deferToThread(handshake, setup.tls, "shop.test", root_file)
+    assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName) == ["shop.test"]
+    assert answer.endswith(b"hello world!"), answer
