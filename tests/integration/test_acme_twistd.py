@@ -4,8 +4,11 @@ host of a ``tls = "acme"`` site at start, pebble's HTTP-01 request reaches
 the workers on Prexy's own plain listener (answered before any routing),
 the workers serve the stored certificate by SNI (a Python TLS client
 verifying it against pebble's root), an unknown name gets the [server]
-default certificate and no order, /metrics counts the issuance.  The wait
-for the certificate is the master's systemd status line."""
+default certificate and no order, /metrics counts the issuance; with
+``--workers 0`` the process issues itself and a host added at reload is
+ordered then; a renewal reaches the workers (the master's command on the
+control pipe); TLS-ALPN-01 alone is answered on Prexy's ssl: listener.
+The wait for a certificate is the issuing process's systemd STATUS line."""
 
 from __future__ import annotations
 
