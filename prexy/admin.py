@@ -55,17 +55,25 @@ class AdminResource(resource.Resource):
         path = request.path
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         if path == b"/health":
+            body = b"ok\n"
             cluster = getattr(self.owner, "cluster", None)
             if cluster is not None:  # a node of a fleet: its link to Redis (it serves either way)
-                return b"ok\n" + cluster.health().encode("utf-8") + b"\n"
-            return b"ok\n"
+                body += cluster.health().encode("utf-8") + b"\n"
+            acme = getattr(self.owner, "acme", None)
+            if acme is not None:  # names whose certificate orders fail (the old ones serve)
+                body += "".join(line + "\n" for line in acme.health_lines()).encode("utf-8")
+            return body
         if path == b"/metrics":
             request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
             collect = getattr(self.owner, "collect_metrics", None)
             if collect is not None:
                 return collect()
             cluster = getattr(self.owner, "cluster", None)
-            return render([self.owner.metrics], cluster.gauges() if cluster is not None else None)
+            text = render([self.owner.metrics], cluster.gauges() if cluster is not None else None)
+            acme = getattr(self.owner, "acme", None)
+            if acme is not None:
+                text += ("\n".join(acme.metric_lines()) + "\n").encode("utf-8")
+            return text
         if path == b"/reload":
             if request.method != b"POST":
                 request.setResponseCode(405)

@@ -180,6 +180,50 @@ CACHE_KEYS = {
 }
 
 
+#: The challenge types ``[acme] challenges`` may list (prexy.acme.issuer).
+ACME_CHALLENGES = ("http-01", "tls-alpn-01")
+
+
+def default_acme_storage(cache_path: str) -> str:
+    """Where certificates are stored unless ``[acme] storage`` says:
+    ``$STATE_DIRECTORY/acme`` under systemd's ``StateDirectory=`` (the
+    unit in conf/ sets ``/var/lib/prexy``); else beside a configured
+    ``[cache] path`` (its sibling ``prexy-acme``); else
+    ``/var/lib/prexy/acme`` for root, ``~/.local/state/prexy/acme`` for
+    another user.  Never the default cache directory, which is tmpfs: the
+    certificates must outlive a reboot (re-issuing them all would meet the
+    CA's rate limits)."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return os.path.join(state, "acme")
+    if cache_path:
+        return os.path.join(os.path.dirname(cache_path.rstrip("/")) or "/", "prexy-acme")
+    if os.getuid() == 0:
+        return "/var/lib/prexy/acme"
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "prexy", "acme")
+
+
+@attrs.frozen
+class AcmeConfig:
+    """The ``[acme]`` table: the CA of the sites with ``tls = "acme"``."""
+
+    #: The CA's directory URL (https).
+    directory: str
+    #: The account's contact; None: none.
+    email: str | None = None
+    #: A PEM file of CAs to trust for the directory's HTTPS; None: the system's.
+    ca_bundle: str | None = None
+    #: The directory of the certificates and the account key (one per machine).
+    storage: str = ""
+    #: The challenge types answered, in order of preference.
+    challenges: tuple[str, ...] = ACME_CHALLENGES
+    #: The ask check's URL (names under a wildcard host, issued on demand).
+    ask: str | None = None
+    #: Orders per registered domain per hour, and in flight at once.
+    per_domain_per_hour: int = 5
+    concurrent: int = 2
+
+
 @attrs.frozen
 class SiteConfig:
     """One site: the Host names it answers and the upstream it fronts."""
@@ -214,6 +258,8 @@ class SiteConfig:
     #: Their contents as validated (compared by bytes: a renewed file is a
     #: changed site).
     certificate: Certificate | None = attrs.field(default=None, repr=False)
+    #: ``tls = "acme"``: certificates for its hosts from the [acme] CA.
+    acme: bool = False
 
     def upstream_host_header(self, client_host: bytes | None) -> bytes:
         if self.host_header == "pass":
@@ -263,6 +309,12 @@ class Config:
     included: tuple[str, ...] = ()
     #: [server] error_pages: the pages of sites that give none of their own.
     error_pages: ErrorPages = NO_PAGES
+    #: The [acme] table; None: no automatic certificates.
+    acme: AcmeConfig | None = None
+
+    def acme_sites(self) -> dict[str, tuple[str, ...]]:
+        """The ``tls = "acme"`` sites' hosts, by site name."""
+        return {s.name: s.hosts for s in self.sites if s.acme}
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -491,7 +543,7 @@ def parse_config(
         return value
 
     _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites", "cluster",
-                  "include"), "", err)
+                  "include", "acme"), "", err)
     server = data.get("server", {})
     if not isinstance(server, dict):
         err("server", "must be a table")
@@ -665,6 +717,8 @@ def parse_config(
         kwargs["cache_path"] = rel(typed(cache, "path", str, "cache"))
     if "cluster" in data:  # nodes sharing invalidation through Redis (prexy.cluster)
         kwargs["cluster"] = parse_cluster(data["cluster"], err)
+    if "acme" in data:
+        kwargs["acme"] = _acme(data["acme"], err, typed, rel, files, kwargs.get("cache_path", ""))
 
     def compression(table: Any, where: str, base: Compression) -> Compression:
         if not isinstance(table, dict):
@@ -747,6 +801,8 @@ def parse_config(
                     other = site_files.get(seen_hosts[h], main).path
                     err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
                 seen_hosts[h] = name
+            if known.acme and "acme" not in kwargs:  # (the main file's [acme] went)
+                err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
             if known.tls_certificate is not None and known.tls_key is not None:
                 # The files may hold a renewed certificate: read again.
                 current = certificate(known.tls_certificate, known.tls_key, where, known.hosts)
@@ -764,7 +820,7 @@ def parse_config(
              "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
              "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
              "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field",
-             "error_pages", "tls_certificate", "tls_key"),
+             "error_pages", "tls_certificate", "tls_key", "tls"),
             where,
             err,
         )
@@ -804,6 +860,18 @@ def parse_config(
                 tls_paths[key] = rel(typed(table, key, str, where))
                 if not is_file(tls_paths[key]):
                     err(f"{where}.{key}", f"no such file: {tls_paths[key]}")
+        site_acme = False
+        if "tls" in table:
+            if typed(table, "tls", str, where) != "acme":
+                err(f"{where}.tls", "the only value is \"acme\" (else give tls_certificate and tls_key)")
+            if tls_paths:
+                err(f"{where}.tls", "a site's certificate is tls = \"acme\" or its tls_certificate and tls_key,"
+                    " not both")
+            if "acme" not in kwargs:
+                err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
+            if not norm_hosts:
+                err(f"{where}.tls", "a site's certificate is chosen by its hosts: give it hosts")
+            site_acme = True
         site_certificate = None
         if tls_paths:
             for key, other in (("tls_certificate", "tls_key"), ("tls_key", "tls_certificate")):
@@ -888,6 +956,7 @@ def parse_config(
                 tls_certificate=tls_paths.get("tls_certificate"),
                 tls_key=tls_paths.get("tls_key"),
                 certificate=site_certificate,
+                acme=site_acme,
             )
         )
         if memo is not None and memo_key is not None:
@@ -905,6 +974,52 @@ def parse_config(
     kwargs["sites"] = tuple(sites)
     kwargs["default_site"] = default
     return Config(**kwargs)
+
+
+def _acme(table: Any, err: Any, typed: Any, rel: Any, files: IFiles, cache_path: str) -> AcmeConfig:
+    """The ``[acme]`` table, checked (``err`` raises with the key's line)."""
+    if not isinstance(table, dict):
+        err("acme", "must be a table")
+    _known(table, ("directory", "email", "ca_bundle", "storage", "challenges", "ask", "per_domain_per_hour",
+                   "concurrent"), "acme", err)
+    if "directory" not in table:
+        err("acme", "missing key 'directory' (the CA's ACME directory URL)")
+    directory = typed(table, "directory", str, "acme")
+    parts = urlsplit(directory)
+    if parts.scheme != "https" or not parts.hostname:
+        err("acme.directory", f"must be an https:// URL, got {directory!r}")
+    kw: dict[str, Any] = {"directory": directory}
+    if "email" in table:
+        email = typed(table, "email", str, "acme")
+        if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", email):
+            err("acme.email", f"not an e-mail address: {email!r}")
+        kw["email"] = email
+    if "ca_bundle" in table:
+        bundle = rel(typed(table, "ca_bundle", str, "acme"))
+        if not files.is_file(bundle):
+            err("acme.ca_bundle", f"no such file: {bundle}")
+        kw["ca_bundle"] = bundle
+    kw["storage"] = rel(typed(table, "storage", str, "acme")) if "storage" in table else default_acme_storage(cache_path)
+    if "challenges" in table:
+        chosen = table["challenges"]
+        if not isinstance(chosen, list) or not chosen or not all(c in ACME_CHALLENGES for c in chosen):
+            err("acme.challenges", f"must be a non-empty list of {', '.join(map(repr, ACME_CHALLENGES))}")
+        if len(set(chosen)) != len(chosen):
+            err("acme.challenges", "lists a challenge twice")
+        kw["challenges"] = tuple(chosen)
+    if "ask" in table:
+        ask = typed(table, "ask", str, "acme")
+        ask_parts = urlsplit(ask)
+        if ask_parts.scheme not in ("http", "https") or not ask_parts.hostname:
+            err("acme.ask", f"must be an http:// or https:// URL, got {ask!r}")
+        kw["ask"] = ask
+    for key in ("per_domain_per_hour", "concurrent"):
+        if key in table:
+            value = typed(table, key, int, "acme")
+            if value < 1:
+                err(f"acme.{key}", "must be 1 or more")
+            kw[key] = value
+    return AcmeConfig(**kw)
 
 
 def _http2_settings(table: Any, err: Any, typed: Any) -> H2Settings:

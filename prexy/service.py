@@ -158,6 +158,11 @@ class Options(usage.Options):
             own = sum(1 for site in config.sites if site.certificate is not None)
             if own:
                 files += f", {own} with a certificate of its own"
+            if config.acme is not None:
+                acme_sites = config.acme_sites()
+                listed = sum(1 for hosts in acme_sites.values() for h in hosts if not h.startswith("*."))
+                files += (f", {len(acme_sites)} on ACME ({listed} listed name(s), from {config.acme.directory},"
+                          f" stored in {config.acme.storage})")
             sys.stdout.write(
                 f"prexy: configuration {source} is ok: {len(config.sites)} site(s){files}, "
                 f"listening on {', '.join(config.listen)}\n"
@@ -377,6 +382,11 @@ class ProxyService(service.MultiService):
 
         #: The ssl: listeners' certificates, the sites' chosen by SNI.
         self.certificates = ServerCertificates(alpn=config.http2, count=self.metrics.count)
+        #: The issuer of automatic certificates (prexy.acme.service.AcmeService),
+        #: in the process that runs alone (workers = 0); a pool's master runs it.
+        self.acme: Any = None
+        if config.acme is not None:
+            self._use_acme(config, issue=not inherited)
         self.certificates.update(runtime, refuse=config.tls_unknown == "refuse")
         if not inherited:
             for desc in config.listen_endpoints():
@@ -397,6 +407,36 @@ class ProxyService(service.MultiService):
             self.cluster = node_service(reactor, config, self.metrics, self.cache_store, self.reload)
             self.cluster.setServiceParent(self)
             self.announce = self.cluster.publish
+
+    def _use_acme(self, config: Config, issue: bool) -> None:
+        """Serve the ACME sites' stored certificates and answer the
+        challenges; ``issue``: this process also orders them."""
+        from prexy.acme.service import acme_service, challenge_registry
+
+        acme = config.acme
+        assert acme is not None
+        if issue:
+            self.acme = acme_service(self.reactor, acme, config.acme_sites())
+            self.acme.setServiceParent(self)
+            registry = self.acme.registry
+        else:
+            registry = challenge_registry(acme)
+        self.certificates.use_acme(acme.storage, registry if "tls-alpn-01" in acme.challenges else None)
+        if "http-01" in acme.challenges:
+            self.resource.challenges = registry
+        if self.acme is not None:
+            contexts = self.certificates.acme
+            self.acme.manager.watch(lambda name, stored: contexts.forget(name))
+            from prexy.acme.service import stored_line
+            from prexy.workers import sd_notify
+
+            self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
+
+    def certificate_stored(self, name: str) -> None:
+        """The issuing process stored ``name``'s certificate: the next
+        handshake for it reads the new one."""
+        if self.certificates.acme is not None:
+            self.certificates.acme.forget(name)
 
     def cache_store(self) -> Any:
         """The shared cache store, if any (for the admin endpoint's ban)."""
@@ -464,6 +504,8 @@ class ProxyService(service.MultiService):
             log.warn("reload: listen endpoints changed; they take effect on restart")
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
+        if config.acme != self.config.acme:
+            log.warn("reload: [acme] changed; it takes effect on restart")
         runtime.compile_ahead(COMPILE_AHEAD)
         try:
             for name, (key, cert) in self._default_certificates(config).items():
@@ -476,6 +518,8 @@ class ProxyService(service.MultiService):
             return False
         self.config = config
         self.resource.runtime = runtime
+        if self.acme is not None:
+            self.acme.update(config.acme_sites())
         self.site.max_request_body = config.max_request_body
         self.site.limits = config.limits
         self.site.timeouts = config.timeouts
@@ -575,6 +619,7 @@ def _global_reactor() -> Any:
     from twisted.internet import reactor
 
     return reactor
+
 
 
 class TopService(service.MultiService):

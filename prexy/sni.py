@@ -71,6 +71,12 @@ class ServerCertificates:
     def __init__(self, alpn: bool = False, count: Any = None) -> None:
         self.alpn = alpn
         self._count = count
+        #: The ``tls = "acme"`` sites' certificates from storage, by name
+        #: (:class:`prexy.acme.contexts.AcmeContexts`); None: no [acme].
+        self.acme: Any = None
+        #: The challenge answers (:class:`prexy.acme.challenges.ChallengeRegistry`)
+        #: when TLS-ALPN-01 is answered here.
+        self.challenges: Any = None
         self._runtime: Any = None
         self._refuse = False
         #: Contexts by certificate (the sites' and the listeners' defaults).
@@ -105,6 +111,14 @@ class ServerCertificates:
         context.set_tlsext_servername_callback(self._choose)
         return context
 
+    def use_acme(self, storage: Any, challenges: Any = None, size: int = 1000) -> None:
+        """Serve the ``tls = "acme"`` sites' certificates stored under
+        ``storage``; with ``challenges``, answer TLS-ALPN-01 from it."""
+        from prexy.acme.contexts import AcmeContexts
+
+        self.acme = AcmeContexts(storage, self._make, size)
+        self.challenges = challenges
+
     def update(self, runtime: Any, refuse: bool = False) -> None:
         """Choose among ``runtime``'s sites from now on (its sites'
         certificates get their contexts now); ``refuse``: refuse handshakes
@@ -115,6 +129,8 @@ class ServerCertificates:
         contexts = {certificate: self.context(certificate) for certificate in wanted}
         self._contexts = contexts
         self._runtime = runtime
+        if self.acme is not None:
+            self.acme.clear()  # (which sites are on ACME may have changed)
         if refuse and not self._refuse:
             _quiet_refusals()
         self._refuse = refuse
@@ -159,9 +175,30 @@ class ServerCertificates:
                     self._count("prexy_tls_refused_total")
                 raise UnknownServerName(raw)
             return
+        if site.config.acme:
+            self._choose_acme(connection, raw)
+            return
         certificate = site.config.certificate
         if certificate is not None:
             context = self._contexts.get(certificate)
+            if context is not None:
+                connection.set_context(context)
+
+
+    def _choose_acme(self, connection: Any, raw: bytes) -> None:
+        """A name of a ``tls = "acme"`` site: a TLS-ALPN-01 validation
+        handshake gets the answer's context (:mod:`prexy.acme.web`), any
+        other the stored certificate's (read once, then from memory), else
+        stays on the default."""
+        if self.challenges is not None:
+            from prexy.acme.web import tls_alpn01_context
+
+            answer = tls_alpn01_context(self.challenges, raw)
+            if answer is not None:
+                connection.set_context(answer)
+                return
+        if self.acme is not None:
+            context = self.acme.context(raw)
             if context is not None:
                 connection.set_context(context)
 

@@ -153,6 +153,8 @@ def worker_main(spec_json: str) -> None:
         send({"metrics": svc.metrics.snapshot()})
 
     def command(message: dict[str, Any], payload: bytes) -> None:
+        if isinstance(message.get("certificate"), str):  # the master stored it (prexy.acme)
+            svc.certificate_stored(message["certificate"])
         if "reload" in message:
             try:
                 files = Snapshot.decode(payload)

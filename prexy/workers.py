@@ -224,6 +224,15 @@ class MasterService(service.MultiService):
             self.cluster = node_service(reactor, config, self.metrics, self.cache_store, self.reload)
             self.cluster.setServiceParent(self)
             self.announce = self.cluster.publish
+        #: The one issuer of the machine's automatic certificates
+        #: (prexy.acme.service.AcmeService): the workers read what it stores.
+        self.acme: Any = None
+        if config.acme is not None:
+            from prexy.acme.service import acme_service, stored_line
+
+            self.acme = acme_service(reactor, config.acme, config.acme_sites())
+            self.acme.manager.watch(self.certificate_stored)
+            self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
         if config.admin:
             from prexy.admin import admin_service
 
@@ -251,6 +260,10 @@ class MasterService(service.MultiService):
             self.cluster.ready.addCallback(spawn)
         else:
             spawn()
+        if self.acme is not None:
+            # Once the workers are on their way: the CA's validation
+            # requests are answered by them (the sockets queue them).
+            self.acme.setServiceParent(self)
         log.info(
             "prexy master {pid}: {n} worker(s) on {listen}",
             pid=os.getpid(),
@@ -378,6 +391,13 @@ class MasterService(service.MultiService):
         generation = worker.generation
         self.reactor.callLater(backoff, self._respawn, generation, worker.slot)
 
+    def certificate_stored(self, name: str, stored: Any) -> None:
+        """Every live worker drops what it made of ``name``'s old
+        certificate (or remembered of its absence)."""
+        for w in self.workers:
+            if not w.ended.called:
+                w.command({"certificate": name})
+
     def _respawn(self, generation: int, slot: int) -> None:
         if not self.stopping and generation == self.generation:
             self._spawn(generation, slot)
@@ -403,6 +423,10 @@ class MasterService(service.MultiService):
             log.warn("reload: listen endpoints changed; they take effect on restart")
         if config.cluster != self.config.cluster:
             log.warn("reload: [cluster] changed; it takes effect on restart")
+        if config.acme != self.config.acme:
+            log.warn("reload: [acme] changed; it takes effect on restart")
+        if self.acme is not None:
+            self.acme.update(config.acme_sites())
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
         # Renewed certificates (the [server] one in the same files, or a
         # site's) are swapped in place by the workers, for the handshakes
@@ -483,4 +507,7 @@ class MasterService(service.MultiService):
         }
         if self.cluster is not None:
             extra.update(self.cluster.gauges())
-        return render(parts, extra)
+        text = render(parts, extra)
+        if self.acme is not None:
+            text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")
+        return text

@@ -18,6 +18,7 @@ requests that reach it through the shared port.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,79 @@ class AcmeService(Service):
     def update(self, sites: Mapping[str, Iterable[str]]) -> None:
         """A reload: the ACME sites' hosts now."""
         self.manager.update(NamePolicy.of(sites, ask=self.manager.ask is not None))
+
+    def metric_lines(self) -> list[str]:
+        """Prometheus text lines: the issuer's counters and, per site, the
+        days to the earliest expiry among its certificates."""
+        return metric_lines(self.manager.health())
+
+    def health_lines(self) -> list[str]:
+        """One line per name whose last order failed (empty: all well)."""
+        return health_lines(self.manager.health())
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metric_lines(health: Mapping[str, Any]) -> list[str]:
+    """:meth:`CertificateManager.health` as Prometheus text lines."""
+    issuer = health.get("issuer") or {}
+    lines = [
+        "# HELP prexy_acme_orders_total ACME orders placed.",
+        "# TYPE prexy_acme_orders_total counter",
+        f"prexy_acme_orders_total {issuer.get('placed', 0)}",
+        "# HELP prexy_acme_issued_total Certificates issued (first issue and renewals).",
+        "# TYPE prexy_acme_issued_total counter",
+        f"prexy_acme_issued_total {issuer.get('issued', 0)}",
+        "# HELP prexy_acme_failures_total ACME orders that failed, by kind"
+        " (unreachable, refused, validation, error).",
+        "# TYPE prexy_acme_failures_total counter",
+    ]
+    lines += [f'prexy_acme_failures_total{{kind="{_label(k)}"}} {v}' for k, v in sorted(issuer.get("failed", {}).items())]
+    lines += [
+        "# HELP prexy_acme_limited_total ACME orders not placed because a limit said no, by limit.",
+        "# TYPE prexy_acme_limited_total counter",
+    ]
+    lines += [f'prexy_acme_limited_total{{limit="{_label(k)}"}} {v}' for k, v in sorted(issuer.get("limited", {}).items())]
+    lines += [
+        "# HELP prexy_acme_expiry_days Days to the earliest expiry among a site's ACME certificates.",
+        "# TYPE prexy_acme_expiry_days gauge",
+    ]
+    lines += [
+        f'prexy_acme_expiry_days{{site="{_label(site)}"}} {days:.3f}'
+        for site, days in sorted(health.get("earliest_expiry_days", {}).items())
+    ]
+    lines += ["# HELP prexy_acme_failing Names whose last ACME order failed.", "# TYPE prexy_acme_failing gauge",
+              f"prexy_acme_failing {len(health.get('failing', {}))}"]
+    return lines
+
+
+def health_lines(health: Mapping[str, Any]) -> list[str]:
+    """One ``acme: NAME failing: REASON`` line per failing name."""
+    return [f"acme: {name} failing: {reason}" for name, reason in sorted(health.get("failing", {}).items())]
+
+
+def acme_service(reactor: Any, acme: Any, sites: Mapping[str, Iterable[str]]) -> AcmeService:
+    """The service of an ``[acme]`` table (:class:`prexy.config.AcmeConfig`)
+    for these sites' hosts."""
+    from prexy.acme.policy import Limits
+
+    settings = IssuerSettings(acme.directory, email=acme.email, ca_bundle=acme.ca_bundle, challenges=acme.challenges)
+    limits = Limits(per_domain_per_hour=acme.per_domain_per_hour, concurrent=acme.concurrent)
+    return AcmeService(reactor, settings, acme.storage, sites, limits=limits)
+
+
+def stored_line(name: str, stored: Any, notify: Callable[[str], None]) -> None:
+    """The issuing process's log line, and systemd status (``notify``:
+    ``prexy.workers.sd_notify``), for a certificate stored: what an
+    operator, and a test, waits for."""
+    days = (stored.not_after - time.time()) / 86400
+    AcmeService.log.info("ACME: certificate for {name} stored, valid {days:.1f} more day(s)", name=name, days=days)
+    notify(f"STATUS=ACME certificate stored: {name}")
+
+
+def challenge_registry(acme: Any) -> ChallengeRegistry:
+    """The answers as a process that does not issue reads them: the files
+    the issuing process writes under the storage directory."""
+    return ChallengeRegistry(Path(acme.storage) / "challenges")

@@ -67,6 +67,9 @@ class ProxyResource(Resource):
         self.metrics = metrics
         #: prexy.proxy.caching.CacheLayer when a cache store is configured.
         self.cache = cache
+        #: The ACME challenge answers (prexy.acme.challenges.ChallengeRegistry)
+        #: when HTTP-01 is answered here; None: no [acme].
+        self.challenges: Any = None
         #: Which rules ever matched each resource version (issue 4).
         self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
         self.rewriting = Rewriting(reactor, timer or reactor.seconds)
@@ -114,6 +117,16 @@ class ProxyResource(Resource):
         )
 
     def render(self, request: ProxyRequest) -> Any:
+        if self.challenges is not None and request.path.startswith(b"/.well-known/acme-challenge/"):
+            # The CA's HTTP-01 validation: answered before any site's
+            # routing, map or cache (RFC 8555, 8.3).
+            from prexy.acme.web import http01_response
+
+            found = http01_response(self.challenges, request.path)
+            if found is not None:
+                request.setHeader(b"Cache-Control", b"no-store")
+                plain_answer(request, *found)
+                return server.NOT_DONE_YET
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
         host = host_values[0] if host_values else None
