@@ -103,6 +103,19 @@ class AcmeService(Service):
         self.manager.stop()
         self.pool.stop()
 
+    def share_through(self, cluster: Any) -> None:
+        """Coordinate orders with the other nodes of ``cluster``
+        (:class:`prexy.cluster.node.ClusterService`): see prexy.acme.fleet."""
+        from twisted.internet.threads import deferToThreadPool
+
+        from prexy.acme.fleet import FleetIssuer
+
+        self.manager.issuer = FleetIssuer(
+            self.reactor, self.issuer, self.storage, cluster.settings.key, lambda: cluster.writer,
+            ready=cluster.ready, renewal=self.manager.renewal,
+            save=lambda name, key, chain: deferToThreadPool(self.reactor, self.pool, self.storage.save, name, key, chain),
+        )
+
     def update(self, sites: Mapping[str, Iterable[str]]) -> None:
         """A reload: the ACME sites' hosts now."""
         self.manager.update(NamePolicy.of(sites, ask=self.manager.ask is not None))
