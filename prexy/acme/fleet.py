@@ -18,9 +18,18 @@ Redis keys (``KEY`` is ``[cluster] key``):
   let go by a compare-and-delete script, so a node never deletes a lock
   that expired and was taken by another.
 - ``KEY:acme:cert:NAME``: the private key and certificate chain, PEM, as
-  in the storage file; it expires with the certificate.  This is key
+  in the storage file; it expires with the certificate.
+- ``KEY:acme:seen:ID``: the nodes that hold challenge answer ID (a set,
+  for a minute).  This is key
   material: Redis must be private to the fleet (it already holds the
   fleet's invalidations and reloads).
+
+The CA's validation request may reach any node (a load balancer, DNS
+with several addresses), so the ordering node hands each challenge answer
+to the others (:class:`SharedChallenges`, on the fleet's channel
+``KEY:events``) and waits until they hold it before asking the CA to
+validate; each node's master keeps it where its workers read it
+(:func:`challenge_listener`).
 
 Each node keeps its own ACME account (in its own storage): a CA allows
 many accounts, and an account key never needs to leave the machine.
@@ -32,6 +41,7 @@ and two nodes may then order the same name once each.
 
 from __future__ import annotations
 
+import base64
 import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -203,3 +213,125 @@ class FleetIssuer:
 
     def _timed(self, d: defer.Deferred[Any]) -> defer.Deferred[Any]:
         return d.addTimeout(COMMAND_TIMEOUT, self.clock)
+
+
+#: Seconds the ordering node waits for the other nodes to hold a challenge
+#: answer before the CA is told to validate.
+SHARE_WAIT = 2.0
+#: What starts a challenge message on the fleet's channel.
+ADD, GONE = b"acme-challenge", b"acme-challenge-gone"
+
+
+class SharedChallenges:
+    """The ordering node's challenge registry: each answer is kept here
+    (``local``, a :class:`prexy.acme.challenges.ChallengeRegistry`) and
+    handed to the other nodes of the fleet on ``channel``, since the CA's
+    validation request may reach any node (a load balancer, DNS with
+    several addresses).  Called from the issuer's thread: an answer added
+    returns once every node that received it said it holds it (a set in
+    Redis, ``KEY:acme:seen:ID``), at most :data:`SHARE_WAIT` seconds.
+
+    The message carries the answer itself: an HTTP-01 key authorization is
+    public (it is what the CA fetches), a TLS-ALPN-01 certificate's key
+    serves only that validation."""
+
+    def __init__(
+        self, reactor: Any, local: Any, key: str, channel: str, node: str, link: Callable[[], RedisLink | None],
+        wait: float = SHARE_WAIT, poll: float = 0.02,
+    ) -> None:
+        self.reactor = reactor
+        self.local = local
+        self.key = key
+        self.channel = channel
+        self.node = node
+        self.link = link
+        self.wait = wait
+        self.poll = poll
+
+    def add_http01(self, token: str, key_authorization: str) -> None:
+        self.local.add_http01(token, key_authorization)
+        self._share(ADD, b"http-01", token.encode("ascii"), key_authorization.encode("ascii"))
+
+    def remove_http01(self, token: str) -> None:
+        self.local.remove_http01(token)
+        self._share(GONE, b"http-01", token.encode("ascii"))
+
+    def add_tls_alpn01(self, name: str, cert_pem: bytes, key_pem: bytes) -> None:
+        self.local.add_tls_alpn01(name, cert_pem, key_pem)
+        self._share(ADD, b"tls-alpn-01", name.encode("ascii"), base64.b64encode(key_pem + cert_pem))
+
+    def remove_tls_alpn01(self, name: str) -> None:
+        self.local.remove_tls_alpn01(name)
+        self._share(GONE, b"tls-alpn-01", name.encode("ascii"))
+
+    def _share(self, verb: bytes, *words: bytes) -> None:
+        from twisted.internet.threads import blockingCallFromThread
+
+        try:
+            blockingCallFromThread(self.reactor, self._announce, verb, words)
+        except Exception as e:
+            FleetIssuer.log.warn("ACME: a challenge answer not shared with the fleet ({reason})", reason=str(e))
+
+    @defer.inlineCallbacks
+    def _announce(self, verb: bytes, words: tuple[bytes, ...]) -> Any:
+        redis = self.link()
+        if redis is None:
+            return
+        ident = secrets.token_hex(8)
+        payload = b" ".join((verb, ident.encode(), self.node.encode(), *words))
+        receivers = yield redis.command("PUBLISH", self.channel, payload).addTimeout(COMMAND_TIMEOUT, self.reactor)
+        if verb != ADD:
+            return
+        # Every node's subscriber got it, this node's own among them.
+        others = int(receivers) - 1
+        give_up = self.reactor.seconds() + self.wait
+        seen = f"{self.key}:acme:seen:{ident}"
+        while others > 0:
+            have = yield redis.command("SCARD", seen).addTimeout(COMMAND_TIMEOUT, self.reactor)
+            if int(have) >= others:
+                return
+            if self.reactor.seconds() >= give_up:
+                FleetIssuer.log.warn("ACME: {n} of {m} other node(s) confirmed a challenge answer within {s:g} s",
+                                     n=int(have), m=others, s=self.wait)
+                return
+            yield task.deferLater(self.reactor, self.poll, lambda: None)
+
+
+def challenge_listener(
+    reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
+) -> Callable[[bytes], bool]:
+    """What a node does with the fleet's challenge messages (the others'
+    :class:`SharedChallenges`): keep the answer in ``registry`` (which its
+    workers read) and say so in ``KEY:acme:seen:ID``; returns False for
+    any other message."""
+
+    def heard(payload: bytes) -> bool:
+        words = payload.split(b" ")
+        if words[0] not in (ADD, GONE):
+            return False
+        try:
+            verb, ident, sender, kind, subject = words[:5]
+            if sender.decode() == node:
+                return True
+            text = subject.decode("ascii")
+            if verb == ADD and kind == b"http-01":
+                registry.add_http01(text, words[5].decode("ascii"))
+            elif verb == ADD and kind == b"tls-alpn-01":
+                pem = base64.b64decode(words[5], validate=True)
+                marker = pem.find(b"-----BEGIN CERTIFICATE-----")
+                registry.add_tls_alpn01(text, pem[marker:], pem[:marker])
+            elif kind == b"http-01":
+                registry.remove_http01(text)
+            elif kind == b"tls-alpn-01":
+                registry.remove_tls_alpn01(text)
+        except (ValueError, IndexError, UnicodeDecodeError) as e:
+            FleetIssuer.log.warn("ACME: a challenge message from the fleet unusable ({reason})", reason=str(e))
+            return True
+        redis = link()
+        if verb == ADD and redis is not None:
+            seen = f"{key}:acme:seen:{ident.decode()}"
+            redis.command("SADD", seen, node).addErrback(lambda f: None)
+            redis.command("EXPIRE", seen, 60).addErrback(lambda f: None)
+        return True
+
+    return heard

@@ -1,6 +1,7 @@
 """prexy.acme.fleet: nodes of a fleet order each name once through a lock in
 Redis and take the certificate the ordering node shared; a dead node's lock
-expires; without Redis a node orders alone.  A fake Redis (the commands
+expires; without Redis a node orders alone; the ordering node's challenge
+answers reach the other nodes' registries.  A fake Redis (the commands
 used, with expiry on a Clock) stands in for the server."""
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.acme.fleet import RELEASE, FleetIssuer, joined_pem, split_pem, still_good
+from prexy.acme.challenges import ChallengeRegistry, tls_alpn01_certificate
+from prexy.acme.fleet import (
+    RELEASE,
+    FleetIssuer,
+    SharedChallenges,
+    challenge_listener,
+    joined_pem,
+    split_pem,
+    still_good,
+)
 from prexy.acme.policy import Renewal
 from prexy.acme.storage import Storage, StoredCertificate
 from prexy.cluster.redis import RedisError
@@ -36,6 +46,8 @@ class FakeRedis:
         self.data: dict[str, tuple[bytes, float | None]] = {}
         self.commands: list[tuple[Any, ...]] = []
         self.broken = False
+        self.subscribers: list[Any] = []
+        self.sets: dict[str, set[str]] = {}
 
     def get(self, key: str) -> bytes | None:
         value = self.data.get(key)
@@ -60,6 +72,17 @@ class FakeRedis:
             return defer.succeed(b"OK")
         if name == "GET":
             return defer.succeed(self.get(args[1]))
+        if name == "PUBLISH":
+            for hear in self.subscribers:
+                hear(args[2])
+            return defer.succeed(len(self.subscribers))
+        if name == "SADD":
+            self.sets.setdefault(args[1], set()).add(args[2])
+            return defer.succeed(1)
+        if name == "SCARD":
+            return defer.succeed(len(self.sets.get(args[1], ())))
+        if name == "EXPIRE":
+            return defer.succeed(1)
         if name == "EVAL" and args[1] == RELEASE:
             key, token = args[3], args[4]
             if self.get(key) == token.encode():
@@ -210,3 +233,57 @@ class StillGoodTests(SynchronousTestCase):
         renewal = Renewal(fraction=2 / 3, jitter=1 / 30)
         self.assertTrue(still_good(stored, 56.9, renewal))
         self.assertFalse(still_good(stored, 57.0, renewal))
+
+
+class ChallengeSharingTests(SynchronousTestCase):
+    """The ordering node's answers reach the other nodes' registries (the
+    files their workers read) before the CA is told to validate."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.redis = FakeRedis(self.clock)
+        self.registries = {n: ChallengeRegistry(self.mktemp()) for n in ("a", "b", "c")}
+        for n, registry in self.registries.items():
+            self.redis.subscribers.append(challenge_listener(self.clock, registry, "fleet", n, lambda: self.redis))
+        self.shared = SharedChallenges(self.clock, self.registries["a"], "fleet", "fleet:events", "a", lambda: self.redis)
+
+    def test_http01_reaches_every_node(self) -> None:
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_1", b"tok_1.thumb"))
+        self.registries["a"].add_http01("tok_1", "tok_1.thumb")
+        self.successResultOf(d)
+        for registry in self.registries.values():
+            self.assertEqual(registry.http01("tok_1"), "tok_1.thumb")
+        # b and c said so: the wait ended without the clock moving.
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 2)
+
+    def test_add_and_remove_by_the_registry_methods(self) -> None:
+        self.shared._share = lambda verb, *words: self.shared._announce(verb, words)  # type: ignore[method-assign]
+        self.shared.add_http01("tok_2", "tok_2.thumb")
+        self.assertEqual(self.registries["c"].http01("tok_2"), "tok_2.thumb")
+        self.shared.remove_http01("tok_2")
+        self.assertIsNone(self.registries["c"].http01("tok_2"))
+        cert_pem, key_pem = tls_alpn01_certificate("a.example", "auth")
+        self.shared.add_tls_alpn01("a.example", cert_pem, key_pem)
+        answer = self.registries["b"].tls_alpn01("a.example")
+        assert answer is not None
+        self.assertEqual((answer.cert_pem, answer.key_pem), (cert_pem, key_pem))
+        self.shared.remove_tls_alpn01("a.example")
+        self.assertIsNone(self.registries["b"].tls_alpn01("a.example"))
+
+    def test_waits_a_bounded_time_for_a_silent_node(self) -> None:
+        self.redis.subscribers.append(lambda payload: True)  # a node that never confirms
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_3", b"tok_3.thumb"))
+        self.assertNoResult(d)
+        self.clock.advance(1.0)
+        self.assertNoResult(d)
+        self.clock.pump([0.02] * 60)
+        self.successResultOf(d)
+
+    def test_other_messages_and_bad_ones(self) -> None:
+        hear = challenge_listener(self.clock, self.registries["b"], "fleet", "b", lambda: self.redis)
+        self.assertFalse(hear(b"entry 1-0"))
+        self.assertTrue(hear(b"acme-challenge x a http-01"))
+        self.assertTrue(hear(b"acme-challenge x a http-01 bad/token v"))
+        self.assertIsNone(self.registries["b"].http01("bad/token"))
+        self.assertTrue(hear(b"acme-challenge x b http-01 tok_4 own"))
+        self.assertIsNone(self.registries["b"].http01("tok_4"))
