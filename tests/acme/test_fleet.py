@@ -287,3 +287,28 @@ class ChallengeSharingTests(SynchronousTestCase):
         self.assertIsNone(self.registries["b"].http01("bad/token"))
         self.assertTrue(hear(b"acme-challenge x b http-01 tok_4 own"))
         self.assertIsNone(self.registries["b"].http01("tok_4"))
+
+
+class WiringTests(SynchronousTestCase):
+    def test_single_process_with_cluster_shares(self) -> None:
+        """With [acme] and [cluster], the issuing process (here --workers 0:
+        the master is prexy.workers' twin of this) orders through the fleet
+        and hears the fleet's challenge answers."""
+        from twisted.internet.testing import MemoryReactorClock
+
+        from prexy.config import parse_config
+        from prexy.runtime import build_runtime
+        from prexy.service import ProxyService
+
+        storage = self.mktemp()
+        text = (
+            "[server]\nlisten = ['tcp:0:interface=127.0.0.1']\n"
+            f"[acme]\ndirectory = 'https://127.0.0.1:9/dir'\nstorage = '{storage}'\n"
+            "[cluster]\nredis = 'redis://127.0.0.1:9/0'\nnode = 'x'\n"
+            "[sites.s]\nupstream = 'http://127.0.0.1:9'\nhosts = ['s.test']\ntls = 'acme'\n"
+        )
+        config = parse_config(text, "/nowhere/prexy.toml")
+        service = ProxyService(MemoryReactorClock(), config, build_runtime(config))
+        self.assertIsInstance(service.acme.manager.issuer, FleetIssuer)
+        self.assertIsInstance(service.acme.blocking.registry, SharedChallenges)
+        self.assertEqual(len(service.cluster.listeners), 1)
