@@ -19,6 +19,10 @@ Redis keys (``KEY`` is ``[cluster] key``):
   that expired and was taken by another.
 - ``KEY:acme:cert:NAME``: the private key and certificate chain, PEM, as
   in the storage file; it expires with the certificate.
+- ``KEY:acme:failed:NAME``: why the last order for NAME failed, for
+  :data:`FAILED_TTL` seconds: a node that waited for the lock then fails
+  too instead of placing one more order the CA would refuse alike (each
+  node retries after its backoff).
 - ``KEY:acme:seen:ID``: the nodes that hold challenge answer ID (a set,
   for a minute).  This is key
   material: Redis must be private to the fleet (it already holds the
@@ -50,11 +54,15 @@ from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from prexy.acme.issuer import AcmeError, LimitReached
 from prexy.acme.policy import Renewal, normalize_name
 from prexy.acme.storage import Storage, StorageError, StoredCertificate
 
 #: Seconds a lock lives: an order gives up after 90 s (IssuerSettings.deadline).
 LOCK_TTL = 150.0
+#: Seconds an order's failure keeps the other nodes from ordering the name
+#: (less than the first retry's wait, prexy.acme.policy.Backoff).
+FAILED_TTL = 30.0
 #: Seconds between two tries for a lock another node holds.
 POLL = 0.25
 #: Seconds one Redis command may take.
@@ -119,6 +127,7 @@ class FleetIssuer:
         token: Callable[[], str] = lambda: secrets.token_hex(16),
         poll: float = POLL,
         lock_ttl: float = LOCK_TTL,
+        failed_ttl: float = FAILED_TTL,
     ) -> None:
         self.clock = clock
         self.local = local
@@ -131,6 +140,7 @@ class FleetIssuer:
         self.token = token
         self.poll = poll
         self.lock_ttl = lock_ttl
+        self.failed_ttl = failed_ttl
         #: Certificates taken from another node instead of ordered.
         self.loaded = 0
 
@@ -141,6 +151,9 @@ class FleetIssuer:
 
     def lock_key(self, name: str) -> str:
         return f"{self.key}:acme:lock:{name}"
+
+    def failed_key(self, name: str) -> str:
+        return f"{self.key}:acme:failed:{name}"
 
     def cert_key(self, name: str) -> str:
         return f"{self.key}:acme:cert:{name}"
@@ -201,7 +214,21 @@ class FleetIssuer:
                     self.loaded += 1
                     self.log.info("ACME: certificate for {name} taken from the fleet", name=name)
                     return stored
-        stored = await self.local.issue(name)
+        try:
+            failed = await self._timed(redis.command("GET", self.failed_key(name)))
+        except Exception:
+            failed = None
+        if failed:
+            raise AcmeError(f"{name}: not ordered: another node's order failed just now: "
+                            f"{failed.decode('utf-8', 'replace')}")
+        try:
+            stored = await self.local.issue(name)
+        except AcmeError as e:
+            if not isinstance(e, LimitReached):  # a limit is this node's own
+                self._timed(
+                    redis.command("SET", self.failed_key(name), str(e), "PX", int(self.failed_ttl * 1000))
+                ).addErrback(lambda f: None)
+            raise
         ttl = int((stored.not_after - self.clock.seconds()) * 1000)
         if ttl > 0:
             try:

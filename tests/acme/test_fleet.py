@@ -25,6 +25,7 @@ from prexy.acme.fleet import (
     split_pem,
     still_good,
 )
+from prexy.acme.issuer import AcmeError, OrderRefused
 from prexy.acme.policy import Renewal
 from prexy.acme.storage import Storage, StoredCertificate
 from prexy.cluster.redis import RedisError
@@ -154,6 +155,23 @@ class FleetTests(SynchronousTestCase):
         self.assertEqual((a.loaded, b.loaded), (0, 1))
         self.assertNotIn("fleet:acme:lock:www.shop.example", self.redis.data)
         self.assertEqual(split_pem("www.shop.example", self.redis.get("fleet:acme:cert:www.shop.example") or b""), issued)
+
+    def test_a_failed_order_is_not_repeated_by_the_waiting_node(self) -> None:
+        """The ordering node's failure is the waiting node's too for a
+        while (one failed order for the fleet, not one per node); after
+        that the name is ordered again."""
+        a, local_a, _ = self.node()
+        b, local_b, _ = self.node()
+        got_a, got_b = a.issue("a.example"), b.issue("a.example")
+        local_a.pending.pop("a.example").errback(OrderRefused("a.example: the CA refused the order: no"))
+        self.failureResultOf(got_a, OrderRefused)
+        self.clock.advance(0.25)
+        failure = self.failureResultOf(got_b, AcmeError)
+        self.assertIn("another node's order failed just now: a.example: the CA refused the order: no", str(failure.value))
+        self.assertEqual(local_b.orders, [])
+        self.clock.advance(30.0)
+        b.issue("a.example")
+        self.assertEqual(local_b.orders, ["a.example"])
 
     def test_dead_nodes_lock_expires(self) -> None:
         """A lock whose holder died (never let go) frees itself after its
