@@ -241,3 +241,50 @@ class ServiceTests(SynchronousTestCase):
                 load_config(f.main(sites="\n" + ACME + f"on_demand_timeout = {bad}\n"), now=NOW)
             assert caught.exception.key == "acme.on_demand_timeout", str(caught.exception)
         assert os.path.isdir(f.dir)
+
+
+class _Manager:
+    """The certificate manager as the master's on-demand answer sees it."""
+
+    def __init__(self, ask: bool) -> None:
+        from prexy.acme.policy import NamePolicy
+
+        self.policy = NamePolicy.of({"shop": ["shop.test", "*.shop.test"], "plain": ["plain.test"]}, ask=ask)
+        self.obtained: list[str] = []
+        self.issued: Any = object()
+
+    def decide(self, name: str) -> Any:
+        return self.policy.decide(name)
+
+    def obtain(self, name: str) -> Any:
+        from twisted.internet.defer import succeed
+
+        self.obtained.append(name)
+        return succeed(self.issued)
+
+
+class MasterTests(SynchronousTestCase):
+    """The issuing process's answer to a handshake's request."""
+
+    def answer(self, manager: _Manager, name: str) -> bool:
+        from prexy.acme.service import AcmeService
+
+        fake: Any = type("Fake", (), {"manager": manager})()
+        return bool(self.successResultOf(AcmeService.on_demand(fake, name)))
+
+    def test_only_names_under_a_wildcard_reach_the_manager(self) -> None:
+        """A name no wildcard host matches (no site's, a listed one, a bad
+        one) is refused before the manager sees it: no storage, no ask, no order."""
+        manager = _Manager(ask=True)
+        for name in ("x.nobody.test", "plain.test", "shop.test", "a b.shop.test"):
+            assert not self.answer(manager, name), name
+        assert manager.obtained == []
+        assert self.answer(manager, "FR.shop.test")
+        assert manager.obtained == ["fr.shop.test"]
+        manager.issued = None
+        assert not self.answer(manager, "de.shop.test")
+
+    def test_without_ask_none_on_demand(self) -> None:
+        manager = _Manager(ask=False)
+        assert not self.answer(manager, "fr.shop.test")
+        assert manager.obtained == []
