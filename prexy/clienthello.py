@@ -170,22 +170,30 @@ def _parse(hello: _Cursor) -> Hello | NotAHello:
         return NotAHello("no compression methods")
     if hello.left == 0:
         return Hello(None)
-    extensions = _Cursor(hello.vector(2))
+    extensions = hello.vector(2)
     if hello.left:
         return NotAHello("bytes after the extensions")
     name: bytes | None = None
     alpn: tuple[bytes, ...] = ()
     seen: set[int] = set()
-    while extensions.left:
-        kind = extensions.number(2)
-        data = extensions.vector(2)
+    # (Indexed by hand: a hello has some twenty extensions, read per connection.)
+    at, end = 0, len(extensions)
+    while at < end:
+        if at + 4 > end:
+            raise _Short
+        kind = (extensions[at] << 8) | extensions[at + 1]
+        size = (extensions[at + 2] << 8) | extensions[at + 3]
+        at += 4
+        if at + size > end:
+            raise _Short
         if kind in seen:
             return NotAHello(f"extension {kind} twice")
         seen.add(kind)
         if kind == _SERVER_NAME:
-            name = _server_name(_Cursor(data))
+            name = _server_name(_Cursor(extensions[at : at + size]))
         elif kind == _ALPN:
-            alpn = _protocols(_Cursor(data))
+            alpn = _protocols(_Cursor(extensions[at : at + size]))
+        at += size
     return Hello(name, alpn)
 
 

@@ -70,12 +70,13 @@ class OnDemand:
         acme = self.certificates.acme
         if runtime is None or acme is None:
             return None
+        text = raw.decode("ascii", "replace")
+        site = runtime.serving(text)
+        if site is None or not site.config.acme or normalise(text) in runtime.hosts.exact:
+            return None
         try:
             name = normalize_name(raw)
         except BadName:
-            return None
-        site = runtime.serving(name)
-        if site is None or not site.config.acme or normalise(name) in runtime.hosts.exact:
             return None
         if acme.context(name) is not None:
             return None
