@@ -241,26 +241,29 @@ def timed_handshake(port: int, name: str, cafile: str | None) -> tuple[float, x5
     return time.monotonic() - started, cert, answer
 
 
+@pytest.mark.parametrize("workers", ["2", "0"])
 @pytest_twisted.inlineCallbacks
-def test_on_demand_at_the_first_handshake(cleanup: Cleanups) -> Any:
+def test_on_demand_at_the_first_handshake(cleanup: Cleanups, workers: str) -> Any:
     """``hosts = ["*.shop.test"]``: the first handshake for fr.shop.test
     waits for its certificate, ordered by the master once the ask server
     says yes, and gets it (verified against pebble's root) in under 3 s;
-    both workers serve it next.  A name the ask server refuses gets the
-    default certificate and no order; a name no site serves, the default
-    and no question to the ask server at all."""
+    both workers serve it next; four handshakes at once for another new
+    name make one question and one order.  A name the ask server refuses
+    gets the default certificate and no order; a name no site serves, the
+    default and no question to the ask server at all.  With --workers 0
+    the process asks its own manager."""
     setup = Setup(cleanup)
     yield setup.start()
     ask = AskServer({"fr.shop.test"})
     listening = reactor.listenTCP(0, server.Site(ask), interface="127.0.0.1")
     cleanup(listening.stopListening)
     setup.write(["*.shop.test"], acme=f"ask = 'http://127.0.0.1:{listening.getHost().port}/check'\n")
-    child = Twistd("--config", setup.config, "--workers", "2")
+    child = Twistd("--config", setup.config, "--workers", workers)
     cleanup(child.stop)
     yield child.ready()
     root_file = yield setup.root()
     took, cert, answer = yield threads.deferToThread(timed_handshake, setup.tls, "fr.shop.test", root_file)
-    print(f"first handshake for fr.shop.test, certificate issued on demand: {took:.2f} s")
+    print(f"--workers {workers}: first handshake for fr.shop.test, certificate issued on demand: {took:.2f} s")
     assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
         x509.DNSName) == ["fr.shop.test"]
     assert answer.endswith(b"hello world!"), answer
@@ -269,16 +272,22 @@ def test_on_demand_at_the_first_handshake(cleanup: Cleanups) -> Any:
     for _ in range(4):  # (either worker)
         cert, _answer = yield threads.deferToThread(handshake, setup.tls, "fr.shop.test", root_file)
         assert cert.subject.rfc4514_string() == "CN=fr.shop.test"
+    # Four at once for a new name: one question, one order, all served it.
+    ask.allowed.add("de.shop.test")
+    results = yield defer.gatherResults(
+        [threads.deferToThread(handshake, setup.tls, "de.shop.test", root_file) for _ in range(4)])
+    assert {cert.subject.rfc4514_string() for cert, _answer in results} == {"CN=de.shop.test"}
+    assert ask.asked == ["fr.shop.test", "de.shop.test"]
     # Refused by the ask server: the default certificate, no order.
     took, cert, _answer = yield threads.deferToThread(timed_handshake, setup.tls, "no.shop.test", None)
     print(f"first handshake for no.shop.test, refused by the ask check: {took:.2f} s")
     assert cert.subject.rfc4514_string() == "CN=default.test"
-    assert ask.asked == ["fr.shop.test", "no.shop.test"]
+    assert ask.asked == ["fr.shop.test", "de.shop.test", "no.shop.test"]
     # No site serves it: the default, and not even a question.
     cert, _answer = yield threads.deferToThread(handshake, setup.tls, "x.nobody.test", None)
     assert cert.subject.rfc4514_string() == "CN=default.test"
-    assert ask.asked == ["fr.shop.test", "no.shop.test"]
+    assert ask.asked == ["fr.shop.test", "de.shop.test", "no.shop.test"]
     metrics = yield setup.metrics()
-    assert "prexy_acme_orders_total 1\n" in metrics, metrics
-    assert "prexy_acme_issued_total 1\n" in metrics, metrics
+    assert "prexy_acme_orders_total 2\n" in metrics, metrics
+    assert "prexy_acme_issued_total 2\n" in metrics, metrics
     assert not os.path.exists(os.path.join(setup.dir, "acme", "certs", "no.shop.test.pem"))
