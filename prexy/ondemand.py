@@ -48,10 +48,13 @@ class OnDemand:
     ``certificates`` (:class:`prexy.sni.ServerCertificates`) knows the
     sites and the stored certificates; ``clock`` times the bound of
     ``timeout`` seconds.  :attr:`request` is called with a name to ask the
-    issuing process for its certificate (None: on-demand is off)."""
+    issuing process for its certificate (None: on-demand is off).
+    ``count`` (``Metrics.count``) counts the handshakes held, by outcome."""
 
-    def __init__(self, clock: IReactorTime, certificates: Any, timeout: float = 10.0) -> None:
+    def __init__(self, clock: IReactorTime, certificates: Any, timeout: float = 10.0,
+                 count: Callable[..., None] | None = None) -> None:
         self.clock = clock
+        self._count = count
         self.certificates = certificates
         self.timeout = timeout
         self.request: Callable[[str], None] | None = None
@@ -112,7 +115,9 @@ class OnDemand:
         waiters, timer = waiting
         if timer.active():
             timer.cancel()
-        self.counts["issued" if issued else "refused"] += 1
+        outcome = "issued" if issued else "refused"
+        self.counts[outcome] += 1
+        self._held(outcome, len(waiters))
         for d in waiters:
             d.callback(issued)
 
@@ -121,10 +126,15 @@ class OnDemand:
         if waiting is None:
             return
         self.counts["timed_out"] += 1
+        self._held("timed_out", len(waiting[0]))
         log.info("on-demand certificate for {name}: none within {timeout} s, the default serves",
                  name=name, timeout=self.timeout)
         for d in waiting[0]:
             d.callback(False)
+
+    def _held(self, outcome: str, handshakes: int) -> None:
+        if self._count is not None:
+            self._count("prexy_tls_on_demand_total", handshakes, outcome=outcome)
 
     def factory(self, context_factory: Any, wrapped: Any) -> OnDemandTLSFactory:
         """A listener's TLS factory whose connections peek first."""

@@ -425,7 +425,9 @@ class ProxyService(service.MultiService):
         if acme.ask is not None:  # names under wildcard hosts issued at their first handshake
             from prexy.ondemand import OnDemand
 
-            on_demand = self.certificates.on_demand = OnDemand(self.reactor, self.certificates, acme.on_demand_timeout)
+            on_demand = self.certificates.on_demand = OnDemand(
+                self.reactor, self.certificates, acme.on_demand_timeout, self.metrics.count
+            )
             if self.acme is not None:  # (a worker asks its master: prexy.worker)
                 issuer = self.acme
 

@@ -89,7 +89,11 @@ class OnDemandTests(SynchronousTestCase):
         self.certificates.use_acme(self.f.path("acme"))
         self.certificates.update(build_runtime(load_config(main, now=NOW)))
         self.clock = Clock()
-        self.on_demand = self.certificates.on_demand = OnDemand(self.clock, self.certificates, timeout=10.0)
+        from prexy.metrics import Metrics
+
+        self.metrics = Metrics()
+        self.on_demand = self.certificates.on_demand = OnDemand(self.clock, self.certificates, timeout=10.0,
+                                                                count=self.metrics.count)
         self.asked: list[str] = []
         self.on_demand.request = self.asked.append
         with open(self.f.path("default.crt"), "rb") as c, open(self.f.path("default.key"), "rb") as k:
@@ -153,6 +157,7 @@ class OnDemandTests(SynchronousTestCase):
         client.pump()
         assert client.subject == "CN=default.test"
         assert self.on_demand.counts["refused"] == 1
+        assert self.metrics.counters[("prexy_tls_on_demand_total", (("outcome", "refused"),))] == 1
 
     def test_bound(self) -> None:
         """No answer: the handshake goes on with the default at the bound, not before."""
@@ -173,6 +178,7 @@ class OnDemandTests(SynchronousTestCase):
         other = Client(self.factory, b"de.shop.test")
         assert self.asked == ["fr.shop.test", "de.shop.test"]
         self.on_demand.answered("fr.shop.test", False)
+        assert self.metrics.counters[("prexy_tls_on_demand_total", (("outcome", "refused"),))] == 3
         for client in clients:
             client.pump()
             assert client.subject == "CN=default.test"
