@@ -222,6 +222,9 @@ class AcmeConfig:
     #: Orders per registered domain per hour, and in flight at once.
     per_domain_per_hour: int = 5
     concurrent: int = 2
+    #: How long a first handshake for a name under a wildcard host waits
+    #: for its certificate (seconds) before the default serves it.
+    on_demand_timeout: float = 10.0
 
 
 @attrs.frozen
@@ -981,7 +984,7 @@ def _acme(table: Any, err: Any, typed: Any, rel: Any, files: IFiles, cache_path:
     if not isinstance(table, dict):
         err("acme", "must be a table")
     _known(table, ("directory", "email", "ca_bundle", "storage", "challenges", "ask", "per_domain_per_hour",
-                   "concurrent"), "acme", err)
+                   "concurrent", "on_demand_timeout"), "acme", err)
     if "directory" not in table:
         err("acme", "missing key 'directory' (the CA's ACME directory URL)")
     directory = typed(table, "directory", str, "acme")
@@ -1019,6 +1022,11 @@ def _acme(table: Any, err: Any, typed: Any, rel: Any, files: IFiles, cache_path:
             if value < 1:
                 err(f"acme.{key}", "must be 1 or more")
             kw[key] = value
+    if "on_demand_timeout" in table:
+        wait = table["on_demand_timeout"]
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait <= 60:
+            err("acme.on_demand_timeout", f"must be a number of seconds above 0, at most 60, got {wait!r}")
+        kw["on_demand_timeout"] = float(wait)
     return AcmeConfig(**kw)
 
 

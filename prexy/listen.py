@@ -256,7 +256,10 @@ def tls_factory_pem(factory: Any, key: bytes, cert: bytes, certificates: Any = N
 
     if certificates is None:
         certificates = ServerCertificates(alpn=bool(getattr(factory, "alpn", False)))
-    return TLSMemoryBIOFactory(certificates.listener(cert, key, name), False, factory)
+    contexts = certificates.listener(cert, key, name)
+    if certificates.on_demand is not None:  # (the ClientHello read first: prexy.ondemand)
+        return certificates.on_demand.factory(contexts, factory)
+    return TLSMemoryBIOFactory(contexts, False, factory)
 
 
 def tls_files(endpoints: Iterable[str], files: Any) -> dict[str, bytes]:

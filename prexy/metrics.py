@@ -29,6 +29,8 @@ HELP = {
     "prexy_map_hits_total": "Requests answered or rewritten by a URL map, by action.",
     "prexy_bytes_out_total": "Response body bytes written to clients.",
     "prexy_worker_restarts_total": "Worker processes restarted by the master.",
+    "prexy_tls_on_demand_total": "Handshakes held for an on-demand certificate, by outcome (issued, refused,"
+    " timed_out).",
     "prexy_cluster_published_total": "Invalidations (and reloads) this node added to the cluster's log, by kind.",
     "prexy_cluster_applied_total": "Invalidations (and reloads) of other nodes applied here, by kind.",
     "prexy_cluster_skipped_total": "Log entries not applied, by reason (own, seen, old-reload, malformed).",

@@ -424,6 +424,19 @@ class ProxyService(service.MultiService):
         else:
             registry = challenge_registry(acme)
         self.certificates.use_acme(acme.storage, registry if "tls-alpn-01" in acme.challenges else None)
+        if acme.ask is not None:  # names under wildcard hosts issued at their first handshake
+            from prexy.ondemand import OnDemand
+
+            on_demand = self.certificates.on_demand = OnDemand(
+                self.reactor, self.certificates, acme.on_demand_timeout, self.metrics.count
+            )
+            if self.acme is not None:  # (a worker asks its master: prexy.worker)
+                issuer = self.acme
+
+                def request(name: str) -> None:
+                    issuer.on_demand(name).addCallback(lambda issued: on_demand.answered(name, issued))
+
+                on_demand.request = request
         if "http-01" in acme.challenges:
             self.resource.challenges = registry
         if self.acme is not None:
@@ -439,6 +452,14 @@ class ProxyService(service.MultiService):
         handshake for it reads the new one."""
         if self.certificates.acme is not None:
             self.certificates.acme.forget(name)
+        if self.certificates.on_demand is not None:
+            self.certificates.on_demand.answered(name, True)
+
+    def no_certificate(self, name: str) -> None:
+        """The issuing process has no certificate for ``name`` to give a
+        handshake waiting for one: it goes on with the default."""
+        if self.certificates.on_demand is not None:
+            self.certificates.on_demand.answered(name, False)
 
     def cache_store(self) -> Any:
         """The shared cache store, if any (for the admin endpoint's ban)."""

@@ -77,6 +77,9 @@ class ServerCertificates:
         #: The challenge answers (:class:`prexy.acme.challenges.ChallengeRegistry`)
         #: when TLS-ALPN-01 is answered here.
         self.challenges: Any = None
+        #: The waits of handshakes for on-demand certificates
+        #: (:class:`prexy.ondemand.OnDemand`); None: none.
+        self.on_demand: Any = None
         self._runtime: Any = None
         self._refuse = False
         #: Contexts by certificate (the sites' and the listeners' defaults).
@@ -136,6 +139,11 @@ class ServerCertificates:
         self._refuse = refuse
         if made:
             log.info("TLS: {n} certificate(s) ready, {made} new", n=len(contexts), made=made)
+
+    @property
+    def runtime(self) -> Any:
+        """The runtime whose sites are chosen among (None before :meth:`update`)."""
+        return self._runtime
 
     def listener(self, chain_pem: bytes, key_pem: bytes, name: Any = None) -> ListenerContexts:
         """The context factory of a listener whose default certificate is

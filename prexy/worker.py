@@ -155,6 +155,8 @@ def worker_main(spec_json: str) -> None:
     def command(message: dict[str, Any], payload: bytes) -> None:
         if isinstance(message.get("certificate"), str):  # the master stored it (prexy.acme)
             svc.certificate_stored(message["certificate"])
+        if isinstance(message.get("no_certificate"), str):  # none for a handshake waiting (prexy.ondemand)
+            svc.no_certificate(message["no_certificate"])
         if "reload" in message:
             try:
                 files = Snapshot.decode(payload)
@@ -163,6 +165,9 @@ def worker_main(spec_json: str) -> None:
                 return
             ok = svc.reload(files)
             send({"reloaded": message["reload"], "ok": ok, "error": "" if ok else svc.last_reload_error})
+
+    if svc.certificates.on_demand is not None:  # the master issues (prexy.ondemand)
+        svc.certificates.on_demand.request = lambda name: send({"obtain": name})
 
     def started() -> None:
         svc.startService()

@@ -128,6 +128,8 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.metrics = message["metrics"]
             if "reloaded" in message:
                 self.master.worker_reloaded(self, message)
+            if isinstance(message.get("obtain"), str):  # a handshake waits for a certificate (prexy.ondemand)
+                self.master.obtain(self, message["obtain"])
             if "cluster" in message and self.master.cluster is not None:  # a PURGE to share (prexy.cluster)
                 from prexy.cluster.relay import relay_worker_message
 
@@ -399,6 +401,21 @@ class MasterService(service.MultiService):
         for w in self.workers:
             if not w.ended.called:
                 w.command({"certificate": name})
+
+    def obtain(self, worker: _WorkerProcess, name: str) -> None:
+        """``worker`` has a handshake waiting for ``name``'s certificate:
+        answered ``certificate`` once one is stored (every worker is told
+        so too), else ``no_certificate``."""
+        if self.acme is None:
+            worker.command({"no_certificate": name})
+            return
+
+        def answer(issued: bool) -> None:
+            if not worker.ended.called:
+                worker.command({"certificate" if issued else "no_certificate": name})
+
+        self.acme.on_demand(name).addCallback(answer).addErrback(
+            lambda f: log.failure("on-demand certificate for {name}", f, name=name))
 
     def _respawn(self, generation: int, slot: int) -> None:
         if not self.stopping and generation == self.generation:

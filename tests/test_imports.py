@@ -198,6 +198,7 @@ CORES = (
     "prexy.acme.policy",
     "prexy.acme.storage",
     "prexy.acme.challenges",
+    "prexy.clienthello",
 )
 
 

@@ -140,6 +140,8 @@ class CertificateManager:
         self.cooperator = cooperator
         self._names: OrderedDict[str, _Name] = OrderedDict()
         self._asked: dict[str, tuple[bool, float]] = {}
+        #: Who waits for the ask check's answer, by name.
+        self._asking: dict[str, list[defer.Deferred[bool]]] = {}
         self._stopped = False
         self._watchers: list[Callable[[str, StoredCertificate], None]] = []
 
@@ -384,7 +386,7 @@ class CertificateManager:
             return self._after_ask(decision, remembered[0])
         if self.ask is None:
             return defer.succeed(None)
-        d = defer.maybeDeferred(self.ask, name)
+        d = self._ask_once(name)
 
         def answered(allowed: bool) -> defer.Deferred[StoredCertificate | None]:
             self._asked[name] = (bool(allowed), self.clock.seconds() + self.ask_ttl)
@@ -395,6 +397,27 @@ class CertificateManager:
             return None
 
         return d.addCallbacks(answered, broke)
+
+    def _ask_once(self, name: str) -> defer.Deferred[bool]:
+        """The ask check's answer for ``name``: the question in flight, else
+        a new one (handshakes in several workers ask once)."""
+        mine: defer.Deferred[bool] = defer.Deferred()
+        waiting = self._asking.get(name)
+        if waiting is not None:
+            waiting.append(mine)
+            return mine
+        self._asking[name] = [mine]
+
+        def settled(result: object) -> None:
+            for d in self._asking.pop(name, []):
+                if isinstance(result, Failure):
+                    d.errback(result)
+                else:
+                    d.callback(bool(result))
+
+        assert self.ask is not None
+        defer.maybeDeferred(self.ask, name).addBoth(settled)
+        return mine
 
     def _after_ask(self, decision: NameDecision, allowed: bool) -> defer.Deferred[StoredCertificate | None]:
         if not NamePolicy.after_ask(decision, allowed).may_issue:

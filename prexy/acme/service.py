@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -38,6 +38,7 @@ from prexy.acme.policy import (
     Limits,
     NamePolicy,
     Renewal,
+    Verdict,
     registered_domain_function,
 )
 from prexy.acme.storage import Storage
@@ -126,6 +127,18 @@ class AcmeService(Service):
         """A reload: the ACME sites' hosts now."""
         self.manager.update(NamePolicy.of(sites, ask=self.manager.ask is not None))
 
+    def on_demand(self, name: str) -> defer.Deferred[bool]:
+        """A handshake's request for ``name``'s certificate: True once one
+        is stored, False when there is none to serve (no site's wildcard
+        host matches the name, the ask check said no or failed, a limit,
+        a failed order, or the wait's bound passed first).  A name no
+        wildcard host matches is refused before anything else: no storage
+        look-up, no ask, no order."""
+        decision = self.manager.decide(name)
+        if decision.verdict is not Verdict.ASK:
+            return defer.succeed(False)
+        return self.manager.obtain(decision.name).addCallback(lambda stored: stored is not None)
+
     def metric_lines(self) -> list[str]:
         """Prometheus text lines: the issuer's counters and, per site, the
         days to the earliest expiry among its certificates."""
@@ -185,7 +198,8 @@ def acme_service(reactor: Any, acme: Any, sites: Mapping[str, Iterable[str]]) ->
 
     settings = IssuerSettings(acme.directory, email=acme.email, ca_bundle=acme.ca_bundle, challenges=acme.challenges)
     limits = Limits(per_domain_per_hour=acme.per_domain_per_hour, concurrent=acme.concurrent)
-    return AcmeService(reactor, settings, acme.storage, sites, limits=limits)
+    return AcmeService(reactor, settings, acme.storage, sites, limits=limits, ask_url=acme.ask,
+                       wait=acme.on_demand_timeout)
 
 
 def stored_line(name: str, stored: Any, notify: Callable[[str], None]) -> None:

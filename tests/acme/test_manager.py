@@ -193,6 +193,33 @@ class ManagerTests(SynchronousTestCase):
         self.assertIsNone(self.successResultOf(m.obtain("bot.shop.example")))
         self.assertEqual(self.asked, ["bot.shop.example"] * 2)
 
+    def test_ask_once_for_a_name_in_flight(self) -> None:
+        """Handshakes in several workers wait for one name while its ask
+        check is in flight: one question, one order, every one answered."""
+        pending: list[defer.Deferred[bool]] = []
+
+        def slow(name: str) -> defer.Deferred[bool]:
+            self.asked.append(name)
+            pending.append(defer.Deferred())
+            return pending[-1]
+
+        m = self.manager()
+        m.ask = slow
+        waits = [m.obtain("new.shop.example") for _ in range(3)]
+        self.assertEqual(self.asked, ["new.shop.example"])
+        pending[0].callback(True)
+        self.assertEqual(self.issuer.placed, ["new.shop.example"])
+        stored = self.issuer.succeed("new.shop.example")
+        for d in waits:
+            self.assertEqual(self.successResultOf(d), stored)
+        # A failed check answers every waiter with none, and is not remembered.
+        waits = [m.obtain("other.shop.example") for _ in range(2)]
+        pending[1].errback(ConnectionError("ask server down"))
+        for d in waits:
+            self.assertIsNone(self.successResultOf(d))
+        m.obtain("other.shop.example")
+        self.assertEqual(self.asked, ["new.shop.example", "other.shop.example", "other.shop.example"])
+
     def test_wildcard_without_ask(self) -> None:
         m = self.manager(ask=False)
         self.assertIsNone(self.successResultOf(m.obtain("new.shop.example")))

@@ -7,8 +7,10 @@ verifying it against pebble's root), an unknown name gets the [server]
 default certificate and no order, /metrics counts the issuance; with
 ``--workers 0`` the process issues itself and a host added at reload is
 ordered then; a renewal reaches the workers (the master's command on the
-control pipe); TLS-ALPN-01 alone is answered on Prexy's ssl: listener.
-The wait for a certificate is the issuing process's systemd STATUS line."""
+control pipe); TLS-ALPN-01 alone is answered on Prexy's ssl: listener;
+a name under a wildcard host is issued on demand at its first handshake
+once the ask server says yes (and not when it says no, nor asked at all
+for a name no site serves).  The wait for a certificate is the issuing process's systemd STATUS line."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import signal
 import socket
 import ssl
+import time
 import urllib.request
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest_twisted
 import requests
 from cryptography import x509
 from twisted.internet import defer, reactor, threads
+from twisted.web import resource, server
 
 from tests.pki import TestCA
 
@@ -211,3 +215,79 @@ def test_tls_alpn01_answered_by_the_workers(cleanup: Cleanups) -> Any:
     assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
         x509.DNSName) == ["shop.test"]
     assert answer.endswith(b"hello world!"), answer
+
+
+class AskServer(resource.Resource):
+    """The ask check's endpoint: 200 for the names ``allowed``, 404 for
+    any other; the names asked, in order."""
+
+    isLeaf = True
+
+    def __init__(self, allowed: set[str]) -> None:
+        super().__init__()
+        self.allowed = allowed
+        self.asked: list[str] = []
+
+    def render_GET(self, request: Any) -> bytes:
+        name = request.args.get(b"domain", [b""])[0].decode("ascii", "replace")
+        self.asked.append(name)
+        request.setResponseCode(200 if name in self.allowed else 404)
+        return b"yes" if name in self.allowed else b"no"
+
+
+def timed_handshake(port: int, name: str, cafile: str | None) -> tuple[float, x509.Certificate, bytes]:
+    started = time.monotonic()
+    cert, answer = handshake(port, name, cafile)
+    return time.monotonic() - started, cert, answer
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+@pytest_twisted.inlineCallbacks
+def test_on_demand_at_the_first_handshake(cleanup: Cleanups, workers: str) -> Any:
+    """``hosts = ["*.shop.test"]``: the first handshake for fr.shop.test
+    waits for its certificate, ordered by the master once the ask server
+    says yes, and gets it (verified against pebble's root) in under 3 s;
+    both workers serve it next; four handshakes at once for another new
+    name make one question and one order.  A name the ask server refuses
+    gets the default certificate and no order; a name no site serves, the
+    default and no question to the ask server at all.  With --workers 0
+    the process asks its own manager."""
+    setup = Setup(cleanup)
+    yield setup.start()
+    ask = AskServer({"fr.shop.test"})
+    listening = reactor.listenTCP(0, server.Site(ask), interface="127.0.0.1")
+    cleanup(listening.stopListening)
+    setup.write(["*.shop.test"], acme=f"ask = 'http://127.0.0.1:{listening.getHost().port}/check'\n")
+    child = Twistd("--config", setup.config, "--workers", workers)
+    cleanup(child.stop)
+    yield child.ready()
+    root_file = yield setup.root()
+    took, cert, answer = yield threads.deferToThread(timed_handshake, setup.tls, "fr.shop.test", root_file)
+    print(f"--workers {workers}: first handshake for fr.shop.test, certificate issued on demand: {took:.2f} s")
+    assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName) == ["fr.shop.test"]
+    assert answer.endswith(b"hello world!"), answer
+    assert took < 3.0, took
+    assert ask.asked == ["fr.shop.test"]
+    for _ in range(4):  # (either worker)
+        cert, _answer = yield threads.deferToThread(handshake, setup.tls, "fr.shop.test", root_file)
+        assert cert.subject.rfc4514_string() == "CN=fr.shop.test"
+    # Four at once for a new name: one question, one order, all served it.
+    ask.allowed.add("de.shop.test")
+    results = yield defer.gatherResults(
+        [threads.deferToThread(handshake, setup.tls, "de.shop.test", root_file) for _ in range(4)])
+    assert {cert.subject.rfc4514_string() for cert, _answer in results} == {"CN=de.shop.test"}
+    assert ask.asked == ["fr.shop.test", "de.shop.test"]
+    # Refused by the ask server: the default certificate, no order.
+    took, cert, _answer = yield threads.deferToThread(timed_handshake, setup.tls, "no.shop.test", None)
+    print(f"first handshake for no.shop.test, refused by the ask check: {took:.2f} s")
+    assert cert.subject.rfc4514_string() == "CN=default.test"
+    assert ask.asked == ["fr.shop.test", "de.shop.test", "no.shop.test"]
+    # No site serves it: the default, and not even a question.
+    cert, _answer = yield threads.deferToThread(handshake, setup.tls, "x.nobody.test", None)
+    assert cert.subject.rfc4514_string() == "CN=default.test"
+    assert ask.asked == ["fr.shop.test", "de.shop.test", "no.shop.test"]
+    metrics = yield setup.metrics()
+    assert "prexy_acme_orders_total 2\n" in metrics, metrics
+    assert "prexy_acme_issued_total 2\n" in metrics, metrics
+    assert not os.path.exists(os.path.join(setup.dir, "acme", "certs", "no.shop.test.pem"))
