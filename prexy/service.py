@@ -407,6 +407,8 @@ class ProxyService(service.MultiService):
             self.cluster = node_service(reactor, config, self.metrics, self.cache_store, self.reload)
             self.cluster.setServiceParent(self)
             self.announce = self.cluster.publish
+            if self.acme is not None:  # one order per name across the fleet
+                self.acme.share_through(self.cluster)
 
     def _use_acme(self, config: Config, issue: bool) -> None:
         """Serve the ACME sites' stored certificates and answer the

@@ -235,6 +235,8 @@ class MasterService(service.MultiService):
             self.acme = acme_service(reactor, config.acme, config.acme_sites())
             self.acme.manager.watch(self.certificate_stored)
             self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
+            if self.cluster is not None:  # one order per name across the fleet
+                self.acme.share_through(self.cluster)
         if config.admin:
             from prexy.admin import admin_service
 

@@ -192,6 +192,9 @@ class ClusterService(service.Service):
         self._waiters: dict[int, tuple[defer.Deferred[Outcome | None], Any]] = {}
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = reactor
+        #: Others' messages on the fleet's channel (prexy.acme.fleet's
+        #: challenge answers): each returns True for a message it handled.
+        self.listeners: list[Callable[[bytes], bool]] = []
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -396,6 +399,9 @@ class ClusterService(service.Service):
             self._add(inv)
 
     def _event(self, channel: bytes, payload: bytes) -> None:
+        for listener in self.listeners:
+            if listener(payload):
+                return
         try:
             kind, node, position = parse_event(payload)
         except MessageError:

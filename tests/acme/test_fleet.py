@@ -1,0 +1,332 @@
+"""prexy.acme.fleet: nodes of a fleet order each name once through a lock in
+Redis and take the certificate the ordering node shared; a dead node's lock
+expires; without Redis a node orders alone; the ordering node's challenge
+answers reach the other nodes' registries.  A fake Redis (the commands
+used, with expiry on a Clock) stands in for the server."""
+
+from __future__ import annotations
+
+import datetime
+import tempfile
+import time
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.acme.challenges import ChallengeRegistry, tls_alpn01_certificate
+from prexy.acme.fleet import (
+    RELEASE,
+    FleetIssuer,
+    SharedChallenges,
+    challenge_listener,
+    joined_pem,
+    split_pem,
+    still_good,
+)
+from prexy.acme.issuer import AcmeError, OrderRefused
+from prexy.acme.policy import Renewal
+from prexy.acme.storage import Storage, StoredCertificate
+from prexy.cluster.redis import RedisError
+from tests.acme.certs import make_ca, make_leaf
+
+CA = make_ca()
+
+
+def leaf(name: str, age: datetime.timedelta = datetime.timedelta(minutes=1)) -> tuple[bytes, bytes]:
+    issued = make_leaf(CA, [name], not_before=datetime.datetime.now(datetime.UTC) - age)
+    return issued.key_pem, issued.cert_pem + CA.cert_pem
+
+
+class FakeRedis:
+    """SET (NX, PX), GET and the release script, keys expiring on ``clock``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.data: dict[str, tuple[bytes, float | None]] = {}
+        self.commands: list[tuple[Any, ...]] = []
+        self.broken = False
+        self.subscribers: list[Any] = []
+        self.sets: dict[str, set[str]] = {}
+
+    def get(self, key: str) -> bytes | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if value[1] is not None and value[1] <= self.clock.seconds():
+            del self.data[key]
+            return None
+        return value[0]
+
+    def command(self, *args: Any) -> defer.Deferred[Any]:
+        self.commands.append(args)
+        if self.broken:
+            return defer.fail(RedisError("ERR broken"))
+        name = args[0]
+        if name == "SET":
+            key, value, rest = args[1], args[2], list(args[3:])
+            if "NX" in rest and self.get(key) is not None:
+                return defer.succeed(None)
+            expiry = self.clock.seconds() + rest[rest.index("PX") + 1] / 1000 if "PX" in rest else None
+            self.data[key] = (value.encode() if isinstance(value, str) else value, expiry)
+            return defer.succeed(b"OK")
+        if name == "GET":
+            return defer.succeed(self.get(args[1]))
+        if name == "PUBLISH":
+            for hear in self.subscribers:
+                hear(args[2])
+            return defer.succeed(len(self.subscribers))
+        if name == "SADD":
+            self.sets.setdefault(args[1], set()).add(args[2])
+            return defer.succeed(1)
+        if name == "SCARD":
+            return defer.succeed(len(self.sets.get(args[1], ())))
+        if name == "EXPIRE":
+            return defer.succeed(1)
+        if name == "EVAL" and args[1] == RELEASE:
+            key, token = args[3], args[4]
+            if self.get(key) == token.encode():
+                del self.data[key]
+                return defer.succeed(1)
+            return defer.succeed(0)
+        return defer.fail(RedisError(f"ERR unknown command {name}"))
+
+
+class LocalIssuer:
+    """Orders answered by the test: ``finish(name)`` stores a new certificate."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.orders: list[str] = []
+        self.pending: dict[str, defer.Deferred[StoredCertificate]] = {}
+
+    def issue(self, name: str) -> defer.Deferred[StoredCertificate]:
+        self.orders.append(name)
+        d: defer.Deferred[StoredCertificate] = defer.Deferred()
+        self.pending[name] = d
+        return d
+
+    def finish(self, name: str) -> StoredCertificate:
+        stored = self.storage.save(name, *leaf(name))
+        self.pending.pop(name).callback(stored)
+        return stored
+
+
+class FleetTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(time.time())
+        self.redis = FakeRedis(self.clock)
+        self.tokens = iter(f"t{i}" for i in range(100))
+
+    def node(self, link: Any = None, **kw: Any) -> tuple[FleetIssuer, LocalIssuer, Storage]:
+        storage = Storage(tempfile.mkdtemp(dir=self.mktemp_dir()))
+        local = LocalIssuer(storage)
+        redis = self.redis if link is None else link
+        fleet = FleetIssuer(self.clock, local, storage, "fleet", lambda: redis, token=lambda: next(self.tokens), **kw)
+        return fleet, local, storage
+
+    def mktemp_dir(self) -> str:
+        path = self.mktemp()
+        import os
+
+        os.makedirs(path)
+        return path
+
+    def test_one_order_for_two_nodes(self) -> None:
+        """Two nodes ask for one name: one order; the other node waits for
+        the lock, then stores and serves the certificate the first shared;
+        no lock is left behind."""
+        a, local_a, storage_a = self.node()
+        b, local_b, storage_b = self.node()
+        got_a = a.issue("www.shop.example")
+        got_b = b.issue("WWW.shop.example.")
+        self.assertEqual((local_a.orders, local_b.orders), (["www.shop.example"], []))
+        self.clock.advance(1.0)
+        self.assertNoResult(got_b)
+        issued = local_a.finish("www.shop.example")
+        self.assertEqual(self.successResultOf(got_a), issued)
+        self.clock.advance(0.25)
+        from_b = self.successResultOf(got_b)
+        self.assertEqual(from_b.chain_pem, issued.chain_pem)
+        self.assertEqual(storage_b.load("www.shop.example"), from_b)
+        self.assertEqual(local_b.orders, [])
+        self.assertEqual((a.loaded, b.loaded), (0, 1))
+        self.assertNotIn("fleet:acme:lock:www.shop.example", self.redis.data)
+        self.assertEqual(split_pem("www.shop.example", self.redis.get("fleet:acme:cert:www.shop.example") or b""), issued)
+
+    def test_a_failed_order_is_not_repeated_by_the_waiting_node(self) -> None:
+        """The ordering node's failure is the waiting node's too for a
+        while (one failed order for the fleet, not one per node); after
+        that the name is ordered again."""
+        a, local_a, _ = self.node()
+        b, local_b, _ = self.node()
+        got_a, got_b = a.issue("a.example"), b.issue("a.example")
+        local_a.pending.pop("a.example").errback(OrderRefused("a.example: the CA refused the order: no"))
+        self.failureResultOf(got_a, OrderRefused)
+        self.clock.advance(0.25)
+        failure = self.failureResultOf(got_b, AcmeError)
+        self.assertIn("another node's order failed just now: a.example: the CA refused the order: no", str(failure.value))
+        self.assertEqual(local_b.orders, [])
+        self.clock.advance(30.0)
+        b.issue("a.example")
+        self.assertEqual(local_b.orders, ["a.example"])
+
+    def test_dead_nodes_lock_expires(self) -> None:
+        """A lock whose holder died (never let go) frees itself after its
+        time to live; the waiting node then orders."""
+        self.redis.data["fleet:acme:lock:a.example"] = (b"dead", self.clock.seconds() + 150)
+        b, local_b, _ = self.node()
+        got = b.issue("a.example")
+        self.clock.advance(149.0)
+        self.assertEqual(local_b.orders, [])
+        self.clock.advance(1.25)
+        self.assertEqual(local_b.orders, ["a.example"])
+        local_b.finish("a.example")
+        self.successResultOf(got)
+
+    def test_release_keeps_anothers_lock(self) -> None:
+        """The release deletes the lock only while it holds this node's token."""
+        a, local_a, _ = self.node(lock_ttl=10.0)
+        got = a.issue("a.example")
+        self.clock.advance(10.0)  # the lock expired during a long order
+        self.redis.data["fleet:acme:lock:a.example"] = (b"other", None)
+        local_a.finish("a.example")
+        self.successResultOf(got)
+        self.assertEqual(self.redis.get("fleet:acme:lock:a.example"), b"other")
+
+    def test_shared_due_for_renewal_is_ordered_again(self) -> None:
+        """A renewal does not take back the shared certificate it renews:
+        one past the earliest renewal time means a new order."""
+        key, chain = leaf("a.example", age=datetime.timedelta(days=61))
+        self.redis.data["fleet:acme:cert:a.example"] = (key + chain, None)
+        a, local_a, _ = self.node()
+        got = a.issue("a.example")
+        self.assertEqual(local_a.orders, ["a.example"])
+        fresh = local_a.finish("a.example")
+        self.assertEqual(self.successResultOf(got), fresh)
+        self.assertEqual(self.redis.get("fleet:acme:cert:a.example"), joined_pem(fresh))
+
+    def test_unusable_shared_certificate_is_ordered(self) -> None:
+        """Something in the certificate's key that is not one (or not the
+        name's) is logged and an order placed."""
+        key, chain = leaf("b.example")
+        self.redis.data["fleet:acme:cert:a.example"] = (key + chain, None)
+        a, local_a, _ = self.node()
+        a.issue("a.example")
+        self.assertEqual(local_a.orders, ["a.example"])
+        self.assertEqual(len(self.flushLoggedErrors()), 0)
+
+    def test_without_redis_orders_alone(self) -> None:
+        """No connection, or a command that fails: the node orders itself."""
+        a, local_a, _ = self.node(link=False)
+        a.link = lambda: None
+        a.issue("a.example")
+        self.assertEqual(local_a.orders, ["a.example"])
+        self.redis.broken = True
+        b, local_b, _ = self.node()
+        b.issue("a.example")
+        self.assertEqual(local_b.orders, ["a.example"])
+
+    def test_waits_for_the_link_at_start(self) -> None:
+        """Nothing is ordered before the node's link had its chance to
+        connect (else every node would order at start)."""
+        ready: defer.Deferred[None] = defer.Deferred()
+        a, local_a, _ = self.node(ready=ready)
+        a.issue("a.example")
+        self.assertEqual((local_a.orders, self.redis.commands), ([], []))
+        ready.callback(None)
+        self.assertEqual(local_a.orders, ["a.example"])
+
+    def test_bad_name_fails(self) -> None:
+        a, local_a, _ = self.node()
+        self.failureResultOf(a.issue("no_such..name"), ValueError)
+        self.assertEqual(local_a.orders, [])
+
+
+class StillGoodTests(SynchronousTestCase):
+    def test_before_the_earliest_renewal(self) -> None:
+        stored = StoredCertificate("a.example", b"k", b"c", not_before=0.0, not_after=90.0)
+        renewal = Renewal(fraction=2 / 3, jitter=1 / 30)
+        self.assertTrue(still_good(stored, 56.9, renewal))
+        self.assertFalse(still_good(stored, 57.0, renewal))
+
+
+class ChallengeSharingTests(SynchronousTestCase):
+    """The ordering node's answers reach the other nodes' registries (the
+    files their workers read) before the CA is told to validate."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.redis = FakeRedis(self.clock)
+        self.registries = {n: ChallengeRegistry(self.mktemp()) for n in ("a", "b", "c")}
+        for n, registry in self.registries.items():
+            self.redis.subscribers.append(challenge_listener(self.clock, registry, "fleet", n, lambda: self.redis))
+        self.shared = SharedChallenges(self.clock, self.registries["a"], "fleet", "fleet:events", "a", lambda: self.redis)
+
+    def test_http01_reaches_every_node(self) -> None:
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_1", b"tok_1.thumb"))
+        self.registries["a"].add_http01("tok_1", "tok_1.thumb")
+        self.successResultOf(d)
+        for registry in self.registries.values():
+            self.assertEqual(registry.http01("tok_1"), "tok_1.thumb")
+        # b and c said so: the wait ended without the clock moving.
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 2)
+
+    def test_add_and_remove_by_the_registry_methods(self) -> None:
+        self.shared._share = lambda verb, *words: self.shared._announce(verb, words)  # type: ignore[method-assign]
+        self.shared.add_http01("tok_2", "tok_2.thumb")
+        self.assertEqual(self.registries["c"].http01("tok_2"), "tok_2.thumb")
+        self.shared.remove_http01("tok_2")
+        self.assertIsNone(self.registries["c"].http01("tok_2"))
+        cert_pem, key_pem = tls_alpn01_certificate("a.example", "auth")
+        self.shared.add_tls_alpn01("a.example", cert_pem, key_pem)
+        answer = self.registries["b"].tls_alpn01("a.example")
+        assert answer is not None
+        self.assertEqual((answer.cert_pem, answer.key_pem), (cert_pem, key_pem))
+        self.shared.remove_tls_alpn01("a.example")
+        self.assertIsNone(self.registries["b"].tls_alpn01("a.example"))
+
+    def test_waits_a_bounded_time_for_a_silent_node(self) -> None:
+        self.redis.subscribers.append(lambda payload: True)  # a node that never confirms
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_3", b"tok_3.thumb"))
+        self.assertNoResult(d)
+        self.clock.advance(1.0)
+        self.assertNoResult(d)
+        self.clock.pump([0.02] * 60)
+        self.successResultOf(d)
+
+    def test_other_messages_and_bad_ones(self) -> None:
+        hear = challenge_listener(self.clock, self.registries["b"], "fleet", "b", lambda: self.redis)
+        self.assertFalse(hear(b"entry 1-0"))
+        self.assertTrue(hear(b"acme-challenge x a http-01"))
+        self.assertTrue(hear(b"acme-challenge x a http-01 bad/token v"))
+        self.assertIsNone(self.registries["b"].http01("bad/token"))
+        self.assertTrue(hear(b"acme-challenge x b http-01 tok_4 own"))
+        self.assertIsNone(self.registries["b"].http01("tok_4"))
+
+
+class WiringTests(SynchronousTestCase):
+    def test_single_process_with_cluster_shares(self) -> None:
+        """With [acme] and [cluster], the issuing process (here --workers 0:
+        the master is prexy.workers' twin of this) orders through the fleet
+        and hears the fleet's challenge answers."""
+        from twisted.internet.testing import MemoryReactorClock
+
+        from prexy.config import parse_config
+        from prexy.runtime import build_runtime
+        from prexy.service import ProxyService
+
+        storage = self.mktemp()
+        text = (
+            "[server]\nlisten = ['tcp:0:interface=127.0.0.1']\n"
+            f"[acme]\ndirectory = 'https://127.0.0.1:9/dir'\nstorage = '{storage}'\n"
+            "[cluster]\nredis = 'redis://127.0.0.1:9/0'\nnode = 'x'\n"
+            "[sites.s]\nupstream = 'http://127.0.0.1:9'\nhosts = ['s.test']\ntls = 'acme'\n"
+        )
+        config = parse_config(text, "/nowhere/prexy.toml")
+        service = ProxyService(MemoryReactorClock(), config, build_runtime(config))
+        self.assertIsInstance(service.acme.manager.issuer, FleetIssuer)
+        self.assertIsInstance(service.acme.blocking.registry, SharedChallenges)
+        self.assertEqual(len(service.cluster.listeners), 1)
