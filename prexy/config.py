@@ -21,6 +21,7 @@ from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.certs import Certificate, CertificateError, load_certificate
 from prexy.cluster.settings import ClusterConfig, parse_cluster
 from prexy.codec import LEVELS, Compression
+from prexy.endpoints import unsupported_options
 from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
 from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
@@ -1064,6 +1065,13 @@ def _check_endpoint(desc: str, fail: Any) -> None:
     kind = desc.split(":", 1)[0]
     if kind not in ("tcp", "tcp6", "ssl", "unix", "systemd"):
         fail(f"unsupported endpoint {desc!r} (use tcp:, tcp6:, ssl:, unix: or systemd:)")
+    unknown = unsupported_options(desc)
+    if unknown:
+        fail(
+            f"{desc!r}: option(s) {', '.join(unknown)} not supported on an ssl: listener"
+            " (it takes interface, backlog, privateKey and certKey; put the chain after the"
+            " certificate in certKey's file)"
+        )
 
 
 def single_site_config(

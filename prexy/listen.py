@@ -25,6 +25,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from prexy.endpoints import split_endpoint
+
 log = Logger()
 
 
@@ -42,36 +44,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc) or type(exc).__name__
-
-
-def split_endpoint(desc: str) -> tuple[str, list[str], dict[str, str]]:
-    """``tcp:8080:interface=127.0.0.1`` -> ("tcp", ["8080"], {"interface": "127.0.0.1"}),
-    honouring backslash escapes as Twisted's endpoint parser does."""
-    parts: list[str] = []
-    current = []
-    escaped = False
-    for ch in desc:
-        if escaped:
-            current.append(ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == ":":
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    kind, rest = parts[0], parts[1:]
-    args: list[str] = []
-    kwargs: dict[str, str] = {}
-    for item in rest:
-        if "=" in item:
-            k, v = item.split("=", 1)
-            kwargs[k] = v
-        else:
-            args.append(item)
-    return kind, args, kwargs
 
 
 @attrs.frozen

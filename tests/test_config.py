@@ -80,6 +80,8 @@ class ConfigTests(SynchronousTestCase):
             ("[sites.a]\nupstream = 'ftp://x'\n", 2, "sites.a.upstream", "http:// or https://"),
             ("[server]\nlisten = []\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "non-empty"),
             ("[server]\nlisten = ['bogus:1']\n[sites.a]\nupstream = 'http://x'\n", 2, "server.listen", "unsupported endpoint"),
+            ("[server]\nlisten = ['ssl:1:privateKey=k.pem:extraCertChain=c.pem']\n[sites.a]\nupstream = 'http://x'\n",
+             2, "server.listen", "extraCertChain not supported on an ssl: listener"),
             ("[timeouts]\nconnect = 'soon'\n[sites.a]\nupstream = 'http://x'\n", 2, "timeouts.connect", "must be a float"),
             ("[sites.a]\nupstream = 'http://x'\nfrobnicate = 1\n", 3, "sites.a.frobnicate", "unknown key"),
             ("[sites.a]\nupstream = 'http://x'\nrules = ['missing.rules']\n", 3, "sites.a.rules", "no such file"),

@@ -174,6 +174,7 @@ class ImportGraphTests(SynchronousTestCase):
 CORES = (
     "prexy.config",
     "prexy.certs",
+    "prexy.endpoints",
     "prexy.hostnames",
     "prexy.runtime",
     "prexy.exchange",
