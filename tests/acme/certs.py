@@ -8,7 +8,7 @@ import datetime
 import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 
@@ -77,3 +77,23 @@ def make_leaf(
         .sign(ca.key, hashes.SHA256())
     )
     return Issued(key, cert)
+
+
+def throwaway_rsa() -> tuple[bytes, rsa.RSAPrivateKey]:
+    """A self-signed RSA certificate (PEM) for "default", valid for an hour,
+    and its key: what a listener serves when no challenge is asked for (RSA,
+    so that an EC answer beside it would show)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "default")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key

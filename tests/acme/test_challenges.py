@@ -6,13 +6,9 @@ the listener's own certificate and protocols for everyone else)."""
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
@@ -26,6 +22,7 @@ from prexy.acme.challenges import (
     tls_alpn01_certificate,
 )
 from prexy.acme.web import ChallengeResource, alpn_selector, http01_response, servername_callback
+from tests.acme.certs import throwaway_rsa
 from tests.cases import tmp_dir
 
 TOKEN = "LkTLmjIUss77lwssAlM7SqURO8pPufk7_Ajwjmp3pys"
@@ -81,7 +78,7 @@ class TlsAlpnCertificateTests(SynchronousTestCase):
         self.assertEqual(acme_identifier(cert), hashlib.sha256(KEYAUTH.encode()).digest())
 
     def test_no_identifier(self) -> None:
-        cert = x509.load_pem_x509_certificate(default_cert()[0])
+        cert = x509.load_pem_x509_certificate(throwaway_rsa()[0])
         self.assertIsNone(acme_identifier(cert))
 
 
@@ -110,25 +107,6 @@ class Http01Tests(SynchronousTestCase):
         missing.path = b"/.well-known/acme-challenge/nope"
         self.assertEqual(resource.render(missing), b"no such ACME challenge\n")
         self.assertEqual(missing.responseCode, 404)
-
-
-def default_cert() -> tuple[bytes, rsa.RSAPrivateKey]:
-    from cryptography.hazmat.primitives import serialization
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "default")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key
 
 
 def handshake(server_ctx: SSL.Context, sni: bytes, protocols: list[bytes], rsa_first: bool = False) -> tuple[x509.Certificate, bytes]:
@@ -171,7 +149,7 @@ def handshake(server_ctx: SSL.Context, sni: bytes, protocols: list[bytes], rsa_f
 class AlpnTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.registry = ChallengeRegistry()
-        cert_pem, key = default_cert()
+        cert_pem, key = throwaway_rsa()
         self.ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
         self.ctx.use_certificate(x509.load_pem_x509_certificate(cert_pem))
         self.ctx.use_privatekey(key)

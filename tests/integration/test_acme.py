@@ -13,7 +13,6 @@ and is bounded.
 
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,6 @@ import pytest
 import pytest_twisted
 import requests
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 from OpenSSL import SSL, crypto
 from twisted.internet import defer, reactor, ssl
 from twisted.internet.protocol import Factory, Protocol
@@ -49,6 +45,7 @@ from prexy.acme.policy import Ledger, Limits, NamePolicy, Renewal, last_two_labe
 from prexy.acme.service import AcmeService
 from prexy.acme.storage import Storage, StoredCertificate, covers
 from prexy.acme.web import ChallengeResource, alpn_selector, servername_callback
+from tests.acme.certs import throwaway_rsa
 
 from .conftest import Cleanups
 from .pebble import CHALLTESTSRV, PEBBLE, Pebble, bounded, start_pebble
@@ -93,19 +90,8 @@ def default_context() -> SSL.Context:
     (what a listener serves when no challenge is asked for; RSA, so that
     the answer's EC certificate would sit beside it if the callback merely
     added it)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "default")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
+    cert_pem, key = throwaway_rsa()
+    cert = x509.load_pem_x509_certificate(cert_pem)
     ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
     ctx.use_certificate(cert)
     ctx.use_privatekey(key)
