@@ -41,6 +41,12 @@ log = Logger()
 #: The ALPN protocol of a TLS-ALPN-01 validation handshake (RFC 8737).
 ACME_TLS_ALPN = b"acme-tls/1"
 
+#: How long a worker takes a refusal for a name as final (seconds), and for
+#: how many names at most: a bot probing names under a wildcard host costs
+#: the issuing process one question per name, not one per handshake.
+REFUSED_FOR = 60.0
+REFUSED_KEPT = 10_000
+
 
 class OnDemand:
     """Which handshakes wait for a certificate, and their waits.
@@ -63,6 +69,8 @@ class OnDemand:
         #: What happened to the names asked for: requested, issued,
         #: refused (or failed) and timed out.
         self.counts = {"requested": 0, "issued": 0, "refused": 0, "timed_out": 0}
+        #: Names refused lately, with the time until which they stay so.
+        self._refused: dict[str, float] = {}
 
     def candidate(self, hello: Hello) -> str | None:
         """The name ``hello`` should wait for (normalised), or None."""
@@ -83,6 +91,11 @@ class OnDemand:
             return None
         if acme.context(name) is not None:
             return None
+        until = self._refused.get(name)
+        if until is not None:
+            if until > self.clock.seconds():
+                return None
+            del self._refused[name]
         return name
 
     def wait(self, name: str) -> defer.Deferred[bool]:
@@ -117,6 +130,11 @@ class OnDemand:
             timer.cancel()
         outcome = "issued" if issued else "refused"
         self.counts[outcome] += 1
+        if not issued:
+            self._refused.pop(name, None)
+            self._refused[name] = self.clock.seconds() + REFUSED_FOR
+            if len(self._refused) > REFUSED_KEPT:
+                del self._refused[next(iter(self._refused))]
         self._held(outcome, len(waiters))
         for d in waiters:
             d.callback(issued)

@@ -159,6 +159,32 @@ class OnDemandTests(SynchronousTestCase):
         assert self.on_demand.counts["refused"] == 1
         assert self.metrics.counters[("prexy_tls_on_demand_total", (("outcome", "refused"),))] == 1
 
+    def test_a_refusal_is_kept_for_a_while(self) -> None:
+        """A refused name's next handshakes go on at once with the default,
+        without asking again, for ``REFUSED_FOR`` seconds; then it is asked
+        about again.  Only refusals are kept (a timed-out order may still
+        come), and at most ``REFUSED_KEPT`` names."""
+        from prexy import ondemand
+
+        Client(self.factory, b"fr.shop.test")
+        self.on_demand.answered("fr.shop.test", False)
+        again = Client(self.factory, b"fr.shop.test")
+        again.pump()
+        assert again.subject == "CN=default.test"
+        assert self.asked == ["fr.shop.test"]
+        self.clock.advance(ondemand.REFUSED_FOR)
+        Client(self.factory, b"fr.shop.test")
+        assert self.asked == ["fr.shop.test", "fr.shop.test"]
+        Client(self.factory, b"de.shop.test")
+        self.clock.advance(self.on_demand.timeout)  # timed out: not kept
+        Client(self.factory, b"de.shop.test")
+        assert self.asked.count("de.shop.test") == 2
+        self.patch(ondemand, "REFUSED_KEPT", 2)
+        for name in ("a", "b", "c"):
+            self.on_demand._waiting[name] = ([], self.clock.callLater(1, lambda: None))
+            self.on_demand.answered(name, False)
+        assert list(self.on_demand._refused) == ["b", "c"]
+
     def test_bound(self) -> None:
         """No answer: the handshake goes on with the default at the bound, not before."""
         client = Client(self.factory, b"fr.shop.test")
