@@ -1,4 +1,4 @@
-"""The server side of one HTTP/2 connection, without I/O (issue 20).
+"""The server side of one HTTP/2 connection, without I/O.
 
 Bytes from the client go in (:meth:`ServerConnection.receive`, with the
 time, which only the flood limits read); what the proxy must do comes out

@@ -13,7 +13,7 @@ checks it (every directive, pattern and replacement, with file and line);
 its scanner, the expensive part, is compiled when a request for a site
 using it first arrives in a process (:meth:`Runtime.select`, before
 anything is timed), so start-up and memory follow the sites that get
-traffic, not the sites configured (issue 21).
+traffic, not the sites configured.
 """
 
 from __future__ import annotations

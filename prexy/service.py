@@ -48,8 +48,8 @@ log = Logger()
 
 #: A worker compiles every rule set its sites use before it serves (and a
 #: reload before it swaps the new ones in) when there are at most this many
-#: distinct ones, so the first request for a site is as fast as the next
-#: (issue 14); with more (thousands of sites, issue 21) each set is compiled
+#: distinct ones, so the first request for a site is as fast as the next;
+#: with more (thousands of sites) each set is compiled
 #: by its site's first request in the worker.  Measured for the realistic
 #: clone sets: 7 / 44 / 409 ms at 10 / 100 / 1000 rules, about 20 ms for 20.
 COMPILE_AHEAD = 64
@@ -235,7 +235,7 @@ class ConfigLoader:
     """``config_from_argv`` for a process that loads the same command line
     again and again (the master, on every reload): it keeps the site files
     parsed and the runtime built last time, so a reload parses, checks and
-    builds only what changed (issue 21: thousands of site files).  Each
+    builds only what changed (thousands of site files).  Each
     load is recorded (``files``, a ``prexy.files.Recorder``): it gives the
     configuration with the snapshot of the files it was validated from,
     which is what the workers load."""

@@ -1,4 +1,4 @@
-"""HTTP/2 to clients (issue 20): which protocol a connection speaks.
+"""HTTP/2 to clients: which protocol a connection speaks.
 
 With ``[server] http2 = true`` the TLS listeners offer ``h2`` and
 ``http/1.1`` by ALPN (``prexy.listen.adopt``) and every TLS connection

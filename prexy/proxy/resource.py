@@ -70,7 +70,7 @@ class ProxyResource(Resource):
         #: The ACME challenge answers (prexy.acme.challenges.ChallengeRegistry)
         #: when HTTP-01 is answered here; None: no [acme].
         self.challenges: Any = None
-        #: Which rules ever matched each resource version (issue 4).
+        #: Which rules ever matched each resource version.
         self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
         self.rewriting = Rewriting(reactor, timer or reactor.seconds)
         #: Rule set digest -> the slice size that took about SLICE_SECONDS

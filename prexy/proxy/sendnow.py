@@ -11,7 +11,7 @@ waits for: they are sent in the same turn when the socket takes them.
 Measured (strace -c on the worker, 12 B responses, wrk -c1, 2026-12-01):
 per proxied request 4 ``epoll_wait`` and 4 ``epoll_ctl`` calls with every
 write queued, 2 and 0 when both the upstream request and the response
-were sent at once (the code before issue 16).  The writer must be the
+were sent at once.  The writer must be the
 transport's only one, or be told when another wrote (``queued``), so it
 knows whether anything is queued; numbers with and without it are in
 bench/README.md ("Issue 16").

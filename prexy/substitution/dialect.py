@@ -50,7 +50,7 @@ _DIGIT = frozenset(b"0123456789")
 _SPACE = frozenset(b" \f\n\r\t")
 _HSPACE = frozenset((0x09, 0x20, 0xA0))
 #: A letter and its other case, one shared set per letter (a caseless rule
-#: holds one per letter; thousands of rule sets per worker, issue 21).
+#: holds one per letter; thousands of rule sets per worker).
 _CASE_PAIR = {c: frozenset((c, c ^ 0x20)) for c in (*range(0x41, 0x5B), *range(0x61, 0x7B))}
 _VSPACE = frozenset((0x0A, 0x0B, 0x0C, 0x0D, 0x85))
 _CLASS_ESCAPES: dict[int, frozenset[int]] = {
@@ -1090,7 +1090,7 @@ def backtracking_risk(tree: Node) -> str | None:
 
     :func:`check_pathological`'s shapes, and also any unbounded repeat that
     holds another one: ``regex`` handles ``(a+)+$`` without blowing up, but
-    measured on lines of 999 ``a`` (issue 15) it ran at 0.9 MB/s, and timed
+    measured on lines of 999 ``a`` it ran at 0.9 MB/s, and timed
     out on lines ending in ``b``.  Such rules run on RE2 (:mod:`.linear`).
     """
     why = check_pathological(tree)

@@ -78,7 +78,7 @@ MAX_ALTERNATIVES = 16
 _Seq = tuple[frozenset[int], ...]
 
 #: One shared frozenset per byte: a rule set's expansions hold one per
-#: literal byte, and thousands of sets per worker (issue 21) made a fresh
+#: literal byte, and thousands of sets per worker made a fresh
 #: one each time (67 of the 247 KB a 20-rule clone set took compiled).
 _BYTE = tuple(frozenset((b,)) for b in range(256))
 

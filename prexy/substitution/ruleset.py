@@ -153,7 +153,7 @@ class RuleSet:
     def scanner(self) -> RegexScanner | None:
         """The compiled scanner every transducer on this set shares (None
         without rules).  Built on first use: a set made with ``lazy=True``
-        costs its parse only until a response needs it (issue 21: thousands
+        costs its parse only until a response needs it (thousands
         of sites, most of them idle in any one worker)."""
         if not self.rules:
             return None

@@ -1350,7 +1350,7 @@ class _SetHoldCursor:
 
 #: How :class:`RegexScanner` picks the engine of each rule: ``auto`` puts on
 #: RE2 exactly the rules ``regex`` cannot bound (``dialect.backtracking_risk``);
-#: ``all`` and ``none`` force one engine.  Measured (issue 15, 16 KiB feeds,
+#: ``all`` and ``none`` force one engine.  Measured (16 KiB feeds,
 #: median of 5 interleaved runs): every rule on RE2 took 1.01-1.13x the time
 #: of ``auto`` on the realistic and synthetic 1-1000-rule sets.
 LINEAR_MODES = ("auto", "all", "none")
@@ -1488,7 +1488,7 @@ class RegexScanner:
         key = tuple(active)
         mask = self._masks.get(key)
         if mask is None:
-            if len(self._masks) >= 64:  # many rule subsets (issue 4): stay bounded
+            if len(self._masks) >= 64:  # many rule subsets: stay bounded
                 self._masks.clear()
             mask = self._masks[key] = [False] * len(self.patterns)
             for rule in key:
@@ -1529,7 +1529,7 @@ class RegexScanner:
                 walks[j] = (other, max(need, k + 1))
                 where = (2, j, k)
             groups.setdefault((where, self.tail_keys[rule]), []).append(rule)
-        if len(self._plans) >= 64:  # many rule subsets (issue 4): stay bounded
+        if len(self._plans) >= 64:  # many rule subsets: stay bounded
             self._plans.clear()
         plan = self._plans[key] = _FloorPlan(walks, groups)
         return plan

@@ -99,7 +99,7 @@ class Transducer:
     ``timeout`` bounds every regex scan call (seconds; a scan that takes
     longer makes the rest of the body pass through, ``timed_out``).
     ``only`` runs just the rules with these indexes, in their order, for a
-    caller that knows the others cannot match this body (issue 4's
+    caller that knows the others cannot match this body (the resource's
     applicability memory); the output is the same as with all rules
     exactly when that is true.
 
