@@ -9,7 +9,7 @@
 #     `systemd:domain=INET:name=http`), the site files of sites.d/, and the
 #     rules and map files; a file already there is kept, so running it again
 #     (an upgrade) never overwrites an operator's configuration;
-#   - README.md in /usr/local/share/doc/prexy (the units' Documentation=).
+#   - README.md and docs/ in /usr/local/share/doc/prexy (the units' Documentation=).
 #
 # ROOT=DIR installs under DIR instead of / (a package build, a test's
 # scratch root); no user is made then.  Exits non-zero on the first failure.
@@ -70,5 +70,7 @@ done
 
 install -d -m 755 "$root/usr/local/share/doc/prexy"
 install -m 644 "$here/../README.md" "$root/usr/local/share/doc/prexy/README.md"
+install -d -m 755 "$root/usr/local/share/doc/prexy/docs"
+install -m 644 "$here"/../docs/*.md "$root/usr/local/share/doc/prexy/docs/"
 
 echo "install.sh: installed; check with: /opt/prexy/bin/twistd prexy --config /etc/prexy/prexy.toml --check"
