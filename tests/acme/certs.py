@@ -8,12 +8,12 @@ import datetime
 import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.pki import key_pem, self_signed, throwaway_rsa
 
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+__all__ = ["Issued", "cert_pem", "key_pem", "make_ca", "make_leaf", "throwaway_rsa"]
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:
@@ -35,20 +35,7 @@ class Issued:
 
 
 def make_ca(name: str = "Test CA") -> Issued:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    cert, key = self_signed(name, ca=True, valid_for=datetime.timedelta(days=3650))
     return Issued(key, cert)
 
 
@@ -78,22 +65,3 @@ def make_leaf(
     )
     return Issued(key, cert)
 
-
-def throwaway_rsa() -> tuple[bytes, rsa.RSAPrivateKey]:
-    """A self-signed RSA certificate (PEM) for "default", valid for an hour,
-    and its key: what a listener serves when no challenge is asked for (RSA,
-    so that an EC answer beside it would show)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "default")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key

@@ -6,17 +6,15 @@ and is killed at cleanup."""
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import json
 import os
 import shutil
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 from twisted.internet import defer, endpoints, error, protocol, reactor, task
+
+from tests.pki import self_signed
 
 from .conftest import Cleanups
 from .twistd_support import free_port, scratch_dir
@@ -66,23 +64,9 @@ class Child(protocol.ProcessProtocol):
 def _https_identity(directory: str) -> tuple[str, str]:
     """A self-signed certificate for 127.0.0.1 and localhost (pebble's
     HTTPS): its file (also the CA bundle to trust) and its key's file."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pebble under test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+    cert, key = self_signed(
+        "pebble under test", dns=("localhost",), ips=("127.0.0.1",), ca=True,
+        valid_for=datetime.timedelta(days=1), backdate=datetime.timedelta(minutes=5),
     )
     cert_path = os.path.join(directory, "https.pem")
     key_path = os.path.join(directory, "https-key.pem")
