@@ -244,7 +244,7 @@ class FleetIssuer:
 
 #: Seconds the ordering node waits for the other nodes to hold a challenge
 #: answer before the CA is told to validate.
-SHARE_WAIT = 2.0
+SHARE_WAIT = 10.0
 #: What starts a challenge message on the fleet's channel.
 ADD, GONE = b"acme-challenge", b"acme-challenge-gone"
 

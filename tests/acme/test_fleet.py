@@ -18,6 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from prexy.acme.challenges import ChallengeRegistry, tls_alpn01_certificate
 from prexy.acme.fleet import (
     RELEASE,
+    SHARE_WAIT,
     FleetIssuer,
     SharedChallenges,
     challenge_listener,
@@ -292,7 +293,7 @@ class ChallengeSharingTests(SynchronousTestCase):
         self.redis.subscribers.append(lambda payload: True)  # a node that never confirms
         d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_3", b"tok_3.thumb"))
         self.assertNoResult(d)
-        self.clock.advance(1.0)
+        self.clock.advance(SHARE_WAIT - 1.0)
         self.assertNoResult(d)
         self.clock.pump([0.02] * 60)
         self.successResultOf(d)
