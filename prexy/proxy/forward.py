@@ -46,6 +46,7 @@ from prexy.exchange import (
 from prexy.headerrules import RequestVars
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.host import ExchangeHost
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import TRAILERS_OVER, start_response
@@ -73,7 +74,7 @@ class Exchange(Outcomes):
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
+    def __init__(self, resource: ExchangeHost, request: Any, site: SiteRuntime, started: float) -> None:
         self.resource = resource
         self.request = request
         self.site = site
@@ -126,7 +127,7 @@ class Exchange(Outcomes):
         ctx = self.ctx
         if ctx is not None:
             if ctx.invalidate is not None:
-                resource.cache.answered(self.site, ctx, response.code, response.headers)
+                self.cache.answered(self.site, ctx, response.code, response.headers)
             if ctx.revalidating and response.code == 304:
                 self._serve_revalidated(response)
                 return

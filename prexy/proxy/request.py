@@ -128,8 +128,6 @@ class ProxyRequest(server.Request):
     _counted = False
     #: The exchange serving this request (told when the client goes).
     exchange: Any = None
-    #: (target, host) for forwarding later (a coalesced waiter).
-    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     #: What the channel's head check found (``prexy.requesthead``).
     head: Head | None = None
     site: Any  # the ProxySite (prexy.proxy.site), which imports this module
