@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -28,22 +28,29 @@ from prexy.config import Config, ConfigError, OriginKey, SiteConfig
 from prexy.files import DISK, IFiles
 from prexy.hostnames import HostTable
 
+if TYPE_CHECKING:
+    from prexy.cache.policy import CachePolicy
+    from prexy.headerrules import HeaderRules
+    from prexy.substitution.ruleset import RuleSet
+    from prexy.urlmap.index import UrlMap
+
 
 @attrs.frozen
 class SiteRuntime:
     """One site, ready to serve: config plus compiled rules and map."""
 
     config: SiteConfig
-    rules: Any = None  # prexy.substitution RuleSet, or None
-    urlmap: Any = None  # prexy.urlmap UrlMap, or None
+    #: The site's body rules; None when it rewrites no body.
+    rules: RuleSet | None = None
+    #: The site's URL map; None without one.
+    urlmap: UrlMap | None = None
     #: The upstream connection pool's key for this site.
-    origin_key: Any = attrs.field(
+    origin_key: OriginKey = attrs.field(
         default=attrs.Factory(lambda self: _origin_key(self.config), takes_self=True), eq=False
     )
     #: The site's cache settings (its config's ``CachePolicy``) when it is
-    #: cached, else None.  Typed Any: the proxy reads it only where the site
-    #: is known to be cached.
-    cache_policy: Any = attrs.field(
+    #: cached, else None.
+    cache_policy: CachePolicy | None = attrs.field(
         default=attrs.Factory(lambda self: self.config.cache, takes_self=True), eq=False
     )
     #: Response fields meant for this proxy alone (its targeted
@@ -59,7 +66,7 @@ class SiteRuntime:
 
     #: The site's response-header rules (``prexy.headerrules``), ``default``
     #: bound to its upstream: from its rules files, else nginx's default.
-    header_rules: Any = attrs.field(
+    header_rules: HeaderRules = attrs.field(
         default=attrs.Factory(lambda self: _header_rules(self.config, self.rules), takes_self=True), eq=False
     )
     #: Lower-case names of the response headers ``header_rules`` may change.
@@ -75,14 +82,14 @@ class SiteRuntime:
     )
     #: The rule set its rules files loaded as (``rules`` is None when it
     #: has header directives only): what a reload compares to reuse the site.
-    loaded: Any = attrs.field(default=None, eq=False)
+    loaded: RuleSet | None = attrs.field(default=None, eq=False)
 
     @property
     def name(self) -> str:
         return self.config.name
 
 
-def _rules_version(rules: Any, header_rules: Any) -> str:
+def _rules_version(rules: RuleSet | None, header_rules: HeaderRules) -> str:
     version: str = rules.digest if rules is not None else ""
     headers: str = header_rules.digest
     return f"{version}+{headers}" if headers else version
@@ -96,16 +103,16 @@ def _targeted(config: SiteConfig) -> frozenset[bytes]:
     return targeted_field_names(config.cache)
 
 
-def _header_rules(config: SiteConfig, rules: Any) -> Any:
+def _header_rules(config: SiteConfig, rules: RuleSet | None) -> HeaderRules:
     from prexy.headerrules import HeaderRules
 
     up = config.upstream
     prefix = f"{up.scheme}://{up.host_header}{up.path}/".encode("latin-1")
-    found = getattr(rules, "headers", None)
-    return (found if found is not None else HeaderRules.default()).bind(prefix)
+    found = rules.headers if rules is not None else HeaderRules.default()
+    return found.bind(prefix)
 
 
-def _header_names(rules: Any) -> frozenset[bytes]:
+def _header_names(rules: HeaderRules) -> frozenset[bytes]:
     if not rules.active:
         return frozenset()
     names = set(rules.filter_headers)
