@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web import server
 
@@ -31,7 +32,9 @@ from prexy.cache import (
     Action,
     CachedObject,
     ICacheStore,
+    LookupResult,
     ObjectMeta,
+    RequestDecision,
     Writer,
     age_header,
     cache_key,
@@ -55,6 +58,7 @@ from prexy.cache.policy import CachePolicy, location_urls
 from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
 from prexy.fetch import Fetch
+from prexy.metrics import Metrics
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
 from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
@@ -86,7 +90,7 @@ class Looked:
 
     __slots__ = ("decision", "url", "found")
 
-    def __init__(self, decision: Any, url: bytes, found: Any) -> None:
+    def __init__(self, decision: RequestDecision, url: bytes, found: LookupResult | None) -> None:
         self.decision = decision
         self.url = url
         self.found = found
@@ -95,7 +99,7 @@ class Looked:
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
-    def __init__(self, reactor: Any, store: ICacheStore, metrics: Any, events: Any = None) -> None:
+    def __init__(self, reactor: IReactorTime, store: ICacheStore, metrics: Metrics, events: Any = None) -> None:
         self.reactor = reactor
         self.store = store
         self.metrics = metrics

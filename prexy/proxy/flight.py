@@ -11,7 +11,7 @@ flights in the air and serving a stale copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
@@ -22,6 +22,11 @@ from prexy.errorpages import ErrorPages
 from prexy.fetch import Fetch
 from prexy.proxy.headers import VIA, raw_header_dict
 from prexy.proxy.request import abort_client, error_answer, start_response
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IReactorTime
+
+    from prexy.metrics import Metrics
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -63,6 +68,19 @@ class CacheContext:
             claimed=self.claim_key is not None,
             storing=storing,
         )
+
+
+class FlightLayer(Protocol):
+    """What a flight uses of the cache layer that made it
+    (``prexy.proxy.caching.CacheLayer``)."""
+
+    reactor: IReactorTime
+    metrics: Metrics
+    #: The flights in the air, by key: a flight leaves it when it ends.
+    inflight: dict[bytes, Flight]
+
+    def serve(self, request: Any, obj: CachedObject, now: float, *, stale_reason: str | None = None) -> object:
+        """Answer ``request`` from a stored object."""
 
 
 @implementer(IPushProducer)
@@ -113,7 +131,7 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None) -> None:
+    def __init__(self, layer: FlightLayer, key: bytes, pages: ErrorPages | None = None) -> None:
         self.layer = layer
         self.key = key
         #: The site's error pages, for a 502 to followers.

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
@@ -190,13 +191,17 @@ class ProxyResource(Resource):
             self.forward(DetachedRequest(request), route.fetch, route.ctx)
             return route.result
 
+        # Parked: carried out when the other worker's fetch is done.
         def then(later: CacheRoute | None) -> None:
             if later is not None:
                 self.carry_out(request, fetch, later)
 
-        route.next.addCallback(then).addErrback(
-            lambda failure: log.failure("carrying out a parked request's route", failure)
-        )
+        def failed(failure: Failure) -> None:
+            log.failure("internal error while proxying a request that waited for another worker", failure)
+            if not request.gone and not request.startedWriting and not request.finished:
+                error_answer(request, 500, fetch.site.config.error_pages)
+
+        route.next.addCallback(then).addErrback(failed)
         return server.NOT_DONE_YET
 
     def forward(self, request: Any, fetch: Fetch, ctx: CacheContext | None) -> object:

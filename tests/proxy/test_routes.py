@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web import server
@@ -19,6 +20,7 @@ from prexy.fetch import Fetch
 from prexy.metrics import Metrics
 from prexy.proxy import caching
 from prexy.proxy.caching import CacheLayer
+from prexy.proxy.flight import CacheContext
 from prexy.proxy.routes import Answered, Forward, Parked, Refresh
 from prexy.runtime import SiteRuntime, build_runtime
 from tests.cases import unlinked_store
@@ -35,6 +37,9 @@ class Client:
     gone = False
     finished = False
     startedWriting = False
+
+    content = None
+    uri = b"/page"
 
     def __init__(self, method: bytes = b"GET", headers: dict[bytes, list[bytes]] | None = None) -> None:
         self.method = method
@@ -55,6 +60,12 @@ class Client:
 
     def getClientAddress(self) -> Any:
         return None
+
+    def getHost(self) -> Any:
+        return None
+
+    def isSecure(self) -> bool:
+        return False
 
     def write(self, data: bytes) -> None:
         self.startedWriting = True
@@ -282,3 +293,65 @@ class NotStorableThroughTheProxyTests(SynchronousTestCase):
             status, headers, got = parse_response(client.value())
             self.assertEqual((status, got), (200, body))
             self.assertIn(b"not-storable", dict(headers)[b"Cache-Status"])
+
+
+class CarryOutTests(SynchronousTestCase):
+    """``ProxyResource.carry_out``: the one place routes are carried out."""
+
+    def setUp(self) -> None:
+        config = Config(
+            listen=("tcp:0",),
+            sites=(SiteConfig("s", UpstreamURL.parse("http://origin.test/base"), cache=CachePolicy()),),
+            default_site="s",
+        )
+        self.h = Harness(config)
+        self.site = self.h.runtime.default
+        self.fetch = Fetch(self.site, b"GET", b"/mapped", b"/page", HOST, {b"x-who": [b"me"]}, client_ip=b"10.9.9.9")
+
+    def test_forward(self) -> None:
+        """Forward sends the fetch upstream: its method, upstream target and
+        fields, whatever the request object holds."""
+        client = Client(b"HEAD")
+        self.assertEqual(self.h.resource.carry_out(client, self.fetch, Forward(None)), server.NOT_DONE_YET)
+        [conn] = self.h.conns
+        sent = conn.sent()
+        self.assertTrue(sent.startswith(b"GET /base/mapped HTTP/1.1\r\n"), sent)
+        self.assertIn(b"x-who: me\r\n", sent)
+        self.assertIn(b"X-Forwarded-For: 10.9.9.9\r\n", sent)
+        self.assertIsNotNone(client.exchange)
+
+    def test_refresh(self) -> None:
+        """Refresh returns the answer already made and fetches in the
+        background, for a stand-in of the client."""
+        client = Client()
+        ctx = CacheContext("stale")
+        route = Refresh(b"answered", ctx, self.fetch)
+        self.assertEqual(self.h.resource.carry_out(client, self.fetch, route), b"answered")
+        self.assertEqual(len(self.h.conns), 1)
+        self.assertIsNone(client.exchange)  # the fetch is not the client's
+
+    def test_parked(self) -> None:
+        """Parked: nothing until the Deferred fires, then its route."""
+        client = Client()
+        later: Deferred[Any] = Deferred()
+        self.assertEqual(self.h.resource.carry_out(client, self.fetch, Parked(later)), server.NOT_DONE_YET)
+        self.assertEqual(self.h.conns, [])
+        later.callback(Forward(None))
+        self.assertEqual(len(self.h.conns), 1)
+
+    def test_parked_client_gone(self) -> None:
+        """Parked, and the client left: nothing is fetched."""
+        later: Deferred[Any] = Deferred()
+        self.h.resource.carry_out(Client(), self.fetch, Parked(later))
+        later.callback(None)
+        self.assertEqual(self.h.conns, [])
+
+    def test_parked_failure_answers_500(self) -> None:
+        """A failure while carrying out a parked request's route is logged
+        and answered 500 (the request does not hang)."""
+        client = Client()
+        later: Deferred[Any] = Deferred()
+        self.h.resource.carry_out(client, self.fetch, Parked(later))
+        later.errback(RuntimeError("boom"))
+        self.assertEqual((client.code, client.finished), (500, True))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
