@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
-from prexy.config import Config, ConfigError, OriginKey, SiteConfig
+from prexy.config import Config, ConfigError, OriginKey, SiteConfig, UpstreamURL
 from prexy.files import DISK, IFiles
 from prexy.hostnames import HostTable
 
 if TYPE_CHECKING:
     from prexy.cache.policy import CachePolicy
     from prexy.headerrules import HeaderRules
+    from prexy.substitution.rules import RulesError
     from prexy.substitution.ruleset import RuleSet
     from prexy.urlmap.index import UrlMap
 
@@ -225,11 +226,11 @@ class Runtime:
         return site
 
 
-RuleLoader = Callable[[tuple[str, ...]], Any]
-MapLoader = Callable[[str], Any]
+RuleLoader = Callable[[tuple[str, ...]], "RuleSet"]
+MapLoader = Callable[[str], "UrlMap"]
 
 
-def _rules_error(exc: Any) -> ConfigError:
+def _rules_error(exc: RulesError) -> ConfigError:
     """A ``RulesError`` as the ``ConfigError`` naming its file and line."""
     if not exc.line:  # the file itself (unreadable, not UTF-8, ...)
         return ConfigError(exc.filename, None, None, exc.reason)
@@ -239,7 +240,7 @@ def _rules_error(exc: Any) -> ConfigError:
     return ConfigError(exc.filename, exc.line, None, reason)
 
 
-def _load_rules(paths: tuple[str, ...]) -> Any:
+def _load_rules(paths: tuple[str, ...]) -> RuleSet:
     from prexy.substitution import RulesError, load_rules
 
     try:
@@ -250,7 +251,7 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
         raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
 
 
-def compile_ruleset(rules: Any, ahead: bool = False) -> None:
+def compile_ruleset(rules: RuleSet, ahead: bool = False) -> None:
     """Compile a lazily built rule set's scanner now and warm it (one
     rewrite of a sample made of its own rules: ``transducer.warm``); when
     compiled ``ahead`` of any request, thoroughly (its expansions and the
@@ -287,8 +288,8 @@ class RuleSets:
         self.files = files
         self.lazy = lazy
         self.check = check
-        self._files: dict[tuple[str, bytes], Any] = {}
-        self._sets: dict[tuple[str, tuple[bytes, ...]], Any] = {}
+        self._files: dict[tuple[str, bytes], RuleSet] = {}
+        self._sets: dict[tuple[str, tuple[bytes, ...]], RuleSet] = {}
         self._old_files = previous._files if previous is not None else {}
         self._old_sets = previous._sets if previous is not None else {}
         self._checked: set[tuple[str, bytes]] = set(previous._checked) if previous is not None else set()
@@ -296,7 +297,7 @@ class RuleSets:
         self.parsed = 0
         self.made = 0
 
-    def load(self, paths: tuple[str, ...]) -> Any:
+    def load(self, paths: tuple[str, ...]) -> RuleSet:
         """The rule set of these files in this order; ConfigError (file:line)
         when one does not load."""
         from prexy.headerrules import HeaderRulesConflict
@@ -331,6 +332,7 @@ class RuleSets:
             self._files[key] = ruleset
             sets.append(ruleset)
             digests.append(key[1])
+        combined: RuleSet | None
         if len(sets) == 1:
             combined = sets[0]
             if self.parsed > parsed_before:
@@ -363,7 +365,7 @@ class RuleSets:
         self._checked &= set(self._files)
 
 
-def _load_map(path: str, files: IFiles = DISK) -> Any:
+def _load_map(path: str, files: IFiles = DISK) -> UrlMap:
     from prexy.urlmap import MapError, load_map
 
     try:
@@ -407,17 +409,17 @@ def build_runtime(
         )
         load_rules = store.load
     if load_map is None:
-        def load_map(path: str) -> Any:
+        def load_map(path: str) -> UrlMap:
             return _load_map(path, files)
-    reuse_maps: dict[str, Any] = {}
+    reuse_maps: dict[str, UrlMap] = {}
     previous_sites = {s.name: s for s in previous.sites} if previous is not None else {}
     if previous is not None:
         for s in previous.sites:
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap, files):
                 reuse_maps[s.config.map.path] = s.urlmap
-    compiled: dict[tuple[str, ...], Any] = {}
+    compiled: dict[tuple[str, ...], RuleSet] = {}
     cas: dict[str, bytes] = {}
-    bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
+    bound: dict[tuple[int, UpstreamURL], tuple[HeaderRules, frozenset[bytes], str]] = {}
     sites = []
     for site in config.sites:
         loaded = None
@@ -470,7 +472,7 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
-def _unchanged(loaded: Any, files: IFiles = DISK) -> bool:
+def _unchanged(loaded: UrlMap, files: IFiles = DISK) -> bool:
     """Whether the files a loaded map came from still hold the bytes they
     held when it was read (their digests, read through ``files``): an edit
     goes live on the next reload even within the same modification-time
