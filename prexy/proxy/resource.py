@@ -162,8 +162,7 @@ class ProxyResource(Resource):
             )
         client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
         fetch = Fetch(
-            site, request.method, target, client_target, host, raw,
-            client_ip=client_ip.encode("ascii"), secure=request.isSecure(), upgrade=upgrade,
+            site, request.method, target, client_target, host, raw, client_ip.encode("ascii"), request.isSecure(), upgrade
         )
         if upgrade is not None:  # a tunnel if the upstream says 101; never cached
             return self.forward(request, fetch, None)
