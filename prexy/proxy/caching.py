@@ -56,7 +56,7 @@ from prexy.cluster.messages import Invalidation
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
 from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
-from prexy.proxy.request import error_answer, start_response, write_whole
+from prexy.proxy.request import edit_head, error_answer, start_response, write_whole
 from prexy.runtime import SiteRuntime
 
 log = Logger()
@@ -186,7 +186,7 @@ class CacheLayer:
             self._wait_for_other_worker(resource, request, site, target, host, ctx, key, now)
             return server.NOT_DONE_YET, None
         ctx.claim_key = key
-        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages)
+        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages, site)
         return None, ctx
 
     def _wait_for_other_worker(
@@ -236,7 +236,8 @@ class CacheLayer:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns.  With the object's ``key``
         and ``site``, a client that takes a coding the site compresses in
-        gets the object's compressed variant (``prexy.cache.codings``)."""
+        gets the object's compressed variant (``prexy.cache.codings``).
+        With ``site``, its add_header / proxy_hide_header apply."""
         if key is not None and site is not None and obj.status == 200:
             compression = site.config.compression
             coding = stored_coding(
@@ -248,6 +249,8 @@ class CacheLayer:
         if pairs is None:
             pairs = request_pairs(request)
         code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
+        if site is not None:
+            headers = edit_head(request, site, code, headers)
         start_response(request, code, phrase, headers)
         if body:
             write_whole(request, body)
@@ -401,7 +404,7 @@ class CacheLayer:
         client = getattr(request.getClientAddress(), "host", "")
         allowed = site.config.cache.purge_from if site.config.cache is not None else ()
         if client not in allowed:
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         url = key_url(site.cache_policy, host, target)

@@ -20,7 +20,8 @@ from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
 from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, error_answer, start_response
+from prexy.proxy.request import abort_client, edit_head, error_answer, start_response
+from prexy.runtime import SiteRuntime
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -109,11 +110,13 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None) -> None:
+    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None, site: SiteRuntime | None = None) -> None:
         self.layer = layer
         self.key = key
         #: The site's error pages, for a 502 to followers.
         self.pages = pages
+        #: The site (``SiteRuntime``): its add_header / proxy_hide_header.
+        self.site = site
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         #: The body's length when the upstream gave it and nothing changes
@@ -167,7 +170,10 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
+        headers = [*headers, (b"Via", VIA), (b"Cache-Status", status)]
+        if self.site is not None:
+            headers = edit_head(request, self.site, code, headers)
+        start_response(request, code, phrase, headers)
         if request.method == b"HEAD":
             request.finish()
             return False
@@ -203,11 +209,11 @@ class Flight:
             if request.gone or request.finished:
                 continue
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
-                self.layer.serve(request, stale, now, stale_reason="stale-if-error")
+                self.layer.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
             elif request.startedWriting:
                 abort_client(request)
             else:
-                error_answer(request, 502, self.pages)
+                error_answer(request, 502, self.pages, self.site)
         self.end()
 
     def not_storable(self, forward: Any) -> None:

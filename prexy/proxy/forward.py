@@ -43,12 +43,11 @@ from prexy.exchange import (
     via_value,
     whole_limit,
 )
-from prexy.headerrules import RequestVars
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import TRAILERS_OVER, start_response
+from prexy.proxy.request import TRAILERS_OVER, edit_head, request_vars, start_response
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -265,6 +264,7 @@ class Exchange(Outcomes):
             if part is not None:
                 code, phrase, headers, span = part
                 self.cut = Cut(span)
+        headers = edit_head(request, self.site, code, headers)
         start_response(request, code, phrase, headers)
         resource.metrics.observe_upstream(upstream_time)
         if after_head is not None:
@@ -469,17 +469,6 @@ class Exchange(Outcomes):
         # After the last bytes left: the client does not wait for this.
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
-
-def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
-    """The header rules' variables for this request (``RequestVars.of``)."""
-    values = request.requestHeaders.getRawHeaders(b"host")
-    local = request.getHost()
-    return RequestVars.of(
-        http_host=values[0] if values else b"", secure=request.isSecure(),
-        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
-        proxy_host=site.config.upstream.host_header,
-    )
-
 
 @implementer(IPushProducer)
 class _ClientProducer:
