@@ -20,18 +20,23 @@ nginx comes from ``$PREXY_NGINX``, ``nginx`` on ``$PATH`` or
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import pytest_twisted
 from twisted.internet import defer, threads
 
+from prexy.headervars import RequestVars
+
 from .conftest import Cleanups
-from .test_headerrules_nginx import find_nginx
+from .test_headerrules_nginx import build, find_nginx, nginx_conf, nginx_loads, our_error
 from .test_strict import listening
 from .twistd_support import Twistd, free_port, free_ports, scratch_dir, stop_process
 
@@ -66,8 +71,9 @@ STATUSES = (200, 201, 204, 206, 301, 302, 303, 307, 308, 400, 404, 410, 500, 503
 
 
 class Origin:
-    """Answers ``/s/NNN`` with status NNN (else 200), its own headers and
-    the request's head as the body."""
+    """Answers ``/s/NNN`` with status NNN (else 200), its own headers (or
+    the lines base64-encoded in the request's ``X-Resp``) and the request's
+    head as the body."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -94,11 +100,16 @@ class Origin:
             path = head.split(b" ", 2)[1]
             status = int(path[3:6]) if path.startswith(b"/s/") else 200
             body = b"" if status in (204, 304) else head
-            extra = b"Location: /landing\r\n" if 300 <= status < 400 else b""
+            asked = [line for line in head.split(b"\r\n") if line.lower().startswith(b"x-resp:")]
+            if asked:
+                own = base64.b64decode(asked[0].split(b":", 1)[1].strip())
+            else:
+                own = (b"X-Powered-By: PHP/8.2\r\nX-Up: origin\r\nX-Dup: one\r\n"
+                       b'ETag: "v1"\r\nCache-Control: max-age=60\r\nContent-Type: text/plain\r\n')
+                own += b"Location: /landing\r\n" if 300 <= status < 400 else b""
             conn.sendall(
-                b"HTTP/1.1 %d Whatever\r\nX-Powered-By: PHP/8.2\r\nX-Up: origin\r\nX-Dup: one\r\n"
-                b'ETag: "v1"\r\nCache-Control: max-age=60\r\nContent-Type: text/plain\r\n%s'
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (status, extra, len(body), body)
+                b"HTTP/1.1 %d Whatever\r\n%sContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (status, own, len(body), body)
             )
 
     def close(self) -> None:
@@ -271,3 +282,165 @@ def test_cache_hit_gets_what_the_miss_got(cleanup: Cleanups, origin: Origin) -> 
     assert status == 404
     assert compared(missing)[b"x-frame-options"] == []
     assert compared(missing)[b"strict-transport-security"] == [b"max-age=31536000"]
+
+
+# -- the pure module against nginx, case by case ------------------------------------
+
+@attrs.frozen
+class Case:
+    name: str
+    directives: str
+    upstream: tuple[str, ...]
+    status: int = 200
+
+
+ETAGS = ('ETag: "a"', "X-A: 1", 'ETag: "b"', "Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT")
+CASES = [
+    Case("appended, never replacing", "add_header X-A 2; add_header x-a 3; add_header Cache-Control no-cache;"
+         " add_header Link </b>;", ("X-A: 1", "Cache-Control: max-age=1", "Link: </a>")),
+    Case("ETag and Last-Modified replace the last", 'add_header etag "\\"n\\""; add_header Last-Modified Tue;', ETAGS),
+    Case("ETag and Last-Modified: empty removes", 'add_header ETag ""; add_header Last-Modified "";', ETAGS),
+    Case("ETag without one upstream", "add_header ETag x;", ("X-A: 1",)),
+    Case("ETag empty without one", "add_header ETag ''; proxy_hide_header etag;", ETAGS),
+    Case("hidden, then added", "proxy_hide_header ETag; proxy_hide_header last-modified; add_header ETag x;"
+         " add_header ETag y;", ETAGS),
+    Case("hidden caseless, every one", "proxy_hide_header x-powered-by;",
+         ("X-Powered-By: a", "x-powered-by: b", "X-POWERED-BY: c", "X-Powered: d")),
+    Case("hidden and added back", "proxy_hide_header X-A; add_header X-A mine;", ("X-A: 1", "X-B: 2")),
+    Case("empty values add nothing", "add_header X-E ''; add_header X-V $http_x_none; add_header X-W '$is_args';",
+         ("X-A: 1",)),
+    Case("variables", "add_header X-V '$host|$http_host|$scheme|$request_uri|$args|$is_args|$query_string|"
+         "$request_method|$remote_addr|$server_addr|$proxy_host|$server_protocol|$http_user_agent|$https';",
+         ("X-A: 1",)),
+    *[Case(f"status {s}", "add_header X-S s; add_header X-A a always; proxy_hide_header X-H;", ("X-H: h",), s)
+      for s in (200, 201, 202, 203, 204, 206, 300, 301, 302, 303, 304, 305, 307, 308, 400, 401, 403, 404, 409,
+                410, 418, 429, 500, 502, 503, 504)],
+]
+#: Headers nginx writes itself (its own Server and Date, its framing).
+NGINX_OWN = (b"server", b"date", b"content-length", b"connection", b"transfer-encoding")
+
+
+@attrs.frozen
+class Served:
+    port: int
+    origin: int
+
+
+@pytest.fixture(scope="module")
+def served() -> Any:
+    binary = find_nginx()
+    if binary is None:
+        pytest.skip("no nginx binary")
+    origin = Origin()
+    d = scratch_dir("prexy-edits-cases-")
+    port = free_port()
+    up = f"127.0.0.1:{origin.port}"
+    body = "".join(f"    location /c{i}/ {{ proxy_pass http://{up}/; {c.directives} }}\n" for i, c in enumerate(CASES))
+    conf = nginx_conf(Path(d), port, body)
+    process = subprocess.Popen([binary, "-p", d, "-c", str(conf)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        pytest_twisted.blockon(listening(port))
+        yield Served(port, origin.port)
+    finally:
+        stop_process(process)
+        origin.close()
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c.name for c in CASES])
+def test_respond_as_nginx(served: Served, index: int) -> None:
+    """Each case: the head nginx sends (but its own headers) is, pair by
+    pair and in order, what HeaderEdits.respond makes of the upstream's."""
+    case = CASES[index]
+    path = f"/c{index}/s/{case.status}?q=1"
+    wanted = "".join(line + "\r\n" for line in case.upstream).encode()
+    extra = b"User-Agent: UA/1\r\nX-Resp: " + base64.b64encode(wanted) + b"\r\n"
+    status, theirs, _ = get(served.port, "clone.test", path, extra)
+    assert status == case.status
+    theirs = [(n, v.replace(b"PORT", b"%d" % served.port)) for n, v in theirs if n.lower() not in NGINX_OWN]
+    upstream = [(n.encode(), v.strip().encode()) for n, _, v in (line.partition(":") for line in case.upstream)]
+    vars = RequestVars.of(
+        http_host=b"clone.test:%d" % served.port, secure=False, local_host="127.0.0.1", local_port=served.port,
+        proxy_host=f"127.0.0.1:{served.origin}", remote_host="127.0.0.1", method=b"GET", uri=path.encode(),
+        protocol=b"HTTP/1.1", headers={b"user-agent": [b"UA/1"]},
+    )
+    ours = build(case.directives.encode()).edits.respond(upstream, case.status, vars, False)
+    assert ours == theirs
+
+
+#: Directive sets both refuse; True where the module claims nginx's wording.
+LOAD_REFUSED = [
+    ("add_header X;", True),
+    ("add_header X a always b;", True),
+    ("add_header X a b;", True),
+    ("add_header X a ALWAYS;", True),
+    ("proxy_hide_header;", True),
+    ("proxy_hide_header a b;", True),
+    ("proxy_set_header X;", True),
+    ("proxy_set_header X a b;", True),
+    ("add_header X $foo;", True),
+    ("add_header X $request_ur;", True),
+    ("proxy_set_header X ${host;", True),
+    ("proxy_set_header X $;", True),
+]
+
+LOAD_ACCEPTED = [
+    "add_header X $host always;",
+    "add_header X '';",
+    "add_header X-Y $HTTP_X_SOMETHING;",
+    "proxy_hide_header X-Powered-By;",
+    "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+    "proxy_set_header X '';",
+    "proxy_set_header Host $host; proxy_set_header X-Real-IP $remote_addr;",
+    "add_header A '$scheme$https$server_port$server_addr$remote_port$request_method$args$is_args$query_string';",
+    "add_header B '${server_protocol}${proxy_host}${request_uri}';",
+]
+
+#: nginx loads these; the module refuses them on purpose (prexy.headeredits' docstring).
+LOAD_DEVIATIONS = [
+    ("add_header Content-Length 5;", "Prexy frames the message"),
+    ("add_header Transfer-Encoding x;", "Prexy frames the message"),
+    ("proxy_hide_header Content-Type;", None),
+    ("proxy_set_header Connection upgrade;", "hop-by-hop: the site's upgrade setting does WebSockets"),
+    ("proxy_set_header Upgrade $http_upgrade;", "hop-by-hop: the site's upgrade setting does WebSockets"),
+    ("proxy_set_header Expect 100-continue;", "Prexy handles Expect"),
+    ("proxy_hide_header Via;", "Prexy's own header"),
+    ("proxy_set_header Host '';", "an HTTP/1.1 request has a Host"),
+    ("proxy_set_header Host a; proxy_set_header Host b;", "one Host"),
+    ("add_header X $1;", "no location regexes"),
+    ("add_header X $uri;", "no normalised URI here"),
+    ("add_header X $server_name;", "no server_name here"),
+    ("add_header 'X Y' a;", "not a header name"),
+    ("add_header X 'a\\nb';", "a value with a line break"),
+]
+
+
+@pytest.mark.parametrize(("directives", "wording"), LOAD_REFUSED, ids=[d for d, _ in LOAD_REFUSED])
+def test_refuses_what_nginx_refuses(tmp_path: Path, directives: str, wording: bool) -> None:
+    """nginx refuses it, so does the builder (in the same words where claimed)."""
+    ok, stderr = nginx_loads(tmp_path, directives)
+    assert not ok
+    reason = our_error(directives)
+    assert reason is not None
+    if wording:
+        assert reason in stderr, (reason, stderr)
+
+
+@pytest.mark.parametrize("directives", LOAD_ACCEPTED)
+def test_loads_what_nginx_loads(tmp_path: Path, directives: str) -> None:
+    """nginx loads it, so does the builder."""
+    ok, stderr = nginx_loads(tmp_path, directives)
+    assert ok, stderr
+    assert our_error(directives) is None
+
+
+@pytest.mark.parametrize(("directives", "why"), LOAD_DEVIATIONS, ids=[d for d, _ in LOAD_DEVIATIONS])
+def test_documented_load_deviations(tmp_path: Path, directives: str, why: str | None) -> None:
+    """nginx loads these and the builder refuses them, as documented
+    (``why`` None: both load it)."""
+    ok, stderr = nginx_loads(tmp_path, directives)
+    assert ok, stderr
+    if why is None:
+        assert our_error(directives) is None
+    else:
+        assert our_error(directives) is not None, why
