@@ -227,9 +227,13 @@ class ProxyRequest(server.Request):
 
     def _site_pages(self) -> ErrorPages:
         """The error pages of the site this request's Host names."""
+        return self._site().config.error_pages
+
+    def _site(self) -> SiteRuntime:
+        """The site this request's Host names."""
         hosts = self.requestHeaders.getRawHeaders(b"host")
-        pages: ErrorPages = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None).config.error_pages
-        return pages
+        site: SiteRuntime = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None)
+        return site
 
     # -- processing -------------------------------------------------------------------
 
@@ -279,7 +283,8 @@ class ProxyRequest(server.Request):
         if self.startedWriting:
             abort_client(self)
         else:
-            error_answer(self, 500, self._site_pages())
+            site = self._site()
+            error_answer(self, 500, site.config.error_pages, site)
         return reason
 
     def _uncount(self) -> None:

@@ -257,3 +257,18 @@ class HeaderEditsTests(SynchronousTestCase):
         self.assertEqual(header(pairs, b"x-real-ip"), [b"10.1.2.3"])
         self.assertEqual(header(pairs, b"accept"), [])
         self.assertEqual(header(pairs, b"x-forwarded-for"), [b"192.0.2.1, 10.1.2.3"])
+
+    def test_own_errors_of_the_site(self) -> None:
+        """Own answers for a request routed to the site carry the always
+        headers: a 405 (TRACE) and a 500 (an exception while routing)."""
+        h = harness(EDITS)
+        status, headers, _ = parse_response(h.send(b"TRACE /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")[1].value())
+        self.assertEqual((status, edited(headers)), (405, ALWAYS))
+
+        def boom(request: object) -> object:
+            raise RuntimeError("boom")
+
+        h.resource.render = boom  # type: ignore[method-assign]
+        status, headers, _ = get(h, reply=None)
+        self.assertEqual((status, edited(headers)), (500, ALWAYS))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
