@@ -12,7 +12,9 @@ both (each proxy's own port written as PORT), and the origin must see the
 same ``proxy_set_header`` results; the closed port gives both a 502, where
 only the ``always`` headers come.  Then, Prexy alone, a cache hit (and a
 304 from the cache) gets what the miss got, the hidden header stored but
-not sent.
+not sent; a reload with a bad directive is refused and the old ones serve.
+Last, :meth:`HeaderEdits.respond` against nginx case by case, and the
+builder against ``nginx -t``.
 
 nginx comes from ``$PREXY_NGINX``, ``nginx`` on ``$PATH`` or
 ``/usr/sbin/nginx``; the comparison is skipped only without one.
@@ -184,18 +186,22 @@ def origin() -> Any:
 
 
 @defer.inlineCallbacks
-def prexy(cleanup: Cleanups, origin_port: int, closed_port: int, cache: bool) -> Any:
+def prexy(cleanup: Cleanups, origin_port: int, closed_port: int, cache: bool, admin: int | None = None,
+          rules: str | None = None) -> Any:
     """``twistd prexy`` with two workers: site ``clone`` (the origin, cached
-    when ``cache``) and ``down`` (the closed port), both with DIRECTIVES."""
+    when ``cache``) and ``down`` (the closed port), both with DIRECTIVES
+    (or in the rules file ``rules``)."""
     d = scratch_dir("prexy-edits-")
-    rules = os.path.join(d, "site.rules")
-    with open(rules, "w") as f:
-        f.write(DIRECTIVES)
+    if rules is None:
+        rules = os.path.join(d, "site.rules")
+        with open(rules, "w") as f:
+            f.write(DIRECTIVES)
     port = free_port()
     config = os.path.join(d, "prexy.toml")
+    admin_line = f'admin = "tcp:{admin}:interface=127.0.0.1"\n' if admin is not None else ""
     with open(config, "w") as f:
         f.write(
-            f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 2\naccess_log = "off"\n'
+            f'[server]\nlisten = ["tcp:{port}:interface=127.0.0.1"]\nworkers = 2\naccess_log = "off"\n{admin_line}'
             f'[cache]\nsize = "16M"\npath = "{d}/store"\n'
             f'[sites.clone]\nhosts = ["clone.test"]\nupstream = "http://127.0.0.1:{origin_port}"\n'
             f'rules = ["{rules}"]\ncache = {"true" if cache else "false"}\n'
@@ -207,6 +213,43 @@ def prexy(cleanup: Cleanups, origin_port: int, closed_port: int, cache: bool) ->
     yield child.ready()
     assert len(child.children()) == 2
     return port
+
+
+@pytest_twisted.inlineCallbacks
+def test_reload_refuses_a_bad_directive(cleanup: Cleanups, origin: Origin) -> Any:
+    """A reload with a bad add_header is refused (409 naming the file and
+    line) and the old directives keep serving; a good one goes live."""
+    d = scratch_dir("prexy-edits-reload-")
+    rules = os.path.join(d, "site.rules")
+    with open(rules, "w") as f:
+        f.write("add_header X-Frame-Options DENY;\n")
+    admin = free_port()
+    port = yield prexy(cleanup, origin.port, closed_port(), cache=False, admin=admin, rules=rules)
+
+    def frame_options() -> list[bytes]:
+        return compared(get(port, "clone.test", "/s/200")[1])[b"x-frame-options"]
+
+    def reload() -> bytes:
+        with socket.create_connection(("127.0.0.1", admin), timeout=20) as s:
+            s.sendall(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        return data
+
+    assert (yield threads.deferToThread(frame_options)) == [b"DENY"]
+    with open(rules, "w") as f:
+        f.write("add_header X-Frame-Options SAMEORIGIN;\n# the next one frames the message\nadd_header Content-Length 0;\n")
+    answer = yield threads.deferToThread(reload)
+    assert answer.startswith(b"HTTP/1.1 409"), answer
+    assert f"{rules}:3:".encode() in answer, answer
+    assert b"frames the message" in answer, answer
+    assert (yield threads.deferToThread(frame_options)) == [b"DENY"]
+    with open(rules, "w") as f:
+        f.write("add_header X-Frame-Options SAMEORIGIN;\n")
+    answer = yield threads.deferToThread(reload)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert (yield threads.deferToThread(frame_options)) == [b"SAMEORIGIN"]
 
 
 def closed_port() -> int:
