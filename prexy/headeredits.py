@@ -57,6 +57,8 @@ and reason:
   location regexes, and the header rules' captures are of a later phase.
 * Levels and inheritance do not exist: one rules set per site, combined
   rules files act as one file.
+* Without a Host header ``$host`` is the address the client reached (nginx:
+  the server_name), as in ``prexy.headerrules``.
 """
 
 from __future__ import annotations
