@@ -6,12 +6,14 @@ upstream's head, body pieces, the end, a failure, the client leaving) and
 carries out what it decides; everything here is plain values and functions,
 tested without a network (``tests/test_exchange.py``).
 
-Lifecycle (``State``; ``Lifecycle.move`` refuses any other step)::
+Lifecycle (``State``, moved by ``Event``s along ``TRANSITIONS``; any
+other pair is refused)::
 
-    SENT --head--> STREAMING --body end--> DRAINING --rewritten--> DONE
+    SENT --HEAD--> STREAMING --BODY_END--> DRAINING --COMPLETE--> DONE
       |                |                      |
-      +-- answered ----+----------------------+--> DONE      (error page, hit, 304)
-      +-- client gone / upstream broke mid-body --> GONE / ABORTED
+      +-- COMPLETE / ANSWERED ----------------+--> DONE  (whole body, error page, stale, 304, tunnel)
+      +-- UNWANTED --> GONE      +-- RESET --> ABORTED
+      +-- CLIENT_LEFT: same state, detached (the fetch goes on for others)
 
 ``SENT``: the request is upstream, no head yet.  ``STREAMING``: the head
 went to the client and the body flows through the pipeline.  ``DRAINING``:
@@ -57,6 +59,7 @@ from prexy.substitution.applicability import ResourceKey
 __all__ = [
     "BodyPipeline",
     "ClientCoding",
+    "Event",
     "Lifecycle",
     "PipelineError",
     "ResponsePlan",
@@ -81,14 +84,38 @@ class State(enum.Enum):
     ABORTED = "aborted"
 
 
-#: Which state may follow which.  The final states have no way out.
-TRANSITIONS: Mapping[State, frozenset[State]] = {
-    State.SENT: frozenset({State.STREAMING, State.DONE, State.GONE, State.ABORTED}),
-    State.STREAMING: frozenset({State.DRAINING, State.DONE, State.GONE, State.ABORTED}),
-    State.DRAINING: frozenset({State.DONE, State.GONE, State.ABORTED}),
-    State.DONE: frozenset(),
-    State.GONE: frozenset(),
-    State.ABORTED: frozenset(),
+class Event(enum.Enum):
+    """What moves an exchange (``Lifecycle.on``)."""
+
+    #: The head is decided and the body streams to the client.
+    HEAD = "head"
+    #: The upstream body ended while received bytes still wait to be rewritten.
+    BODY_END = "body-end"
+    #: The last bytes of the answer went out (or into the cache, detached).
+    COMPLETE = "complete"
+    #: Answered otherwise: an error page, a stale copy, a 304 refresh, a tunnel.
+    ANSWERED = "answered"
+    #: Nobody wants the fetch any more: it is cancelled.
+    UNWANTED = "unwanted"
+    #: The client's connection (or HTTP/2 stream) is reset.
+    RESET = "reset"
+    #: The client left while others (followers, the cache) want the fetch.
+    CLIENT_LEFT = "client-left"
+
+
+_LIVE = (State.SENT, State.STREAMING, State.DRAINING)
+
+#: ``(state, event) -> next state``; a pair not in the table is refused.
+#: CLIENT_LEFT keeps the state (the fetch goes on through the same states)
+#: and makes the exchange detached (``Lifecycle.detached``).
+TRANSITIONS: Mapping[tuple[State, Event], State] = {
+    (State.SENT, Event.HEAD): State.STREAMING,
+    (State.STREAMING, Event.BODY_END): State.DRAINING,
+    **{(s, Event.COMPLETE): State.DONE for s in _LIVE},
+    **{(s, Event.ANSWERED): State.DONE for s in _LIVE},
+    **{(s, Event.UNWANTED): State.GONE for s in _LIVE},
+    **{(s, Event.RESET): State.ABORTED for s in _LIVE},
+    **{(s, Event.CLIENT_LEFT): s for s in _LIVE},
 }
 FINAL = frozenset({State.DONE, State.GONE, State.ABORTED})
 
@@ -98,17 +125,28 @@ class IllegalTransition(Exception):
 
 
 class Lifecycle:
-    """The state of one exchange; moves only along ``TRANSITIONS``."""
+    """The state of one exchange; the one place it moves is :meth:`on`,
+    along ``TRANSITIONS``.  ``detached``: the exchange has no client of its
+    own (a background refresh from the start, or since CLIENT_LEFT); its
+    fetch goes on for the followers and the cache."""
 
-    __slots__ = ("state",)
+    __slots__ = ("state", "detached")
 
-    def __init__(self) -> None:
+    def __init__(self, detached: bool = False) -> None:
         self.state = State.SENT
+        self.detached = detached
 
-    def move(self, to: State) -> None:
-        if to not in TRANSITIONS[self.state]:
-            raise IllegalTransition(f"{self.state.value} -> {to.value}")
+    def on(self, event: Event) -> State:
+        """Take ``event``; returns the new state.  Raises
+        :class:`IllegalTransition` (the state unchanged) for a pair the
+        table does not have, and for CLIENT_LEFT once detached."""
+        to = TRANSITIONS.get((self.state, event))
+        if to is None or (event is Event.CLIENT_LEFT and self.detached):
+            raise IllegalTransition(f"{self.state.value} on {event.value}")
+        if event is Event.CLIENT_LEFT:
+            self.detached = True
         self.state = to
+        return to
 
     @property
     def over(self) -> bool:

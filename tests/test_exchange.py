@@ -19,6 +19,7 @@ from prexy.exchange import (
     FINAL,
     TRANSITIONS,
     BodyPipeline,
+    Event,
     IllegalTransition,
     Lifecycle,
     PipelineError,
@@ -78,29 +79,68 @@ def names(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
 
 
 class LifecycleTests(SynchronousTestCase):
-    def test_every_step_is_allowed_or_refused_per_the_table(self) -> None:
-        """From each state, exactly the steps in TRANSITIONS are taken; any
-        other raises and leaves the state unchanged."""
-        paths = {
-            State.SENT: [],
-            State.STREAMING: [State.STREAMING],
-            State.DRAINING: [State.STREAMING, State.DRAINING],
-            State.DONE: [State.DONE],
-            State.GONE: [State.GONE],
-            State.ABORTED: [State.ABORTED],
-        }
-        for start, path in paths.items():
-            for to in State:
+    #: Events that lead from SENT to each state.
+    PATHS = {
+        State.SENT: [],
+        State.STREAMING: [Event.HEAD],
+        State.DRAINING: [Event.HEAD, Event.BODY_END],
+        State.DONE: [Event.ANSWERED],
+        State.GONE: [Event.UNWANTED],
+        State.ABORTED: [Event.RESET],
+    }
+
+    def test_every_event_is_taken_or_refused_per_the_table(self) -> None:
+        """From each state, exactly the events in TRANSITIONS are taken,
+        to the state the table names; any other raises and leaves the state
+        unchanged."""
+        for start, path in self.PATHS.items():
+            for event in Event:
                 life = Lifecycle()
                 for step in path:
-                    life.move(step)
+                    life.on(step)
                 self.assertIs(life.state, start)
-                if to in TRANSITIONS[start]:
-                    life.move(to)
+                to = TRANSITIONS.get((start, event))
+                if to is not None:
+                    self.assertIs(life.on(event), to)
                     self.assertIs(life.state, to)
                 else:
-                    self.assertRaises(IllegalTransition, life.move, to)
+                    self.assertRaises(IllegalTransition, life.on, event)
                     self.assertIs(life.state, start)
+
+    def test_the_table_walks(self) -> None:
+        """The named walks: a streamed answer, a body rewritten before its
+        head (COMPLETE from SENT), an error while the head is held."""
+        for walk, end in (
+            ([Event.HEAD, Event.BODY_END, Event.COMPLETE], State.DONE),
+            ([Event.HEAD, Event.COMPLETE], State.DONE),
+            ([Event.COMPLETE], State.DONE),
+            ([Event.HEAD, Event.ANSWERED], State.DONE),
+            ([Event.HEAD, Event.BODY_END, Event.RESET], State.ABORTED),
+            ([Event.CLIENT_LEFT, Event.HEAD, Event.BODY_END, Event.UNWANTED], State.GONE),
+        ):
+            life = Lifecycle()
+            for event in walk:
+                life.on(event)
+            self.assertIs(life.state, end, walk)
+
+    def test_client_left_keeps_the_state_and_detaches_once(self) -> None:
+        for start in (State.SENT, State.STREAMING, State.DRAINING):
+            life = Lifecycle()
+            for step in self.PATHS[start]:
+                life.on(step)
+            self.assertFalse(life.detached)
+            self.assertIs(life.on(Event.CLIENT_LEFT), start)
+            self.assertTrue(life.detached)
+            self.assertRaises(IllegalTransition, life.on, Event.CLIENT_LEFT)
+            self.assertIs(life.state, start)
+
+    def test_a_background_fetch_starts_detached(self) -> None:
+        life = Lifecycle(detached=True)
+        self.assertTrue(life.detached)
+        self.assertRaises(IllegalTransition, life.on, Event.CLIENT_LEFT)
+        life.on(Event.HEAD)
+        life.on(Event.COMPLETE)
+        self.assertTrue(life.over)
 
     def test_final_states_are_over(self) -> None:
         for state in State:
@@ -109,7 +149,7 @@ class LifecycleTests(SynchronousTestCase):
             self.assertEqual(life.over, state in FINAL)
             self.assertEqual(life.head_sent, state in (State.STREAMING, State.DRAINING))
         for state in FINAL:
-            self.assertEqual(TRANSITIONS[state], frozenset())
+            self.assertFalse([e for e in Event if (state, e) in TRANSITIONS])
 
 
 class RequestHeaderTests(SynchronousTestCase):

@@ -28,6 +28,7 @@ from prexy.exchange import (
     SKIPPED_TIMING,
     BodyPipeline,
     ClientCoding,
+    Event,
     Lifecycle,
     PipelineError,
     State,
@@ -73,12 +74,12 @@ class Exchange(Outcomes):
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
+    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float, detached: bool = False) -> None:
         self.resource = resource
         self.request = request
         self.site = site
         self.started = started
-        self.life = Lifecycle()
+        self.life = Lifecycle(detached)
         self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
         self.ctx: CacheContext | None = None
@@ -277,7 +278,7 @@ class Exchange(Outcomes):
             self.stash = whole
             self._complete(trailer=after_head is not None)
             return
-        self.life.move(State.STREAMING)
+        self.life.on(Event.HEAD)
         if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
@@ -320,7 +321,7 @@ class Exchange(Outcomes):
         """The upstream switched protocols: splice the client's connection
         and the upstream's (``prexy.proxy.tunnel``)."""
         request = self.request
-        self.life.move(State.DONE)
+        self.life.on(Event.ANSWERED)
         channel = getattr(request, "channel", None)
         if channel is None or request.gone:
             response.abort()
@@ -430,7 +431,7 @@ class Exchange(Outcomes):
         if self.life.over:
             return
         if self.task is not None:
-            self.life.move(State.DRAINING)
+            self.life.on(Event.BODY_END)
         else:
             self._complete()
 
@@ -463,7 +464,7 @@ class Exchange(Outcomes):
                 if trailer and request.clientproto in TRAILERS_OVER:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
-        self.life.move(State.DONE)
+        self.life.on(Event.COMPLETE)
         self._cache_done(True)
         request.finish(tail)
         # After the last bytes left: the client does not wait for this.
