@@ -100,22 +100,19 @@ class Outcomes:
             ctx.flight.end()
         cache.finished(ctx)
 
-    def _serve_stale(self, response: UpstreamResponse) -> bool:
+    def _serve_stale(self, response: UpstreamResponse) -> None:
         """The upstream answered 500/502/503/504 for an object the cache
-        holds stale: serve that copy, and keep it, while stale-if-error (or
-        grace) allows (RFC 5861 4).  False when it no longer does."""
+        holds stale, and stale-if-error (or grace) allows it: serve that
+        copy, and keep it (RFC 5861 4)."""
         ctx = self.ctx
         assert ctx is not None and ctx.stale is not None
         now = self.resource.reactor.seconds()
         stale = ctx.stale
-        if not stale.stale_usable_on_error(now):
-            return False
         response.deliverBody(_Discard())
         self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
         self.life.on(Event.ANSWERED)
         self.resource.cache.serve(self.request, stale, now, stale_reason="stale-if-error")
-        return True
 
     def _cache_data(self, out: bytes) -> None:
         ctx = self.ctx
