@@ -19,8 +19,9 @@ from zope.interface import implementer
 from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
-from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, error_answer, start_response
+from prexy.proxy.delivery import deliver_head
+from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.request import abort_client, error_answer
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -167,7 +168,7 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
+        deliver_head(request, code, phrase, headers, cache_status=status)
         if request.method == b"HEAD":
             request.finish()
             return False

@@ -176,7 +176,7 @@ class ProxyResource(Resource):
 
     def forward(
         self, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
-        ctx: Any = None, raw: Any = None, upgrade: bytes | None = None,
+        ctx: Any = None, raw: Any = None, upgrade: bytes | None = None, detached: bool = False,
     ) -> Any:
         """Send the request upstream and stream the answer back (or, for a
         background refresh, into the cache only)."""
@@ -206,7 +206,7 @@ class ProxyResource(Resource):
         )
         if upgrade is not None:
             headers += upgrade_headers(upgrade)
-        exchange = Exchange(self, request, site, started)
+        exchange = Exchange(self, request, site, started, detached)
         exchange.ctx = ctx
         exchange.upstream_target = target
         request.exchange = exchange
@@ -245,7 +245,7 @@ class ProxyResource(Resource):
             cache.refreshing.discard(key)
             return  # another worker is at it
         ctx.claim_key = key
-        self.forward(DetachedRequest(request), site, target, host, ctx)
+        self.forward(DetachedRequest(request), site, target, host, ctx, detached=True)
 
     def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
         """Per the site's map: ("redirect", what render returns) with the
