@@ -56,7 +56,7 @@ from prexy.cluster.messages import Invalidation
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
 from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
-from prexy.proxy.request import error_answer, start_response, write_whole
+from prexy.proxy.request import error_answer, start_response
 from prexy.runtime import SiteRuntime
 
 log = Logger()
@@ -250,7 +250,7 @@ class CacheLayer:
         code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
         start_response(request, code, phrase, headers)
         if body:
-            write_whole(request, body)
+            request.write_whole(body)
         request.finish()
         return server.NOT_DONE_YET
 

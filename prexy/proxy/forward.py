@@ -48,7 +48,7 @@ from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import TRAILERS_OVER, start_response
+from prexy.proxy.request import start_response
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -200,7 +200,7 @@ class Exchange(Outcomes):
             if body is not None:
                 resource.metrics.bytes_in += len(body)
                 self.pipeline = BodyPipeline(transducer, None, encoder)
-                if request.clientproto in TRAILERS_OVER:
+                if request.trailers:
                     after_head = body
                 else:
                     whole = self._feed(body, True)
@@ -219,7 +219,7 @@ class Exchange(Outcomes):
             response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
             transduce=transducer is not None, skipped=skipped,
             # Trailers: HTTP/1.1 chunked ones, or an HTTP/2 stream's last HEADERS.
-            timing_in_trailer=whole is None and request.clientproto in TRAILERS_OVER,
+            timing_in_trailer=whole is None and request.trailers,
             negotiated=choice.varies,
         )
         headers = plan.headers
@@ -296,14 +296,13 @@ class Exchange(Outcomes):
         header rules; never to a background fetch nor to followers, never
         cached."""
         request = self.request
-        channel = getattr(request, "channel", None)
-        if self.life.over or channel is None or request.startedWriting or request.clientproto not in TRAILERS_OVER:
+        if self.life.over or not request.interim or request.startedWriting:
             return
         headers = interim.headers
         names = self.site.header_names
         if names and not names.isdisjoint(n.lower() for n, _ in headers):
             headers = self._rewrite_headers(headers)
-        channel.write_interim(interim.code, interim.phrase, headers)
+        request.write_interim(interim.code, interim.phrase, headers)
         self.resource.metrics.count("prexy_interim_responses_total", status=str(interim.code))
 
     def _rewrite_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -321,7 +320,7 @@ class Exchange(Outcomes):
         and the upstream's (``prexy.proxy.tunnel``)."""
         request = self.request
         self.life.move(State.DONE)
-        channel = getattr(request, "channel", None)
+        channel = request.channel if request.tunnel else None
         if channel is None or request.gone:
             response.abort()
             return
@@ -460,7 +459,7 @@ class Exchange(Outcomes):
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
                     metrics.count("prexy_rewrite_timeouts_total")
-                if trailer and request.clientproto in TRAILERS_OVER:
+                if trailer and request.trailers:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
         self.life.move(State.DONE)

@@ -27,7 +27,7 @@ from prexy.cache import flow
 from prexy.exchange import Lifecycle, PipelineError, State
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import DetachedRequest, abort_client, error_answer
+from prexy.proxy.request import DetachedRequest, error_answer
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 
@@ -91,7 +91,7 @@ class Outcomes:
         response.deliverBody(_Discard())
         now = self.resource.reactor.seconds()
         self.life.move(State.DONE)
-        if not isinstance(self.request, DetachedRequest) and not self.request.gone:
+        if not self.request.detached and not self.request.gone:
             cache.serve(self.request, obj, now)
         if ctx.flight is not None:
             for waiter in ctx.flight.waiting():
@@ -222,7 +222,7 @@ class Outcomes:
         self._cache_done(False)
         if self.response is not None:
             self.response.abort()
-        abort_client(self.request)
+        self.request.abort()
 
     def upstream_failed(self, reason: Failure) -> None:
         self.pending = None
@@ -305,7 +305,7 @@ class Outcomes:
     def detached(self) -> bool:
         """No client of its own: a background refresh, or a fetch that went
         on after its client left."""
-        return isinstance(self.request, DetachedRequest)
+        return self.request.detached
 
     def _unwanted(self) -> bool:
         """Cancel a fetch without a client once nobody wants it; True when

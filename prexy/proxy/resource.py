@@ -26,6 +26,7 @@ from twisted.web.resource import Resource
 from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.metrics import Metrics
+from prexy.proxy.client import IClient
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
@@ -149,7 +150,7 @@ class ProxyResource(Resource):
                 target = result
 
         ctx = None
-        head = getattr(request, "head", None)
+        head = request.head
         if site.config.upgrade and b"upgrade" in raw:
             upgrade = upgrade_request(
                 raw, method=request.method, version=request.clientproto,
@@ -175,7 +176,7 @@ class ProxyResource(Resource):
         return self.forward(request, site, target, host, ctx, raw)
 
     def forward(
-        self, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
+        self, request: IClient, site: SiteRuntime, target: bytes, host: bytes | None,
         ctx: Any = None, raw: Any = None, upgrade: bytes | None = None,
     ) -> Any:
         """Send the request upstream and stream the answer back (or, for a
@@ -217,7 +218,7 @@ class ProxyResource(Resource):
         )
         return server.NOT_DONE_YET
 
-    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None:
+    def tunnel_closed(self, request: IClient, channel: Any, tunnel: Tunnel) -> None:
         """A tunnel ended: count it, log its access line (status 101, the
         bytes sent to the client) and one line with its duration and bytes."""
         metrics = self.metrics
@@ -247,7 +248,7 @@ class ProxyResource(Resource):
         ctx.claim_key = key
         self.forward(DetachedRequest(request), site, target, host, ctx)
 
-    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
+    def _apply_map(self, request: ProxyRequest, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
         """Per the site's map: ("redirect", what render returns) with the
         response under way, ("rewrite", new target), or ("", b"") when no
         entry matched."""
@@ -313,7 +314,7 @@ def _origin_form(uri: bytes) -> bytes | None:
     return None
 
 
-def _request_body(request: Any) -> tuple[IO[bytes] | None, int]:
+def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
     if content is None:
         return None, 0
