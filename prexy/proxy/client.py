@@ -79,9 +79,9 @@ class IClient(Interface):
     )
     requestHeaders = Attribute("The request's header fields (twisted.web.http_headers.Headers).")
     content = Attribute("The request body, a file read from its start; None when there is none.")
-    head = Attribute(
-        "What the HTTP/1.x head gate found (prexy.requesthead.Head: framing, has_body); None where no "
-        "gate ran (HTTP/2, whose core checks the fields, and a detached client)."
+    has_body = Attribute(
+        "bool: the request came with a body: a length above 0, or one not known in advance (HTTP/1.1 "
+        "chunked framing, an HTTP/2 stream without content-length that its HEADERS did not end)."
     )
 
     def getClientAddress() -> object:

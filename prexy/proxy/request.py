@@ -106,8 +106,9 @@ class ProxyRequest(server.Request):
     exchange: Any = None
     #: (target, host) for forwarding later (a coalesced waiter).
     prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
-    #: What the channel's head check found (``prexy.requesthead``).
+    #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
+    has_body = False
     site: Any  # the ProxySite (prexy.proxy.site), which imports this module
     #: The connection or stream (None once the connection is lost); twisted.web
     #: says an HTTPChannel, which an HTTP/2 stream is not.
@@ -122,6 +123,9 @@ class ProxyRequest(server.Request):
     # -- the request body ----------------------------------------------------------
 
     def gotLength(self, length: int | None) -> None:
+        # Every channel calls this once the head is in: None for a length
+        # not known in advance (chunked, an HTTP/2 stream still open).
+        self.has_body = length is None or length > 0
         limit = self.proxy_site.max_request_body
         if length is not None and length > limit:
             self._reject_too_large()
@@ -317,7 +321,7 @@ class DetachedRequest:
     method = b"GET"
     clientproto = b"HTTP/1.1"
     content = None
-    head = None
+    has_body = False
     channel = None
     gone = False
     startedWriting = False

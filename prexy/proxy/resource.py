@@ -150,18 +150,17 @@ class ProxyResource(Resource):
                 target = result
 
         ctx = None
-        head = request.head
         if site.config.upgrade and b"upgrade" in raw:
             upgrade = upgrade_request(
                 raw, method=request.method, version=request.clientproto,
-                has_body=head is not None and head.has_body, allowed=site.config.upgrade,
+                has_body=request.has_body, allowed=site.config.upgrade,
             )
             if upgrade is not None:  # a tunnel if the upstream says 101; never cached
                 return self.forward(request, site, target, host, None, raw, upgrade=upgrade)
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
         if site.cache_policy is not None and self.cache is not None:
-            if head is not None and head.has_body:
+            if request.has_body:
                 # Not looked up nor stored; an unsafe method still invalidates.
                 ctx = self.cache.invalidating(site, request.method, client_target, host)
             else:

@@ -4,8 +4,10 @@ of HTTP/1.1, HTTP/1.0 and HTTP/2 clients and the detached client provide
 signatures), their channels ``IClientChannel``, and each says what its
 protocol can carry (trailers, 1xx heads, a tunnel) as it should.  A third
 protocol is one more ``IClientChannel``: a channel written here in a few
-lines serves a whole exchange, 103 and trailers included.  And the modules
-that use a client read its capabilities instead of probing it."""
+lines serves a whole exchange, 103 and trailers included.  Whether a
+request has a body means the same over HTTP/1.1 and HTTP/2 (a GET with one
+is never a hit).  And the modules that use a client read its capabilities
+instead of probing it."""
 
 from __future__ import annotations
 
@@ -288,3 +290,30 @@ class NoProbes(SynchronousTestCase):
             n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
         ] + [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
         self.assertEqual([m for m in runtime_imports if m.startswith("twisted")], [])
+
+
+class BodyOnAnyProtocol(SynchronousTestCase):
+    """``IClient.has_body`` means the same over every protocol."""
+
+    def test_get_with_a_body_is_never_a_hit(self) -> None:
+        """A GET with a body is forwarded, never answered from the cache,
+        over HTTP/2 as over HTTP/1.1 (the body may change the answer)."""
+        from .test_header_rules import harness as cache_harness
+
+        h = cache_harness(cache=True)
+        _, client = h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")
+        conn = h.conns[-1]
+        conn.sent()
+        conn.reply(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok")
+        h.settle()
+        self.assertTrue(client.value().endswith(b"\r\n\r\nok"))
+        hits = ("prexy_cache_total", (("result", "hit"),))
+        h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\nContent-Length: 3\r\n\r\nabc")
+        self.assertTrue(h.conns[-1].sent().endswith(b"\r\n\r\nabc"), "HTTP/1.1: forwarded")
+        c = H2Client(h)
+        c.conn.send_headers(1, [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"https"),
+                                (b":authority", b"clone.test"), (b"content-length", b"3")])
+        c.conn.send_data(1, b"abc", end_stream=True)
+        c.flush()
+        self.assertTrue(h.conns[-1].sent().endswith(b"\r\n\r\nabc"), "HTTP/2: forwarded")
+        self.assertNotIn(hits, h.metrics.counters)
