@@ -2,7 +2,8 @@
 layer and the resource may read and call on a client's request
 (:class:`IClient`), and what that request asks of the connection, or HTTP/2
 stream, it came on (:class:`IClientChannel`; :class:`ITunnelClient` for a
-connection a tunnel can take over after a 101).
+connection a tunnel can take over after a 101); and what the site asks of
+each client connection it holds (:class:`IClientConnection`).
 
 Implementations:
 
@@ -34,7 +35,16 @@ from zope.interface import Attribute, Interface
 if TYPE_CHECKING:
     from twisted.web.http_headers import Headers
 
-__all__ = ["HTTP2", "HTTP11", "NONE", "Capabilities", "IClient", "IClientChannel", "ITunnelClient"]
+__all__ = [
+    "HTTP2",
+    "HTTP11",
+    "NONE",
+    "Capabilities",
+    "IClient",
+    "IClientChannel",
+    "IClientConnection",
+    "ITunnelClient",
+]
 
 
 @attrs.frozen
@@ -252,3 +262,15 @@ class ITunnelClient(Interface):
     def start_tunnel(tunnel: object, head: bytes) -> bytes:
         """Send the 101 ``head`` and hand every later byte read to
         ``tunnel``; returns what the client sent after its request."""
+
+
+class IClientConnection(Interface):
+    """A client connection as its site (``ProxySite``) holds it: the
+    HTTP/1.x ``ProxyChannel``, the HTTP/2 ``H2ServerProtocol``."""
+
+    transport = Attribute("The connection's transport; None before it is made.")
+
+    def drain(fresh: bool) -> None:
+        """Graceful stop: what is in flight finishes, then the connection
+        closes; ``fresh``: accepted moments ago and nothing served yet, so
+        its first request may still be on the way."""

@@ -56,7 +56,7 @@ from prexy.h2server import (
     request_fields,
     response_fields,
 )
-from prexy.proxy.client import HTTP2, Capabilities, IClientChannel
+from prexy.proxy.client import HTTP2, Capabilities, IClientChannel, IClientConnection
 from prexy.requesthead import Refusal
 
 __all__ = ["H2ServerProtocol", "StreamChannel"]
@@ -195,7 +195,7 @@ class StreamChannel:
             request.connectionLost(reason)
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IClientConnection)
 class H2ServerProtocol(Protocol):
     """One client connection speaking HTTP/2 (after ALPN ``h2``, or a
     cleartext connection that began with the preface)."""
@@ -488,9 +488,10 @@ class H2ServerProtocol(Protocol):
             self.core.idle()
             self._flush()
 
-    def drain(self) -> None:
+    def drain(self, fresh: bool = False) -> None:
         """Graceful GOAWAY (a worker stops): the streams open now finish,
-        newer ones are refused, then the connection closes."""
+        newer ones are refused, then the connection closes; ``fresh`` or
+        not (GOAWAY sends the client's next streams elsewhere)."""
         if self.transport is None or self._closing:
             return
         self.core.drain()

@@ -24,7 +24,14 @@ from prexy.config import Limits, Timeouts
 from prexy.errorpages import ErrorPages, error_answer, phrase
 from prexy.h2settings import H2Settings
 from prexy.metrics import Metrics
-from prexy.proxy.client import HTTP11, NONE, Capabilities, IClientChannel, ITunnelClient
+from prexy.proxy.client import (
+    HTTP11,
+    NONE,
+    Capabilities,
+    IClientChannel,
+    IClientConnection,
+    ITunnelClient,
+)
 from prexy.proxy.request import ProxyRequest
 from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
@@ -34,7 +41,7 @@ __all__ = ["ProxyChannel", "ProxySite", "refusal_answer"]
 _log = Logger("prexy")
 
 
-@implementer(IClientChannel, ITunnelClient)
+@implementer(IClientChannel, ITunnelClient, IClientConnection)
 class ProxyChannel(HTTPChannel):
     """twisted.web's HTTP/1.1 channel, a request's ``IClientChannel`` (and
     a tunnel's client side after a 101), with a gate in front of its parser
@@ -231,6 +238,16 @@ class ProxyChannel(HTTPChannel):
         if tunnel is not None:
             tunnel.client_lost(reason or Failure(ConnectionDone()))
         super().connectionLost(reason)
+
+    def drain(self, fresh: bool = False) -> None:
+        """Graceful stop: a connection busy with a request closes after its
+        answer, an idle keep-alive one now, a ``fresh`` one is left for its
+        first request (the site closes it later)."""
+        if self.requests:
+            self.persistent = False
+        elif not fresh:
+            transport: Any = self.transport
+            transport.loseConnection()
 
     # -- what the request asks beyond twisted.web -----------------------------------------
 
@@ -459,11 +476,4 @@ class ProxySite(server.Site):
             transport = channel.transport
             if transport is None:
                 continue
-            drain = getattr(channel, "drain", None)
-            if drain is not None:  # HTTP/2: GOAWAY, closed once its streams are done
-                drain()
-                continue
-            if channel.requests:
-                channel.persistent = False
-            elif served or now - created >= fresh_grace:
-                transport.loseConnection()
+            channel.drain(not served and now - created < fresh_grace)

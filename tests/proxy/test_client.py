@@ -22,8 +22,14 @@ from twisted.web.http_headers import Headers
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from prexy.proxy import caching, client, flight, forward, outcomes, request, resource
-from prexy.proxy.client import Capabilities, IClient, IClientChannel, ITunnelClient
+from prexy.proxy import caching, client, flight, forward, outcomes, request, resource, site
+from prexy.proxy.client import (
+    Capabilities,
+    IClient,
+    IClientChannel,
+    IClientConnection,
+    ITunnelClient,
+)
 from prexy.proxy.request import DetachedRequest, ProxyRequest
 
 from .support import Harness
@@ -51,19 +57,22 @@ class Provided(SynchronousTestCase):
 
     def test_http11_request(self) -> None:
         """An HTTP/1.1 request is an IClient; its connection an
-        IClientChannel and an ITunnelClient."""
+        IClientChannel, an ITunnelClient and the site's IClientConnection."""
         req = http1_request(Harness())
         self.assertTrue(verifyObject(IClient, req))
         self.assertTrue(verifyObject(IClientChannel, req.channel))
         self.assertTrue(verifyObject(ITunnelClient, req.channel))
+        self.assertTrue(verifyObject(IClientConnection, req.channel))
 
     def test_http2_request(self) -> None:
         """An HTTP/2 stream's request is an IClient; the stream an
-        IClientChannel, not an ITunnelClient."""
+        IClientChannel, not an ITunnelClient; its connection the site's
+        IClientConnection."""
         req = http2_request(Harness())
         self.assertTrue(verifyObject(IClient, req))
         self.assertTrue(verifyObject(IClientChannel, req.channel))
         self.assertFalse(ITunnelClient.providedBy(req.channel))
+        self.assertTrue(verifyObject(IClientConnection, req.channel.connection))
 
     def test_detached_request(self) -> None:
         """The stand-in for a client that left is an IClient, and keeps
@@ -233,8 +242,9 @@ class ThirdProtocol(SynchronousTestCase):
         self.assertTrue(channel.too_large)
 
 
-#: The modules that use a client through IClient.
-USERS = (forward, outcomes, caching, flight, resource, request)
+#: The modules that use a client through IClient (or, the site, its
+#: connections through IClientConnection).
+USERS = (forward, outcomes, caching, flight, resource, request, site)
 #: Classes whose isinstance would be a probe of the client.
 CLIENT_CLASSES = {"HTTPChannel", "ProxyChannel", "StreamChannel", "ProxyRequest", "DetachedRequest"}
 
@@ -317,3 +327,28 @@ class BodyOnAnyProtocol(SynchronousTestCase):
         c.flush()
         self.assertTrue(h.conns[-1].sent().endswith(b"\r\n\r\nabc"), "HTTP/2: forwarded")
         self.assertNotIn(hits, h.metrics.counters)
+
+
+class GracefulStop(SynchronousTestCase):
+    """``ProxySite.close_idle_connections`` through each HTTP/1.1
+    connection's ``IClientConnection.drain``."""
+
+    def test_busy_idle_and_fresh(self) -> None:
+        """A connection busy with a request closes after its answer, an
+        idle keep-alive one at once, a fresh one only once its grace is
+        over."""
+        h = Harness()
+        _, fresh = h.client()
+        _, busy = h.send(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+        _, idle = h.send(b"GET /y HTTP/1.1\r\nHost: a\r\n\r\n")
+        first, second = h.conns[-2:]
+        second.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        self.assertFalse(idle.disconnecting)
+        h.site.close_idle_connections(fresh_grace=2.0)
+        self.assertEqual((fresh.disconnecting, busy.disconnecting, idle.disconnecting), (False, False, True))
+        first.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        self.assertTrue(busy.value().endswith(b"\r\n\r\nok"))
+        self.assertTrue(busy.disconnecting)
+        h.clock.advance(3)
+        h.site.close_idle_connections(fresh_grace=2.0)
+        self.assertTrue(fresh.disconnecting)
