@@ -290,7 +290,9 @@ class ProxyRequest(server.Request):
                 if last:
                     self.write(last)
                 if self._trailers:
-                    self.channel.send_trailers(self._trailers)  # an HTTP/2 stream: a last HEADERS frame
+                    # The channel's own end (an HTTP/2 stream's last HEADERS
+                    # frame); HTTP/1.x has no place for them after a length.
+                    self.channel.send_trailers(self._trailers)
         elif last:
             self.write(last)  # (after the client left: twisted.web drops it)
         self.exchange = None
