@@ -57,7 +57,7 @@ from prexy.proxy.delivery import deliver_head
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
 from prexy.proxy.headers import HOP_BY_HOP, raw_header_dict
-from prexy.proxy.request import error_answer, write_whole
+from prexy.proxy.request import error_answer
 from prexy.runtime import SiteRuntime
 
 log = Logger()
@@ -253,7 +253,7 @@ class CacheLayer:
             request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status
         )
         if answer.body:
-            write_whole(request, answer.body)
+            request.write_whole(answer.body)
         request.finish()
         return server.NOT_DONE_YET
 

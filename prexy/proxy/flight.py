@@ -21,7 +21,7 @@ from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.headers import raw_header_dict
-from prexy.proxy.request import abort_client, error_answer
+from prexy.proxy.request import error_answer
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -90,7 +90,7 @@ class _Follower:
             request.finish()
 
     def reset(self) -> None:
-        abort_client(self.request)
+        self.request.abort()
 
     def client_gone(self, reason: object = None) -> None:
         self.flight.left(self)
@@ -206,7 +206,7 @@ class Flight:
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
                 self.layer.serve(request, stale, now, stale_reason="stale-if-error")
             elif request.startedWriting:
-                abort_client(request)
+                request.abort()
             else:
                 error_answer(request, 502, self.pages)
         self.end()

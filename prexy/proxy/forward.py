@@ -46,7 +46,6 @@ from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import TRAILERS_OVER
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -68,12 +67,12 @@ class Exchange(Outcomes):
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float, detached: bool = False) -> None:
+    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
         self.resource = resource
         self.request = request
         self.site = site
         self.started = started
-        self.life = Lifecycle(detached)
+        self.life = Lifecycle(detached=request.detached)
         self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
         self.ctx: CacheContext | None = None
@@ -124,7 +123,7 @@ class Exchange(Outcomes):
             resource.cache.answered(site, ctx, response.code, response.headers)
         rules = site.rules
         method = request.method
-        trailers = request.clientproto in TRAILERS_OVER
+        trailers = request.trailers
         if rules is not None:
             self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
         plan = self.plan = plan_head(
@@ -259,14 +258,13 @@ class Exchange(Outcomes):
         header rules; never to a background fetch nor to followers, never
         cached."""
         request = self.request
-        channel = getattr(request, "channel", None)
-        if self.life.over or channel is None or request.startedWriting or request.clientproto not in TRAILERS_OVER:
+        if self.life.over or not request.interim or request.startedWriting:
             return
         headers = interim.headers
         names = self.site.header_names
         if names and not names.isdisjoint(n.lower() for n, _ in headers):
             headers = self._rewrite_headers(headers)
-        channel.write_interim(interim.code, interim.phrase, headers)
+        request.write_interim(interim.code, interim.phrase, headers)
         self.resource.metrics.count("prexy_interim_responses_total", status=str(interim.code))
 
     def _rewrite_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -284,7 +282,7 @@ class Exchange(Outcomes):
         and the upstream's (``prexy.proxy.tunnel``)."""
         request = self.request
         self.life.on(Event.ANSWERED)
-        channel = getattr(request, "channel", None)
+        channel = request.channel if request.tunnel else None
         if channel is None or request.gone:
             response.abort()
             return

@@ -27,7 +27,7 @@ from prexy.cache import flow
 from prexy.exchange import Event, Lifecycle, PipelineError, State
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import DetachedRequest, abort_client, error_answer
+from prexy.proxy.request import DetachedRequest, error_answer
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 
@@ -219,7 +219,7 @@ class Outcomes:
         self._cache_done(False)
         if self.response is not None:
             self.response.abort()
-        abort_client(self.request)
+        self.request.abort()
 
     def upstream_failed(self, reason: Failure) -> None:
         self.pending = None
