@@ -19,8 +19,9 @@ from zope.interface import implementer
 from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
-from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, edit_head, error_answer, start_response
+from prexy.proxy.delivery import deliver_head
+from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.request import error_answer
 from prexy.runtime import SiteRuntime
 
 __all__ = ["CacheContext", "Flight"]
@@ -90,7 +91,7 @@ class _Follower:
             request.finish()
 
     def reset(self) -> None:
-        abort_client(self.request)
+        self.request.abort()
 
     def client_gone(self, reason: object = None) -> None:
         self.flight.left(self)
@@ -170,10 +171,7 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        headers = [*headers, (b"Via", VIA), (b"Cache-Status", status)]
-        if self.site is not None:
-            headers = edit_head(request, self.site, code, headers)
-        start_response(request, code, phrase, headers)
+        deliver_head(request, code, phrase, headers, cache_status=status, site=self.site)
         if request.method == b"HEAD":
             request.finish()
             return False
@@ -211,7 +209,7 @@ class Flight:
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
                 self.layer.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
             elif request.startedWriting:
-                abort_client(request)
+                request.abort()
             else:
                 error_answer(request, 502, self.pages, self.site)
         self.end()

@@ -26,6 +26,7 @@ from twisted.web.resource import Resource
 from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.metrics import Metrics
+from prexy.proxy.client import IClient
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
@@ -155,18 +156,17 @@ class ProxyResource(Resource):
                 target = result
 
         ctx = None
-        head = getattr(request, "head", None)
         if site.config.upgrade and b"upgrade" in raw:
             upgrade = upgrade_request(
                 raw, method=request.method, version=request.clientproto,
-                has_body=head is not None and head.has_body, allowed=site.config.upgrade,
+                has_body=request.has_body, allowed=site.config.upgrade,
             )
             if upgrade is not None:  # a tunnel if the upstream says 101; never cached
                 return self.forward(request, site, target, host, None, raw, upgrade=upgrade)
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
         if site.cache_policy is not None and self.cache is not None:
-            if head is not None and head.has_body:
+            if request.has_body:
                 # Not looked up nor stored; an unsafe method still invalidates.
                 ctx = self.cache.invalidating(site, request.method, client_target, host)
             else:
@@ -181,7 +181,7 @@ class ProxyResource(Resource):
         return self.forward(request, site, target, host, ctx, raw)
 
     def forward(
-        self, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
+        self, request: IClient, site: SiteRuntime, target: bytes, host: bytes | None,
         ctx: Any = None, raw: Any = None, upgrade: bytes | None = None,
     ) -> Any:
         """Send the request upstream and stream the answer back (or, for a
@@ -225,7 +225,7 @@ class ProxyResource(Resource):
         )
         return server.NOT_DONE_YET
 
-    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None:
+    def tunnel_closed(self, request: IClient, channel: Any, tunnel: Tunnel) -> None:
         """A tunnel ended: count it, log its access line (status 101, the
         bytes sent to the client) and one line with its duration and bytes."""
         metrics = self.metrics
@@ -255,7 +255,7 @@ class ProxyResource(Resource):
         ctx.claim_key = key
         self.forward(DetachedRequest(request), site, target, host, ctx)
 
-    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
+    def _apply_map(self, request: ProxyRequest, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
         """Per the site's map: ("redirect", what render returns) with the
         response under way, ("rewrite", new target), or ("", b"") when no
         entry matched."""
@@ -321,7 +321,7 @@ def _origin_form(uri: bytes) -> bytes | None:
     return None
 
 
-def _request_body(request: Any) -> tuple[IO[bytes] | None, int]:
+def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
     if content is None:
         return None, 0

@@ -61,6 +61,9 @@ class Waiter:
     def write(self, data: bytes) -> None:
         self.body += data
 
+    def write_whole(self, body: bytes) -> None:
+        self.body += body
+
     def finish(self) -> None:
         self.finished = True
 
