@@ -29,11 +29,13 @@ def deliver_head(
     age: bytes | None = None,
     cache_status: bytes | None = None,
     timing: bytes | None = None,
-    site: SiteRuntime | None = None,
+    site: SiteRuntime | None,
 ) -> None:
     """Finish the head of an answer to ``request`` and set it (it leaves
-    with the first body bytes, or at the end); with ``site``, its
-    ``add_header`` and ``proxy_hide_header`` apply (``prexy.headeredits``)."""
+    with the first body bytes, or at the end).  ``site``: the site the
+    answer is for, whose ``add_header`` and ``proxy_hide_header`` apply
+    (``prexy.headeredits``); a required argument, so that no way of
+    answering forgets them (None only where no site is known)."""
     headers = finish_head(headers, via=via, age=age, cache_status=cache_status, timing=timing)
     if site is not None:
         headers = edit_head(request, site, code, headers)
