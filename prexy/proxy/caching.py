@@ -187,7 +187,7 @@ class CacheLayer:
             self._wait_for_other_worker(resource, request, site, target, host, ctx, key, now)
             return server.NOT_DONE_YET, None
         ctx.claim_key = key
-        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages)
+        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages, site)
         return None, ctx
 
     def _wait_for_other_worker(
@@ -237,7 +237,8 @@ class CacheLayer:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns.  With the object's ``key``
         and ``site``, a client that takes a coding the site compresses in
-        gets the object's compressed variant (``prexy.cache.codings``)."""
+        gets the object's compressed variant (``prexy.cache.codings``).
+        With ``site``, its add_header / proxy_hide_header apply."""
         if key is not None and site is not None and obj.status == 200:
             compression = site.config.compression
             coding = stored_coding(
@@ -250,7 +251,8 @@ class CacheLayer:
             pairs = request_pairs(request)
         answer = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
         deliver_head(
-            request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status
+            request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status,
+            site=site,
         )
         if answer.body:
             request.write_whole(answer.body)
@@ -404,7 +406,7 @@ class CacheLayer:
         client = getattr(request.getClientAddress(), "host", "")
         allowed = site.config.cache.purge_from if site.config.cache is not None else ()
         if client not in allowed:
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         url = key_url(site.cache_policy, host, target)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from prexy.exchange import finish_head
-from prexy.proxy.request import start_response
+from prexy.proxy.request import edit_head, start_response
+from prexy.runtime import SiteRuntime
 
 __all__ = ["deliver_head"]
 
@@ -28,9 +29,14 @@ def deliver_head(
     age: bytes | None = None,
     cache_status: bytes | None = None,
     timing: bytes | None = None,
+    site: SiteRuntime | None,
 ) -> None:
     """Finish the head of an answer to ``request`` and set it (it leaves
-    with the first body bytes, or at the end)."""
-    start_response(
-        request, code, phrase, finish_head(headers, via=via, age=age, cache_status=cache_status, timing=timing)
-    )
+    with the first body bytes, or at the end).  ``site``: the site the
+    answer is for, whose ``add_header`` and ``proxy_hide_header`` apply
+    (``prexy.headeredits``); a required argument, so that no way of
+    answering forgets them (None only where no site is known)."""
+    headers = finish_head(headers, via=via, age=age, cache_status=cache_status, timing=timing)
+    if site is not None:
+        headers = edit_head(request, site, code, headers)
+    start_response(request, code, phrase, headers)

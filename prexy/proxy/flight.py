@@ -22,6 +22,7 @@ from prexy.errorpages import ErrorPages
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.request import error_answer
+from prexy.runtime import SiteRuntime
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -110,11 +111,13 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None) -> None:
+    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None, site: SiteRuntime | None = None) -> None:
         self.layer = layer
         self.key = key
         #: The site's error pages, for a 502 to followers.
         self.pages = pages
+        #: The site (``SiteRuntime``): its add_header / proxy_hide_header.
+        self.site = site
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         #: The body's length when the upstream gave it and nothing changes
@@ -168,7 +171,7 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        deliver_head(request, code, phrase, headers, cache_status=status)
+        deliver_head(request, code, phrase, headers, cache_status=status, site=self.site)
         if request.method == b"HEAD":
             request.finish()
             return False
@@ -204,11 +207,11 @@ class Flight:
             if request.gone or request.finished:
                 continue
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
-                self.layer.serve(request, stale, now, stale_reason="stale-if-error")
+                self.layer.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
             elif request.startedWriting:
                 request.abort()
             else:
-                error_answer(request, 502, self.pages)
+                error_answer(request, 502, self.pages, self.site)
         self.end()
 
     def not_storable(self, forward: Any) -> None:

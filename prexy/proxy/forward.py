@@ -40,12 +40,12 @@ from prexy.exchange import (
     take_slice,
     whole_limit,
 )
-from prexy.headerrules import RequestVars
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
+from prexy.proxy.request import request_vars
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -207,6 +207,7 @@ class Exchange(Outcomes):
             via=response.values(b"via") if b"via" in response.lnames else (),
             cache_status=cache_status,
             timing=server_timing(response.connect_seconds, response.first_byte_seconds, own, extra),
+            site=self.site,
         )
         resource.metrics.observe_upstream(upstream_time)
         if after_head is not None:
@@ -430,17 +431,6 @@ class Exchange(Outcomes):
         # After the last bytes left: the client does not wait for this.
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
-
-def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
-    """The header rules' variables for this request (``RequestVars.of``)."""
-    values = request.requestHeaders.getRawHeaders(b"host")
-    local = request.getHost()
-    return RequestVars.of(
-        http_host=values[0] if values else b"", secure=request.isSecure(),
-        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
-        proxy_host=site.config.upstream.host_header,
-    )
-
 
 @implementer(IPushProducer)
 class _ClientProducer:

@@ -92,11 +92,11 @@ class Outcomes:
         now = self.resource.reactor.seconds()
         self.life.on(Event.ANSWERED)
         if not self.detached and not self.request.gone:
-            cache.serve(self.request, obj, now)
+            cache.serve(self.request, obj, now, site=self.site)
         if ctx.flight is not None:
             for waiter in ctx.flight.waiting():
                 if not waiter.gone and not waiter.finished:
-                    cache.serve(waiter, obj, now, collapsed=True)
+                    cache.serve(waiter, obj, now, collapsed=True, site=self.site)
             ctx.flight.end()
         cache.finished(ctx)
 
@@ -112,7 +112,7 @@ class Outcomes:
         self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
         self.life.on(Event.ANSWERED)
-        self.resource.cache.serve(self.request, stale, now, stale_reason="stale-if-error")
+        self.resource.cache.serve(self.request, stale, now, stale_reason="stale-if-error", site=self.site)
 
     def _cache_data(self, out: bytes) -> None:
         ctx = self.ctx
@@ -259,10 +259,10 @@ class Outcomes:
                 self.life.on(Event.ANSWERED)
                 if not self.detached:
                     request.reset_head()
-                self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error")
+                self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
                 return
         self.life.on(Event.ANSWERED)
-        error_answer(request, status, self.site.config.error_pages)
+        error_answer(request, status, self.site.config.error_pages, self.site)
 
     def internal_error(self, reason: Failure) -> None:
         log.failure("internal error while proxying", reason)

@@ -28,9 +28,12 @@ from zope.interface import implementer, provider
 from prexy.config import Timeouts
 from prexy.errorpages import ErrorPages, phrase
 from prexy.errorpages import error_answer as error_page
+from prexy.headervars import RequestVars
 from prexy.metrics import Metrics
 from prexy.proxy.client import NONE, IClient, IClientChannel
+from prexy.proxy.headers import raw_header_dict
 from prexy.requesthead import Head
+from prexy.runtime import SiteRuntime
 
 _log = Logger("prexy")
 
@@ -54,16 +57,46 @@ def plain_answer(request: IClient, code: int, body: bytes) -> None:
     request.finish()
 
 
-def error_answer(request: IClient, status: int, pages: ErrorPages | None) -> None:
+def request_vars(request: IClient, site: SiteRuntime) -> RequestVars:
+    """The header directives' variables for this request (``RequestVars.of``)."""
+    values = request.requestHeaders.getRawHeaders(b"host")
+    local = request.getHost()
+    client = request.getClientAddress()
+    return RequestVars.of(
+        http_host=values[0] if values else b"", secure=request.isSecure(),
+        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
+        proxy_host=site.config.upstream.host_header,
+        remote_host=str(getattr(client, "host", "") or ""), remote_port=getattr(client, "port", None),
+        method=request.method, uri=request.uri, protocol=request.clientproto,
+        headers=raw_header_dict(request.requestHeaders),
+    )
+
+
+def edit_head(
+    request: IClient, site: SiteRuntime, code: int, headers: list[tuple[bytes, bytes]], own: bool = False,
+) -> list[tuple[bytes, bytes]]:
+    """An answer's head with the site's ``add_header`` and
+    ``proxy_hide_header`` applied (``prexy.headeredits``); ``own``: Prexy's
+    own error answer.  ``headers`` itself when the site has none."""
+    edits = site.header_rules.edits
+    if not (edits.always if own else edits.responds):
+        return headers
+    return edits.respond(headers, code, request_vars(request, site), own)
+
+
+def error_answer(request: IClient, status: int, pages: ErrorPages | None, site: SiteRuntime | None = None) -> None:
     """Prexy's own answer ``status`` (an upstream failure, a refused
     request...): the site's page for it, else the generic body, never the
-    reason (that goes to the log).  Whatever head was being prepared for
-    the upstream's answer is dropped: nothing of it was sent."""
+    reason (that goes to the log), with the ``site``'s ``add_header ...
+    always``.  Whatever head was being prepared for the upstream's answer
+    is dropped: nothing of it was sent."""
     content_type, body = error_page(status, pages)
     request.reset_head()
     request.setResponseCode(status, phrase(status))
     request.setHeader(b"Content-Type", content_type)
     request.setHeader(b"Content-Length", b"%d" % len(body))
+    if site is not None:
+        start_response(request, status, phrase(status), edit_head(request, site, status, [], own=True))
     request.write(body)
     request.finish()
 
@@ -153,9 +186,13 @@ class ProxyRequest(server.Request):
 
     def site_pages(self) -> ErrorPages:
         """The error pages of the site this request's Host names."""
+        return self._site().config.error_pages
+
+    def _site(self) -> SiteRuntime:
+        """The site this request's Host names."""
         hosts = self.requestHeaders.getRawHeaders(b"host")
-        pages: ErrorPages = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None).config.error_pages
-        return pages
+        site: SiteRuntime = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None)
+        return site
 
     # -- processing -------------------------------------------------------------------
 
@@ -207,7 +244,8 @@ class ProxyRequest(server.Request):
         if self.startedWriting:
             self.abort()
         else:
-            error_answer(self, 500, self.site_pages())
+            site = self._site()
+            error_answer(self, 500, site.config.error_pages, site)
         return reason
 
     def _uncount(self) -> None:

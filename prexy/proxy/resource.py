@@ -30,7 +30,13 @@ from prexy.proxy.client import IClient
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
-from prexy.proxy.request import DetachedRequest, ProxyRequest, error_answer, plain_answer
+from prexy.proxy.request import (
+    DetachedRequest,
+    ProxyRequest,
+    error_answer,
+    plain_answer,
+    request_vars,
+)
 from prexy.proxy.rewriting import Rewriting
 from prexy.proxy.site import ProxySite
 from prexy.proxy.tunnel import Tunnel
@@ -134,12 +140,12 @@ class ProxyResource(Resource):
         site = self.runtime.select(host)
         target = _origin_form(request.uri)
         if target is None:
-            error_answer(request, 400, site.config.error_pages)
+            error_answer(request, 400, site.config.error_pages, site)
             return server.NOT_DONE_YET
         client_target = target
         if request.method == b"TRACE" and not site.config.allow_trace:
             # TRACE echoes the request, credentials included (nginx: 405).
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
 
         if site.urlmap is not None:
@@ -170,7 +176,7 @@ class ProxyResource(Resource):
                 if answer is not None:
                     return answer
         elif request.method == b"PURGE":
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         return self.forward(request, site, target, host, ctx, raw)
 
@@ -204,6 +210,8 @@ class ProxyResource(Resource):
             for_cache=for_cache,
             revalidate=revalidate,
         )
+        if site.header_rules.edits.sets:  # proxy_set_header (prexy.headeredits)
+            headers = site.header_rules.edits.request_headers(headers, request_vars(request, site))
         if upgrade is not None:
             headers += upgrade_headers(upgrade)
         exchange = Exchange(self, request, site, started)
