@@ -59,10 +59,11 @@ from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
 from prexy.fetch import Fetch
 from prexy.metrics import Metrics
+from prexy.proxy.delivery import deliver_head
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
-from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
-from prexy.proxy.request import error_answer, start_response, write_whole
+from prexy.proxy.headers import HOP_BY_HOP, raw_header_dict
+from prexy.proxy.request import error_answer
 from prexy.proxy.routes import Answered, CacheRoute, Forward, Parked, Refresh
 from prexy.runtime import SiteRuntime
 
@@ -188,7 +189,7 @@ class CacheLayer:
             # Another worker is fetching it: wait for the object to appear.
             return Parked(self._wait_for_other_worker(request, site, ctx, key, now))
         ctx.claim_key = key
-        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages)
+        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages, site)
         return Forward(ctx)
 
     def _wait_for_other_worker(
@@ -242,7 +243,8 @@ class CacheLayer:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns.  With the object's ``key``
         and ``site``, a client that takes a coding the site compresses in
-        gets the object's compressed variant (``prexy.cache.codings``)."""
+        gets the object's compressed variant (``prexy.cache.codings``).
+        With ``site``, its add_header / proxy_hide_header apply."""
         if key is not None and site is not None and obj.status == 200:
             compression = site.config.compression
             coding = stored_coding(
@@ -253,10 +255,13 @@ class CacheLayer:
                 obj = self._coded(key, obj, coding, compression.level(coding))
         if pairs is None:
             pairs = request_pairs(request)
-        code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
-        start_response(request, code, phrase, headers)
-        if body:
-            write_whole(request, body)
+        answer = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
+        deliver_head(
+            request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status,
+            site=site,
+        )
+        if answer.body:
+            request.write_whole(answer.body)
         request.finish()
         return server.NOT_DONE_YET
 
@@ -408,7 +413,7 @@ class CacheLayer:
         client = getattr(request.getClientAddress(), "host", "")
         allowed = site.config.cache.purge_from if site.config.cache is not None else ()
         if client not in allowed:
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         url = key_url(_policy(site), host, target)
@@ -437,26 +442,41 @@ def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) 
     )
 
 
+@attrs.frozen
+class HitAnswer:
+    """The answer a stored object gives one request, before the delivery
+    step: the status, phrase, the object's fields (coded, ranged), the body
+    to send (the stored one, to be left out for HEAD), its Age and its
+    Cache-Status."""
+
+    code: int
+    phrase: bytes | None
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    age: bytes
+    cache_status: bytes
+
+
 def hit_answer(
     obj: CachedObject, now: float, pairs: list[tuple[bytes, bytes]], collapsed: bool = False,
     stale_reason: str | None = None, method: bytes = b"GET",
-) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes]:
-    """``(status, phrase, headers, body)`` of the answer a stored object
-    gives a request: a 304 without Content-* headers when the request's
-    validators match, a 206 or 416 for a GET with a Range
-    (``prexy.cache.ranges``), else the object with Age, Via, Cache-Status
-    and Content-Length (the body is the stored one, to be left out for
-    HEAD).  A stored 200 says ``Accept-Ranges: bytes``."""
+) -> HitAnswer:
+    """The answer a stored object gives a request: a 304 without Content-*
+    fields when the request's validators match, a 206 or 416 for a GET with
+    a Range (``prexy.cache.ranges``), else the object with its
+    Content-Length.  A stored 200 says ``Accept-Ranges: bytes``."""
     remaining = obj.remaining(now)
     if stale_reason:
         status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
     else:
         status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
-    headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
+    age = age_header(obj.stored_at, now)
+    headers = obj.headers
     conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
     if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified"), now=now):
-        return 304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b""
+        return HitAnswer(304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b"", age, status)
     body = obj.body
+    headers = list(headers)
     if obj.status == 200:
         headers.append((b"Accept-Ranges", b"bytes"))
         if method == b"GET":
@@ -464,11 +484,14 @@ def hit_answer(
             if chosen is not None:
                 headers.append((b"Content-Range", chosen.content_range(len(body))))
                 if chosen.status == 416:
-                    return 416, b"Range Not Satisfiable", [*headers, (b"Content-Length", b"0")], b""
+                    return HitAnswer(
+                        416, b"Range Not Satisfiable", [*headers, (b"Content-Length", b"0")], b"", age, status
+                    )
                 part = body[chosen.first : chosen.last + 1]
-                return 206, b"Partial Content", [*headers, (b"Content-Length", b"%d" % len(part))], part
+                headers.append((b"Content-Length", b"%d" % len(part)))
+                return HitAnswer(206, b"Partial Content", headers, part, age, status)
     headers.append((b"Content-Length", b"%d" % len(body)))
-    return obj.status, obj.phrase or None, headers, body
+    return HitAnswer(obj.status, obj.phrase or None, headers, body, age, status)
 
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:

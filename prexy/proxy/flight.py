@@ -20,8 +20,10 @@ from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
 from prexy.fetch import Fetch
-from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, error_answer, start_response
+from prexy.proxy.delivery import deliver_head
+from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.request import error_answer
+from prexy.runtime import SiteRuntime
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
@@ -79,7 +81,10 @@ class FlightLayer(Protocol):
     #: The flights in the air, by key: a flight leaves it when it ends.
     inflight: dict[bytes, Flight]
 
-    def serve(self, request: Any, obj: CachedObject, now: float, *, stale_reason: str | None = None) -> object:
+    def serve(
+        self, request: Any, obj: CachedObject, now: float, *, stale_reason: str | None = None,
+        site: SiteRuntime | None = None,
+    ) -> object:
         """Answer ``request`` from a stored object."""
 
 
@@ -111,7 +116,7 @@ class _Follower:
             request.finish()
 
     def reset(self) -> None:
-        abort_client(self.request)
+        self.request.abort()
 
     def client_gone(self, reason: object = None) -> None:
         self.flight.left(self)
@@ -131,11 +136,15 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: FlightLayer, key: bytes, pages: ErrorPages | None = None) -> None:
+    def __init__(
+        self, layer: FlightLayer, key: bytes, pages: ErrorPages | None = None, site: SiteRuntime | None = None
+    ) -> None:
         self.layer = layer
         self.key = key
         #: The site's error pages, for a 502 to followers.
         self.pages = pages
+        #: The site (``SiteRuntime``): its add_header / proxy_hide_header.
+        self.site = site
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         #: The body's length when the upstream gave it and nothing changes
@@ -190,7 +199,7 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
+        deliver_head(request, code, phrase, headers, cache_status=status, site=self.site)
         if request.method == b"HEAD":
             request.finish()
             return False
@@ -226,11 +235,11 @@ class Flight:
             if request.gone or request.finished:
                 continue
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
-                self.layer.serve(request, stale, now, stale_reason="stale-if-error")
+                self.layer.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
             elif request.startedWriting:
-                abort_client(request)
+                request.abort()
             else:
-                error_answer(request, 502, self.pages)
+                error_answer(request, 502, self.pages, self.site)
         self.end()
 
     def not_storable(self) -> list[tuple[Any, Fetch]]:

@@ -21,35 +21,32 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.cache.ranges import Cut, range_of_stream
-from prexy.codec import accepts_gzip, decoder_for, encoder_for
+from prexy.cache.ranges import Cut
+from prexy.codec import decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
-    SKIPPED_TIMING,
     BodyPipeline,
-    ClientCoding,
+    Event,
+    HeadPlan,
     Lifecycle,
+    Mode,
     PipelineError,
     State,
-    choose_client_coding,
-    has_own_coding,
     next_slice,
-    plan_response,
+    plan_head,
     resource_key,
-    rewrite_coding,
     rewrite_timing,
     server_timing,
     take_slice,
-    via_value,
     whole_limit,
 )
-from prexy.headerrules import RequestVars
+from prexy.proxy.delivery import deliver_head
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.host import ExchangeHost
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import TRAILERS_OVER, start_response
+from prexy.proxy.request import request_vars
 from prexy.proxy.tunnel import Tunnel
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
 from prexy.runtime import SiteRuntime
@@ -58,9 +55,6 @@ from prexy.substitution.transducer import Transducer
 from prexy.upgrade import tunnel_head
 
 log = Logger()
-
-#: Upstream statuses for which a stale copy is served instead (RFC 5861 4).
-STALE_IF_ERROR_STATUSES = frozenset({500, 502, 503, 504})
 
 #: A response whose rewriting is behind pauses its upstream once this many
 #: bytes wait (bounded memory; no pause/resume of the socket on every turn).
@@ -79,12 +73,14 @@ class Exchange(Outcomes):
         self.request = request
         self.site = site
         self.started = started
-        self.life = Lifecycle()
+        self.life = Lifecycle(detached=request.detached)
         self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
         self.ctx: CacheContext | None = None
         self.upstream_target: bytes | None = None
         self.pipeline: BodyPipeline | None = None
+        #: What plan_head decided on the upstream's head.
+        self.plan: HeadPlan | None = None
         self.backlog: collections.deque[bytes] = collections.deque()
         self.backlog_bytes = 0
         self.task: Any = None
@@ -114,159 +110,106 @@ class Exchange(Outcomes):
             self.internal_error(Failure())
 
     def response_head(self, response: UpstreamResponse) -> None:
+        """Carry out ``plan_head``'s decisions on the upstream's head."""
         self.pending = None
         request = self.request
         if self.life.over:
             response.abort()
             return
         self.response = response
-        if response.code == 101:  # asked for (else the reader made it a 502)
+        resource = self.resource
+        site = self.site
+        ctx = self.ctx
+        if ctx is not None and ctx.invalidate is not None and response.code != 101:
+            self.cache.answered(site, ctx, response.code, response.headers)
+        rules = site.rules
+        method = request.method
+        trailers = request.trailers
+        if rules is not None:
+            self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+        plan = self.plan = plan_head(
+            response,
+            method=method,
+            trailers=trailers,
+            accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
+            rules=rules,
+            compression=site.config.compression,
+            applicable=self._applicable,
+            cached=ctx is not None,
+            revalidating=ctx is not None and ctx.revalidating,
+            stale_usable=self._stale_usable,
+            whole_max=0 if resource.rewriting.busy else whole_limit(self.slice),
+            body_in_hand=response.body_in_hand,
+            range_pairs=ctx.pairs if ctx is not None else (),
+            targeted=site.targeted,
+            header_names=site.header_names,
+            rewrite_headers=self._rewrite_headers,
+            rules_count=len(rules.rules) if rules is not None else 0,
+        )
+        mode = plan.mode
+        if mode is Mode.TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
             return
-        resource = self.resource
-        ctx = self.ctx
-        if ctx is not None:
-            if ctx.invalidate is not None:
-                self.cache.answered(self.site, ctx, response.code, response.headers)
-            if ctx.revalidating and response.code == 304:
-                self._serve_revalidated(response)
-                return
-            if ctx.stale is not None and response.code in STALE_IF_ERROR_STATUSES and self._serve_stale(response):
-                return
-        rules = self.site.rules
-        rewrite, codings, unknown = rewrite_coding(response, rules)
-        if unknown is not None:
-            resource.coding_not_decoded(self.site, unknown, request.uri)
-        transducer = None
-        skipped = False
-        if rewrite and rules is not None and request.method != b"HEAD":
-            self.resource_key = resource_key(
-                self.site.name_bytes, response, self.upstream_target or request.uri,
-                lambda: raw_header_dict(request.requestHeaders),
-            )
-            only = resource.applicability.rules_for(rules, self.resource_key)
-            if only is not None and not only and not codings:
-                # This version of the resource matched no rule before: pass
-                # it through unscanned, with its length.
-                skipped = True
-                resource.metrics.count("prexy_rewrite_skipped_total")
-            else:
-                transducer = Transducer(rules, only=only)
-                self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
-                self.rules_run = len(rules.rules) if only is None else len(only)
-        decode = rewrite and bool(codings)
-        accept = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if transducer is not None or skipped or (rewrite and request.method == b"HEAD"):
-            # Compressed for this client in the coding it prefers; what the
-            # cache stores (and followers get) stays identity, and each hit
-            # gets its coding from the store (CacheLayer.serve).
-            choice = choose_client_coding(
-                response, method=request.method, compression=self.site.config.compression,
-                accept_encoding=accept, encoded=bool(codings) and not decode,
-            )
-        elif not rewrite:
-            # Passed through: compressed here when the upstream sent identity.
-            choice = choose_client_coding(
-                response, method=request.method, compression=self.site.config.compression,
-                accept_encoding=accept, encoded=has_own_coding(response),
-            )
-        else:
-            # The client's coding for a decoded body: gzip if it takes it.
-            choice = ClientCoding(b"gzip" if decode and accepts_gzip(accept) else None)
-        out_coding = choice.coding
+        if mode is Mode.REFRESH:
+            self._serve_revalidated(response)
+            return
+        if mode is Mode.STALE:
+            self._serve_stale(response)
+            return
+        if plan.unknown_coding is not None:
+            resource.coding_not_decoded(site, plan.unknown_coding, request.uri)
+        if plan.skipped:
+            resource.metrics.count("prexy_rewrite_skipped_total")
+        self.rules_run = plan.rules_run
+        out_coding = plan.coding.coding
         encoder = None
-        if out_coding is not None and request.method != b"HEAD":
-            encoder = encoder_for(out_coding, self.site.config.compression.level(out_coding))
+        if plan.encodes and out_coding is not None:
+            encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
+        tap = self._tap if plan.tap else None
+        self.tapped = tap is not None
+        transducer = Transducer(rules, only=plan.only) if plan.transduce and rules is not None else None
         whole: bytes | None = None
         after_head: bytes | None = None
-        if (
-            transducer is not None
-            and not codings
-            and ctx is None
-            and response.length is not None
-            and 0 < response.length <= whole_limit(self.slice)
-            and not resource.rewriting.busy
-        ):
+        if mode in (Mode.WHOLE_FIRST, Mode.HEAD_FIRST):
             # The whole body came with the head and is a millisecond of work
             # at most: it is rewritten in one piece, not in slices.  Where
             # the answer can end with trailers, the head leaves first and
-            # the client reads it while the body is rewritten (measured,
-            # realistic 20 KB page, 10 rules, blocks of 20 requests
-            # alternating with the head-last build and nginx + subs_filter:
-            # 0.99x against 1.08x subs_filter's time, medians of 6 runs
-            # on a quiet phase; within 5% of each other on a phase loaded
-            # by other work; bench/README.md, "Twelfth session"); elsewhere
-            # the rewrite comes first and its time goes in the head.
+            # the client reads it while the body is rewritten; elsewhere
+            # the rewrite comes first and its time goes in the head
+            # (measured side by side: bench/README.md).
             body = response.take_body()
             if body is not None:
                 resource.metrics.bytes_in += len(body)
                 self.pipeline = BodyPipeline(transducer, None, encoder)
-                if request.clientproto in TRAILERS_OVER:
+                if mode is Mode.HEAD_FIRST:
                     after_head = body
                 else:
                     whole = self._feed(body, True)
                     if whole is None:
                         return  # the rewrite failed: the client got a 5xx
-        tap = None
-        plain = transducer is None and (skipped or not rewrite)  # only compressed, if at all
-        if ctx is not None and encoder is not None and (transducer is not None or plain):
-            self.tapped = True
-            tap = self._tap
         if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder, tap)
-        elif encoder is not None and plain:
+            self.pipeline = BodyPipeline(transducer, decoder_for(plan.codings) if plan.decode else None, encoder, tap)
+        elif encoder is not None and transducer is None:
             self.pipeline = BodyPipeline(None, None, encoder, tap)
-        plan = plan_response(
-            response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
-            transduce=transducer is not None, skipped=skipped,
-            # Trailers: HTTP/1.1 chunked ones, or an HTTP/2 stream's last HEADERS.
-            timing_in_trailer=whole is None and request.clientproto in TRAILERS_OVER,
-            negotiated=choice.varies,
-        )
-        headers = plan.headers
-        targeted = self.site.targeted
-        if targeted and not targeted.isdisjoint(response.lnames):
-            headers = [(n, v) for n, v in headers if n.lower() not in targeted]
-        names = self.site.header_names
-        rewrite_headers = bool(names) and not names.isdisjoint(response.lnames)
-        if rewrite_headers:
-            headers = self._rewrite_headers(headers)
+        cache_status = None
         if ctx is not None:
-            stored = headers
-            if tap is not None:  # the cache keeps the identity answer
-                stored = plan_response(
-                    response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
-                    transduce=transducer is not None, skipped=False, timing_in_trailer=True, negotiated=True,
-                ).headers
-                if targeted:
-                    stored = [(n, v) for n, v in stored if n.lower() not in targeted]
-                if rewrite_headers:
-                    stored = self._rewrite_headers(stored)
-            headers.append((b"Cache-Status", self._cache_head(response, stored, rewrite)))
-        headers.append((b"Via", via_value(response)))
+            assert plan.stored is not None
+            cache_status = self._cache_head(response, plan.stored, plan.rewrite)
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = resource.reactor.seconds() - self.started - upstream_time
-        extra = b""
-        if skipped:
-            extra = SKIPPED_TIMING
-        elif whole is not None and transducer is not None:
+        extra = plan.timing_extra
+        if whole is not None and transducer is not None:
             own -= transducer.scan_seconds  # reported as rewrite;dur
             extra = rewrite_timing(transducer, self.rules_run)
-        headers.append(
-            (b"Server-Timing", server_timing(response.connect_seconds, response.first_byte_seconds, own, extra))
+        if plan.span is not None:
+            self.cut = Cut(plan.span)
+        deliver_head(
+            request, plan.code, plan.phrase, plan.headers,
+            via=response.values(b"via") if b"via" in response.lnames else (),
+            cache_status=cache_status,
+            timing=server_timing(response.connect_seconds, response.first_byte_seconds, own, extra),
+            site=self.site,
         )
-        code, phrase = response.code, response.phrase
-        if (
-            ctx is not None and ctx.pairs and self.pipeline is None and code == 200
-            and request.method == b"GET" and response.length is not None
-        ):
-            # A cacheable GET with a Range: the whole object is fetched and
-            # stored; its client gets its range as the body streams by.
-            part = range_of_stream(ctx.pairs, response.length, response.header, headers)
-            if part is not None:
-                code, phrase, headers, span = part
-                self.cut = Cut(span)
-        start_response(request, code, phrase, headers)
         resource.metrics.observe_upstream(upstream_time)
         if after_head is not None:
             request.write(b"")  # the head, alone
@@ -276,10 +219,10 @@ class Exchange(Outcomes):
         if whole is not None:
             resource.metrics.bytes_out += len(whole)
             self.stash = whole
-            self._complete(trailer=after_head is not None)
+            self._complete()
             return
-        self.life.move(State.STREAMING)
-        if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
+        self.life.on(Event.HEAD)
+        if mode is Mode.NO_BODY:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.pipeline is not None:
@@ -291,20 +234,39 @@ class Exchange(Outcomes):
             self.producer_registered = True
         response.deliverBody(self)
 
+    def _applicable(self) -> Any:
+        """The rules to run on this version of the resource (None: all),
+        from the applicability memory."""
+        request = self.request
+        rules = self.site.rules
+        assert self.response is not None and rules is not None  # asked only when the site rewrites
+        self.resource_key = resource_key(
+            self.site.name_bytes, self.response, self.upstream_target or request.uri,
+            lambda: raw_header_dict(request.requestHeaders),
+        )
+        return self.resource.applicability.rules_for(rules, self.resource_key)
+
+    def _stale_usable(self) -> bool:
+        """A stale copy may answer this upstream error (RFC 5861 4)."""
+        ctx = self.ctx
+        return (
+            ctx is not None and ctx.stale is not None
+            and ctx.stale.stale_usable_on_error(self.resource.reactor.seconds())
+        )
+
     def on_interim(self, interim: Any) -> None:
         """A 103 Early Hints (or another 1xx) before the response: passed on
         to an HTTP/1.1 or HTTP/2 client that has nothing of its answer yet, after the
         header rules; never to a background fetch nor to followers, never
         cached."""
         request = self.request
-        channel = getattr(request, "channel", None)
-        if self.life.over or channel is None or request.startedWriting or request.clientproto not in TRAILERS_OVER:
+        if self.life.over or not request.interim or request.startedWriting:
             return
         headers = interim.headers
         names = self.site.header_names
         if names and not names.isdisjoint(n.lower() for n, _ in headers):
             headers = self._rewrite_headers(headers)
-        channel.write_interim(interim.code, interim.phrase, headers)
+        request.write_interim(interim.code, interim.phrase, headers)
         self.resource.metrics.count("prexy_interim_responses_total", status=str(interim.code))
 
     def _rewrite_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -321,8 +283,8 @@ class Exchange(Outcomes):
         """The upstream switched protocols: splice the client's connection
         and the upstream's (``prexy.proxy.tunnel``)."""
         request = self.request
-        self.life.move(State.DONE)
-        channel = getattr(request, "channel", None)
+        self.life.on(Event.ANSWERED)
+        channel = request.channel if request.tunnel else None
         if channel is None or request.gone:
             response.abort()
             return
@@ -431,13 +393,13 @@ class Exchange(Outcomes):
         if self.life.over:
             return
         if self.task is not None:
-            self.life.move(State.DRAINING)
+            self.life.on(Event.BODY_END)
         else:
             self._complete()
 
-    def _complete(self, trailer: bool = True) -> None:
-        """Finish the response; ``trailer``: the rewrite's Server-Timing goes
-        in a trailer (False: it was in the head already)."""
+    def _complete(self) -> None:
+        """Finish the response (the rewrite's Server-Timing in a trailer
+        where the plan puts it there)."""
         request = self.request
         pipeline = self.pipeline
         tail = b""
@@ -461,26 +423,15 @@ class Exchange(Outcomes):
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
                     metrics.count("prexy_rewrite_timeouts_total")
-                if trailer and request.clientproto in TRAILERS_OVER:
+                if self.plan is not None and self.plan.timing_in_trailer:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
-        self.life.move(State.DONE)
+        self.life.on(Event.COMPLETE)
         self._cache_done(True)
         request.finish(tail)
         # After the last bytes left: the client does not wait for this.
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
-
-def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
-    """The header rules' variables for this request (``RequestVars.of``)."""
-    values = request.requestHeaders.getRawHeaders(b"host")
-    local = request.getHost()
-    return RequestVars.of(
-        http_host=values[0] if values else b"", secure=request.isSecure(),
-        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
-        proxy_host=site.config.upstream.host_header,
-    )
-
 
 @implementer(IPushProducer)
 class _ClientProducer:

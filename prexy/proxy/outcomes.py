@@ -24,10 +24,10 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from prexy.cache import flow
-from prexy.exchange import Lifecycle, PipelineError, State
+from prexy.exchange import Event, Lifecycle, PipelineError, State
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import DetachedRequest, abort_client, error_answer
+from prexy.proxy.request import DetachedRequest, error_answer
 from prexy.proxy.routes import Forward
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
@@ -96,32 +96,29 @@ class Outcomes:
         assert obj is not None  # only a stale copy is revalidated
         response.deliverBody(_Discard())
         now = self.resource.reactor.seconds()
-        self.life.move(State.DONE)
-        if not isinstance(self.request, DetachedRequest) and not self.request.gone:
-            cache.serve(self.request, obj, now)
+        self.life.on(Event.ANSWERED)
+        if not self.detached and not self.request.gone:
+            cache.serve(self.request, obj, now, site=self.site)
         if ctx.flight is not None:
             for waiter in ctx.flight.waiting():
                 if not waiter.gone and not waiter.finished:
-                    cache.serve(waiter, obj, now, collapsed=True)
+                    cache.serve(waiter, obj, now, collapsed=True, site=self.site)
             ctx.flight.end()
         cache.finished(ctx)
 
-    def _serve_stale(self, response: UpstreamResponse) -> bool:
+    def _serve_stale(self, response: UpstreamResponse) -> None:
         """The upstream answered 500/502/503/504 for an object the cache
-        holds stale: serve that copy, and keep it, while stale-if-error (or
-        grace) allows (RFC 5861 4).  False when it no longer does."""
+        holds stale, and stale-if-error (or grace) allows it: serve that
+        copy, and keep it (RFC 5861 4)."""
         ctx = self.ctx
         assert ctx is not None and ctx.stale is not None
         now = self.resource.reactor.seconds()
         stale = ctx.stale
-        if not stale.stale_usable_on_error(now):
-            return False
         response.deliverBody(_Discard())
         self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
-        self.life.move(State.DONE)
-        self.cache.serve(self.request, stale, now, stale_reason="stale-if-error")
-        return True
+        self.life.on(Event.ANSWERED)
+        self.cache.serve(self.request, stale, now, stale_reason="stale-if-error", site=self.site)
 
     def _cache_data(self, out: bytes) -> None:
         ctx = self.ctx
@@ -224,11 +221,11 @@ class Outcomes:
         """Reset the client connection: its answer cannot be completed."""
         self._unregister()
         if not self.life.over:
-            self.life.move(State.ABORTED)
+            self.life.on(Event.RESET)
         self._cache_done(False)
         if self.response is not None:
             self.response.abort()
-        abort_client(self.request)
+        self.request.abort()
 
     def upstream_failed(self, reason: Failure) -> None:
         self.pending = None
@@ -265,13 +262,13 @@ class Outcomes:
             self._cache_done(False)  # waiters get the stale copy or an error too
             now = self.resource.reactor.seconds()
             if stale is not None and stale.stale_usable_on_error(now):
-                self.life.move(State.DONE)
+                self.life.on(Event.ANSWERED)
                 if not self.detached:
                     request.reset_head()
-                self.cache.serve(request, stale, now, stale_reason="stale-if-error")
+                self.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
                 return
-        self.life.move(State.DONE)
-        error_answer(request, status, self.site.config.error_pages)
+        self.life.on(Event.ANSWERED)
+        error_answer(request, status, self.site.config.error_pages, self.site)
 
     def internal_error(self, reason: Failure) -> None:
         log.failure("internal error while proxying", reason)
@@ -299,6 +296,7 @@ class Outcomes:
         if ctx is None or wanted is flow.Wanted.NOBODY:
             self._cancel()
             return
+        self.life.on(Event.CLIENT_LEFT)
         self.request.exchange = None
         self.request = DetachedRequest(self.request)
         if self.response is not None and self.life.state is State.STREAMING:
@@ -311,7 +309,7 @@ class Outcomes:
     def detached(self) -> bool:
         """No client of its own: a background refresh, or a fetch that went
         on after its client left."""
-        return isinstance(self.request, DetachedRequest)
+        return self.life.detached
 
     def _unwanted(self) -> bool:
         """Cancel a fetch without a client once nobody wants it; True when
@@ -326,7 +324,7 @@ class Outcomes:
     def _cancel(self) -> None:
         """Stop the upstream request: nobody wants its answer."""
         streaming = self.life.state is State.STREAMING  # DRAINING: the upstream is done
-        self.life.move(State.GONE)
+        self.life.on(Event.UNWANTED)
         self.producer_registered = False
         self._cache_done(False)
         if self.pending is not None:

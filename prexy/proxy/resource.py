@@ -29,11 +29,18 @@ from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.fetch import Fetch
 from prexy.metrics import Metrics
 from prexy.proxy.caching import CacheLayer
+from prexy.proxy.client import IClient
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
-from prexy.proxy.request import DetachedRequest, ProxyRequest, error_answer, plain_answer
+from prexy.proxy.request import (
+    DetachedRequest,
+    ProxyRequest,
+    error_answer,
+    plain_answer,
+    request_vars,
+)
 from prexy.proxy.rewriting import Rewriting
 from prexy.proxy.routes import Answered, CacheRoute, Forward, Refresh
 from prexy.proxy.site import ProxySite
@@ -138,12 +145,12 @@ class ProxyResource(Resource):
         site = self.runtime.select(host)
         target = _origin_form(request.uri)
         if target is None:
-            error_answer(request, 400, site.config.error_pages)
+            error_answer(request, 400, site.config.error_pages, site)
             return server.NOT_DONE_YET
         client_target = target
         if request.method == b"TRACE" and not site.config.allow_trace:
             # TRACE echoes the request, credentials included (nginx: 405).
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
 
         if site.urlmap is not None:
@@ -153,12 +160,11 @@ class ProxyResource(Resource):
             if action == "rewrite":
                 target = result
 
-        head = getattr(request, "head", None)
         upgrade = None
         if site.config.upgrade and b"upgrade" in raw:
             upgrade = upgrade_request(
                 raw, method=request.method, version=request.clientproto,
-                has_body=head is not None and head.has_body, allowed=site.config.upgrade,
+                has_body=request.has_body, allowed=site.config.upgrade,
             )
         client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
         fetch = Fetch(
@@ -169,16 +175,16 @@ class ProxyResource(Resource):
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
         if site.cache_policy is not None and self.cache is not None:
-            if head is not None and head.has_body:
+            if request.has_body:
                 # Not looked up nor stored; an unsafe method still invalidates.
                 return self.carry_out(request, fetch, self.cache.invalidating(fetch))
             return self.carry_out(request, fetch, self.cache.on_request(request, fetch))
         if request.method == b"PURGE":
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         return self.forward(request, fetch, None)
 
-    def carry_out(self, request: Any, fetch: Fetch, route: CacheRoute) -> object:
+    def carry_out(self, request: IClient, fetch: Fetch, route: CacheRoute) -> object:
         """Carry out where the cache sent ``request`` (``prexy.proxy.routes``);
         returns what ``render`` returns."""
         if isinstance(route, Forward):
@@ -198,12 +204,12 @@ class ProxyResource(Resource):
         def failed(failure: Failure) -> None:
             log.failure("internal error while proxying a request that waited for another worker", failure)
             if not request.gone and not request.startedWriting and not request.finished:
-                error_answer(request, 500, fetch.site.config.error_pages)
+                error_answer(request, 500, fetch.site.config.error_pages, fetch.site)
 
         route.next.addCallback(then).addErrback(failed)
         return server.NOT_DONE_YET
 
-    def forward(self, request: Any, fetch: Fetch, ctx: CacheContext | None) -> object:
+    def forward(self, request: IClient, fetch: Fetch, ctx: CacheContext | None) -> object:
         """Send the request upstream and stream the answer back (or, for a
         background refresh, into the cache only)."""
         started = self.reactor.seconds()
@@ -225,6 +231,8 @@ class ProxyResource(Resource):
             for_cache=for_cache,
             revalidate=revalidate,
         )
+        if site.header_rules.edits.sets:  # proxy_set_header (prexy.headeredits)
+            headers = site.header_rules.edits.request_headers(headers, request_vars(request, site))
         if fetch.upgrade is not None:
             headers += upgrade_headers(fetch.upgrade)
         target = fetch.upstream_target
@@ -239,7 +247,7 @@ class ProxyResource(Resource):
         )
         return server.NOT_DONE_YET
 
-    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None:
+    def tunnel_closed(self, request: IClient, channel: Any, tunnel: Tunnel) -> None:
         """A tunnel ended: count it, log its access line (status 101, the
         bytes sent to the client) and one line with its duration and bytes."""
         metrics = self.metrics
@@ -258,7 +266,7 @@ class ProxyResource(Resource):
             up=tunnel.bytes_up, down=tunnel.bytes_down,
         )
 
-    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
+    def _apply_map(self, request: ProxyRequest, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
         """Per the site's map: ("redirect", what render returns) with the
         response under way, ("rewrite", new target), or ("", b"") when no
         entry matched."""
@@ -325,7 +333,7 @@ def _origin_form(uri: bytes) -> bytes | None:
     return None
 
 
-def _request_body(request: Any) -> tuple[IO[bytes] | None, int]:
+def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
     if content is None:
         return None, 0

@@ -63,6 +63,9 @@ class Waiter:
     def write(self, data: bytes) -> None:
         self.body += data
 
+    def write_whole(self, body: bytes) -> None:
+        self.body += body
+
     def finish(self) -> None:
         self.finished = True
 

@@ -40,6 +40,13 @@ class Client:
 
     content = None
     uri = b"/page"
+    proxy_site = None
+    has_body = False
+    detached = False
+    trailers = False
+    interim = False
+    tunnel = False
+    clientproto = b"HTTP/1.1"
 
     def __init__(self, method: bytes = b"GET", headers: dict[bytes, list[bytes]] | None = None) -> None:
         self.method = method
@@ -70,6 +77,9 @@ class Client:
     def write(self, data: bytes) -> None:
         self.startedWriting = True
         self.body += data
+
+    def write_whole(self, body: bytes) -> None:
+        self.write(body)
 
     def finish(self) -> None:
         self.finished = True
