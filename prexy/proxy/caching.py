@@ -59,6 +59,7 @@ from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
 from prexy.fetch import Fetch
 from prexy.metrics import Metrics
+from prexy.proxy.client import IClient
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
@@ -131,7 +132,7 @@ class CacheLayer:
         found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
         return Looked(decision, url, found)
 
-    def on_request(self, request: Any, fetch: Fetch) -> CacheRoute:
+    def on_request(self, request: IClient, fetch: Fetch) -> CacheRoute:
         """Where ``request`` goes (``prexy.proxy.routes``): answered here (a
         hit, a stale copy in grace, PURGE, a follower of a fetch under way),
         forwarded with its cache context, refreshed in the background, or
@@ -193,7 +194,7 @@ class CacheLayer:
         return Forward(ctx)
 
     def _wait_for_other_worker(
-        self, request: Any, site: SiteRuntime, ctx: CacheContext, key: bytes, started: float,
+        self, request: IClient, site: SiteRuntime, ctx: CacheContext, key: bytes, started: float,
     ) -> Deferred[CacheRoute | None]:
         """Wait until the worker holding ``key``'s claim is done; the
         Deferred fires with the request answered from what it stored, with

@@ -20,6 +20,7 @@ from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
 from prexy.fetch import Fetch
+from prexy.proxy.client import IClient
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.request import error_answer
@@ -82,7 +83,7 @@ class FlightLayer(Protocol):
     inflight: dict[bytes, Flight]
 
     def serve(
-        self, request: Any, obj: CachedObject, now: float, *, stale_reason: str | None = None,
+        self, request: IClient, obj: CachedObject, now: float, *, stale_reason: str | None = None,
         site: SiteRuntime | None = None,
     ) -> object:
         """Answer ``request`` from a stored object."""
@@ -93,7 +94,7 @@ class _Follower:
     """A request that follows a flight (``prexy.cache.flow.Follower``), and
     the producer its connection pauses and resumes."""
 
-    def __init__(self, flight: Flight, request: Any, fetch: Fetch) -> None:
+    def __init__(self, flight: Flight, request: IClient, fetch: Fetch) -> None:
         self.flight = flight
         self.request = request
         #: What the request asks upstream: it fetches for itself with it
@@ -158,7 +159,7 @@ class Flight:
     def open(self) -> bool:
         return self.core.open
 
-    def attach(self, request: Any, fetch: Fetch) -> bool:
+    def attach(self, request: IClient, fetch: Fetch) -> bool:
         """Follow this fetch; False when it takes no more followers.
         ``fetch``: what the request asks upstream (:meth:`not_storable`)."""
         follower = _Follower(self, request, fetch)
@@ -242,7 +243,7 @@ class Flight:
                 error_answer(request, 502, self.pages, self.site)
         self.end()
 
-    def not_storable(self) -> list[tuple[Any, Fetch]]:
+    def not_storable(self) -> list[tuple[IClient, Fetch]]:
         """The answer may not be shared: the flight ends, and hands back
         each follower still there with its fetch, to fetch for itself."""
         followers = cast("list[_Follower]", self.core.take_all())

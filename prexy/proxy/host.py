@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from prexy.metrics import Metrics
     from prexy.proxy.caching import CacheLayer
+    from prexy.proxy.client import IClient
     from prexy.proxy.rewriting import Rewriting
     from prexy.proxy.tunnel import Tunnel
     from prexy.runtime import SiteRuntime
@@ -42,4 +43,4 @@ class ExchangeHost(RouteCarrier, Protocol):
 
     def trailing_garbage(self, site: SiteRuntime, coding: bytes, size: int, uri: bytes) -> None: ...
 
-    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None: ...
+    def tunnel_closed(self, request: IClient, channel: Any, tunnel: Tunnel) -> None: ...

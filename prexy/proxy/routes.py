@@ -19,7 +19,7 @@ as a route with the request's :class:`~prexy.fetch.Fetch`:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from prexy.fetch import Fetch
+    from prexy.proxy.client import IClient
     from prexy.proxy.flight import CacheContext
 
 __all__ = ["Answered", "CacheRoute", "Forward", "Parked", "Refresh", "RouteCarrier"]
@@ -76,6 +77,6 @@ class RouteCarrier(Protocol):
     where the cache's routes, and the followers a flight hands back when
     its answer may not be shared, go upstream."""
 
-    def carry_out(self, request: Any, fetch: Fetch, route: CacheRoute) -> object:
+    def carry_out(self, request: IClient, fetch: Fetch, route: CacheRoute) -> object:
         """``request``: the client's (or the stand-in of a background
         fetch); returns what ``render`` returns."""
