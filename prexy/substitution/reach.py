@@ -17,12 +17,7 @@ from collections.abc import Iterable
 import regex
 
 from prexy.substitution import hsindex
-from prexy.substitution.analysis import (
-    bounded_width,
-    literal_prefix,
-    max_width,
-    repeat_bytes,
-)
+from prexy.substitution.analysis import bounded_width, literal_prefix, max_width, repeat_bytes
 from prexy.substitution.emit import FLAGS, PROBE_GROUP, set_source, to_re2_source, to_regex_source
 from prexy.substitution.linear import LinearMatch, LinearPattern
 from prexy.substitution.pikevm import PikePattern, PikeProbe
