@@ -299,10 +299,13 @@ class Head(Protocol):
 
 
 class Rules(Protocol):
-    """What the plan reads of a site's rule set."""
+    """What the plan reads of a site's rule set (a ``RuleSet``: frozen)."""
 
-    digest: str
-    keep_last_modified: bool
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def keep_last_modified(self) -> bool: ...
 
     def applies_to_header(self, content_type: bytes | None) -> bool: ...
 

@@ -133,9 +133,6 @@ class IClient(Interface):
     )
     proxy_site = Attribute("The site the request came through (timeouts, access log, served answers).")
     sentLength = Attribute("int: body bytes sent, for the access log (a tunnel sets the bytes it carried).")
-    prexy_forward = Attribute(
-        "(target, host): where to forward the request if a flight it follows turns out not storable."
-    )
 
     # -- the answer ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from prexy.exchange import (
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.host import ExchangeHost
 from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import request_vars
@@ -67,7 +68,7 @@ class Exchange(Outcomes):
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
+    def __init__(self, resource: ExchangeHost, request: Any, site: SiteRuntime, started: float) -> None:
         self.resource = resource
         self.request = request
         self.site = site
@@ -120,7 +121,7 @@ class Exchange(Outcomes):
         site = self.site
         ctx = self.ctx
         if ctx is not None and ctx.invalidate is not None and response.code != 101:
-            resource.cache.answered(site, ctx, response.code, response.headers)
+            self.cache.answered(site, ctx, response.code, response.headers)
         rules = site.rules
         method = request.method
         trailers = request.trailers
@@ -166,7 +167,7 @@ class Exchange(Outcomes):
             encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
         tap = self._tap if plan.tap else None
         self.tapped = tap is not None
-        transducer = Transducer(rules, only=plan.only) if plan.transduce else None
+        transducer = Transducer(rules, only=plan.only) if plan.transduce and rules is not None else None
         whole: bytes | None = None
         after_head: bytes | None = None
         if mode in (Mode.WHOLE_FIRST, Mode.HEAD_FIRST):
@@ -238,7 +239,7 @@ class Exchange(Outcomes):
         from the applicability memory."""
         request = self.request
         rules = self.site.rules
-        assert self.response is not None
+        assert self.response is not None and rules is not None  # asked only when the site rewrites
         self.resource_key = resource_key(
             self.site.name_bytes, self.response, self.upstream_target or request.uri,
             lambda: raw_header_dict(request.requestHeaders),

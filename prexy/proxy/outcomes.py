@@ -28,11 +28,14 @@ from prexy.exchange import Event, Lifecycle, PipelineError, State
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.pool import PendingRequest
 from prexy.proxy.request import DetachedRequest, error_answer
+from prexy.proxy.routes import Forward
 from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 
 if TYPE_CHECKING:
     from prexy.exchange import BodyPipeline
+    from prexy.proxy.caching import CacheLayer
+    from prexy.proxy.host import ExchangeHost
 
 __all__ = ["Outcomes"]
 
@@ -43,7 +46,7 @@ class Outcomes:
     """The cache and failure half of ``Exchange`` (its attributes are the
     exchange's; see there)."""
 
-    resource: Any
+    resource: ExchangeHost
     request: Any
     site: SiteRuntime
     life: Lifecycle
@@ -57,12 +60,19 @@ class Outcomes:
 
     # -- the cache ---------------------------------------------------------------------
 
+    @property
+    def cache(self) -> CacheLayer:
+        """The worker's cache: an exchange with a cache context has one."""
+        cache = self.resource.cache
+        assert cache is not None
+        return cache
+
     def _cache_head(self, response: UpstreamResponse, headers: list[tuple[bytes, bytes]], rewrite: bool) -> bytes:
         """Start storing (leader of a miss, or background refresh) and return
         this response's Cache-Status."""
         ctx = self.ctx
         assert ctx is not None
-        cache = self.resource.cache
+        cache = self.cache
         if (ctx.flight is not None or ctx.claim_key is not None) and self.request.method == b"GET":
             length = None if rewrite else response.length
             writer, status = cache.begin_store(
@@ -70,24 +80,20 @@ class Outcomes:
             )
             self.writer = writer
             if writer is None and ctx.flight is not None:
-                site = self.site
-                resource = self.resource
-
-                def forward(waiter: Any) -> None:
-                    target, host = waiter.prexy_forward
-                    resource.forward(waiter, site, target, host, CacheContext("miss", "not-storable"))
-
-                ctx.flight.not_storable(forward)
+                # Not to be shared: each follower fetches for itself.
+                for waiter, fetch in ctx.flight.not_storable():
+                    self.resource.carry_out(waiter, fetch, Forward(CacheContext("miss", "not-storable")))
             return status
         return ctx.status(response.code)
 
     def _serve_revalidated(self, response: UpstreamResponse) -> None:
         """Upstream said our stale copy is still good (304): refresh it and
         answer the client and any waiters from it."""
-        cache = self.resource.cache
+        cache = self.cache
         ctx = self.ctx
         assert ctx is not None
         obj = cache.refreshed(self.site, ctx, response.headers)
+        assert obj is not None  # only a stale copy is revalidated
         response.deliverBody(_Discard())
         now = self.resource.reactor.seconds()
         self.life.on(Event.ANSWERED)
@@ -112,7 +118,7 @@ class Outcomes:
         self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
         self.life.on(Event.ANSWERED)
-        self.resource.cache.serve(self.request, stale, now, stale_reason="stale-if-error", site=self.site)
+        self.cache.serve(self.request, stale, now, stale_reason="stale-if-error", site=self.site)
 
     def _cache_data(self, out: bytes) -> None:
         ctx = self.ctx
@@ -121,7 +127,7 @@ class Outcomes:
         if writer is not None and not writer.write(out):
             self.writer = None
             self.keep_chunks = False
-            self.resource.cache.too_large(self.site, ctx, self.response.code if self.response else 200)
+            self.cache.too_large(self.site, ctx, self.response.code if self.response else 200)
         if ctx.flight is not None:
             ctx.flight.data(out, self.keep_chunks)
 
@@ -141,7 +147,7 @@ class Outcomes:
                 ctx.flight.done()
             else:
                 ctx.flight.failed(ctx.stale)
-        self.resource.cache.finished(ctx)
+        self.cache.finished(ctx)
 
     def _tap(self, data: bytes) -> None:
         """Rewritten bytes before the client's compression: for the cache."""
@@ -259,7 +265,7 @@ class Outcomes:
                 self.life.on(Event.ANSWERED)
                 if not self.detached:
                     request.reset_head()
-                self.resource.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
+                self.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
                 return
         self.life.on(Event.ANSWERED)
         error_answer(request, status, self.site.config.error_pages, self.site)

@@ -137,8 +137,6 @@ class ProxyRequest(server.Request):
     _counted = False
     #: The exchange serving this request (told when the client goes).
     exchange: Any = None
-    #: (target, host) for forwarding later (a coalesced waiter).
-    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
     has_body = False
@@ -368,7 +366,6 @@ class DetachedRequest:
     finished = False
     exchange: Any = None
     sentLength = 0
-    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
     code = 200
 
     def __init__(self, original: Any) -> None:
