@@ -72,7 +72,7 @@ HTTP2 = Capabilities(trailers=True, interim=True, tunnel=False)
 
 class IClient(Interface):
     """One client's request and the answer to it, as the exchange
-    (``prexy.proxy.forward``, ``prexy.proxy.outcomes``), the cache layer
+    (``prexy.proxy.forward``, ``prexy.proxy.storing``), the cache layer
     (``prexy.proxy.caching``, ``prexy.proxy.flight``) and the resource use
     it.  The answer's calls are twisted.web's request API (the head through
     ``setResponseCode`` and ``responseHeaders``, then ``write``,

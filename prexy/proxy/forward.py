@@ -6,9 +6,16 @@ validators, Server-Timing, the pipeline); this module feeds it the upstream
 response's events and carries out what it decides on the twisted.web
 request.  Rewriting is cooperative: every response being rewritten is a
 task of one ``task.Cooperator`` per process (``Rewriting``), so light
-requests never queue behind a heavy rewrite.  The cache's part and every
-way an exchange ends badly are :class:`prexy.proxy.outcomes.Outcomes`, the
-other half of :class:`Exchange`.
+requests never queue behind a heavy rewrite.
+
+How an exchange ends other than by a completed stream is here too: an
+upstream failure (502/504), a body that breaks (a 502 while the answer's
+head is still held, else the client is reset), a client that leaves while
+others still want the fetch (it goes on detached, ``flow.wanted``).  Every
+answer Prexy makes itself has the site's error page or a generic body
+(``prexy.errorpages``); the reason, which may name the upstream, goes to
+the log, one line.  The cache's part of an exchange (storing the body, its
+followers, a 304 refresh) is :class:`prexy.proxy.storing.Storing`.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from prexy.cache import flow
 from prexy.cache.ranges import Cut
 from prexy.codec import decoder_for, encoder_for
 from prexy.exchange import (
@@ -40,15 +49,17 @@ from prexy.exchange import (
     take_slice,
     whole_limit,
 )
+from prexy.proxy.client import IClient
 from prexy.proxy.delivery import deliver_head
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.host import ExchangeHost
-from prexy.proxy.outcomes import Outcomes
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import request_vars
+from prexy.proxy.request import DetachedRequest, error_answer, request_vars
+from prexy.proxy.routes import Forward
+from prexy.proxy.storing import Storing
 from prexy.proxy.tunnel import Tunnel
-from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
+from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
 from prexy.substitution.transducer import Transducer
@@ -62,13 +73,16 @@ BACKLOG_PAUSE = 128 * 1024
 
 
 @implementer(IBodyConsumer)
-class Exchange(Outcomes):
+class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
 
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: ExchangeHost, request: Any, site: SiteRuntime, started: float) -> None:
+    def __init__(
+        self, resource: ExchangeHost, request: IClient, site: SiteRuntime, started: float,
+        ctx: CacheContext | None = None,
+    ) -> None:
         self.resource = resource
         self.request = request
         self.site = site
@@ -76,7 +90,10 @@ class Exchange(Outcomes):
         self.life = Lifecycle(detached=request.detached)
         self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
-        self.ctx: CacheContext | None = None
+        #: The cache's part while the exchange has one (a cache context).
+        self.storing: Storing | None = None
+        if ctx is not None and resource.cache is not None:
+            self.storing = Storing(resource.cache, site, ctx)
         self.upstream_target: bytes | None = None
         self.pipeline: BodyPipeline | None = None
         #: What plan_head decided on the upstream's head.
@@ -93,8 +110,6 @@ class Exchange(Outcomes):
         self.stash = b""
         self.resource_key: ResourceKey | None = None
         self.rules_run = 0
-        self.writer: Any = None  # cache writer while the body is stored
-        self.keep_chunks = True
         self.producer_registered = False
         #: The cache gets the body before it is compressed for the client.
         self.tapped = False
@@ -121,7 +136,8 @@ class Exchange(Outcomes):
         site = self.site
         ctx = self.ctx
         if ctx is not None and ctx.invalidate is not None and response.code != 101:
-            self.cache.answered(site, ctx, response.code, response.headers)
+            assert self.storing is not None
+            self.storing.cache.answered(site, ctx, response.code, response.headers)
         rules = site.rules
         method = request.method
         trailers = request.trailers
@@ -192,9 +208,12 @@ class Exchange(Outcomes):
         elif encoder is not None and transducer is None:
             self.pipeline = BodyPipeline(None, None, encoder, tap)
         cache_status = None
-        if ctx is not None:
+        if self.storing is not None:
             assert plan.stored is not None
-            cache_status = self._cache_head(response, plan.stored, plan.rewrite)
+            cache_status, refetch = self.storing.begin(method, response, plan.stored, plan.rewrite)
+            for waiter, fetch in refetch:
+                # Not to be shared: each follower fetches for itself.
+                resource.carry_out(waiter, fetch, Forward(CacheContext("miss", "not-storable")))
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = resource.reactor.seconds() - self.started - upstream_time
         extra = plan.timing_extra
@@ -307,13 +326,13 @@ class Exchange(Outcomes):
         """Body bytes for the client (and the cache, unless it gets them
         before they are compressed: ``_tap``)."""
         self.resource.metrics.bytes_out += len(data)
-        if self.ctx is not None and not self.tapped:
-            self._cache_data(data)
+        if self.storing is not None and not self.tapped:
+            self.storing.data(data, self._code)
 
     # -- the body ------------------------------------------------------------------------
 
     def bodyData(self, data: bytes) -> None:
-        if self.life.over or (self.writer is None and self.ctx is not None and self._unwanted()):
+        if self.life.over or (self.storing is not None and self.storing.writer is None and self._unwanted()):
             return
         self.resource.metrics.bytes_in += len(data)
         if self.pipeline is None:
@@ -433,6 +452,231 @@ class Exchange(Outcomes):
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
 
+    # -- the cache's part ---------------------------------------------------------------
+
+    @property
+    def ctx(self) -> CacheContext | None:
+        """What the cache decided for the request, while its part lasts."""
+        return self.storing.ctx if self.storing is not None else None
+
+    @property
+    def _code(self) -> int:
+        return self.response.code if self.response is not None else 200
+
+    def _tap(self, data: bytes) -> None:
+        """Rewritten bytes before the client's compression: for the cache."""
+        if self.storing is not None:
+            self.storing.data(data, self._code)
+
+    def _cache_done(self, ok: bool) -> None:
+        storing, self.storing = self.storing, None
+        if storing is not None:
+            storing.done(ok)
+
+    def _serve_revalidated(self, response: UpstreamResponse) -> None:
+        """Upstream said our stale copy is still good (304): refresh it and
+        answer the client and any waiters from it."""
+        storing, self.storing = self.storing, None
+        assert storing is not None
+        response.deliverBody(_Discard())
+        self.life.on(Event.ANSWERED)
+        client = None if self.detached or self.request.gone else self.request
+        storing.refreshed(client, response.headers, self.resource.reactor.seconds())
+
+    def _serve_stale(self, response: UpstreamResponse) -> None:
+        """The upstream answered 500/502/503/504 for an object the cache
+        holds stale, and stale-if-error (or grace) allows it: serve that
+        copy, and keep it (RFC 5861 4)."""
+        storing = self.storing
+        assert storing is not None and storing.ctx.stale is not None
+        stale = storing.ctx.stale
+        response.deliverBody(_Discard())
+        self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
+        self._cache_done(False)  # waiters get the stale copy too; nothing is stored
+        self.life.on(Event.ANSWERED)
+        storing.cache.serve(self.request, stale, self.resource.reactor.seconds(), stale_reason="stale-if-error",
+                            site=self.site)
+
+    # -- failures ------------------------------------------------------------------------
+
+    @property
+    def head_held(self) -> bool:
+        """Nothing of the client's answer was sent yet (its head is still
+        being prepared, or held while its body is rewritten or compressed):
+        a failure can still be answered with an error status."""
+        return not self.detached and not self.request.startedWriting
+
+    def bodyFailed(self, reason: Failure) -> None:
+        if self.life.over:
+            return
+        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
+        held = self.head_held
+        log.warn(
+            "upstream {upstream} failed mid-body for {method} {uri}: {why}; {then}",
+            upstream=str(self.site.config.upstream),
+            method=self.request.method.decode("latin-1"),
+            uri=self.request.uri.decode("latin-1"),
+            why=reason.getErrorMessage(),
+            then="answering 502 (no byte of the answer was sent)" if held else "resetting the client connection",
+        )
+        if held:
+            self.fail_before_head(502)
+        else:
+            self.abort_client()
+
+    def _pipeline_failed(self, exc: PipelineError) -> None:
+        held = self.head_held
+        if exc.decode:
+            log.warn(
+                "{uri}: {error}; {then}", uri=self.request.uri.decode("latin-1"), error=str(exc),
+                then="answering 502" if held else "resetting the client connection",
+            )
+            self.resource.metrics.count(
+                "prexy_decode_errors_total", coding=(exc.coding or b"").decode("ascii", "replace")
+            )
+        else:
+            log.failure(
+                "substitution failed; " + ("answering 500" if held else "aborting the response"),
+                Failure(exc.__cause__ or exc),
+            )
+        if held:
+            self.fail_before_head(502 if exc.decode else 500)
+        else:
+            self.abort_client()
+
+    def fail_before_head(self, status: int) -> None:
+        """The answer cannot be completed, and nothing of it was sent: the
+        upstream's answer is dropped and the client gets ``status`` (or a
+        stale copy, when stale-if-error allows one), on a connection that
+        stays usable."""
+        self._unregister()
+        if self.response is not None:
+            self.response.abort()
+        self._answer_error(status)
+
+    def _unregister(self) -> None:
+        if self.producer_registered:
+            self.producer_registered = False
+            if self.request.channel is not None:
+                self.request.unregisterProducer()
+
+    def abort_client(self) -> None:
+        """Reset the client connection: its answer cannot be completed."""
+        self._unregister()
+        if not self.life.over:
+            self.life.on(Event.RESET)
+        self._cache_done(False)
+        if self.response is not None:
+            self.response.abort()
+        self.request.abort()
+
+    def upstream_failed(self, reason: Failure) -> None:
+        self.pending = None
+        if self.life.over or reason.check(CancelledError):
+            return
+        try:
+            self._upstream_failed(reason)
+        except Exception:
+            self.internal_error(Failure())
+
+    def _upstream_failed(self, reason: Failure) -> None:
+        request = self.request
+        status = reason.value.status if isinstance(reason.value, UpstreamError) else 502
+        kind = "timeout" if reason.check(UpstreamTimeout) else "connect" if status == 502 else "error"
+        self.resource.metrics.count("prexy_upstream_errors_total", kind=kind)
+        log.warn(
+            "{status} for {method} {uri}: upstream {upstream}: {why}",
+            status=status,
+            method=request.method.decode("latin-1"),
+            uri=request.uri.decode("latin-1"),
+            upstream=str(self.site.config.upstream),
+            why=reason.getErrorMessage(),
+        )
+        self._answer_error(status)
+
+    def _answer_error(self, status: int) -> None:
+        """Answer ``status`` (with the site's page, else a generic body), or
+        the stale copy when stale-if-error allows it; waiters get the
+        same."""
+        request = self.request
+        storing = self.storing
+        if storing is not None:
+            stale = storing.ctx.stale
+            self._cache_done(False)  # waiters get the stale copy or an error too
+            now = self.resource.reactor.seconds()
+            if stale is not None and stale.stale_usable_on_error(now):
+                self.life.on(Event.ANSWERED)
+                if not self.detached:
+                    request.reset_head()
+                storing.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
+                return
+        self.life.on(Event.ANSWERED)
+        error_answer(request, status, self.site.config.error_pages, self.site)
+
+    def internal_error(self, reason: Failure) -> None:
+        log.failure("internal error while proxying", reason)
+        if self.life.over:
+            return
+        if self.head_held:
+            try:
+                self.fail_before_head(500)
+                return
+            except Exception:
+                log.failure("internal error while answering 500", Failure())
+        self.abort_client()
+
+    # -- a client that leaves --------------------------------------------------------------
+
+    def client_gone(self, reason: Failure | None = None) -> None:
+        """The client disconnected before the response was complete: the
+        fetch goes on without it while others want it (``flow.wanted``),
+        else it is cancelled."""
+        if self.life.over or self.detached:
+            return
+        self.producer_registered = False
+        storing = self.storing
+        wanted = flow.Wanted.NOBODY if storing is None else storing.wanted(self.response is not None)
+        if storing is None or wanted is flow.Wanted.NOBODY:
+            self._cancel()
+            return
+        self.life.on(Event.CLIENT_LEFT)
+        self.request.exchange = None
+        self.request = DetachedRequest(self.request)
+        if self.response is not None and self.life.state is State.STREAMING:
+            self.response.producer.resumeProducing()  # the gone client's pause
+        if storing.ctx.flight is not None:
+            storing.ctx.flight.on_leave = self._unwanted
+        self.resource.metrics.count("prexy_cache_fetch_without_client_total", wanted=wanted.value)
+
+    @property
+    def detached(self) -> bool:
+        """No client of its own: a background refresh, or a fetch that went
+        on after its client left."""
+        return self.life.detached
+
+    def _unwanted(self) -> bool:
+        """Cancel a fetch without a client once nobody wants it; True when
+        it is over."""
+        storing = self.storing
+        if self.life.over or storing is None or not self.detached:
+            return self.life.over
+        if storing.wanted(self.response is not None) is flow.Wanted.NOBODY:
+            self._cancel()
+        return self.life.over
+
+    def _cancel(self) -> None:
+        """Stop the upstream request: nobody wants its answer."""
+        streaming = self.life.state is State.STREAMING  # DRAINING: the upstream is done
+        self.life.on(Event.UNWANTED)
+        self.producer_registered = False
+        self._cache_done(False)
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.cancel()
+        elif self.response is not None and streaming:
+            self.response.abort()
+
+
 @implementer(IPushProducer)
 class _ClientProducer:
     """What the client's connection pauses and resumes: the upstream socket,
@@ -454,3 +698,17 @@ class _ClientProducer:
 
     def stopProducing(self) -> None:
         self.exchange.client_gone()
+
+
+@implementer(IBodyConsumer)
+class _Discard:
+    """A body consumer that drops what it gets (a 304 after revalidation)."""
+
+    def bodyData(self, data: bytes) -> None:
+        pass
+
+    def bodyDone(self) -> None:
+        pass
+
+    def bodyFailed(self, reason: Failure) -> None:
+        pass

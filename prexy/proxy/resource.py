@@ -236,8 +236,7 @@ class ProxyResource(Resource):
         if fetch.upgrade is not None:
             headers += upgrade_headers(fetch.upgrade)
         target = fetch.upstream_target
-        exchange = Exchange(self, request, site, started)
-        exchange.ctx = ctx
+        exchange = Exchange(self, request, site, started, ctx)
         exchange.upstream_target = target
         request.exchange = exchange
         body, body_length = _request_body(request)

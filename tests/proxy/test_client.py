@@ -22,7 +22,7 @@ from twisted.web.http_headers import Headers
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from prexy.proxy import caching, client, flight, forward, outcomes, request, resource, site
+from prexy.proxy import caching, client, flight, forward, request, resource, site, storing
 from prexy.proxy.client import (
     Capabilities,
     IClient,
@@ -244,7 +244,7 @@ class ThirdProtocol(SynchronousTestCase):
 
 #: The modules that use a client through IClient (or, the site, its
 #: connections through IClientConnection).
-USERS = (forward, outcomes, caching, flight, resource, request, site)
+USERS = (forward, storing, caching, flight, resource, request, site)
 #: Classes whose isinstance would be a probe of the client.
 CLIENT_CLASSES = {"HTTPChannel", "ProxyChannel", "StreamChannel", "ProxyRequest", "DetachedRequest"}
 
