@@ -121,7 +121,11 @@ class AcmeService(Service):
         link = lambda: cluster.writer  # noqa: E731
         shared: Any = SharedChallenges(self.reactor, self.registry, settings.key, settings.channel, settings.node, link)
         self.blocking.registry = shared
-        cluster.listeners.append(challenge_listener(self.reactor, self.registry, settings.key, settings.node, link))
+        listener = challenge_listener(self.reactor, self.registry, settings.key, settings.node, link)
+        cluster.listeners.append(listener)
+        # The answers published before this node subscribed, before its
+        # workers start (see prexy.acme.fleet).
+        cluster.on_live.append(listener.load)
 
     def update(self, sites: Mapping[str, Iterable[str]]) -> None:
         """A reload: the ACME sites' hosts now."""
