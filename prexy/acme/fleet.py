@@ -40,7 +40,10 @@ with several addresses), so the ordering node hands each challenge answer
 to the others (:class:`SharedChallenges`, on the fleet's channel
 ``KEY:events``) and waits until they hold it before asking the CA to
 validate; each node's master keeps it where its workers read it
-(:func:`challenge_listener`).
+(:func:`challenge_listener`).  A node says it holds an answer only once
+its workers are up (until then the CA's request would wait in its
+listening socket's backlog, maybe longer than the CA waits), and a node
+orders only once its own are.
 
 A node that is not subscribed when the answer is published (it is
 starting, restarting, or reconnecting to Redis) would never hear it, and
@@ -383,12 +386,16 @@ class ChallengeListener:
 
     def __init__(
         self, reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
+        serving: defer.Deferred[Any] | None = None,
     ) -> None:
         self.reactor = reactor
         self.registry = registry
         self.key = key
         self.node = node
         self.link = link
+        #: Fires once this node answers requests (its workers are up):
+        #: until then it holds answers but does not say so.
+        self.serving = serving
         #: For each load in progress, the answers heard gone meanwhile.
         self._gone_during: list[set[bytes]] = []
 
@@ -407,12 +414,25 @@ class ChallengeListener:
         except (ValueError, IndexError, UnicodeDecodeError) as e:
             FleetIssuer.log.warn("ACME: a challenge message from the fleet unusable ({reason})", reason=str(e))
             return True
+        if verb == ADD:
+            if self.serving is None or self.serving.called:
+                self._confirm(ident)
+            else:
+                self.serving.addBoth(self._confirm_later, ident)
+        return True
+
+    def _confirm_later(self, result: Any, ident: bytes) -> Any:
+        self._confirm(ident)
+        return result
+
+    def _confirm(self, ident: bytes) -> None:
+        """Says in ``KEY:acme:seen:ID`` that this node holds answer ID and
+        answers requests."""
         redis = self.link()
-        if verb == ADD and redis is not None:
+        if redis is not None:
             seen = f"{self.key}:acme:seen:{ident.decode()}"
             redis.command("SADD", seen, self.node).addErrback(lambda f: None)
             redis.command("EXPIRE", seen, 60).addErrback(lambda f: None)
-        return True
 
     def _apply(self, words: list[bytes]) -> None:
         """Adds or removes the answer of a message (split in words);
@@ -474,6 +494,7 @@ class ChallengeListener:
 
 def challenge_listener(
     reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
+    serving: defer.Deferred[Any] | None = None,
 ) -> ChallengeListener:
     """The node's :class:`ChallengeListener`."""
-    return ChallengeListener(reactor, registry, key, node, link)
+    return ChallengeListener(reactor, registry, key, node, link, serving)

@@ -428,6 +428,21 @@ class JoiningNodeTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(loading), 0)
         self.assertIsNone(self.b.http01("tok_6"))
 
+    def test_confirmed_once_serving(self) -> None:
+        """A node whose workers are not up yet holds the answer at once but
+        says so (and so lets the CA validate) only once they are."""
+        serving: defer.Deferred[None] = defer.Deferred()
+        starting = challenge_listener(self.clock, self.b, "fleet", "b", lambda: self.redis, serving)
+        self.redis.subscribers.append(starting)
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_10", b"tok_10.thumb"))
+        self.assertEqual(self.b.http01("tok_10"), "tok_10.thumb")
+        self.assertNoResult(d)
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 0)
+        serving.callback(None)
+        self.clock.advance(0.02)
+        self.successResultOf(d)
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 1)
+
     def test_redis_failure_fails_the_load(self) -> None:
         """The cluster logs it and goes live anyway (tests.cluster.test_node's
         OnLiveTests); without a link there is nothing to load."""
@@ -522,3 +537,5 @@ class WiringTests(SynchronousTestCase):
         self.assertIsInstance(service.acme.blocking.registry, SharedChallenges)
         self.assertEqual(len(service.cluster.listeners), 1)
         self.assertEqual(service.cluster.on_live, [service.cluster.listeners[0].load])
+        self.assertIs(service.acme.manager.issuer._ready, service.cluster.ready)
+        self.assertIs(service.cluster.listeners[0].serving, service.cluster.ready)
