@@ -61,6 +61,8 @@ FIRST_SOCKET_FD = 4
 #: Restart backoff: a worker that lived less than this is "crashing".
 HEALTHY_AFTER = 10.0
 MAX_BACKOFF = 30.0
+#: Seconds the master's ``serving`` waits for its first workers at most.
+SERVING_WAIT = 60.0
 
 
 @attrs.frozen
@@ -217,6 +219,11 @@ class MasterService(service.MultiService):
         self._reload_number = 0
         self.last_reload_error = ""
         self._store: Any = None
+        #: Fires once the first generation of workers is ready (or after
+        #: SERVING_WAIT seconds): from then on a request to this node is
+        #: answered, not held in the listening sockets' backlog.
+        self.serving: defer.Deferred[None] = defer.Deferred()
+        self._serving_timer: Any = None
         #: This node's link to the fleet (prexy.cluster), when [cluster] is set.
         self.cluster: Any = None
         self.announce: Any = None
@@ -236,7 +243,9 @@ class MasterService(service.MultiService):
             self.acme.manager.watch(self.certificate_stored)
             self.acme.manager.watch(lambda name, stored: stored_line(name, stored, sd_notify))
             if self.cluster is not None:  # one order per name across the fleet
-                self.acme.share_through(self.cluster)
+                # Its orders wait, and it confirms the others' challenge
+                # answers, until its workers answer the CA's requests.
+                self.acme.share_through(self.cluster, serving=self.serving)
         if config.admin:
             from prexy.admin import admin_service
 
@@ -254,6 +263,7 @@ class MasterService(service.MultiService):
             self.privilegedStartService()
         super().startService()
         self.generation = 1
+        self._serving_timer = self.reactor.callLater(SERVING_WAIT, self._fire_serving)
 
         def spawn(_: Any = None) -> None:
             if not self.stopping:
@@ -292,6 +302,8 @@ class MasterService(service.MultiService):
     def stopService(self) -> Any:
         """Forward SIGTERM, wait for the workers to drain, then close."""
         self.stopping = True
+        if self._serving_timer is not None and self._serving_timer.active():
+            self._serving_timer.cancel()
         # Stop listening at once: the master's copy of each listening
         # socket would keep it open (the kernel accepting into the backlog)
         # until the last worker exits, so new connections would hang and be
@@ -371,6 +383,13 @@ class MasterService(service.MultiService):
                 d, self._reloading = self._reloading, None
                 d.callback(True)
             sd_notify("READY=1")
+            self._fire_serving()
+
+    def _fire_serving(self) -> None:
+        if self._serving_timer is not None and self._serving_timer.active():
+            self._serving_timer.cancel()
+        if not self.serving.called:
+            self.serving.callback(None)
 
     def worker_ended(self, worker: _WorkerProcess, reason: Any) -> None:
         if worker in self.workers:

@@ -216,6 +216,15 @@ class MasterSpawnTests(SynchronousTestCase):
         message, snapshot = self.first_command(worker)
         assert "configuration" in message and snapshot == self.master.snapshot
 
+    def test_serving_once_the_first_workers_are_ready(self) -> None:
+        """``serving`` (an ACME fleet node orders, and confirms the others'
+        challenge answers, once it fires) waits for the first generation."""
+        worker = self.master._spawn(1, 0)
+        self.assertNoResult(self.master.serving)
+        worker.ready = True
+        self.master.worker_ready(worker)
+        self.successResultOf(self.master.serving)
+
     def test_a_replacement_gets_the_snapshot_in_force(self) -> None:
         """A worker that dies after an in-place reload is replaced by one
         that loads the reloaded snapshot (not the one it started with, not

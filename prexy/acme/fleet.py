@@ -24,7 +24,14 @@ Redis keys (``KEY`` is ``[cluster] key``):
   too instead of placing one more order the CA would refuse alike (each
   node retries after its backoff).
 - ``KEY:acme:seen:ID``: the nodes that hold challenge answer ID (a set,
-  for a minute).  This is key
+  for a minute).
+- ``KEY:acme:challenges``: the challenge answers pending in the fleet (a
+  hash): field ``KIND SUBJECT`` (``http-01 TOKEN``, ``tls-alpn-01
+  NAME``), value ``EXPIRES MESSAGE``: when it stops counting (Unix
+  milliseconds, :data:`CHALLENGE_TTL` after it was written; the hash
+  itself expires as long after its last write) and the message sent on
+  the channel.  Written by the ordering node, deleted when the answer is
+  taken back.  The TLS-ALPN-01 answers in it and on the channel are key
   material: Redis must be private to the fleet (it already holds the
   fleet's invalidations and reloads).
 
@@ -33,7 +40,24 @@ with several addresses), so the ordering node hands each challenge answer
 to the others (:class:`SharedChallenges`, on the fleet's channel
 ``KEY:events``) and waits until they hold it before asking the CA to
 validate; each node's master keeps it where its workers read it
-(:func:`challenge_listener`).
+(:func:`challenge_listener`).  A node says it holds an answer only once
+its workers are up (until then the CA's request would wait in its
+listening socket's backlog, maybe longer than the CA waits), and a node
+orders only once its own are.
+
+A node that is not subscribed when the answer is published (it is
+starting, restarting, or reconnecting to Redis) would never hear it, and
+the CA's request may still reach it.  So the ordering node writes each
+answer to ``KEY:acme:challenges`` before it publishes it (both on its one
+command connection, which Redis serves in order), and a node going live
+on the fleet loads that hash once its subscriber is subscribed, before
+its ``ready`` fires and its workers start (the cluster's ``on_live``
+hook, :meth:`ChallengeListener.load`).  The HSET precedes the PUBLISH and
+the SUBSCRIBE precedes the HGETALL, so either the PUBLISH comes after the
+SUBSCRIBE and the node hears the message, or it came before it and the
+HSET came before the HGETALL, which finds the answer.  Taking an answer
+back deletes it from the hash before publishing that, alike; a load that
+overlaps a message saying an answer is gone leaves that answer out.
 
 Each node keeps its own ACME account (in its own storage): a CA allows
 many accounts, and an account key never needs to leave the machine.
@@ -247,6 +271,17 @@ class FleetIssuer:
 SHARE_WAIT = 10.0
 #: What starts a challenge message on the fleet's channel.
 ADD, GONE = b"acme-challenge", b"acme-challenge-gone"
+#: Seconds a pending challenge answer counts in ``KEY:acme:challenges``
+#: (longer than an order may take, IssuerSettings.deadline).
+CHALLENGE_TTL = 300.0
+#: Deletes a hash field only if it still holds this value (an expired
+#: answer, never one written again meanwhile).
+HDEL_IF = ("if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then "
+           "return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end")
+
+
+def challenges_key(key: str) -> str:
+    return f"{key}:acme:challenges"
 
 
 class SharedChallenges:
@@ -257,6 +292,8 @@ class SharedChallenges:
     several addresses).  Called from the issuer's thread: an answer added
     returns once every node that received it said it holds it (a set in
     Redis, ``KEY:acme:seen:ID``), at most :data:`SHARE_WAIT` seconds.
+    Each answer is also kept in ``KEY:acme:challenges`` until it is taken
+    back, for the nodes that join meanwhile.
 
     The message carries the answer itself: an HTTP-01 key authorization is
     public (it is what the CA fetches), a TLS-ALPN-01 certificate's key
@@ -264,7 +301,7 @@ class SharedChallenges:
 
     def __init__(
         self, reactor: Any, local: Any, key: str, channel: str, node: str, link: Callable[[], RedisLink | None],
-        wait: float = SHARE_WAIT, poll: float = 0.02,
+        wait: float = SHARE_WAIT, poll: float = 0.02, ttl: float = CHALLENGE_TTL,
     ) -> None:
         self.reactor = reactor
         self.local = local
@@ -274,6 +311,7 @@ class SharedChallenges:
         self.link = link
         self.wait = wait
         self.poll = poll
+        self.ttl = ttl
 
     def add_http01(self, token: str, key_authorization: str) -> None:
         self.local.add_http01(token, key_authorization)
@@ -306,6 +344,20 @@ class SharedChallenges:
             return
         ident = secrets.token_hex(8)
         payload = b" ".join((verb, ident.encode(), self.node.encode(), *words))
+        # Kept for a node not subscribed yet, before it is published (see the
+        # module docstring); a failure here still lets the message go.
+        field = b" ".join(words[:2])
+        try:
+            if verb == ADD:
+                expires = int((self.reactor.seconds() + self.ttl) * 1000)
+                yield redis.command("HSET", challenges_key(self.key), field, b"%d %s" % (expires, payload)).addTimeout(
+                    COMMAND_TIMEOUT, self.reactor)
+                redis.command("PEXPIRE", challenges_key(self.key), int(self.ttl * 1000)).addErrback(lambda f: None)
+            else:
+                yield redis.command("HDEL", challenges_key(self.key), field).addTimeout(COMMAND_TIMEOUT, self.reactor)
+        except Exception as e:
+            FleetIssuer.log.warn("ACME: a challenge answer not kept in Redis for the nodes that join ({reason})",
+                                 reason=str(e) or type(e).__name__)
         receivers = yield redis.command("PUBLISH", self.channel, payload).addTimeout(COMMAND_TIMEOUT, self.reactor)
         if verb != ADD:
             return
@@ -324,41 +376,125 @@ class SharedChallenges:
             yield task.deferLater(self.reactor, self.poll, lambda: None)
 
 
-def challenge_listener(
-    reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
-) -> Callable[[bytes], bool]:
-    """What a node does with the fleet's challenge messages (the others'
-    :class:`SharedChallenges`): keep the answer in ``registry`` (which its
-    workers read) and say so in ``KEY:acme:seen:ID``; returns False for
-    any other message."""
+class ChallengeListener:
+    """What a node does with the fleet's challenge answers (the others'
+    :class:`SharedChallenges`): called with each message on the fleet's
+    channel, it keeps the answer in ``registry`` (which the node's workers
+    read), says so in ``KEY:acme:seen:ID`` and returns True; False for any
+    other message.  :meth:`load` takes the answers pending in
+    ``KEY:acme:challenges`` (the cluster's ``on_live`` hook)."""
 
-    def heard(payload: bytes) -> bool:
+    def __init__(
+        self, reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
+        serving: defer.Deferred[Any] | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.registry = registry
+        self.key = key
+        self.node = node
+        self.link = link
+        #: Fires once this node answers requests (its workers are up):
+        #: until then it holds answers but does not say so.
+        self.serving = serving
+        #: For each load in progress, the answers heard gone meanwhile.
+        self._gone_during: list[set[bytes]] = []
+
+    def __call__(self, payload: bytes) -> bool:
         words = payload.split(b" ")
         if words[0] not in (ADD, GONE):
             return False
         try:
             verb, ident, sender, kind, subject = words[:5]
-            if sender.decode() == node:
+            if sender.decode() == self.node:
                 return True
-            text = subject.decode("ascii")
-            if verb == ADD and kind == b"http-01":
-                registry.add_http01(text, words[5].decode("ascii"))
-            elif verb == ADD and kind == b"tls-alpn-01":
-                pem = base64.b64decode(words[5], validate=True)
-                marker = pem.find(b"-----BEGIN CERTIFICATE-----")
-                registry.add_tls_alpn01(text, pem[marker:], pem[:marker])
-            elif kind == b"http-01":
-                registry.remove_http01(text)
-            elif kind == b"tls-alpn-01":
-                registry.remove_tls_alpn01(text)
+            if verb == GONE:
+                for gone in self._gone_during:
+                    gone.add(kind + b" " + subject)
+            self._apply(words)
         except (ValueError, IndexError, UnicodeDecodeError) as e:
             FleetIssuer.log.warn("ACME: a challenge message from the fleet unusable ({reason})", reason=str(e))
             return True
-        redis = link()
-        if verb == ADD and redis is not None:
-            seen = f"{key}:acme:seen:{ident.decode()}"
-            redis.command("SADD", seen, node).addErrback(lambda f: None)
-            redis.command("EXPIRE", seen, 60).addErrback(lambda f: None)
+        if verb == ADD:
+            if self.serving is None or self.serving.called:
+                self._confirm(ident)
+            else:
+                self.serving.addBoth(self._confirm_later, ident)
         return True
 
-    return heard
+    def _confirm_later(self, result: Any, ident: bytes) -> Any:
+        self._confirm(ident)
+        return result
+
+    def _confirm(self, ident: bytes) -> None:
+        """Says in ``KEY:acme:seen:ID`` that this node holds answer ID and
+        answers requests."""
+        redis = self.link()
+        if redis is not None:
+            seen = f"{self.key}:acme:seen:{ident.decode()}"
+            redis.command("SADD", seen, self.node).addErrback(lambda f: None)
+            redis.command("EXPIRE", seen, 60).addErrback(lambda f: None)
+
+    def _apply(self, words: list[bytes]) -> None:
+        """Adds or removes the answer of a message (split in words);
+        raises ValueError, IndexError or UnicodeDecodeError for a bad one."""
+        verb, _ident, _sender, kind, subject = words[:5]
+        text = subject.decode("ascii")
+        if verb == ADD and kind == b"http-01":
+            self.registry.add_http01(text, words[5].decode("ascii"))
+        elif verb == ADD and kind == b"tls-alpn-01":
+            pem = base64.b64decode(words[5], validate=True)
+            marker = pem.find(b"-----BEGIN CERTIFICATE-----")
+            self.registry.add_tls_alpn01(text, pem[marker:], pem[:marker])
+        elif kind == b"http-01":
+            self.registry.remove_http01(text)
+        elif kind == b"tls-alpn-01":
+            self.registry.remove_tls_alpn01(text)
+
+    def load(self) -> defer.Deferred[int]:
+        """Takes the answers other nodes keep pending in Redis into
+        ``registry``; fires with how many.  An expired one is left out
+        (and deleted, unless written again meanwhile); so is one heard
+        gone while the load was under way."""
+        redis = self.link()
+        if redis is None:
+            return defer.succeed(0)
+        gone: set[bytes] = set()
+        self._gone_during.append(gone)
+        hkey = challenges_key(self.key)
+
+        def loaded(flat: list[bytes] | None) -> int:
+            flat = flat or []
+            now_ms = self.reactor.seconds() * 1000
+            count = 0
+            for field, value in zip(flat[::2], flat[1::2], strict=True):
+                expires, _, payload = value.partition(b" ")
+                words = payload.split(b" ")
+                try:
+                    if int(expires) <= now_ms:
+                        redis.command("EVAL", HDEL_IF, 1, hkey, field, value).addErrback(lambda f: None)
+                        continue
+                    if words[0] != ADD or len(words) < 6 or words[2].decode() == self.node or field in gone:
+                        continue
+                    self._apply(words)
+                except (ValueError, IndexError, UnicodeDecodeError) as e:
+                    FleetIssuer.log.warn("ACME: a challenge answer kept in Redis unusable ({reason})", reason=str(e))
+                    continue
+                count += 1
+            if count:
+                FleetIssuer.log.info("ACME: {n} pending challenge answer(s) taken from the fleet", n=count)
+            return count
+
+        def done(result: Any) -> Any:
+            self._gone_during.remove(gone)
+            return result
+
+        d = redis.command("HGETALL", hkey).addTimeout(COMMAND_TIMEOUT, self.reactor)
+        return d.addCallback(loaded).addBoth(done)
+
+
+def challenge_listener(
+    reactor: Any, registry: Any, key: str, node: str, link: Callable[[], RedisLink | None],
+    serving: defer.Deferred[Any] | None = None,
+) -> ChallengeListener:
+    """The node's :class:`ChallengeListener`."""
+    return ChallengeListener(reactor, registry, key, node, link, serving)

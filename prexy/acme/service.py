@@ -104,24 +104,31 @@ class AcmeService(Service):
         self.manager.stop()
         self.pool.stop()
 
-    def share_through(self, cluster: Any) -> None:
+    def share_through(self, cluster: Any, serving: defer.Deferred[Any] | None = None) -> None:
         """Coordinate orders with the other nodes of ``cluster``
         (:class:`prexy.cluster.node.ClusterService`) and share the
-        challenge answers with them: see prexy.acme.fleet."""
+        challenge answers with them: see prexy.acme.fleet.  ``serving``
+        fires once this node answers requests (a master's first workers
+        are ready); by default once ``cluster`` is ready."""
+        serving = cluster.ready if serving is None else serving
         from twisted.internet.threads import deferToThreadPool
 
         from prexy.acme.fleet import FleetIssuer, SharedChallenges, challenge_listener
 
         self.manager.issuer = FleetIssuer(
             self.reactor, self.issuer, self.storage, cluster.settings.key, lambda: cluster.writer,
-            ready=cluster.ready, renewal=self.manager.renewal,
+            ready=serving, renewal=self.manager.renewal,
             save=lambda name, key, chain: deferToThreadPool(self.reactor, self.pool, self.storage.save, name, key, chain),
         )
         settings = cluster.settings
         link = lambda: cluster.writer  # noqa: E731
         shared: Any = SharedChallenges(self.reactor, self.registry, settings.key, settings.channel, settings.node, link)
         self.blocking.registry = shared
-        cluster.listeners.append(challenge_listener(self.reactor, self.registry, settings.key, settings.node, link))
+        listener = challenge_listener(self.reactor, self.registry, settings.key, settings.node, link, serving)
+        cluster.listeners.append(listener)
+        # The answers published before this node subscribed, before its
+        # workers start (see prexy.acme.fleet).
+        cluster.on_live.append(listener.load)
 
     def update(self, sites: Mapping[str, Iterable[str]]) -> None:
         """A reload: the ACME sites' hosts now."""

@@ -12,6 +12,14 @@ Losing Redis is logged once; the node retries with backoff, queues what it
 publishes meanwhile, and catches up (reads what it missed, then publishes
 its queue) when Redis returns.
 
+Each time the node goes live (at start and after every reconnect: its
+subscriber is subscribed and it caught up) it runs its ``on_live`` hooks,
+which load state kept in Redis that the channel's messages alone cannot
+give a node that was not listening when they were sent (prexy.acme.fleet's
+pending challenge answers); ``ready`` fires once they are done, or after
+:data:`ON_LIVE_WAIT` seconds, so the workers spawned on ``ready`` start
+with that state.
+
 A worker process has no Redis connection: ``prexy.cluster.relay`` carries
 its PURGEs to the master and the master's verdict back.
 """
@@ -66,6 +74,8 @@ HEARTBEAT = 2.0
 LIVE_FOR = 3 * HEARTBEAT + 1.0
 #: Seconds a command may take before the connection is presumed dead.
 COMMAND_TIMEOUT = 5.0
+#: Seconds ``ready`` waits for the ``on_live`` hooks at most.
+ON_LIVE_WAIT = 5.0
 
 QUEUED_NOTE = b"cluster: Redis unreachable: applied here, published when it returns\n"
 
@@ -156,7 +166,8 @@ class PositionFile:
 class ClusterService(service.Service):
     """One node's membership in the fleet (see the module docstring).
 
-    ``ready`` fires once the node may serve from its store: it caught up,
+    ``ready`` fires once the node may serve from its store: it caught up
+    and its ``on_live`` hooks are done (or :data:`ON_LIVE_WAIT` passed),
     or ``start_wait`` passed without Redis.  ``publish(invalidation)``
     shares an invalidation already applied here; its Deferred fires with
     the line to add to the answer.
@@ -195,6 +206,12 @@ class ClusterService(service.Service):
         #: Others' messages on the fleet's channel (prexy.acme.fleet's
         #: challenge answers): each returns True for a message it handled.
         self.listeners: list[Callable[[bytes], bool]] = []
+        #: Run each time the node goes live, once its subscriber is
+        #: subscribed and before ``ready`` fires (prexy.acme.fleet's load of
+        #: the pending challenge answers): each returns a Deferred; one that
+        #: fails is logged, one that takes longer than ON_LIVE_WAIT is not
+        #: waited for.
+        self.on_live: list[Callable[[], defer.Deferred[Any]]] = []
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -392,11 +409,29 @@ class ClusterService(service.Service):
             )
         else:
             log.info("cluster: node {node} live on {redis}", node=self.settings.node, redis=str(self.settings.redis))
-        self._fire_ready()
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()  # from here on ON_LIVE_WAIT bounds the wait
+        self._run_on_live().addCallback(lambda _: self._fire_ready())
         self._ack()  # the position it caught up to, for those waiting on it
         self._heartbeat.start(HEARTBEAT, now=False)
         for inv in queued:
             self._add(inv)
+
+    def _run_on_live(self) -> defer.Deferred[None]:
+        """Runs the ``on_live`` hooks; fires once each succeeded, failed
+        (logged) or ran past :data:`ON_LIVE_WAIT`."""
+
+        def hook_failed(f: Failure, hook: Callable[[], Any]) -> None:
+            why = (f"not done within {ON_LIVE_WAIT:g} s" if f.check(defer.TimeoutError, defer.CancelledError)
+                   else _reason(f))
+            log.warn("cluster: going live: {hook} {why}; going on without it",
+                     hook=getattr(hook, "__qualname__", repr(hook)), why=why)
+
+        runs = []
+        for hook in list(self.on_live):
+            d = defer.maybeDeferred(hook).addTimeout(ON_LIVE_WAIT, self.reactor)
+            runs.append(d.addErrback(hook_failed, hook))
+        return defer.gatherResults(runs).addCallback(lambda _: None)
 
     def _event(self, channel: bytes, payload: bytes) -> None:
         for listener in self.listeners:

@@ -1,8 +1,10 @@
 """prexy.acme.fleet: nodes of a fleet order each name once through a lock in
 Redis and take the certificate the ordering node shared; a dead node's lock
 expires; without Redis a node orders alone; the ordering node's challenge
-answers reach the other nodes' registries.  A fake Redis (the commands
-used, with expiry on a Clock) stands in for the server."""
+answers reach the other nodes' registries, and a node that joins while
+one is pending loads it from Redis before its workers start.  A fake
+Redis (the commands used, with expiry on a Clock) stands in for the
+server."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.acme.challenges import ChallengeRegistry, tls_alpn01_certificate
 from prexy.acme.fleet import (
+    CHALLENGE_TTL,
+    HDEL_IF,
     RELEASE,
     SHARE_WAIT,
     FleetIssuer,
@@ -50,6 +54,10 @@ class FakeRedis:
         self.broken = False
         self.subscribers: list[Any] = []
         self.sets: dict[str, set[str]] = {}
+        self.hashes: dict[str, dict[bytes, bytes]] = {}
+        #: Commands by name whose answer waits: (Deferred, its answer).
+        self.hold: set[str] = set()
+        self.held: list[tuple[defer.Deferred[Any], Any]] = []
 
     def get(self, key: str) -> bytes | None:
         value = self.data.get(key)
@@ -64,7 +72,36 @@ class FakeRedis:
         self.commands.append(args)
         if self.broken:
             return defer.fail(RedisError("ERR broken"))
+        if args[0] in self.hold:
+            d: defer.Deferred[Any] = defer.Deferred()
+            self.held.append((d, args))
+            return d
+        return self.run(*args)
+
+    def release(self) -> None:
+        """The held commands run and answer now."""
+        held, self.held = self.held, []
+        for d, args in held:
+            self.run(*args).chainDeferred(d)
+
+    def run(self, *args: Any) -> defer.Deferred[Any]:
         name = args[0]
+        b = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
+        if name == "HSET":
+            self.hashes.setdefault(args[1], {})[b(args[2])] = b(args[3])
+            return defer.succeed(1)
+        if name == "HDEL":
+            return defer.succeed(1 if self.hashes.get(args[1], {}).pop(b(args[2]), None) is not None else 0)
+        if name == "HGETALL":
+            return defer.succeed([x for kv in self.hashes.get(args[1], {}).items() for x in kv])
+        if name == "PEXPIRE":
+            return defer.succeed(1)
+        if name == "EVAL" and args[1] == HDEL_IF:
+            key, field, value = args[3], b(args[4]), b(args[5])
+            if self.hashes.get(key, {}).get(field) == value:
+                del self.hashes[key][field]
+                return defer.succeed(1)
+            return defer.succeed(0)
         if name == "SET":
             key, value, rest = args[1], args[2], list(args[3:])
             if "NX" in rest and self.get(key) is not None:
@@ -308,6 +345,174 @@ class ChallengeSharingTests(SynchronousTestCase):
         self.assertIsNone(self.registries["b"].http01("tok_4"))
 
 
+class JoiningNodeTests(SynchronousTestCase):
+    """A node not subscribed when an answer was published (starting,
+    restarting, reconnecting) takes it from ``KEY:acme:challenges`` when it
+    goes live: the answer is kept there before it is published and until
+    it is taken back."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.redis = FakeRedis(self.clock)
+        self.a = ChallengeRegistry(self.mktemp())
+        self.redis.subscribers.append(challenge_listener(self.clock, self.a, "fleet", "a", lambda: self.redis))
+        self.shared = SharedChallenges(self.clock, self.a, "fleet", "fleet:events", "a", lambda: self.redis)
+        self.shared._share = lambda verb, *words: self.shared._announce(verb, words)  # type: ignore[method-assign]
+        self.b = ChallengeRegistry(self.mktemp())
+        self.joining = challenge_listener(self.clock, self.b, "fleet", "b", lambda: self.redis)
+
+    def kept(self) -> dict[bytes, bytes]:
+        return self.redis.hashes.get("fleet:acme:challenges", {})
+
+    def test_kept_before_published(self) -> None:
+        """When the message goes out, the answer is in the hash already."""
+        at_publish: list[dict[bytes, bytes]] = []
+        self.redis.subscribers.append(lambda payload: at_publish.append(dict(self.kept())) or True)
+        self.shared.add_http01("tok_1", "tok_1.thumb")
+        self.assertEqual(len(at_publish), 1)
+        self.assertIn(b"http-01 tok_1", at_publish[0])
+        names = [c[0] for c in self.redis.commands]
+        self.assertLess(names.index("HSET"), names.index("PUBLISH"))
+        expires, _, message = at_publish[0][b"http-01 tok_1"].partition(b" ")
+        self.assertEqual(int(expires), int((self.clock.seconds() + CHALLENGE_TTL) * 1000))
+        self.assertTrue(message.startswith(b"acme-challenge "))
+
+    def test_joining_node_loads_pending_answers(self) -> None:
+        self.shared.add_http01("tok_2", "tok_2.thumb")
+        cert_pem, key_pem = tls_alpn01_certificate("a.example", "auth")
+        self.shared.add_tls_alpn01("a.example", cert_pem, key_pem)
+        self.assertIsNone(self.b.http01("tok_2"))  # b was not listening
+        self.assertEqual(self.successResultOf(self.joining.load()), 2)
+        self.assertEqual(self.b.http01("tok_2"), "tok_2.thumb")
+        answer = self.b.tls_alpn01("a.example")
+        assert answer is not None
+        self.assertEqual((answer.cert_pem, answer.key_pem), (cert_pem, key_pem))
+
+    def test_taken_back_is_gone_from_redis(self) -> None:
+        self.shared.add_http01("tok_3", "tok_3.thumb")
+        cert_pem, key_pem = tls_alpn01_certificate("a.example", "auth")
+        self.shared.add_tls_alpn01("a.example", cert_pem, key_pem)
+        self.shared.remove_http01("tok_3")
+        self.shared.remove_tls_alpn01("a.example")
+        self.assertEqual(self.kept(), {})
+        names = [c[0] for c in self.redis.commands]
+        self.assertLess(len(names) - 1 - names[::-1].index("HDEL"), len(names) - 1 - names[::-1].index("PUBLISH"))
+        self.assertEqual(self.successResultOf(self.joining.load()), 0)
+        self.assertIsNone(self.b.http01("tok_3"))
+        self.assertIsNone(self.b.tls_alpn01("a.example"))
+
+    def test_expired_own_and_bad_entries_left_out(self) -> None:
+        self.shared.add_http01("tok_4", "tok_4.thumb")
+        self.clock.advance(CHALLENGE_TTL)
+        self.shared.add_http01("tok_5", "tok_5.thumb")
+        self.kept()[b"http-01 bad"] = b"nonsense"
+        self.assertEqual(self.successResultOf(self.joining.load()), 1)
+        self.assertIsNone(self.b.http01("tok_4"))
+        self.assertEqual(self.b.http01("tok_5"), "tok_5.thumb")
+        self.assertNotIn(b"http-01 tok_4", self.kept(), "an expired answer is deleted")
+        own = challenge_listener(self.clock, ChallengeRegistry(self.mktemp()), "fleet", "a", lambda: self.redis)
+        self.assertEqual(self.successResultOf(own.load()), 0, "a node's own answers are not taken back in")
+
+    def test_gone_while_loading_is_left_out(self) -> None:
+        """The load's HGETALL answered before the removal, its reply read
+        after the removal's message: the answer is not put back."""
+        self.shared.add_http01("tok_6", "tok_6.thumb")
+        self.redis.subscribers.append(self.joining)  # b subscribed, now loading
+        self.redis.hold.add("HGETALL")
+        loading = self.joining.load()
+        snapshot = dict(self.kept())
+        self.shared.remove_http01("tok_6")
+        self.redis.hashes["fleet:acme:challenges"] = snapshot  # the reply as of before
+        self.redis.release()
+        self.assertEqual(self.successResultOf(loading), 0)
+        self.assertIsNone(self.b.http01("tok_6"))
+
+    def test_confirmed_once_serving(self) -> None:
+        """A node whose workers are not up yet holds the answer at once but
+        says so (and so lets the CA validate) only once they are."""
+        serving: defer.Deferred[None] = defer.Deferred()
+        starting = challenge_listener(self.clock, self.b, "fleet", "b", lambda: self.redis, serving)
+        self.redis.subscribers.append(starting)
+        d = self.shared._announce(b"acme-challenge", (b"http-01", b"tok_10", b"tok_10.thumb"))
+        self.assertEqual(self.b.http01("tok_10"), "tok_10.thumb")
+        self.assertNoResult(d)
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 0)
+        serving.callback(None)
+        self.clock.advance(0.02)
+        self.successResultOf(d)
+        self.assertEqual(sum(len(v) for v in self.redis.sets.values()), 1)
+
+    def test_redis_failure_fails_the_load(self) -> None:
+        """The cluster logs it and goes live anyway (tests.cluster.test_node's
+        OnLiveTests); without a link there is nothing to load."""
+        self.shared.add_http01("tok_7", "tok_7.thumb")
+        self.redis.broken = True
+        self.failureResultOf(self.joining.load(), RedisError)
+        alone = challenge_listener(self.clock, self.b, "fleet", "b", lambda: None)
+        self.assertEqual(self.successResultOf(alone.load()), 0)
+
+    def test_answer_published_anyway_when_it_cannot_be_kept(self) -> None:
+        self.redis.subscribers.append(self.joining)
+        real = self.redis.run
+
+        def no_hset(*args: Any) -> defer.Deferred[Any]:
+            return defer.fail(RedisError("OOM")) if args[0] == "HSET" else real(*args)
+
+        self.redis.run = no_hset  # type: ignore[method-assign]
+        self.shared.add_http01("tok_8", "tok_8.thumb")
+        self.assertEqual(self.b.http01("tok_8"), "tok_8.thumb")
+
+
+class JoiningClusterNodeTests(SynchronousTestCase):
+    """Through two ClusterServices on the cluster's in-memory Redis: b
+    starts after a published an answer, and holds it when its ready fires
+    (when its master spawns its workers)."""
+
+    def test_ready_fires_with_the_pending_answers(self) -> None:
+        from prexy.cluster.node import ClusterService, PositionFile
+        from prexy.cluster.settings import ClusterConfig, RedisAddress
+        from prexy.metrics import Metrics
+        from tests.cluster import fakeredis
+        from tests.cluster.test_node import Target
+
+        clock = Clock()
+        clock.advance(1_700_000_000)
+        server = fakeredis.FakeRedis(clock)
+        nets, services, registries = {}, {}, {}
+        for name in "ab":
+            nets[name] = fakeredis.FakeNet(server)
+            settings = ClusterConfig(RedisAddress(host="fake"), name)
+            service = ClusterService(clock, settings, Target(), Metrics(), PositionFile(None),
+                                     connect_to=nets[name].connect)
+            registries[name] = ChallengeRegistry(self.mktemp())
+            listener = challenge_listener(clock, registries[name], settings.key, name, lambda s=service: s.writer)
+            service.listeners.append(listener)
+            service.on_live.append(listener.load)
+            services[name] = service
+            self.addCleanup(lambda s=service: s.running and s.stopService())
+
+        def flush() -> None:
+            for _ in range(20):
+                for net in nets.values():
+                    net.flush()
+
+        a = services["a"]
+        a.startService()
+        flush()
+        self.successResultOf(a.ready)
+        shared = SharedChallenges(clock, registries["a"], a.settings.key, a.settings.channel, "a", lambda: a.writer)
+        announced = shared._announce(b"acme-challenge", (b"http-01", b"tok_9", b"tok_9.thumb"))
+        flush()
+        self.successResultOf(announced)  # nobody else listening: no wait
+        b = services["b"]
+        at_ready: list[str | None] = []
+        b.ready.addCallback(lambda _: at_ready.append(registries["b"].http01("tok_9")))
+        b.startService()
+        flush()
+        self.assertEqual(at_ready, ["tok_9.thumb"])
+
+
 class WiringTests(SynchronousTestCase):
     def test_single_process_with_cluster_shares(self) -> None:
         """With [acme] and [cluster], the issuing process (here --workers 0:
@@ -331,3 +536,6 @@ class WiringTests(SynchronousTestCase):
         self.assertIsInstance(service.acme.manager.issuer, FleetIssuer)
         self.assertIsInstance(service.acme.blocking.registry, SharedChallenges)
         self.assertEqual(len(service.cluster.listeners), 1)
+        self.assertEqual(service.cluster.on_live, [service.cluster.listeners[0].load])
+        self.assertIs(service.acme.manager.issuer._ready, service.cluster.ready)
+        self.assertIs(service.cluster.listeners[0].serving, service.cluster.ready)

@@ -4,8 +4,9 @@ live node's acknowledgement, a node cut off keeps serving, logs the outage
 once, retries on the backoff schedule, queues what it publishes and, when
 Redis returns, reads what it missed before publishing its queue; a
 restarted node replays only what it has not seen; trimmed history empties
-the store; a start without Redis is held at most start_wait; and any
-script of publications, cuts and returns converges (hypothesis)."""
+the store; a start without Redis is held at most start_wait; the on_live
+hooks run, subscribed, before ready and after each reconnect, bounded;
+and any script of publications, cuts and returns converges (hypothesis)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from prexy.cluster.messages import Invalidation
 from prexy.cluster.node import (
     COMMAND_TIMEOUT,
     HEARTBEAT,
+    ON_LIVE_WAIT,
     ClusterService,
     IClusterTarget,
     PositionFile,
@@ -72,7 +74,7 @@ class Node:
         return self.metrics.counters[(name, tuple(sorted(labels.items())))]
 
 
-class ClusterServiceTests(SynchronousTestCase):
+class NodeCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
@@ -100,6 +102,8 @@ class ClusterServiceTests(SynchronousTestCase):
     def warnings(self, text: str) -> int:
         return sum(1 for e in self.logged if text in str(e.get("log_format", "")))
 
+
+class ClusterServiceTests(NodeCase):
     def test_purge_reaches_the_other_node_and_is_confirmed(self) -> None:
         """A's purge is applied by B; A's answer waits for B's ack."""
         a, b = self.node("a"), self.node("b")
@@ -267,6 +271,78 @@ class ClusterServiceTests(SynchronousTestCase):
         self.assertNotIn(b"a", self.server.hashes[b"prexy:nodes"])
         self.assertIs(a.service.core.phase, Phase.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class OnLiveTests(NodeCase):
+    """The on_live hooks (prexy.acme.fleet loads the pending challenge
+    answers with one) run once the subscriber is subscribed, and ready
+    waits for them, at most ON_LIVE_WAIT; they run again on each reconnect."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.subscribed_at_hook: list[bool] = []
+
+    def hooked(self, node: Node) -> list[defer.Deferred[Any]]:
+        calls: list[defer.Deferred[Any]] = []
+
+        def hook() -> defer.Deferred[Any]:
+            subscribed = {id(s) for s in self.server.subscribers.get(node.settings.channel.encode(), [])}
+            mine = [s for c, s in node.net.connections if c is node.service.subscriber]
+            self.subscribed_at_hook.append(len(mine) == 1 and id(mine[0]) in subscribed)
+            d: defer.Deferred[Any] = defer.Deferred()
+            calls.append(d)
+            return d
+
+        node.service.on_live.append(hook)
+        return calls
+
+    def test_ready_waits_for_the_hooks(self) -> None:
+        a = self.node("a")
+        calls = self.hooked(a)
+        self.start(a)
+        self.assertIs(a.service.core.phase, Phase.LIVE)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(self.subscribed_at_hook, [True])
+        self.assertNoResult(a.service.ready)
+        calls[0].callback(3)
+        self.successResultOf(a.service.ready)
+        self.assertEqual(self.warnings("going live"), 0)
+
+    def test_failing_hook_logged_and_ready_anyway(self) -> None:
+        a = self.node("a")
+        calls = self.hooked(a)
+        self.start(a)
+        calls[0].errback(ConnectionError("Redis went away"))
+        self.successResultOf(a.service.ready)
+        self.assertEqual(self.warnings("going live"), 1)
+
+    def test_slow_hook_bounded(self) -> None:
+        """A hook that never answers holds ready ON_LIVE_WAIT seconds; the
+        start_wait timer (longer) no longer warns once the node is live."""
+        a = self.node("a", start_wait=ON_LIVE_WAIT + 1.0)
+        self.hooked(a)
+        self.start(a)
+        self.clock.advance(ON_LIVE_WAIT - 0.1)
+        self.assertNoResult(a.service.ready)
+        self.clock.advance(0.1)
+        self.successResultOf(a.service.ready)
+        self.assertEqual(self.warnings("going live"), 1)
+        self.clock.advance(5.0)
+        self.assertEqual(self.warnings("not caught up"), 0)
+
+    def test_hooks_run_again_after_a_reconnect(self) -> None:
+        a = self.node("a")
+        calls = self.hooked(a)
+        self.start(a)
+        calls[0].callback(None)
+        a.net.drop_all()
+        self.flush(a)
+        self.assertIs(a.service.core.phase, Phase.DOWN)
+        self.clock.advance(0.25)
+        self.flush(a)
+        self.assertIs(a.service.core.phase, Phase.LIVE)
+        self.assertEqual(len(calls), 2)
+        self.assertEqual(self.subscribed_at_hook, [True, True])
 
 
 actions = st.lists(
