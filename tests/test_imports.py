@@ -13,7 +13,11 @@ submodule that imports a sibling look like a cycle.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -248,6 +252,54 @@ class PureCoreTests(SynchronousTestCase):
     def test_reachable(self) -> None:
         """Reachability follows imports transitively and stops at cycles."""
         self.assertEqual(reachable({"a": {"b"}, "b": {"c", "a"}, "c": set(), "d": {"a"}}, "a"), {"a", "b", "c"})
+
+
+#: Packages a core must import without: the LMDB binding (the cache store),
+#: the regex engines the rule sets compile to, and Twisted (the shell).
+HEAVY = ("lmdb", "re2", "hyperscan", "twisted")
+
+#: Modules importable, and working, without ``HEAVY``: the cores, and the
+#: packages whose ``__init__`` re-exports lazily so that importing one pure
+#: submodule does not load the rest.
+LEAN = (*CORES, "prexy.cluster.core", "prexy.cache", "prexy.substitution", "prexy.urlmap")
+
+
+class LeanImportTests(SynchronousTestCase):
+    """Each core imports, and works, with the heavy bindings not installed:
+    a core that pulled them in through a package ``__init__`` (``config`` ->
+    ``prexy.cache`` -> the store -> ``lmdb``) could not be imported, nor
+    tested, on its own."""
+
+    def test_cores_import_without_heavy_bindings(self) -> None:
+        """A child Python refuses ``HEAVY`` and imports each of ``LEAN`` from
+        scratch, running its smoke check (``tests/blockedimports.py``)."""
+        tests = Path(__file__).resolve().parent
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tests.parent), os.environ.get("PYTHONPATH")])))
+        done = subprocess.run(
+            [sys.executable, str(tests / "blockedimports.py"), ",".join(HEAVY), *LEAN],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        results = [json.loads(line) for line in done.stdout.splitlines()]
+        self.assertEqual([r["module"] for r in results], list(LEAN))
+        bad = [f"{r['module']}: {r['error'] or 'loaded ' + ', '.join(r['blocked'])}"
+               for r in results if r["error"] or r["blocked"]]
+        if bad:
+            self.fail("cores that need " + "/".join(HEAVY) + ":\n" + "\n".join(bad))
+
+    def test_lazy_reexports(self) -> None:
+        """The lazy packages export what ``__all__`` says, each name the
+        submodule's own object."""
+        import importlib
+
+        for package in ("prexy.cache", "prexy.substitution"):
+            module = importlib.import_module(package)
+            self.assertEqual(sorted(module._SOURCES), sorted(module.__all__))
+            for name in module.__all__:
+                source = importlib.import_module(module._SOURCES[name])
+                self.assertIs(getattr(module, name), getattr(source, name))
+            with self.assertRaises(AttributeError):
+                module.no_such_name  # noqa: B018
 
 
 def unit_tier_modules(tox_ini: Path) -> set[str]:

@@ -120,42 +120,83 @@ noisy; CPU per hit is the steadier figure.)
   lookup also costs a reactor turn.  It is also one more process to
   supervise, and its cache dies with it.
 
-**Dependency:** the PyPI package ``lmdb`` (3.0.0, a manylinux wheel that
-bundles liblmdb 0.9.x) becomes a hard dependency of Prexy: add ``lmdb>=1.4``
-to ``install_requires`` in ``setup.cfg``.  ``prexy.cache.policy`` does not
-need it; ``prexy.cache.store`` (and this package) does.
+**Dependency:** the PyPI package ``lmdb`` (a manylinux wheel that bundles
+liblmdb) is a hard dependency of Prexy (``install_requires`` in
+``setup.cfg``), but only :mod:`prexy.cache.store` imports it.  This package
+re-exports the names of :mod:`prexy.cache.policy` and :mod:`prexy.cache.store`
+lazily (each submodule is imported on first use of one of its names), so
+importing ``prexy.cache`` or a pure submodule (``policy``, ``flow``,
+``ranges``, ``codings``, ``bans``) loads no LMDB binding.
 """
 
-from prexy.cache.policy import (
-    Action,
-    CachePolicy,
-    RequestDecision,
-    StoreAction,
-    StoreDecision,
-    accept_encoding_bucket,
-    age_header,
-    cache_key,
-    cache_status_header,
-    current_age,
-    key_url,
-    not_modified,
-    primary_key,
-    request_decision,
-    response_decision,
-    targeted_field_names,
-    update_headers,
-    vary_key,
-    vary_names,
-)
-from prexy.cache.store import (
-    CachedObject,
-    ICacheStore,
-    LookupResult,
-    ObjectMeta,
-    Store,
-    StoreError,
-    Writer,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prexy.cache.policy import (
+        Action,
+        CachePolicy,
+        RequestDecision,
+        StoreAction,
+        StoreDecision,
+        accept_encoding_bucket,
+        age_header,
+        cache_key,
+        cache_status_header,
+        current_age,
+        key_url,
+        not_modified,
+        primary_key,
+        request_decision,
+        response_decision,
+        targeted_field_names,
+        update_headers,
+        vary_key,
+        vary_names,
+    )
+    from prexy.cache.store import (
+        CachedObject,
+        ICacheStore,
+        LookupResult,
+        ObjectMeta,
+        Store,
+        StoreError,
+        Writer,
+    )
+
+#: Each re-exported name -> the submodule that defines it.
+_SOURCES = {
+    **dict.fromkeys(
+        (
+            "Action",
+            "CachePolicy",
+            "RequestDecision",
+            "StoreAction",
+            "StoreDecision",
+            "accept_encoding_bucket",
+            "age_header",
+            "cache_key",
+            "cache_status_header",
+            "current_age",
+            "key_url",
+            "not_modified",
+            "primary_key",
+            "request_decision",
+            "response_decision",
+            "targeted_field_names",
+            "update_headers",
+            "vary_key",
+            "vary_names",
+        ),
+        "prexy.cache.policy",
+    ),
+    **dict.fromkeys(
+        ("CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"),
+        "prexy.cache.store",
+    ),
+}
 
 __all__ = [
     "Action",
@@ -185,3 +226,13 @@ __all__ = [
     "vary_key",
     "vary_names",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A re-exported name, its submodule imported on first use (PEP 562)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
