@@ -131,6 +131,11 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str], start: str) -> li
     raise AssertionError(f"{start} is in a component without a cycle")
 
 
+#: The modules that wire the Twisted shell (``prexy.proxy``) into a
+#: service; no other module outside it imports it.
+SHELL_WIRING = frozenset({"prexy.service"})
+
+
 class ImportGraphTests(SynchronousTestCase):
     """Prexy's modules import each other along a directed acyclic graph."""
 
@@ -139,6 +144,20 @@ class ImportGraphTests(SynchronousTestCase):
         cycles = find_cycles(import_graph())
         if cycles:
             self.fail("import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles))
+
+    def test_only_the_wiring_imports_the_shell(self) -> None:
+        """Outside ``prexy.proxy``, only the service wiring imports it: the
+        pool, the cluster node and the demo take what they share with the
+        shell (the cache path) from a core module below both."""
+        graph = import_graph()
+        upward = sorted(
+            f"{m} -> {t}"
+            for m, targets in graph.items()
+            if not (m == "prexy.proxy" or m.startswith("prexy.proxy.")) and m not in SHELL_WIRING
+            for t in targets
+            if t == "prexy.proxy" or t.startswith("prexy.proxy.")
+        )
+        self.assertEqual(upward, [])
 
     def test_cycle_report(self) -> None:
         """The cycle finder reports one closed path per tangle, and none for

@@ -154,7 +154,7 @@ class TestTwistd:
         and removes it when it stops on SIGINT or SIGTERM, in-process or
         with workers; nothing is left where the store used to go."""
         from prexy.demo import demo_dir
-        from prexy.proxy.caching import default_cache_path
+        from prexy.cache.paths import default_cache_path
 
         base = free_port_block(3)
         files = demo_dir(base)
