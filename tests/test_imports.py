@@ -319,28 +319,3 @@ class LeanImportTests(SynchronousTestCase):
                 self.assertIs(getattr(module, name), getattr(source, name))
             with self.assertRaises(AttributeError):
                 module.no_such_name  # noqa: B018
-
-
-def unit_tier_modules(tox_ini: Path) -> set[str]:
-    """The test modules and packages tox's unit tier (``[testenv]``) names."""
-    import configparser
-
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(tox_ini)
-    commands = parser["testenv"]["commands"]
-    start = commands.index("{posargs:") + len("{posargs:")
-    return set(commands[start : commands.index("}", start)].split())
-
-
-class UnitTierTests(SynchronousTestCase):
-    """Trial runs the modules tox names, so a unit-tier module left out of
-    that list would never run in CI."""
-
-    def test_every_unit_module_is_listed(self) -> None:
-        tests = Path(__file__).resolve().parent
-        listed = unit_tier_modules(tests.parent / "tox.ini")
-        on_disk = {f"tests.{p.stem}" for p in tests.glob("test_*.py")}
-        on_disk |= {f"tests.{d.name}" for d in tests.iterdir() if d.is_dir() and any(d.glob("test_*.py"))}
-        on_disk.discard("tests.integration")
-        self.assertEqual(sorted(on_disk - listed), [])
-        self.assertEqual(sorted(listed - on_disk), [])
