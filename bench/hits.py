@@ -13,19 +13,17 @@ store read and the negotiation).
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 import content
 import harness
 import realistic
 import servers
 from harness import LOCAL, markdown_table
+from scenarios import REAL_PATHS, Bench, Report, target
 
 
-def scenario_compressed_hits(bench: Any) -> Any:
+def scenario_compressed_hits(bench: Bench) -> Report:
     """req/s of cache hits in gzip and br, over hits in identity."""
-    from scenarios import REAL_PATHS, Report, target
-
     s = bench.settings
     origin = bench.origin()
     install = bench.prexy()

@@ -23,16 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cluster_bench
 import content
-import first_request
 import harness
-import hits
-import http2_bench
 import realistic
 import servers
-import sites_bench
-import tunnel
 from harness import WORK, Client, WrkResult, fmt, fmt_ms, markdown_table, ratio
 from servers import MissingFlag, PrexyInstall, Server
 
@@ -1050,7 +1044,7 @@ def _stream_until(port: int, path: str, halt: threading.Event) -> None:
         _stream(port, path, 120.0, halt)
 
 
-def _big_page(bench: Bench) -> str:
+def big_page(bench: Bench) -> str:
     """``/page100m.html``: the 1 MB page 100 times (written once)."""
     path = bench.www / "page100m.html"
     if not path.exists() or path.stat().st_size != 100 * MB:
@@ -1066,7 +1060,7 @@ def scenario_stream(bench: Bench) -> Report:
     """100 MB through 100 rules (MiB/s, RSS growth) and small-request p99 beside it."""
     s = bench.settings
     origin = bench.origin()
-    big = _big_page(bench)
+    big = big_page(bench)
     notes: list[str] = []
     module = harness.subs_module_path()
     if module is None:
@@ -1199,7 +1193,7 @@ def scenario_slowclient(bench: Bench) -> Report:
     """RSS of the proxy while one client reads a 100 MB body at 256 KB/s."""
     s = bench.settings
     origin = bench.origin()
-    big = _big_page(bench)
+    big = big_page(bench)
     notes: list[str] = []
     rules_file = content.write(WORK / "rules" / "rules-100.conf",
                                content.replace_filter_rules(content.rule_set(100)))
@@ -1246,11 +1240,11 @@ def scenario_slowclient(bench: Bench) -> Report:
 
 
 # --------------------------------------------------------------------------
-# Scripts written by others (run as-is in the bench venv)
+# Standalone scripts (run as they are in the bench venv)
 
 
-def _script(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[Bench], Report]:
-    """A scenario that runs another engineer's standalone script in the bench venv."""
+def script_scenario(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[Bench], Report]:
+    """A scenario that runs one of bench/'s standalone scripts in the bench venv."""
 
     def run(bench: Bench) -> Report:
         script = Path(__file__).resolve().parent / name
@@ -1488,7 +1482,7 @@ def _gzip_origin(bench: Bench) -> Server:
     """An nginx origin that sends the 100 MB page gzip-encoded (a file
     compressed once with zlib level 6, `Content-Encoding: gzip`), as an
     upstream that compresses whatever it is asked for."""
-    big = bench.www / _big_page(bench).lstrip("/")
+    big = bench.www / big_page(bench).lstrip("/")
     gz_dir = WORK / "www-gzip" / "gz"
     gz = gz_dir / "page100m.html"
     stamp = gz_dir / "source-size"
@@ -1757,26 +1751,3 @@ def scenario_compress(bench: Bench) -> Report:
                      "(fetched first). No peer: subs_filter cannot rewrite a gzip upstream body.")
     return Report("compress: gzip/br answers to clients, a gzip upstream body (issue 18)",
                   table, notes, data, verdicts)
-
-
-SCENARIOS: dict[str, Callable[[Bench], Report]] = {
-    "proxy": scenario_proxy,
-    "subs": scenario_subs,
-    "subs-synthetic": scenario_subs_synthetic,
-    "first": first_request.scenario_first_request,
-    "stream": scenario_stream,
-    "slowclient": scenario_slowclient,
-    "cache": scenario_cache,
-    "workers": scenario_workers,
-    "urlmap": scenario_urlmap,
-    "adversarial": scenario_adversarial,
-    "compress": scenario_compress,
-    "tunnel": tunnel.scenario_tunnel,
-    "compress-hits": hits.scenario_compressed_hits,
-    "http2": http2_bench.scenario_http2,
-    "cluster": cluster_bench.scenario_cluster,
-    "sites": sites_bench.scenario_sites,
-    "transducer": _script("bench_transducer.py"),
-    "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
-    "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
-}

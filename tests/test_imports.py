@@ -250,6 +250,26 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def bench_graph(root: Path) -> dict[str, set[str]]:
+    """The import graph of ``bench/``'s scripts, which import each other as
+    top-level modules (``run.py`` puts ``bench/`` on the path)."""
+    files = {path.stem: path for path in sorted(root.glob("*.py"))}
+    return {name: top_level_imports(path) & set(files) - {name} for name, path in files.items()}
+
+
+class BenchGraphTests(SynchronousTestCase):
+    """The benchmark scripts import each other along a directed acyclic
+    graph too: the scenario catalog sits above the scenario modules, which
+    take their shared pieces from ``scenarios.py`` below them."""
+
+    def test_no_cycle(self) -> None:
+        graph = bench_graph(ROOT.parent / "bench")
+        self.assertIn("scenarios", graph)
+        cycles = find_cycles(graph)
+        if cycles:
+            self.fail("bench import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles))
+
+
 class PureCoreTests(SynchronousTestCase):
     """The cores import neither Twisted nor the shell, however indirectly."""
 
