@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPullProducer
-from twisted.web import resource, server
+from twisted.web import http, resource, server
 from zope.interface import implementer
 
 HTML = (
@@ -54,6 +54,8 @@ class Origin(resource.Resource):
     def __init__(self) -> None:
         super().__init__()
         self.produced = 0
+        #: Connections to the origin now open (``origin_site``'s channels).
+        self.open_connections = 0
         self.requests: list[server.Request] = []
         self.lost: list[bytes] = []
         self.peer_ports: list[int] = []
@@ -63,7 +65,8 @@ class Origin(resource.Resource):
 
     def when(self, condition: Callable[[], bool]) -> defer.Deferred[None]:
         """Fires once ``condition()`` holds: checked now, after each request
-        is rendered and after each request's connection is lost."""
+        is rendered, after each request's connection is lost and after each
+        connection closes."""
         d: defer.Deferred[None] = defer.Deferred()
         self._when.append((condition, d))
         self._check()
@@ -186,7 +189,22 @@ class Origin(resource.Resource):
         return b"no such page\n"
 
 
+class _CountedChannel(http.HTTPChannel):
+    """An HTTP/1.1 channel that keeps its origin's count of open connections."""
+
+    def connectionMade(self) -> None:
+        self.site.resource.open_connections += 1
+        super().connectionMade()
+
+    def connectionLost(self, reason: Any) -> None:
+        super().connectionLost(reason)
+        origin = self.site.resource
+        origin.open_connections -= 1
+        origin._check()
+
+
 def origin_site(origin: Origin) -> server.Site:
     site = server.Site(origin)
+    site.protocol = _CountedChannel
     site.log = lambda request: None  # type: ignore[method-assign]
     return site
