@@ -153,8 +153,8 @@ class TestTwistd:
         sockets beside it, its rules for another port) in one directory,
         and removes it when it stops on SIGINT or SIGTERM, in-process or
         with workers; nothing is left where the store used to go."""
-        from prexy.demo import demo_dir
         from prexy.cache.paths import default_cache_path
+        from prexy.demo import demo_dir
 
         base = free_port_block(3)
         files = demo_dir(base)
