@@ -1,4 +1,4 @@
-"""Issue 14's first-request figure: the first request after a start and
+"""The first-request figure: the first request after a start and
 after a reload, against warm requests made the same way.
 
 A request's time on this machine depends as much on what the process did

@@ -1,4 +1,4 @@
-"""Issue 18's compressed-hits figure: cache hits of a rewritten 20 KB page
+"""The compressed-hits figure: cache hits of a rewritten 20 KB page
 (the real page of the subs scenario, 10 realistic rules) to clients that
 take gzip or br, against hits to clients that take no coding, on the same
 Prexy (2 workers, one shared store), wrk runs interleaved.
@@ -83,5 +83,5 @@ cache_ttl = 3600
     targets = [target(f"compressed hits within 10% of identity hits' req/s: {worst:.2f}x", worst >= 0.9)]
     notes.append(f"wrk -c50 -t2, {rounds} interleaved runs of {s.seconds:.0f} s per coding; "
                  "Prexy with 2 workers and one shared store.")
-    return Report("Compressed cache hits (issue 18)", table, notes,
+    return Report("Compressed cache hits", table, notes,
                   {"rps": rps, "cpu_us": us, "sizes": sizes}, targets)

@@ -1,4 +1,4 @@
-"""Issue 20's HTTP/2 speed lines, Prexy beside Debian's nginx in one run.
+"""The HTTP/2 speed lines, Prexy beside Debian's nginx in one run.
 
 1. h2load (Debian's nghttp2-client) asks for the realistic 20 KB page
    through 10 realistic rules over TLS: HTTP/2 with 10 clients x 10
@@ -180,7 +180,7 @@ rules = ["{rules}"]
     notes.append(f"200 streams: h2load -c1 -m{many['streams']} -n{many['requested']} on "
                  f"{REAL_PATHS['html-1m']} (rewritten); peak RSS sampled every 20 ms.")
     data = {"rps": rps, "cpu_us": cpu, "slow_beside_fast": slow, "many_streams": many}
-    return Report("HTTP/2 (issue 20)", table, notes, data, targets)
+    return Report("HTTP/2", table, notes, data, targets)
 
 
 class Probe:

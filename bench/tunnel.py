@@ -1,4 +1,4 @@
-"""Issue 18's WebSocket tunnel figures, Prexy beside nginx in one run.
+"""The WebSocket tunnel figures, Prexy beside nginx in one run.
 
 A WebSocket origin in this process (asyncio, one thread) answers the
 handshake with a real ``101`` and then, by path: ``/blast`` sends bytes as
@@ -244,5 +244,5 @@ upstream = "http://{LOCAL}:{origin.port}"
     notes.append(f"{rounds} interleaved rounds of {seconds:.0f} s per server for MB/s; "
                  f"{count // rounds * rounds} echo round trips each; one Prexy worker, one nginx worker.")
     harness.log(f"tunnel: {med} p99 {p99}")
-    return Report("WebSocket tunnel (issue 18)", table, notes,
+    return Report("WebSocket tunnel", table, notes,
                   {"mbps": mbps, "p50_ms": p50, "p99_ms": p99, "idle_mb": idle}, targets)

@@ -1,4 +1,4 @@
-"""Reload at scale (issue 21): when only sites changed, the master has its
+"""Reload at scale: when only sites changed, the master has its
 workers reload in place over their command pipe, and answers once every
 worker has; any other change starts a new generation as before."""
 

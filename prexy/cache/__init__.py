@@ -72,30 +72,16 @@ target))``; admin ban: ``store.ban(Ban(site, target=regex, host=host))``
 (``prexy.cache.bans``: the regex on the path and query, as Varnish's
 ``req.url``).  Both are immediate and,
 the store being shared, reach every worker at once.  A ban scans every object
-(about 5 µs each, below): run a large one in a thread
+(about 5 µs each): run a large one in a thread
 (``deferToThread``), not on the reactor.
 
-Choosing the store: numbers
-===========================
+Why LMDB
+========
 
-``bench/bench_cache_store.py`` (2 CPUs, Python 3.11, load average ~5 from
-other jobs during the run, 2000 objects, median of 3 interleaved rounds;
-latencies in one process, throughput and CPU with 2 reader processes)::
-
-    backend  body   put p50  put p99  get p50  get p99  hits/s 2 procs  CPU µs/hit
-    lmdb     12 B   47.5 µs   763 µs   7.2 µs  25.3 µs       79,600        7.3
-    shmfile  12 B   18.3 µs    56 µs   9.1 µs  19.5 µs       85,400        9.8
-    socket   12 B   32.5 µs  2742 µs  29.3 µs  2312 µs       38,400       17.2
-    lmdb     20 KB  41.3 µs  2454 µs   8.6 µs  22.3 µs       42,900       11.0
-    shmfile  20 KB  26.7 µs   107 µs  14.6 µs  32.6 µs       26,500       15.2
-    socket   20 KB  53.6 µs  3245 µs  34.4 µs  3029 µs       17,300       33.0
-
-    lmdb only: lookup with Vary p50 ~15 µs; put into a full 8 MiB store
-    (evicting) p50 59 µs; purge_url 43 µs; ban scanning 1758 objects 8 ms.
-
-(Earlier single-round runs on a quieter moment: lmdb 122k hits/s for 12 B
-and 81k for 20 KB, shmfile 106k / 36k, socket 56k / 35k.  The machine is
-noisy; CPU per hit is the steadier figure.)
+``bench/bench_cache_store.py`` compares the three designs below (put and
+get latency, hits per second and CPU per hit with two reader processes);
+its figures are in bench/README.md.  CPU per hit is the steadier figure on
+a shared machine.
 
 * **LMDB (chosen).**  A hit is a read transaction on a shared memory map:
   no system call, no lock, no copy but the final ``bytes`` of the body; the
@@ -110,8 +96,8 @@ noisy; CPU per hit is the steadier figure.)
 * **File per object on /dev/shm.**  As fast for tiny hits (``open/read/
   close``), slower and costlier for 20 KB, and the numbers are a lower
   bound: LRU needs a write (``utime`` or an index update) per hit, byte
-  accounting needs a shared index under ``flock`` on every put (measured
-  in the put column), eviction needs a scan or that index, and a crash
+  accounting needs a shared index under ``flock`` on every put (counted
+  in its put figures), eviction needs a scan or that index, and a crash
   between the file and the index leaves them disagreeing.
 * **Cache process over a unix socket.**  Every hit is a round trip: 3-4x
   the latency, 2-3x the CPU (the body crosses the socket twice), one

@@ -189,13 +189,10 @@ class Exchange(Outcomes):
             # The whole body came with the head and is a millisecond of work
             # at most: it is rewritten in one piece, not in slices.  Where
             # the answer can end with trailers, the head leaves first and
-            # the client reads it while the body is rewritten (measured,
-            # realistic 20 KB page, 10 rules, blocks of 20 requests
-            # alternating with the head-last build and nginx + subs_filter:
-            # 0.99x against 1.08x subs_filter's time, medians of 6 runs
-            # on a quiet phase; within 5% of each other on a phase loaded
-            # by other work; bench/README.md, "Twelfth session"); elsewhere
-            # the rewrite comes first and its time goes in the head.
+            # the client reads it while the body is rewritten (a little
+            # faster than the head last on the realistic 20 KB page;
+            # bench/README.md); elsewhere the rewrite comes first and its
+            # time goes in the head.
             body = response.take_body()
             if body is not None:
                 resource.metrics.bytes_in += len(body)

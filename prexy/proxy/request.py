@@ -51,8 +51,7 @@ def start_response(request: Any, code: int, phrase: bytes | None, headers: Itera
 
 def write_whole(request: Any, body: bytes) -> None:
     """Write the head and all of the body: in one send on Prexy's HTTP/1.1
-    connection (a cache hit; measured in bench/README.md, "Twelfth
-    session"), through the request's own writes elsewhere."""
+    connection (a cache hit), through the request's own writes elsewhere."""
     channel: Any = getattr(request, "channel", None)
     if isinstance(channel, HTTPChannel) and hasattr(channel, "hold_writes"):
         held: Any = channel  # prexy.proxy.site.ProxyChannel
