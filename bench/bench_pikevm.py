@@ -30,7 +30,7 @@ module's output for the trim rule)::
 On a busier run (load ~1.2) the same ratios held (trim 6.8 against 34.3).
 Before the lazy DFA (the VM stepping every thread in Python) the trim rule
 ran at 3.0 MB/s on the page.  A rule set with a flagged rule finds all its
-matches on one VM program (``scanner._SetCursor``), so every rule of it
+matches on one VM program (``findcursors.SetCursor``), so every rule of it
 pays the VM's price.
 """
 
@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.realistic import load_page  # noqa: E402
-from prexy.substitution import scanner as scanner_mod  # noqa: E402
+from prexy.substitution import compiled as compiled_mod  # noqa: E402
 from prexy.substitution.dialect import parse_sregex  # noqa: E402
 from prexy.substitution.pikevm import PikePattern  # noqa: E402
 from prexy.substitution.rules import compile_rule  # noqa: E402
@@ -73,13 +73,13 @@ def _run(ruleset: RuleSet, page: bytes, size: int) -> tuple[float, bytes]:
 
 def _without_vm(rules: list, engine: str) -> RuleSet:
     """The same rules with the VM switched off (Perl's order on ``regex``)."""
-    saved = scanner_mod.order_reason
-    scanner_mod.order_reason = lambda parsed: None  # type: ignore[assignment]
+    saved = compiled_mod.order_reason
+    compiled_mod.order_reason = lambda parsed: None  # type: ignore[assignment]
     try:
         rs = RuleSet.build(rules, max_buffered_size=10**9, engine=engine)
         rs.scanner  # noqa: B018 - compiled now, with the flag off
     finally:
-        scanner_mod.order_reason = saved
+        compiled_mod.order_reason = saved
     return rs
 
 

@@ -6,12 +6,14 @@ upstream's head, body pieces, the end, a failure, the client leaving) and
 carries out what it decides; everything here is plain values and functions,
 tested without a network (``tests/test_exchange.py``).
 
-Lifecycle (``State``; ``Lifecycle.move`` refuses any other step)::
+Lifecycle (``State``, moved by ``Event``s along ``TRANSITIONS``; any
+other pair is refused)::
 
-    SENT --head--> STREAMING --body end--> DRAINING --rewritten--> DONE
+    SENT --HEAD--> STREAMING --BODY_END--> DRAINING --COMPLETE--> DONE
       |                |                      |
-      +-- answered ----+----------------------+--> DONE      (error page, hit, 304)
-      +-- client gone / upstream broke mid-body --> GONE / ABORTED
+      +-- COMPLETE / ANSWERED ----------------+--> DONE  (whole body, error page, stale, 304, tunnel)
+      +-- UNWANTED --> GONE      +-- RESET --> ABORTED
+      +-- CLIENT_LEFT: same state, detached (the fetch goes on for others)
 
 ``SENT``: the request is upstream, no head yet.  ``STREAMING``: the head
 went to the client and the body flows through the pipeline.  ``DRAINING``:
@@ -41,6 +43,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from prexy.cache.ranges import range_of_stream
 from prexy.codec import (
     ENCODERS,
     BodyDecoder,
@@ -57,13 +60,17 @@ from prexy.substitution.applicability import ResourceKey
 __all__ = [
     "BodyPipeline",
     "ClientCoding",
+    "Event",
+    "HeadPlan",
     "Lifecycle",
+    "Mode",
     "PipelineError",
     "ResponsePlan",
     "State",
     "choose_client_coding",
     "coding_etag",
     "derived_etag",
+    "plan_head",
     "plan_response",
     "rewrite_timing",
     "server_timing",
@@ -81,14 +88,38 @@ class State(enum.Enum):
     ABORTED = "aborted"
 
 
-#: Which state may follow which.  The final states have no way out.
-TRANSITIONS: Mapping[State, frozenset[State]] = {
-    State.SENT: frozenset({State.STREAMING, State.DONE, State.GONE, State.ABORTED}),
-    State.STREAMING: frozenset({State.DRAINING, State.DONE, State.GONE, State.ABORTED}),
-    State.DRAINING: frozenset({State.DONE, State.GONE, State.ABORTED}),
-    State.DONE: frozenset(),
-    State.GONE: frozenset(),
-    State.ABORTED: frozenset(),
+class Event(enum.Enum):
+    """What moves an exchange (``Lifecycle.on``)."""
+
+    #: The head is decided and the body streams to the client.
+    HEAD = "head"
+    #: The upstream body ended while received bytes still wait to be rewritten.
+    BODY_END = "body-end"
+    #: The last bytes of the answer went out (or into the cache, detached).
+    COMPLETE = "complete"
+    #: Answered otherwise: an error page, a stale copy, a 304 refresh, a tunnel.
+    ANSWERED = "answered"
+    #: Nobody wants the fetch any more: it is cancelled.
+    UNWANTED = "unwanted"
+    #: The client's connection (or HTTP/2 stream) is reset.
+    RESET = "reset"
+    #: The client left while others (followers, the cache) want the fetch.
+    CLIENT_LEFT = "client-left"
+
+
+_LIVE = (State.SENT, State.STREAMING, State.DRAINING)
+
+#: ``(state, event) -> next state``; a pair not in the table is refused.
+#: CLIENT_LEFT keeps the state (the fetch goes on through the same states)
+#: and makes the exchange detached (``Lifecycle.detached``).
+TRANSITIONS: Mapping[tuple[State, Event], State] = {
+    (State.SENT, Event.HEAD): State.STREAMING,
+    (State.STREAMING, Event.BODY_END): State.DRAINING,
+    **{(s, Event.COMPLETE): State.DONE for s in _LIVE},
+    **{(s, Event.ANSWERED): State.DONE for s in _LIVE},
+    **{(s, Event.UNWANTED): State.GONE for s in _LIVE},
+    **{(s, Event.RESET): State.ABORTED for s in _LIVE},
+    **{(s, Event.CLIENT_LEFT): s for s in _LIVE},
 }
 FINAL = frozenset({State.DONE, State.GONE, State.ABORTED})
 
@@ -98,17 +129,28 @@ class IllegalTransition(Exception):
 
 
 class Lifecycle:
-    """The state of one exchange; moves only along ``TRANSITIONS``."""
+    """The state of one exchange; the one place it moves is :meth:`on`,
+    along ``TRANSITIONS``.  ``detached``: the exchange has no client of its
+    own (a background refresh from the start, or since CLIENT_LEFT); its
+    fetch goes on for the followers and the cache."""
 
-    __slots__ = ("state",)
+    __slots__ = ("state", "detached")
 
-    def __init__(self) -> None:
+    def __init__(self, detached: bool = False) -> None:
         self.state = State.SENT
+        self.detached = detached
 
-    def move(self, to: State) -> None:
-        if to not in TRANSITIONS[self.state]:
-            raise IllegalTransition(f"{self.state.value} -> {to.value}")
+    def on(self, event: Event) -> State:
+        """Take ``event``; returns the new state.  Raises
+        :class:`IllegalTransition` (the state unchanged) for a pair the
+        table does not have, and for CLIENT_LEFT once detached."""
+        to = TRANSITIONS.get((self.state, event))
+        if to is None or (event is Event.CLIENT_LEFT and self.detached):
+            raise IllegalTransition(f"{self.state.value} on {event.value}")
+        if event is Event.CLIENT_LEFT:
+            self.detached = True
         self.state = to
+        return to
 
     @property
     def over(self) -> bool:
@@ -245,6 +287,7 @@ class Head(Protocol):
     """What the plan reads of an upstream response head."""
 
     code: int
+    phrase: bytes
     length: int | None
     lnames: list[bytes]
 
@@ -256,10 +299,13 @@ class Head(Protocol):
 
 
 class Rules(Protocol):
-    """What the plan reads of a site's rule set."""
+    """What the plan reads of a site's rule set (a ``RuleSet``: frozen)."""
 
-    digest: str
-    keep_last_modified: bool
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def keep_last_modified(self) -> bool: ...
 
     def applies_to_header(self, content_type: bytes | None) -> bool: ...
 
@@ -433,9 +479,243 @@ def plan_response(
     return ResponsePlan(headers, has_length)
 
 
-def via_value(head: Head) -> bytes:
-    via = head.values(b"via") if b"via" in head.lnames else None
-    return append_via(via) if via else VIA
+#: Upstream statuses for which a stale copy is served instead (RFC 5861 4).
+STALE_IF_ERROR_STATUSES = frozenset({500, 502, 503, 504})
+
+
+class Mode(enum.Enum):
+    """How an upstream answer reaches the client (``plan_head``)."""
+
+    #: A 101: the client's connection and the upstream's are spliced.
+    TUNNEL = "tunnel"
+    #: A 304 to the cache's revalidation: the stored copy is refreshed and served.
+    REFRESH = "refresh"
+    #: An upstream error while stale-if-error (or grace) lets a stale copy serve.
+    STALE = "stale"
+    #: The head alone: a HEAD request, a 204 or 304, an empty body.
+    NO_BODY = "no-body"
+    #: The body passes as the upstream sent it.
+    PASS = "pass"
+    #: The body passes whole to the cache; the client gets its Range cut from it.
+    RANGE = "range"
+    #: The body passes unrewritten, compressed for this client.
+    COMPRESS = "compress"
+    #: A version known to match no rule: unscanned, with its length (or
+    #: compressed for this client).
+    SKIP = "skip"
+    #: Rewritten in slices as it arrives.
+    STREAM = "stream"
+    #: It came whole with its head: rewritten in one piece before the head,
+    #: whose Server-Timing then carries the rewrite.
+    WHOLE_FIRST = "whole-first"
+    #: It came whole with its head, and the answer can end with trailers:
+    #: the head leaves first, the body is rewritten in one piece after it.
+    HEAD_FIRST = "head-first"
+
+
+#: The modes whose body goes through the transducer.
+REWRITTEN = frozenset({Mode.STREAM, Mode.WHOLE_FIRST, Mode.HEAD_FIRST})
+
+
+@attrs.frozen
+class HeadPlan:
+    """What ``plan_head`` decided for one upstream head."""
+
+    mode: Mode
+    #: The status and phrase the client gets (a 206 or 416 in RANGE mode).
+    code: int
+    phrase: bytes | None
+    #: The site's rules apply to this response; its content codings (as
+    #: applied) and whether they are decoded before the transducer.
+    rewrite: bool = False
+    codings: tuple[bytes, ...] = ()
+    decode: bool = False
+    #: The coding that kept the rules off a response they would rewrite.
+    unknown_coding: bytes | None = None
+    #: The rules to run (None: all of them) and how many that is.
+    only: Any = None
+    rules_run: int = 0
+    #: This version matched no rule before: it passes unscanned.
+    skipped: bool = False
+    #: Prexy's coding for this client (``coding.coding`` None: identity).
+    coding: ClientCoding = attrs.field(factory=ClientCoding)
+    #: The cache gets the bytes before they are compressed for the client.
+    tap: bool = False
+    #: The client's header fields, before the delivery step adds Age, Via,
+    #: Cache-Status and Server-Timing.
+    headers: list[tuple[bytes, bytes]] = attrs.field(factory=list)
+    #: The fields the cache keeps with the object (None: no cache).
+    stored: list[tuple[bytes, bytes]] | None = None
+    #: The client's part of the body in RANGE mode: (first, last).
+    span: tuple[int, int] | None = None
+    #: Server-Timing entries known at the head (a skipped rewrite).
+    timing_extra: bytes = b""
+    #: The rewrite's Server-Timing goes in a trailer.
+    timing_in_trailer: bool = False
+
+    @property
+    def transduce(self) -> bool:
+        return self.mode in REWRITTEN
+
+    @property
+    def encodes(self) -> bool:
+        """The body is compressed here for this client."""
+        return self.coding.coding is not None and self.mode is not Mode.NO_BODY
+
+
+def plan_head(
+    head: Head,
+    *,
+    method: bytes,
+    trailers: bool,
+    accept_encoding: Sequence[bytes] | None,
+    rules: Rules | None,
+    compression: Compression,
+    applicable: Callable[[], Any],
+    cached: bool = False,
+    revalidating: bool = False,
+    stale_usable: Callable[[], bool] = lambda: False,
+    whole_max: int = 0,
+    body_in_hand: bool = False,
+    range_pairs: Sequence[tuple[bytes, bytes]] = (),
+    targeted: frozenset[bytes] = frozenset(),
+    header_names: frozenset[bytes] = frozenset(),
+    rewrite_headers: Callable[[list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]] | None = None,
+    rules_count: int = 0,
+) -> HeadPlan:
+    """Every decision on an upstream response head, in one place.
+
+    ``trailers``: the client's answer can end with trailer fields (and get
+    1xx heads).  ``applicable()``: the rules to run on this version of the
+    resource (None: all; empty: it matched none before), asked only when
+    the rules would rewrite it.  ``cached``: the exchange has a cache
+    context (the body may be stored, or followers wait for it);
+    ``revalidating``: the fetch asked the upstream to revalidate a stale
+    copy; ``stale_usable()``: a stale copy may answer an upstream error.
+    ``whole_max``: the largest body rewritten in one piece when it came
+    with its head (``body_in_hand``), 0 when the process's rewriting is
+    busy.  ``range_pairs``: the client's request header pairs when its
+    Range is cut from a body the cache fetches whole.  ``targeted``: fields
+    meant for this proxy alone; ``header_names`` and ``rewrite_headers``:
+    the site's header rules and the fields they may change.
+    ``rules_count``: the rule set's size, for Server-Timing."""
+    code = head.code
+    if code == 101:
+        return HeadPlan(Mode.TUNNEL, code, None)
+    if revalidating and code == 304:
+        return HeadPlan(Mode.REFRESH, code, None)
+    if code in STALE_IF_ERROR_STATUSES and stale_usable():
+        return HeadPlan(Mode.STALE, code, None)
+    rewrite, codings, unknown = rewrite_coding(head, rules)
+    transduce = skipped = False
+    only = None
+    rules_run = 0
+    if rewrite and method != b"HEAD":
+        only = applicable()
+        if only is not None and not only and not codings:
+            skipped = True
+        else:
+            transduce = True
+            rules_run = rules_count if only is None else len(only)
+    decode = rewrite and bool(codings)
+    # A rewritten answer is compressed for this client in the coding it
+    # prefers; a passed one when the upstream sent it as identity.  What
+    # the cache stores (and followers get) stays identity: each hit gets
+    # its coding from the store.
+    choice = choose_client_coding(
+        head, method=method, compression=compression, accept_encoding=accept_encoding,
+        encoded=(bool(codings) and not decode) if rewrite else has_own_coding(head),
+    )
+    out_coding = choice.coding
+    encodes = out_coding is not None and method != b"HEAD"
+    length = head.length
+    no_body = method == b"HEAD" or length == 0 or code in (204, 304)
+    whole = (
+        transduce and not codings and not cached and body_in_hand
+        and length is not None and 0 < length <= whole_max
+    )
+    if no_body:
+        mode = Mode.NO_BODY
+    elif whole:
+        mode = Mode.HEAD_FIRST if trailers else Mode.WHOLE_FIRST
+    elif transduce:
+        mode = Mode.STREAM
+    elif encodes:
+        mode = Mode.SKIP if skipped else Mode.COMPRESS
+    else:
+        mode = Mode.SKIP if skipped else Mode.PASS
+    # The cache keeps identity bytes: it is given them before they are
+    # compressed for this client.
+    tap = cached and encodes and not no_body
+    headers = plan_response(
+        head, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
+        transduce=transduce, skipped=skipped,
+        timing_in_trailer=mode is not Mode.WHOLE_FIRST and trailers,
+        negotiated=choice.varies,
+    ).headers
+    lnames = head.lnames
+    if targeted and not targeted.isdisjoint(lnames):
+        headers = [(n, v) for n, v in headers if n.lower() not in targeted]
+    rewrites = rewrite_headers is not None and bool(header_names) and not header_names.isdisjoint(lnames)
+    if rewrites:
+        assert rewrite_headers is not None
+        headers = rewrite_headers(headers)
+    stored = None
+    if cached:
+        stored = headers
+        if tap:  # the cache keeps the identity answer
+            stored = plan_response(
+                head, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
+                transduce=transduce, skipped=False, timing_in_trailer=True, negotiated=True,
+            ).headers
+            if targeted:
+                stored = [(n, v) for n, v in stored if n.lower() not in targeted]
+            if rewrites:
+                assert rewrite_headers is not None
+                stored = rewrite_headers(stored)
+    phrase: bytes | None = head.phrase
+    span = None
+    if (
+        range_pairs and not transduce and not encodes and not no_body and code == 200
+        and method == b"GET" and length is not None
+    ):
+        # A cacheable GET with a Range: the whole object is fetched and
+        # stored; its client gets its range as the body streams by.
+        part = range_of_stream(range_pairs, length, head.header, headers)
+        if part is not None:
+            code, phrase, headers, span = part
+            mode = Mode.RANGE
+    return HeadPlan(
+        mode, code, phrase, rewrite=rewrite, codings=codings, decode=decode, unknown_coding=unknown,
+        only=only, rules_run=rules_run, skipped=skipped, coding=choice, tap=tap,
+        headers=headers, stored=stored, span=span,
+        timing_extra=SKIPPED_TIMING if skipped else b"",
+        timing_in_trailer=mode is not Mode.WHOLE_FIRST and trailers and transduce,
+    )
+
+
+def finish_head(
+    headers: list[tuple[bytes, bytes]],
+    *,
+    via: Sequence[bytes] = (),
+    age: bytes | None = None,
+    cache_status: bytes | None = None,
+    timing: bytes | None = None,
+) -> list[tuple[bytes, bytes]]:
+    """The delivery step's fields, the same for every answer (a miss, a
+    hit, a follower, a refreshed or stale copy): ``headers`` (the answer's
+    own), then Age (a stored copy's), Via (``via``: the upstream's values,
+    this proxy appended; a stored copy keeps none, its answer is this
+    proxy's), Cache-Status and Server-Timing."""
+    out = list(headers)
+    if age is not None:
+        out.append((b"Age", age))
+    out.append((b"Via", append_via(via) if via else VIA))
+    if cache_status is not None:
+        out.append((b"Cache-Status", cache_status))
+    if timing is not None:
+        out.append((b"Server-Timing", timing))
+    return out
 
 
 def server_timing(connect: float, first_byte: float, own: float, extra: bytes = b"") -> bytes:

@@ -32,6 +32,10 @@ against nginx 1.22.1 by ``tests/integration/test_headerrules_nginx.py``:
   an earlier header (nginx keeps them per request; a match without groups
   leaves none).  Regexes themselves are not expanded.
 
+``add_header``, ``proxy_hide_header`` and ``proxy_set_header`` are
+:mod:`prexy.headeredits`' (kept in :attr:`HeaderRules.edits`); the values
+of both are :mod:`prexy.headervars`'.
+
 Prexy's additions: ``Content-Location`` is rewritten like Location (it names
 the origin just as well) but never made absolute nor counted as "the last
 Location".  ``replace_filter_headers NAME ...;`` applies ``substitute`` (the
@@ -65,23 +69,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import regex
 
-
-class Token(Protocol):
-    """A directive's token as ``prexy.substitution.rules.tokenize`` gives it."""
-
-    @property
-    def value(self) -> bytes: ...
-
-    @property
-    def line(self) -> int: ...
-
-    @property
-    def column(self) -> int: ...
+from prexy.headeredits import HeaderEdits, HeaderEditsBuilder, is_edit
+from prexy.headervars import FRAMING_HEADERS, HeaderRulesConflict, RequestVars, Token
+from prexy.headervars import TCHAR as _TCHAR
+from prexy.headervars import Template as _Template
+from prexy.headervars import TemplateError as _Error
+from prexy.headervars import compile_value as _compile_value
 
 __all__ = ["FRAMING_HEADERS", "REGEX_TIMEOUT", "HeaderRules", "HeaderRulesBuilder",
            "HeaderRulesConflict", "RequestVars", "parse_cookie"]
@@ -89,90 +87,8 @@ __all__ = ["FRAMING_HEADERS", "REGEX_TIMEOUT", "HeaderRules", "HeaderRulesBuilde
 #: Seconds one regex may take on one header value before it counts as no match.
 REGEX_TIMEOUT = 0.1
 
-#: Headers ``replace_filter_headers`` refuses: they frame the message or
-#: belong to one connection, and Prexy sets them itself.
-FRAMING_HEADERS = frozenset(
-    b"connection keep-alive proxy-connection proxy-authenticate proxy-authorization te "
-    b"trailer trailers transfer-encoding upgrade content-length content-encoding "
-    b"content-range".split()
-)
-
 _BUILTINS = (b"host", b"http_host", b"scheme", b"server_port", b"proxy_host")
-_NAME_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-_TCHAR = frozenset(b"!#$%&'*+-.^_`|~") | _NAME_BYTES
 _OURS = (b"proxy_redirect", b"proxy_cookie_domain", b"proxy_cookie_path", b"replace_filter_headers")
-
-#: A compiled value: literal bytes, a capture number, or a variable name.
-_Part = bytes | int | tuple[bytes]
-_Template = tuple[_Part, ...]
-
-
-class HeaderRulesConflict(ValueError):
-    """Rules files that nginx would refuse as one file ("is duplicate")."""
-
-
-@attrs.frozen
-class RequestVars:
-    """What the variables read, for one request: ``scheme`` b"http" or
-    b"https"; ``host`` the Host without port, lower-cased (else the server
-    address), also the absolute Location's host; ``http_host`` the Host as
-    sent (b"" if none); ``server_port`` the port the client reached;
-    ``proxy_host`` the upstream's host[:port] as in its URL."""
-
-    scheme: bytes
-    host: bytes
-    http_host: bytes
-    server_port: int
-    proxy_host: bytes
-
-    @classmethod
-    def of(cls, *, http_host: bytes, secure: bool, local_host: str, local_port: int, proxy_host: str) -> RequestVars:
-        """From a request's Host header (b"" if none), whether it came over
-        TLS, the address it reached and the upstream's host[:port]."""
-        host = http_host.lower()
-        if host.startswith(b"["):
-            host = host[: host.find(b"]") + 1]
-        elif b":" in host:
-            host = host.rsplit(b":", 1)[0]
-        return cls(
-            scheme=b"https" if secure else b"http", host=host or local_host.encode("latin-1"),
-            http_host=http_host, server_port=local_port, proxy_host=proxy_host.encode("latin-1"),
-        )
-
-
-class _Error(ValueError):
-    """A value or regex refused; ``plain``: in nginx's words, not framed as "bad regex"."""
-
-    def __init__(self, reason: str, plain: bool = False) -> None:
-        super().__init__(reason)
-        self.plain = plain
-
-
-_VAR = regex.compile(rb"\$(?:([1-9])|\{([A-Za-z0-9_]*)(\}?)|([A-Za-z0-9_]*))")
-
-
-def _compile_value(value: bytes, names: list[bytes]) -> _Template:
-    """A complex value (nginx's script syntax); variable names go to ``names``."""
-    parts: list[_Part] = []
-    pos = 0
-    for m in _VAR.finditer(value):
-        if m.start() > pos:
-            parts.append(value[pos : m.start()])
-        pos = m.end()
-        if m.group(1):
-            parts.append(int(m.group(1)))
-            continue
-        braced = m.group(2) is not None
-        name = m.group(2) if braced else m.group(4)
-        if braced and not m.group(3) and (name or pos < len(value)):
-            raise _Error(f'the closing bracket in "{name.decode("latin-1")}" variable is missing')
-        if not name:
-            raise _Error("invalid variable name")
-        names.append(name.lower())
-        parts.append((name.lower(),))
-    if pos < len(value):
-        parts.append(value[pos:])
-    return tuple(parts)
 
 
 _NAMED = regex.compile(rb"\(\?(?:P?<(?![=!])([^>]*)>|'([^']*)')")
@@ -332,6 +248,9 @@ class HeaderRules:
     cookie_paths: tuple[_Rewrite, ...] = ()
     cookie_path_off: bool = False
     filter_headers: tuple[bytes, ...] = ()  # lower case, first appearance order
+    #: add_header, proxy_hide_header, proxy_set_header (``prexy.headeredits``):
+    #: applied at delivery, so not part of :attr:`digest`.
+    edits: HeaderEdits = HeaderEdits()
 
     @classmethod
     def default(cls) -> HeaderRules:
@@ -362,7 +281,7 @@ class HeaderRules:
                     lists[key] = (lists[key] or ()) + rules
         headers = dict.fromkeys(h for part in parts for h in part.filter_headers)
         return cls(lists["redirect"], offs["redirect"], lists["domain"] or (), offs["domain"],
-                   lists["path"] or (), offs["path"], tuple(headers))
+                   lists["path"] or (), offs["path"], tuple(headers), HeaderEdits.combine([p.edits for p in parts]))
 
     def bind(self, upstream_prefix: bytes) -> HeaderRules:
         """``default`` resolved for one site: FROM ``upstream_prefix`` (e.g.
@@ -474,11 +393,14 @@ class HeaderRulesBuilder:
         self._headers: dict[bytes, None] = {}
         self._captures: set[bytes] = set()
         self._uses: list[tuple[Token, bytes, Callable[[Token, str], Exception]]] = []
+        self._edits = HeaderEditsBuilder()
 
     def directive(self, name: Token, args: Sequence[Token], fail: Callable[[Any, str], Exception]) -> bool:
         """Take one directive; False if it is not one of ours.  A bad one
         raises ``fail(token, reason)``, in nginx's words where nginx has them."""
         key = name.value
+        if is_edit(key):
+            return self._edits.directive(name, args, fail)
         if key not in _OURS:
             return False
         directive = key.decode()
@@ -564,5 +486,5 @@ class HeaderRulesBuilder:
             None if redirects is None else tuple(redirects), b"proxy_redirect" in off,
             tuple(lists.get(b"proxy_cookie_domain", ())), b"proxy_cookie_domain" in off,
             tuple(lists.get(b"proxy_cookie_path", ())), b"proxy_cookie_path" in off,
-            tuple(self._headers),
+            tuple(self._headers), self._edits.build(),
         )

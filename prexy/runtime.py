@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
-from prexy.config import Config, ConfigError, OriginKey, SiteConfig
+from prexy.config import Config, ConfigError, OriginKey, SiteConfig, UpstreamURL
 from prexy.files import DISK, IFiles
 from prexy.hostnames import HostTable
+
+if TYPE_CHECKING:
+    from prexy.cache.policy import CachePolicy
+    from prexy.headerrules import HeaderRules
+    from prexy.substitution.rules import RulesError
+    from prexy.substitution.ruleset import RuleSet
+    from prexy.urlmap.index import UrlMap
 
 
 @attrs.frozen
@@ -34,16 +41,17 @@ class SiteRuntime:
     """One site, ready to serve: config plus compiled rules and map."""
 
     config: SiteConfig
-    rules: Any = None  # prexy.substitution RuleSet, or None
-    urlmap: Any = None  # prexy.urlmap UrlMap, or None
+    #: The site's body rules; None when it rewrites no body.
+    rules: RuleSet | None = None
+    #: The site's URL map; None without one.
+    urlmap: UrlMap | None = None
     #: The upstream connection pool's key for this site.
-    origin_key: Any = attrs.field(
+    origin_key: OriginKey = attrs.field(
         default=attrs.Factory(lambda self: _origin_key(self.config), takes_self=True), eq=False
     )
     #: The site's cache settings (its config's ``CachePolicy``) when it is
-    #: cached, else None.  Typed Any: the proxy reads it only where the site
-    #: is known to be cached.
-    cache_policy: Any = attrs.field(
+    #: cached, else None.
+    cache_policy: CachePolicy | None = attrs.field(
         default=attrs.Factory(lambda self: self.config.cache, takes_self=True), eq=False
     )
     #: Response fields meant for this proxy alone (its targeted
@@ -59,7 +67,7 @@ class SiteRuntime:
 
     #: The site's response-header rules (``prexy.headerrules``), ``default``
     #: bound to its upstream: from its rules files, else nginx's default.
-    header_rules: Any = attrs.field(
+    header_rules: HeaderRules = attrs.field(
         default=attrs.Factory(lambda self: _header_rules(self.config, self.rules), takes_self=True), eq=False
     )
     #: Lower-case names of the response headers ``header_rules`` may change.
@@ -75,14 +83,14 @@ class SiteRuntime:
     )
     #: The rule set its rules files loaded as (``rules`` is None when it
     #: has header directives only): what a reload compares to reuse the site.
-    loaded: Any = attrs.field(default=None, eq=False)
+    loaded: RuleSet | None = attrs.field(default=None, eq=False)
 
     @property
     def name(self) -> str:
         return self.config.name
 
 
-def _rules_version(rules: Any, header_rules: Any) -> str:
+def _rules_version(rules: RuleSet | None, header_rules: HeaderRules) -> str:
     version: str = rules.digest if rules is not None else ""
     headers: str = header_rules.digest
     return f"{version}+{headers}" if headers else version
@@ -96,16 +104,16 @@ def _targeted(config: SiteConfig) -> frozenset[bytes]:
     return targeted_field_names(config.cache)
 
 
-def _header_rules(config: SiteConfig, rules: Any) -> Any:
+def _header_rules(config: SiteConfig, rules: RuleSet | None) -> HeaderRules:
     from prexy.headerrules import HeaderRules
 
     up = config.upstream
     prefix = f"{up.scheme}://{up.host_header}{up.path}/".encode("latin-1")
-    found = getattr(rules, "headers", None)
-    return (found if found is not None else HeaderRules.default()).bind(prefix)
+    found = rules.headers if rules is not None else HeaderRules.default()
+    return found.bind(prefix)
 
 
-def _header_names(rules: Any) -> frozenset[bytes]:
+def _header_names(rules: HeaderRules) -> frozenset[bytes]:
     if not rules.active:
         return frozenset()
     names = set(rules.filter_headers)
@@ -218,11 +226,11 @@ class Runtime:
         return site
 
 
-RuleLoader = Callable[[tuple[str, ...]], Any]
-MapLoader = Callable[[str], Any]
+RuleLoader = Callable[[tuple[str, ...]], "RuleSet"]
+MapLoader = Callable[[str], "UrlMap"]
 
 
-def _rules_error(exc: Any) -> ConfigError:
+def _rules_error(exc: RulesError) -> ConfigError:
     """A ``RulesError`` as the ``ConfigError`` naming its file and line."""
     if not exc.line:  # the file itself (unreadable, not UTF-8, ...)
         return ConfigError(exc.filename, None, None, exc.reason)
@@ -232,7 +240,7 @@ def _rules_error(exc: Any) -> ConfigError:
     return ConfigError(exc.filename, exc.line, None, reason)
 
 
-def _load_rules(paths: tuple[str, ...]) -> Any:
+def _load_rules(paths: tuple[str, ...]) -> RuleSet:
     from prexy.substitution import RulesError, load_rules
 
     try:
@@ -243,7 +251,7 @@ def _load_rules(paths: tuple[str, ...]) -> Any:
         raise ConfigError(getattr(exc, "filename", None), None, None, f"cannot read rules: {exc.strerror}") from None
 
 
-def compile_ruleset(rules: Any, ahead: bool = False) -> None:
+def compile_ruleset(rules: RuleSet, ahead: bool = False) -> None:
     """Compile a lazily built rule set's scanner now and warm it (one
     rewrite of a sample made of its own rules: ``transducer.warm``); when
     compiled ``ahead`` of any request, thoroughly (its expansions and the
@@ -280,8 +288,8 @@ class RuleSets:
         self.files = files
         self.lazy = lazy
         self.check = check
-        self._files: dict[tuple[str, bytes], Any] = {}
-        self._sets: dict[tuple[str, tuple[bytes, ...]], Any] = {}
+        self._files: dict[tuple[str, bytes], RuleSet] = {}
+        self._sets: dict[tuple[str, tuple[bytes, ...]], RuleSet] = {}
         self._old_files = previous._files if previous is not None else {}
         self._old_sets = previous._sets if previous is not None else {}
         self._checked: set[tuple[str, bytes]] = set(previous._checked) if previous is not None else set()
@@ -289,7 +297,7 @@ class RuleSets:
         self.parsed = 0
         self.made = 0
 
-    def load(self, paths: tuple[str, ...]) -> Any:
+    def load(self, paths: tuple[str, ...]) -> RuleSet:
         """The rule set of these files in this order; ConfigError (file:line)
         when one does not load."""
         from prexy.headerrules import HeaderRulesConflict
@@ -324,6 +332,7 @@ class RuleSets:
             self._files[key] = ruleset
             sets.append(ruleset)
             digests.append(key[1])
+        combined: RuleSet | None
         if len(sets) == 1:
             combined = sets[0]
             if self.parsed > parsed_before:
@@ -356,7 +365,7 @@ class RuleSets:
         self._checked &= set(self._files)
 
 
-def _load_map(path: str, files: IFiles = DISK) -> Any:
+def _load_map(path: str, files: IFiles = DISK) -> UrlMap:
     from prexy.urlmap import MapError, load_map
 
     try:
@@ -400,17 +409,17 @@ def build_runtime(
         )
         load_rules = store.load
     if load_map is None:
-        def load_map(path: str) -> Any:
+        def load_map(path: str) -> UrlMap:
             return _load_map(path, files)
-    reuse_maps: dict[str, Any] = {}
+    reuse_maps: dict[str, UrlMap] = {}
     previous_sites = {s.name: s for s in previous.sites} if previous is not None else {}
     if previous is not None:
         for s in previous.sites:
             if s.urlmap is not None and s.config.map is not None and _unchanged(s.urlmap, files):
                 reuse_maps[s.config.map.path] = s.urlmap
-    compiled: dict[tuple[str, ...], Any] = {}
+    compiled: dict[tuple[str, ...], RuleSet] = {}
     cas: dict[str, bytes] = {}
-    bound: dict[tuple[int, Any], tuple[Any, frozenset[bytes], str]] = {}
+    bound: dict[tuple[int, UpstreamURL], tuple[HeaderRules, frozenset[bytes], str]] = {}
     sites = []
     for site in config.sites:
         loaded = None
@@ -463,7 +472,7 @@ def reloads_in_place(old: Config, new: Config) -> bool:
     return attrs.evolve(new, sites=old.sites, default_site=old.default_site, included=old.included) == old
 
 
-def _unchanged(loaded: Any, files: IFiles = DISK) -> bool:
+def _unchanged(loaded: UrlMap, files: IFiles = DISK) -> bool:
     """Whether the files a loaded map came from still hold the bytes they
     held when it was read (their digests, read through ``files``): an edit
     goes live on the next reload even within the same modification-time

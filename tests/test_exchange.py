@@ -17,15 +17,20 @@ from prexy import exchange
 from prexy.codec import Compression, Decoder, GzipEncoder
 from prexy.exchange import (
     FINAL,
+    STALE_IF_ERROR_STATUSES,
     TRANSITIONS,
     BodyPipeline,
+    Event,
     IllegalTransition,
     Lifecycle,
+    Mode,
     PipelineError,
     Revalidation,
     State,
     derived_etag,
+    finish_head,
     next_slice,
+    plan_head,
     plan_response,
     rewrite_coding,
     server_timing,
@@ -47,6 +52,7 @@ class FakeHead:
     headers: list[tuple[bytes, bytes]]
     length: int | None
     connection_names: frozenset[bytes] = frozenset()
+    phrase: bytes = b"OK"
 
     @property
     def lnames(self) -> list[bytes]:
@@ -78,29 +84,68 @@ def names(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
 
 
 class LifecycleTests(SynchronousTestCase):
-    def test_every_step_is_allowed_or_refused_per_the_table(self) -> None:
-        """From each state, exactly the steps in TRANSITIONS are taken; any
-        other raises and leaves the state unchanged."""
-        paths = {
-            State.SENT: [],
-            State.STREAMING: [State.STREAMING],
-            State.DRAINING: [State.STREAMING, State.DRAINING],
-            State.DONE: [State.DONE],
-            State.GONE: [State.GONE],
-            State.ABORTED: [State.ABORTED],
-        }
-        for start, path in paths.items():
-            for to in State:
+    #: Events that lead from SENT to each state.
+    PATHS = {
+        State.SENT: [],
+        State.STREAMING: [Event.HEAD],
+        State.DRAINING: [Event.HEAD, Event.BODY_END],
+        State.DONE: [Event.ANSWERED],
+        State.GONE: [Event.UNWANTED],
+        State.ABORTED: [Event.RESET],
+    }
+
+    def test_every_event_is_taken_or_refused_per_the_table(self) -> None:
+        """From each state, exactly the events in TRANSITIONS are taken,
+        to the state the table names; any other raises and leaves the state
+        unchanged."""
+        for start, path in self.PATHS.items():
+            for event in Event:
                 life = Lifecycle()
                 for step in path:
-                    life.move(step)
+                    life.on(step)
                 self.assertIs(life.state, start)
-                if to in TRANSITIONS[start]:
-                    life.move(to)
+                to = TRANSITIONS.get((start, event))
+                if to is not None:
+                    self.assertIs(life.on(event), to)
                     self.assertIs(life.state, to)
                 else:
-                    self.assertRaises(IllegalTransition, life.move, to)
+                    self.assertRaises(IllegalTransition, life.on, event)
                     self.assertIs(life.state, start)
+
+    def test_the_table_walks(self) -> None:
+        """The named walks: a streamed answer, a body rewritten before its
+        head (COMPLETE from SENT), an error while the head is held."""
+        for walk, end in (
+            ([Event.HEAD, Event.BODY_END, Event.COMPLETE], State.DONE),
+            ([Event.HEAD, Event.COMPLETE], State.DONE),
+            ([Event.COMPLETE], State.DONE),
+            ([Event.HEAD, Event.ANSWERED], State.DONE),
+            ([Event.HEAD, Event.BODY_END, Event.RESET], State.ABORTED),
+            ([Event.CLIENT_LEFT, Event.HEAD, Event.BODY_END, Event.UNWANTED], State.GONE),
+        ):
+            life = Lifecycle()
+            for event in walk:
+                life.on(event)
+            self.assertIs(life.state, end, walk)
+
+    def test_client_left_keeps_the_state_and_detaches_once(self) -> None:
+        for start in (State.SENT, State.STREAMING, State.DRAINING):
+            life = Lifecycle()
+            for step in self.PATHS[start]:
+                life.on(step)
+            self.assertFalse(life.detached)
+            self.assertIs(life.on(Event.CLIENT_LEFT), start)
+            self.assertTrue(life.detached)
+            self.assertRaises(IllegalTransition, life.on, Event.CLIENT_LEFT)
+            self.assertIs(life.state, start)
+
+    def test_a_background_fetch_starts_detached(self) -> None:
+        life = Lifecycle(detached=True)
+        self.assertTrue(life.detached)
+        self.assertRaises(IllegalTransition, life.on, Event.CLIENT_LEFT)
+        life.on(Event.HEAD)
+        life.on(Event.COMPLETE)
+        self.assertTrue(life.over)
 
     def test_final_states_are_over(self) -> None:
         for state in State:
@@ -109,7 +154,7 @@ class LifecycleTests(SynchronousTestCase):
             self.assertEqual(life.over, state in FINAL)
             self.assertEqual(life.head_sent, state in (State.STREAMING, State.DRAINING))
         for state in FINAL:
-            self.assertEqual(TRANSITIONS[state], frozenset())
+            self.assertFalse([e for e in Event if (state, e) in TRANSITIONS])
 
 
 class RequestHeaderTests(SynchronousTestCase):
@@ -295,6 +340,134 @@ class PlanTests(SynchronousTestCase):
             b"upstream-connect;dur=1.000, upstream-first-byte;dur=2.500, prexy;dur=0.000",
         )
         self.assertTrue(server_timing(0, 0, 0.0001, b"x").endswith(b"prexy;dur=0.100, x"))
+
+
+HTML = [(b"Content-Type", b"text/html"), (b"ETag", b'"v1"'), (b"Content-Length", b"2000")]
+PNG = [(b"Content-Type", b"image/png"), (b"Content-Length", b"2000")]
+
+
+class PlanHeadTests(SynchronousTestCase):
+    """``plan_head``: one named mode per way an answer goes, with what its
+    head needs."""
+
+    def plan(self, head: FakeHead, **kw: Any) -> exchange.HeadPlan:
+        args: dict[str, Any] = dict(
+            method=b"GET", trailers=True, accept_encoding=None, rules=FakeRules(),
+            compression=Compression(min_length=1000), applicable=lambda: None, rules_count=10,
+        )
+        args.update(kw)
+        return plan_head(head, **args)
+
+    def test_modes_before_the_body(self) -> None:
+        """A 101 tunnels; a 304 to a revalidation refreshes; an upstream
+        error with a usable stale copy serves it; each before any other
+        decision (the applicability memory is not asked)."""
+        def never() -> Any:
+            raise AssertionError("asked")
+
+        self.assertIs(self.plan(FakeHead(101, [], None), applicable=never).mode, Mode.TUNNEL)
+        self.assertIs(self.plan(FakeHead(304, HTML, None), revalidating=True, applicable=never).mode, Mode.REFRESH)
+        self.assertIs(self.plan(FakeHead(304, HTML, None), applicable=never).mode, Mode.NO_BODY)
+        for code in STALE_IF_ERROR_STATUSES:
+            stale = self.plan(FakeHead(code, HTML, 2000), stale_usable=lambda: True, applicable=never)
+            self.assertIs(stale.mode, Mode.STALE)
+            self.assertIs(self.plan(FakeHead(code, PNG, 2000), stale_usable=lambda: False).mode, Mode.PASS)
+        self.assertIs(self.plan(FakeHead(404, PNG, 2000), stale_usable=never).mode, Mode.PASS)
+
+    def test_no_body(self) -> None:
+        for head, method in ((FakeHead(200, HTML, 2000), b"HEAD"), (FakeHead(204, [], None), b"GET"),
+                             (FakeHead(200, HTML, 0), b"GET")):
+            plan = self.plan(head, method=method, accept_encoding=[b"gzip"])
+            self.assertIs(plan.mode, Mode.NO_BODY)
+            self.assertFalse(plan.encodes)
+            self.assertFalse(plan.transduce)
+
+    def test_rewritten_modes(self) -> None:
+        """A rewritten body streams; one that came whole with its head and
+        fits the budget is rewritten in one piece (after its head where the
+        client takes trailers, before it elsewhere); never while cached,
+        compressed, or past the budget."""
+        head = FakeHead(200, HTML, 2000)
+        self.assertIs(self.plan(head).mode, Mode.STREAM)
+        self.assertIs(self.plan(head, body_in_hand=True, whole_max=2000).mode, Mode.HEAD_FIRST)
+        whole = self.plan(head, body_in_hand=True, whole_max=2000, trailers=False)
+        self.assertIs(whole.mode, Mode.WHOLE_FIRST)
+        self.assertFalse(whole.timing_in_trailer)
+        self.assertNotIn(b"trailer", names(whole.headers))
+        self.assertTrue(self.plan(head, body_in_hand=True, whole_max=2000).timing_in_trailer)
+        for kw in (dict(whole_max=1999), dict(cached=True), dict(whole_max=0)):
+            self.assertIs(self.plan(head, body_in_hand=True, **{"whole_max": 2000, **kw}).mode, Mode.STREAM, kw)
+        gz = FakeHead(200, [*HTML, (b"Content-Encoding", b"gzip")], 2000)
+        decoded = self.plan(gz, body_in_hand=True, whole_max=4000)
+        self.assertEqual((decoded.mode, decoded.decode, decoded.codings), (Mode.STREAM, True, (b"gzip",)))
+        self.assertEqual(self.plan(head).rules_run, 10)
+        self.assertEqual(self.plan(head, applicable=lambda: frozenset({1, 2})).rules_run, 2)
+
+    def test_skipped_and_compressed(self) -> None:
+        """A version that matched no rule before passes unscanned with its
+        length, or compressed for a client that takes it; a passed body of
+        a compressible type is compressed; the cache then gets identity
+        bytes (the tap) and identity fields."""
+        head = FakeHead(200, HTML, 2000)
+        skipped = self.plan(head, applicable=lambda: frozenset())
+        self.assertEqual((skipped.mode, skipped.skipped), (Mode.SKIP, True))
+        self.assertIn((b"Content-Length", b"2000"), skipped.headers)
+        self.assertEqual(skipped.timing_extra, exchange.SKIPPED_TIMING)
+        zipped = self.plan(head, applicable=lambda: frozenset(), accept_encoding=[b"gzip"], cached=True)
+        self.assertEqual((zipped.mode, zipped.encodes, zipped.tap), (Mode.SKIP, True, True))
+        self.assertIn((b"Content-Encoding", b"gzip"), zipped.headers)
+        assert zipped.stored is not None
+        self.assertNotIn(b"content-encoding", names(zipped.stored))
+        passed = FakeHead(200, [(b"Content-Type", b"text/css"), (b"Content-Length", b"2000")], 2000)
+        css = self.plan(passed, rules=None, accept_encoding=[b"br"])
+        self.assertEqual((css.mode, css.coding.coding, css.tap), (Mode.COMPRESS, b"br", False))
+        self.assertIs(self.plan(passed, rules=None).mode, Mode.PASS)
+        self.assertIs(self.plan(FakeHead(200, PNG, 2000), accept_encoding=[b"gzip"]).mode, Mode.PASS)
+
+    def test_range_of_a_cached_fetch(self) -> None:
+        """A cached GET with a Range: the whole object is fetched, the client
+        gets a 206 of its part (or 416) cut as the body goes by."""
+        head = FakeHead(200, PNG, 2000)
+        plan = self.plan(head, cached=True, range_pairs=[(b"range", b"bytes=10-19")])
+        self.assertEqual((plan.mode, plan.code, plan.phrase, plan.span), (Mode.RANGE, 206, b"Partial Content", (10, 19)))
+        self.assertIn((b"Content-Range", b"bytes 10-19/2000"), plan.headers)
+        self.assertIn((b"Content-Length", b"10"), plan.headers)
+        assert plan.stored is not None
+        self.assertIn((b"Content-Length", b"2000"), plan.stored)
+        self.assertEqual(self.plan(head, cached=True, range_pairs=[(b"range", b"bytes=9000-")]).code, 416)
+        self.assertIs(self.plan(head, cached=True, range_pairs=[(b"range", b"bytes=10-19")], method=b"HEAD").mode,
+                      Mode.NO_BODY)
+        rewritten = self.plan(FakeHead(200, HTML, 2000), cached=True, range_pairs=[(b"range", b"bytes=10-19")])
+        self.assertIs(rewritten.mode, Mode.STREAM)
+
+    def test_header_rules_and_targeted_fields(self) -> None:
+        """Fields meant for this proxy alone go; the site's header rules
+        run when a field they change is there, on the client's and the
+        stored fields alike."""
+        head = FakeHead(200, [*PNG, (b"Prexy-Cache-Control", b"max-age=5"), (b"Location", b"http://o/x")], 2000)
+        seen: list[int] = []
+
+        def rewrite(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+            seen.append(1)
+            return [(n, b"http://clone/x" if n == b"Location" else v) for n, v in headers]
+
+        plan = self.plan(head, targeted=frozenset({b"prexy-cache-control"}), header_names=frozenset({b"location"}),
+                         rewrite_headers=rewrite, cached=True, accept_encoding=[b"gzip"])
+        self.assertNotIn(b"prexy-cache-control", names(plan.headers))
+        self.assertIn((b"Location", b"http://clone/x"), plan.headers)
+        self.assertEqual(plan.stored, plan.headers)
+        self.assertEqual(len(seen), 1)
+        self.plan(head, header_names=frozenset({b"set-cookie"}), rewrite_headers=rewrite)
+        self.assertEqual(len(seen), 1)
+
+    def test_finish_head(self) -> None:
+        """The delivery step's fields, in one order for every answer."""
+        self.assertEqual(
+            finish_head([(b"A", b"1")], via=[b"1.0 edge"], age=b"3", cache_status=b"prexy; hit", timing=b"t"),
+            [(b"A", b"1"), (b"Age", b"3"), (b"Via", b"1.0 edge, 1.1 prexy"), (b"Cache-Status", b"prexy; hit"),
+             (b"Server-Timing", b"t")],
+        )
+        self.assertEqual(finish_head([]), [(b"Via", b"1.1 prexy")])
 
 
 class SliceTests(SynchronousTestCase):

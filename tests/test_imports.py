@@ -201,6 +201,7 @@ CORES = (
     "prexy.hostnames",
     "prexy.runtime",
     "prexy.exchange",
+    "prexy.fetch",
     "prexy.http1",
     "prexy.requesthead",
     "prexy.headerrules",

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web import server
 
@@ -30,7 +32,9 @@ from prexy.cache import (
     Action,
     CachedObject,
     ICacheStore,
+    LookupResult,
     ObjectMeta,
+    RequestDecision,
     Writer,
     age_header,
     cache_key,
@@ -50,13 +54,18 @@ from prexy.cache.codings import (
     stored_coding,
     variant_key,
 )
-from prexy.cache.policy import location_urls
+from prexy.cache.policy import CachePolicy, location_urls
 from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
+from prexy.fetch import Fetch
+from prexy.metrics import Metrics
+from prexy.proxy.client import IClient
+from prexy.proxy.delivery import deliver_head
 from prexy.proxy.events import MAX_FALLBACK, NoEvents
 from prexy.proxy.flight import CacheContext, Flight
-from prexy.proxy.headers import HOP_BY_HOP, VIA, raw_header_dict
-from prexy.proxy.request import error_answer, start_response, write_whole
+from prexy.proxy.headers import HOP_BY_HOP, raw_header_dict
+from prexy.proxy.request import error_answer
+from prexy.proxy.routes import Answered, CacheRoute, Forward, Parked, Refresh
 from prexy.runtime import SiteRuntime
 
 log = Logger()
@@ -77,7 +86,7 @@ class Looked:
 
     __slots__ = ("decision", "url", "found")
 
-    def __init__(self, decision: Any, url: bytes, found: Any) -> None:
+    def __init__(self, decision: RequestDecision, url: bytes, found: LookupResult | None) -> None:
         self.decision = decision
         self.url = url
         self.found = found
@@ -86,7 +95,7 @@ class Looked:
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
-    def __init__(self, reactor: Any, store: ICacheStore, metrics: Any, events: Any = None) -> None:
+    def __init__(self, reactor: IReactorTime, store: ICacheStore, metrics: Metrics, events: Any = None) -> None:
         self.reactor = reactor
         self.store = store
         self.metrics = metrics
@@ -107,8 +116,7 @@ class CacheLayer:
         pairs: list[tuple[bytes, bytes]],
     ) -> Looked:
         """Decide on a request (not PURGE) and, for a lookup, read the store."""
-        policy = site.cache_policy
-        assert policy is not None
+        policy = _policy(site)
         decision = request_decision(policy, method, target, pairs)
         if decision.action is Action.PASS:
             return Looked(decision, b"", None)
@@ -118,19 +126,15 @@ class CacheLayer:
         found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
         return Looked(decision, url, found)
 
-    def on_request(
-        self,
-        resource: Any,
-        request: Any,
-        site: SiteRuntime,
-        target: bytes,
-        host: bytes | None,
-        pairs: list[tuple[bytes, bytes]],
-    ) -> tuple[Any, CacheContext | None]:
-        """(answer, None) when the cache answered or parked the request;
-        (None, context) when it must be forwarded."""
+    def on_request(self, request: IClient, fetch: Fetch) -> CacheRoute:
+        """Where ``request`` goes (``prexy.proxy.routes``): answered here (a
+        hit, a stale copy in grace, PURGE, a follower of a fetch under way),
+        forwarded with its cache context, refreshed in the background, or
+        parked until another worker's fetch of the same object is done."""
+        site, target, host = fetch.site, fetch.client_target, fetch.host
         if request.method == b"PURGE":
-            return self.purge(request, site, host, target), None
+            return Answered(self.purge(request, site, host, target))
+        pairs = fetch.pairs
         looked = self.look(site, request.method, target, host, pairs)
         decision, url, found = looked.decision, looked.url, looked.found
         invalidate = decision.action is Action.INVALIDATE
@@ -141,8 +145,8 @@ class CacheLayer:
             fetching=key in self.inflight, refreshing=key in self.refreshing,
         )
         way = routed.route
-        Route = flow.Route
-        if way is Route.BYPASS:
+        Way = flow.Route
+        if way is Way.BYPASS:
             self.metrics.count("prexy_cache_total", result="pass")
             ctx = CacheContext(routed.fwd, routed.detail)
             if invalidate:
@@ -150,47 +154,49 @@ class CacheLayer:
                 # answered it without an error (RFC 9111 4.4).
                 ctx.invalidate = url
                 ctx.invalidate_from = (host, target)
-            return None, ctx
-        if way is Route.HIT_FOR_MISS:
+            return Forward(ctx)
+        if way is Way.HIT_FOR_MISS:
             self.metrics.count("prexy_cache_total", result="hit-for-miss")
-            return None, CacheContext(routed.fwd, routed.detail)
-        if way is Route.HIT:
+            return Forward(CacheContext(routed.fwd, routed.detail))
+        if way is Way.HIT:
             self.metrics.count("prexy_cache_total", result="hit")
-            return self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site), None
+            return Answered(self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site))
         ctx = CacheContext(routed.fwd)
         ctx.pairs = pairs
         ctx.url = url
         ctx.method_class = decision.method_class
         ctx.stale = routed.obj  # past grace: revalidated if it has validators
-        if way in (Route.GRACE, Route.GRACE_REFRESH):
+        if way in (Way.GRACE, Way.GRACE_REFRESH):
             # Serve the stale object now; one background fetch refreshes it.
             self.metrics.count("prexy_cache_total", result="grace")
             answer = self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site)
-            if way is Route.GRACE_REFRESH:
+            if way is Way.GRACE_REFRESH and self.store.claim(key, self.holder, CLAIM_LEASE):
                 self.refreshing.add(key)
-                resource.refresh_in_background(request, site, target, host, ctx, key)
-            return answer, None
-        if way is Route.FOLLOW and self.inflight[key].attach(request):
-            return server.NOT_DONE_YET, None
+                ctx.claim_key = key
+                return Refresh(answer, ctx, fetch.as_get())
+            return Answered(answer)  # refreshed already, here or by another worker
+        if way is Way.FOLLOW and self.inflight[key].attach(request, fetch):
+            return Answered(server.NOT_DONE_YET)
         self.metrics.count("prexy_cache_total", result="miss")
-        if way is Route.MISS_HEAD:
-            return None, ctx  # a HEAD answer has no body to store as the GET object
+        if way is Way.MISS_HEAD:
+            return Forward(ctx)  # a HEAD answer has no body to store as the GET object
         if not self.store.claim(key, self.holder, CLAIM_LEASE):
             # Another worker is fetching it: wait for the object to appear.
-            self._wait_for_other_worker(resource, request, site, target, host, ctx, key, now)
-            return server.NOT_DONE_YET, None
+            return Parked(self._wait_for_other_worker(request, site, ctx, key, now))
         ctx.claim_key = key
-        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages)
-        return None, ctx
+        ctx.flight = self.inflight[key] = Flight(self, key, site.config.error_pages, site)
+        return Forward(ctx)
 
     def _wait_for_other_worker(
-        self, resource: Any, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
-        ctx: CacheContext, key: bytes, started: float,
-    ) -> None:
-        """Wait until the worker holding ``key``'s claim is done: serve what
-        it stored, or fetch when it stored nothing or its lease ran out."""
+        self, request: IClient, site: SiteRuntime, ctx: CacheContext, key: bytes, started: float,
+    ) -> Deferred[CacheRoute | None]:
+        """Wait until the worker holding ``key``'s claim is done; the
+        Deferred fires with the request answered from what it stored, with
+        a forward (``ctx``) when it stored nothing or its lease ran out, or
+        with None when the client went away meanwhile."""
         armed: list[Any] = []  # [timer, forget-the-notice]
         delay = [FIRST_FALLBACK]
+        done: Deferred[CacheRoute | None] = Deferred()
 
         def disarm() -> None:
             if armed:
@@ -203,22 +209,24 @@ class CacheLayer:
         def look() -> None:
             disarm()
             if request.gone:
+                done.callback(None)
                 return
             now = self.reactor.seconds()
             obj = self.store.get(key)
             if obj is not None and not obj.hit_for_miss and obj.fresh(now):
-                self.serve(request, obj, now, collapsed=True, key=key, site=site)
+                done.callback(Answered(self.serve(request, obj, now, collapsed=True, key=key, site=site)))
                 return
             if self.store.claimed(key) and now - started < CLAIM_LEASE:
                 arm()
                 return
-            resource.forward(request, site, target, host, ctx)
+            done.callback(Forward(ctx))
 
         def arm() -> None:
             armed[:] = [self.reactor.callLater(delay[0], look), self.events.wait(key, look)]
             delay[0] = min(delay[0] * 2, MAX_FALLBACK)
 
         arm()
+        return done
 
     # -- hits ----------------------------------------------------------------------
 
@@ -230,7 +238,8 @@ class CacheLayer:
         """Answer from a stored object (a 304 when the request's validators
         match); returns what render() returns.  With the object's ``key``
         and ``site``, a client that takes a coding the site compresses in
-        gets the object's compressed variant (``prexy.cache.codings``)."""
+        gets the object's compressed variant (``prexy.cache.codings``).
+        With ``site``, its add_header / proxy_hide_header apply."""
         if key is not None and site is not None and obj.status == 200:
             compression = site.config.compression
             coding = stored_coding(
@@ -241,10 +250,13 @@ class CacheLayer:
                 obj = self._coded(key, obj, coding, compression.level(coding))
         if pairs is None:
             pairs = request_pairs(request)
-        code, phrase, headers, body = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
-        start_response(request, code, phrase, headers)
-        if body:
-            write_whole(request, body)
+        answer = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
+        deliver_head(
+            request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status,
+            site=site,
+        )
+        if answer.body:
+            request.write_whole(answer.body)
         request.finish()
         return server.NOT_DONE_YET
 
@@ -278,7 +290,7 @@ class CacheLayer:
     ) -> tuple[Writer | None, bytes]:
         """Decide on the upstream head; a writer when the body is to be
         stored, and the Cache-Status for the leader."""
-        policy = site.cache_policy
+        policy = _policy(site)
         now = self.reactor.seconds()
         if code == 206:
             # A part the upstream sent unasked (the cache asks for whole
@@ -305,19 +317,20 @@ class CacheLayer:
         self.metrics.count("prexy_cache_not_stored_total", reason=decision.reason or "unknown")
         return None, ctx.status(code)
 
-    def invalidating(self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None) -> CacheContext | None:
-        """For a request with a body (never looked up): a context that
-        invalidates its URL after a non-error answer when its method is
-        unsafe, else None."""
-        policy = site.cache_policy
-        decision = request_decision(policy, method, target, ())
+    def invalidating(self, fetch: Fetch) -> Forward:
+        """For a request with a body (never looked up): forwarded, with a
+        context that invalidates its URL after a non-error answer when its
+        method is unsafe."""
+        policy = _policy(fetch.site)
+        host, target = fetch.host, fetch.client_target
+        decision = request_decision(policy, fetch.method, target, ())
         if decision.action is not Action.INVALIDATE:
-            return None
+            return Forward(None)
         self.metrics.count("prexy_cache_total", result="pass")
         ctx = CacheContext("bypass", "request-body")
         ctx.invalidate = key_url(policy, host, target)
         ctx.invalidate_from = (host, target)
-        return ctx
+        return Forward(ctx)
 
     def answered(self, site: SiteRuntime, ctx: CacheContext, code: int,
                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -329,7 +342,7 @@ class CacheLayer:
             ctx.invalidate = None
             count = self.store.purge_url(site.name, url)
             host, target = ctx.invalidate_from
-            for other in location_urls(site.cache_policy, host, target, headers or ()):
+            for other in location_urls(_policy(site), host, target, headers or ()):
                 count += self.store.purge_url(site.name, other)
             self.metrics.count("prexy_cache_invalidations_total")
             if count:
@@ -342,7 +355,7 @@ class CacheLayer:
         now = self.reactor.seconds()
         self.store.put_hit_for_miss(
             ctx.store_key,
-            ObjectMeta(status=code, stored_at=now, ttl=site.cache_policy.hit_for_miss_ttl,
+            ObjectMeta(status=code, stored_at=now, ttl=_policy(site).hit_for_miss_ttl,
                        site=site.name, url=ctx.url, vary=ctx.store_vary, hit_for_miss=True),
         )
 
@@ -364,7 +377,7 @@ class CacheLayer:
         if rules is not None and rules.applies_to_header(stale.header(b"content-type")):
             keep = frozenset({b"etag", b"last-modified"})
         headers = update_headers(stale.headers, fresh, keep)
-        decision = response_decision(site.cache_policy, stale.status, headers, now)
+        decision = response_decision(_policy(site), stale.status, headers, now)
         if not decision.store:
             return stale
         if decision.omit:
@@ -395,10 +408,10 @@ class CacheLayer:
         client = getattr(request.getClientAddress(), "host", "")
         allowed = site.config.cache.purge_from if site.config.cache is not None else ()
         if client not in allowed:
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        url = key_url(site.cache_policy, host, target)
+        url = key_url(_policy(site), host, target)
         count = self.store.purge_url(site.name, url)
         self.metrics.count("prexy_cache_purges_total")
         log.info("PURGE {url} from {client}: {n} object(s)", url=target.decode("latin-1"), client=client, n=count)
@@ -410,33 +423,55 @@ class CacheLayer:
         return b"purged %d object(s)\n" % count
 
 
+def _policy(site: SiteRuntime) -> CachePolicy:
+    """The cache settings of a site the cache is serving: a cached one."""
+    policy = site.cache_policy
+    assert policy is not None, f"site {site.name} is not cached"
+    return policy
+
+
 def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) -> bytes:
     """The store key of this request's variant for a response varying on ``vary``."""
     return cache_key(
-        site.name, ctx.method_class, ctx.url, vary_key(vary, ctx.pairs, site.cache_policy), site.rules_version
+        site.name, ctx.method_class, ctx.url, vary_key(vary, ctx.pairs, _policy(site)), site.rules_version
     )
+
+
+@attrs.frozen
+class HitAnswer:
+    """The answer a stored object gives one request, before the delivery
+    step: the status, phrase, the object's fields (coded, ranged), the body
+    to send (the stored one, to be left out for HEAD), its Age and its
+    Cache-Status."""
+
+    code: int
+    phrase: bytes | None
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    age: bytes
+    cache_status: bytes
 
 
 def hit_answer(
     obj: CachedObject, now: float, pairs: list[tuple[bytes, bytes]], collapsed: bool = False,
     stale_reason: str | None = None, method: bytes = b"GET",
-) -> tuple[int, bytes | None, list[tuple[bytes, bytes]], bytes]:
-    """``(status, phrase, headers, body)`` of the answer a stored object
-    gives a request: a 304 without Content-* headers when the request's
-    validators match, a 206 or 416 for a GET with a Range
-    (``prexy.cache.ranges``), else the object with Age, Via, Cache-Status
-    and Content-Length (the body is the stored one, to be left out for
-    HEAD).  A stored 200 says ``Accept-Ranges: bytes``."""
+) -> HitAnswer:
+    """The answer a stored object gives a request: a 304 without Content-*
+    fields when the request's validators match, a 206 or 416 for a GET with
+    a Range (``prexy.cache.ranges``), else the object with its
+    Content-Length.  A stored 200 says ``Accept-Ranges: bytes``."""
     remaining = obj.remaining(now)
     if stale_reason:
         status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
     else:
         status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
-    headers = [*obj.headers, (b"Age", age_header(obj.stored_at, now)), (b"Via", VIA), (b"Cache-Status", status)]
+    age = age_header(obj.stored_at, now)
+    headers = obj.headers
     conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
     if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified"), now=now):
-        return 304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b""
+        return HitAnswer(304, None, [(n, v) for n, v in headers if not n.lower().startswith(b"content-")], b"", age, status)
     body = obj.body
+    headers = list(headers)
     if obj.status == 200:
         headers.append((b"Accept-Ranges", b"bytes"))
         if method == b"GET":
@@ -444,11 +479,14 @@ def hit_answer(
             if chosen is not None:
                 headers.append((b"Content-Range", chosen.content_range(len(body))))
                 if chosen.status == 416:
-                    return 416, b"Range Not Satisfiable", [*headers, (b"Content-Length", b"0")], b""
+                    return HitAnswer(
+                        416, b"Range Not Satisfiable", [*headers, (b"Content-Length", b"0")], b"", age, status
+                    )
                 part = body[chosen.first : chosen.last + 1]
-                return 206, b"Partial Content", [*headers, (b"Content-Length", b"%d" % len(part))], part
+                headers.append((b"Content-Length", b"%d" % len(part)))
+                return HitAnswer(206, b"Partial Content", headers, part, age, status)
     headers.append((b"Content-Length", b"%d" % len(body)))
-    return obj.status, obj.phrase or None, headers, body
+    return HitAnswer(obj.status, obj.phrase or None, headers, body, age, status)
 
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:

@@ -11,7 +11,7 @@ flights in the air and serving a stale copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
@@ -19,8 +19,17 @@ from zope.interface import implementer
 from prexy.cache import CachedObject, cache_status_header, flow
 from prexy.cache.ranges import Cut, range_of_stream
 from prexy.errorpages import ErrorPages
-from prexy.proxy.headers import VIA, raw_header_dict
-from prexy.proxy.request import abort_client, error_answer, start_response
+from prexy.fetch import Fetch
+from prexy.proxy.client import IClient
+from prexy.proxy.delivery import deliver_head
+from prexy.proxy.headers import raw_header_dict
+from prexy.proxy.request import error_answer
+from prexy.runtime import SiteRuntime
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IReactorTime
+
+    from prexy.metrics import Metrics
 
 __all__ = ["CacheContext", "Flight"]
 
@@ -64,14 +73,33 @@ class CacheContext:
         )
 
 
+class FlightLayer(Protocol):
+    """What a flight uses of the cache layer that made it
+    (``prexy.proxy.caching.CacheLayer``)."""
+
+    reactor: IReactorTime
+    metrics: Metrics
+    #: The flights in the air, by key: a flight leaves it when it ends.
+    inflight: dict[bytes, Flight]
+
+    def serve(
+        self, request: IClient, obj: CachedObject, now: float, *, stale_reason: str | None = None,
+        site: SiteRuntime | None = None,
+    ) -> object:
+        """Answer ``request`` from a stored object."""
+
+
 @implementer(IPushProducer)
 class _Follower:
     """A request that follows a flight (``prexy.cache.flow.Follower``), and
     the producer its connection pauses and resumes."""
 
-    def __init__(self, flight: Flight, request: Any) -> None:
+    def __init__(self, flight: Flight, request: IClient, fetch: Fetch) -> None:
         self.flight = flight
         self.request = request
+        #: What the request asks upstream: it fetches for itself with it
+        #: when the flight's answer may not be shared.
+        self.fetch = fetch
         #: The part of the body this follower asked for with a Range,
         #: cut as it streams; None: all of it.
         self.cut: Cut | None = None
@@ -89,7 +117,7 @@ class _Follower:
             request.finish()
 
     def reset(self) -> None:
-        abort_client(self.request)
+        self.request.abort()
 
     def client_gone(self, reason: object = None) -> None:
         self.flight.left(self)
@@ -109,11 +137,15 @@ class Flight:
     meanwhile follow it as it streams in (``prexy.cache.flow.Flight``),
     each at its own pace."""
 
-    def __init__(self, layer: Any, key: bytes, pages: ErrorPages | None = None) -> None:
+    def __init__(
+        self, layer: FlightLayer, key: bytes, pages: ErrorPages | None = None, site: SiteRuntime | None = None
+    ) -> None:
         self.layer = layer
         self.key = key
         #: The site's error pages, for a 502 to followers.
         self.pages = pages
+        #: The site (``SiteRuntime``): its add_header / proxy_hide_header.
+        self.site = site
         self.core = flow.Flight()
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         #: The body's length when the upstream gave it and nothing changes
@@ -127,9 +159,10 @@ class Flight:
     def open(self) -> bool:
         return self.core.open
 
-    def attach(self, request: Any) -> bool:
-        """Follow this fetch; False when it takes no more followers."""
-        follower = _Follower(self, request)
+    def attach(self, request: IClient, fetch: Fetch) -> bool:
+        """Follow this fetch; False when it takes no more followers.
+        ``fetch``: what the request asks upstream (:meth:`not_storable`)."""
+        follower = _Follower(self, request, fetch)
         if not self.core.open:
             return False
         self.layer.metrics.count("prexy_cache_total", result="collapsed")
@@ -167,7 +200,7 @@ class Flight:
             if part is not None:
                 code, phrase, headers, span = part
                 follower.cut = Cut(span)
-        start_response(request, code, phrase, [*headers, (b"Via", VIA), (b"Cache-Status", status)])
+        deliver_head(request, code, phrase, headers, cache_status=status, site=self.site)
         if request.method == b"HEAD":
             request.finish()
             return False
@@ -203,20 +236,19 @@ class Flight:
             if request.gone or request.finished:
                 continue
             if stale is not None and not request.startedWriting and stale.stale_usable_on_error(now):
-                self.layer.serve(request, stale, now, stale_reason="stale-if-error")
+                self.layer.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
             elif request.startedWriting:
-                abort_client(request)
+                request.abort()
             else:
-                error_answer(request, 502, self.pages)
+                error_answer(request, 502, self.pages, self.site)
         self.end()
 
-    def not_storable(self, forward: Any) -> None:
-        """The answer may not be shared: every follower fetches for itself."""
-        waiting = self.waiting()
+    def not_storable(self) -> list[tuple[IClient, Fetch]]:
+        """The answer may not be shared: the flight ends, and hands back
+        each follower still there with its fetch, to fetch for itself."""
+        followers = cast("list[_Follower]", self.core.take_all())
         self.end()
-        for request in waiting:
-            if not request.gone:
-                forward(request)
+        return [(f.request, f.fetch) for f in followers if not f.request.gone]
 
     def end(self) -> None:
         """No more followers: later requests look in the store."""

@@ -6,9 +6,16 @@ validators, Server-Timing, the pipeline); this module feeds it the upstream
 response's events and carries out what it decides on the twisted.web
 request.  Rewriting is cooperative: every response being rewritten is a
 task of one ``task.Cooperator`` per process (``Rewriting``), so light
-requests never queue behind a heavy rewrite.  The cache's part and every
-way an exchange ends badly are :class:`prexy.proxy.outcomes.Outcomes`, the
-other half of :class:`Exchange`.
+requests never queue behind a heavy rewrite.
+
+How an exchange ends other than by a completed stream is here too: an
+upstream failure (502/504), a body that breaks (a 502 while the answer's
+head is still held, else the client is reset), a client that leaves while
+others still want the fetch (it goes on detached, ``flow.wanted``).  Every
+answer Prexy makes itself has the site's error page or a generic body
+(``prexy.errorpages``); the reason, which may name the upstream, goes to
+the log, one line.  The cache's part of an exchange (storing the body, its
+followers, a 304 refresh) is :class:`prexy.proxy.storing.Storing`.
 """
 
 from __future__ import annotations
@@ -16,41 +23,43 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy.cache.ranges import Cut, range_of_stream
-from prexy.codec import accepts_gzip, decoder_for, encoder_for
+from prexy.cache import flow
+from prexy.cache.ranges import Cut
+from prexy.codec import decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
-    SKIPPED_TIMING,
     BodyPipeline,
-    ClientCoding,
+    Event,
+    HeadPlan,
     Lifecycle,
+    Mode,
     PipelineError,
     State,
-    choose_client_coding,
-    has_own_coding,
     next_slice,
-    plan_response,
+    plan_head,
     resource_key,
-    rewrite_coding,
     rewrite_timing,
     server_timing,
     take_slice,
-    via_value,
     whole_limit,
 )
-from prexy.headerrules import RequestVars
+from prexy.proxy.client import IClient
+from prexy.proxy.delivery import deliver_head
 from prexy.proxy.flight import CacheContext
 from prexy.proxy.headers import raw_header_dict
-from prexy.proxy.outcomes import Outcomes
+from prexy.proxy.host import ExchangeHost
 from prexy.proxy.pool import PendingRequest
-from prexy.proxy.request import TRAILERS_OVER, start_response
+from prexy.proxy.request import DetachedRequest, error_answer, request_vars
+from prexy.proxy.routes import Forward
+from prexy.proxy.storing import Storing
 from prexy.proxy.tunnel import Tunnel
-from prexy.proxy.upstream_api import IBodyConsumer, UpstreamResponse
+from prexy.proxy.upstream_api import IBodyConsumer, UpstreamError, UpstreamResponse, UpstreamTimeout
 from prexy.runtime import SiteRuntime
 from prexy.substitution.applicability import ResourceKey
 from prexy.substitution.transducer import Transducer
@@ -58,32 +67,37 @@ from prexy.upgrade import tunnel_head
 
 log = Logger()
 
-#: Upstream statuses for which a stale copy is served instead (RFC 5861 4).
-STALE_IF_ERROR_STATUSES = frozenset({500, 502, 503, 504})
-
 #: A response whose rewriting is behind pauses its upstream once this many
 #: bytes wait (bounded memory; no pause/resume of the socket on every turn).
 BACKLOG_PAUSE = 128 * 1024
 
 
 @implementer(IBodyConsumer)
-class Exchange(Outcomes):
+class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
 
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
     ``bodyFailed``)."""
 
-    def __init__(self, resource: Any, request: Any, site: SiteRuntime, started: float) -> None:
+    def __init__(
+        self, resource: ExchangeHost, request: IClient, site: SiteRuntime, started: float,
+        ctx: CacheContext | None = None,
+    ) -> None:
         self.resource = resource
         self.request = request
         self.site = site
         self.started = started
-        self.life = Lifecycle()
+        self.life = Lifecycle(detached=request.detached)
         self.pending: PendingRequest | None = None
         self.response: UpstreamResponse | None = None
-        self.ctx: CacheContext | None = None
+        #: The cache's part while the exchange has one (a cache context).
+        self.storing: Storing | None = None
+        if ctx is not None and resource.cache is not None:
+            self.storing = Storing(resource.cache, site, ctx)
         self.upstream_target: bytes | None = None
         self.pipeline: BodyPipeline | None = None
+        #: What plan_head decided on the upstream's head.
+        self.plan: HeadPlan | None = None
         self.backlog: collections.deque[bytes] = collections.deque()
         self.backlog_bytes = 0
         self.task: Any = None
@@ -96,8 +110,6 @@ class Exchange(Outcomes):
         self.stash = b""
         self.resource_key: ResourceKey | None = None
         self.rules_run = 0
-        self.writer: Any = None  # cache writer while the body is stored
-        self.keep_chunks = True
         self.producer_registered = False
         #: The cache gets the body before it is compressed for the client.
         self.tapped = False
@@ -113,156 +125,110 @@ class Exchange(Outcomes):
             self.internal_error(Failure())
 
     def response_head(self, response: UpstreamResponse) -> None:
+        """Carry out ``plan_head``'s decisions on the upstream's head."""
         self.pending = None
         request = self.request
         if self.life.over:
             response.abort()
             return
         self.response = response
-        if response.code == 101:  # asked for (else the reader made it a 502)
+        resource = self.resource
+        site = self.site
+        ctx = self.ctx
+        if ctx is not None and ctx.invalidate is not None and response.code != 101:
+            assert self.storing is not None
+            self.storing.cache.answered(site, ctx, response.code, response.headers)
+        rules = site.rules
+        method = request.method
+        trailers = request.trailers
+        if rules is not None:
+            self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+        plan = self.plan = plan_head(
+            response,
+            method=method,
+            trailers=trailers,
+            accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
+            rules=rules,
+            compression=site.config.compression,
+            applicable=self._applicable,
+            cached=ctx is not None,
+            revalidating=ctx is not None and ctx.revalidating,
+            stale_usable=self._stale_usable,
+            whole_max=0 if resource.rewriting.busy else whole_limit(self.slice),
+            body_in_hand=response.body_in_hand,
+            range_pairs=ctx.pairs if ctx is not None else (),
+            targeted=site.targeted,
+            header_names=site.header_names,
+            rewrite_headers=self._rewrite_headers,
+            rules_count=len(rules.rules) if rules is not None else 0,
+        )
+        mode = plan.mode
+        if mode is Mode.TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
             return
-        resource = self.resource
-        ctx = self.ctx
-        if ctx is not None:
-            if ctx.invalidate is not None:
-                resource.cache.answered(self.site, ctx, response.code, response.headers)
-            if ctx.revalidating and response.code == 304:
-                self._serve_revalidated(response)
-                return
-            if ctx.stale is not None and response.code in STALE_IF_ERROR_STATUSES and self._serve_stale(response):
-                return
-        rules = self.site.rules
-        rewrite, codings, unknown = rewrite_coding(response, rules)
-        if unknown is not None:
-            resource.coding_not_decoded(self.site, unknown, request.uri)
-        transducer = None
-        skipped = False
-        if rewrite and rules is not None and request.method != b"HEAD":
-            self.resource_key = resource_key(
-                self.site.name_bytes, response, self.upstream_target or request.uri,
-                lambda: raw_header_dict(request.requestHeaders),
-            )
-            only = resource.applicability.rules_for(rules, self.resource_key)
-            if only is not None and not only and not codings:
-                # This version of the resource matched no rule before: pass
-                # it through unscanned, with its length.
-                skipped = True
-                resource.metrics.count("prexy_rewrite_skipped_total")
-            else:
-                transducer = Transducer(rules, only=only)
-                self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
-                self.rules_run = len(rules.rules) if only is None else len(only)
-        decode = rewrite and bool(codings)
-        accept = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if transducer is not None or skipped or (rewrite and request.method == b"HEAD"):
-            # Compressed for this client in the coding it prefers; what the
-            # cache stores (and followers get) stays identity, and each hit
-            # gets its coding from the store (CacheLayer.serve).
-            choice = choose_client_coding(
-                response, method=request.method, compression=self.site.config.compression,
-                accept_encoding=accept, encoded=bool(codings) and not decode,
-            )
-        elif not rewrite:
-            # Passed through: compressed here when the upstream sent identity.
-            choice = choose_client_coding(
-                response, method=request.method, compression=self.site.config.compression,
-                accept_encoding=accept, encoded=has_own_coding(response),
-            )
-        else:
-            # The client's coding for a decoded body: gzip if it takes it.
-            choice = ClientCoding(b"gzip" if decode and accepts_gzip(accept) else None)
-        out_coding = choice.coding
+        if mode is Mode.REFRESH:
+            self._serve_revalidated(response)
+            return
+        if mode is Mode.STALE:
+            self._serve_stale(response)
+            return
+        if plan.unknown_coding is not None:
+            resource.coding_not_decoded(site, plan.unknown_coding, request.uri)
+        if plan.skipped:
+            resource.metrics.count("prexy_rewrite_skipped_total")
+        self.rules_run = plan.rules_run
+        out_coding = plan.coding.coding
         encoder = None
-        if out_coding is not None and request.method != b"HEAD":
-            encoder = encoder_for(out_coding, self.site.config.compression.level(out_coding))
+        if plan.encodes and out_coding is not None:
+            encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
+        tap = self._tap if plan.tap else None
+        self.tapped = tap is not None
+        transducer = Transducer(rules, only=plan.only) if plan.transduce and rules is not None else None
         whole: bytes | None = None
         after_head: bytes | None = None
-        if (
-            transducer is not None
-            and not codings
-            and ctx is None
-            and response.length is not None
-            and 0 < response.length <= whole_limit(self.slice)
-            and not resource.rewriting.busy
-        ):
+        if mode in (Mode.WHOLE_FIRST, Mode.HEAD_FIRST):
             # The whole body came with the head and is a millisecond of work
             # at most: it is rewritten in one piece, not in slices.  Where
             # the answer can end with trailers, the head leaves first and
-            # the client reads it while the body is rewritten (a little
-            # faster than the head last on the realistic 20 KB page;
-            # bench/README.md); elsewhere the rewrite comes first and its
-            # time goes in the head.
+            # the client reads it while the body is rewritten; elsewhere
+            # the rewrite comes first and its time goes in the head
+            # (measured side by side: bench/README.md).
             body = response.take_body()
             if body is not None:
                 resource.metrics.bytes_in += len(body)
                 self.pipeline = BodyPipeline(transducer, None, encoder)
-                if request.clientproto in TRAILERS_OVER:
+                if mode is Mode.HEAD_FIRST:
                     after_head = body
                 else:
                     whole = self._feed(body, True)
                     if whole is None:
                         return  # the rewrite failed: the client got a 5xx
-        tap = None
-        plain = transducer is None and (skipped or not rewrite)  # only compressed, if at all
-        if ctx is not None and encoder is not None and (transducer is not None or plain):
-            self.tapped = True
-            tap = self._tap
         if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(transducer, decoder_for(codings) if decode else None, encoder, tap)
-        elif encoder is not None and plain:
+            self.pipeline = BodyPipeline(transducer, decoder_for(plan.codings) if plan.decode else None, encoder, tap)
+        elif encoder is not None and transducer is None:
             self.pipeline = BodyPipeline(None, None, encoder, tap)
-        plan = plan_response(
-            response, rules=rules, rewrite=rewrite, decode=decode, out_coding=out_coding,
-            transduce=transducer is not None, skipped=skipped,
-            # Trailers: HTTP/1.1 chunked ones, or an HTTP/2 stream's last HEADERS.
-            timing_in_trailer=whole is None and request.clientproto in TRAILERS_OVER,
-            negotiated=choice.varies,
-        )
-        headers = plan.headers
-        targeted = self.site.targeted
-        if targeted and not targeted.isdisjoint(response.lnames):
-            headers = [(n, v) for n, v in headers if n.lower() not in targeted]
-        names = self.site.header_names
-        rewrite_headers = bool(names) and not names.isdisjoint(response.lnames)
-        if rewrite_headers:
-            headers = self._rewrite_headers(headers)
-        if ctx is not None:
-            stored = headers
-            if tap is not None:  # the cache keeps the identity answer
-                stored = plan_response(
-                    response, rules=rules, rewrite=rewrite, decode=decode, out_coding=None,
-                    transduce=transducer is not None, skipped=False, timing_in_trailer=True, negotiated=True,
-                ).headers
-                if targeted:
-                    stored = [(n, v) for n, v in stored if n.lower() not in targeted]
-                if rewrite_headers:
-                    stored = self._rewrite_headers(stored)
-            headers.append((b"Cache-Status", self._cache_head(response, stored, rewrite)))
-        headers.append((b"Via", via_value(response)))
+        cache_status = None
+        if self.storing is not None:
+            assert plan.stored is not None
+            cache_status, refetch = self.storing.begin(method, response, plan.stored, plan.rewrite)
+            for waiter, fetch in refetch:
+                # Not to be shared: each follower fetches for itself.
+                resource.carry_out(waiter, fetch, Forward(CacheContext("miss", "not-storable")))
         upstream_time = response.connect_seconds + response.first_byte_seconds
         own = resource.reactor.seconds() - self.started - upstream_time
-        extra = b""
-        if skipped:
-            extra = SKIPPED_TIMING
-        elif whole is not None and transducer is not None:
+        extra = plan.timing_extra
+        if whole is not None and transducer is not None:
             own -= transducer.scan_seconds  # reported as rewrite;dur
             extra = rewrite_timing(transducer, self.rules_run)
-        headers.append(
-            (b"Server-Timing", server_timing(response.connect_seconds, response.first_byte_seconds, own, extra))
+        if plan.span is not None:
+            self.cut = Cut(plan.span)
+        deliver_head(
+            request, plan.code, plan.phrase, plan.headers,
+            via=response.values(b"via") if b"via" in response.lnames else (),
+            cache_status=cache_status,
+            timing=server_timing(response.connect_seconds, response.first_byte_seconds, own, extra),
+            site=self.site,
         )
-        code, phrase = response.code, response.phrase
-        if (
-            ctx is not None and ctx.pairs and self.pipeline is None and code == 200
-            and request.method == b"GET" and response.length is not None
-        ):
-            # A cacheable GET with a Range: the whole object is fetched and
-            # stored; its client gets its range as the body streams by.
-            part = range_of_stream(ctx.pairs, response.length, response.header, headers)
-            if part is not None:
-                code, phrase, headers, span = part
-                self.cut = Cut(span)
-        start_response(request, code, phrase, headers)
         resource.metrics.observe_upstream(upstream_time)
         if after_head is not None:
             request.write(b"")  # the head, alone
@@ -272,10 +238,10 @@ class Exchange(Outcomes):
         if whole is not None:
             resource.metrics.bytes_out += len(whole)
             self.stash = whole
-            self._complete(trailer=after_head is not None)
+            self._complete()
             return
-        self.life.move(State.STREAMING)
-        if request.method == b"HEAD" or response.length == 0 or response.code in (204, 304):
+        self.life.on(Event.HEAD)
+        if mode is Mode.NO_BODY:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.pipeline is not None:
@@ -287,20 +253,39 @@ class Exchange(Outcomes):
             self.producer_registered = True
         response.deliverBody(self)
 
+    def _applicable(self) -> Any:
+        """The rules to run on this version of the resource (None: all),
+        from the applicability memory."""
+        request = self.request
+        rules = self.site.rules
+        assert self.response is not None and rules is not None  # asked only when the site rewrites
+        self.resource_key = resource_key(
+            self.site.name_bytes, self.response, self.upstream_target or request.uri,
+            lambda: raw_header_dict(request.requestHeaders),
+        )
+        return self.resource.applicability.rules_for(rules, self.resource_key)
+
+    def _stale_usable(self) -> bool:
+        """A stale copy may answer this upstream error (RFC 5861 4)."""
+        ctx = self.ctx
+        return (
+            ctx is not None and ctx.stale is not None
+            and ctx.stale.stale_usable_on_error(self.resource.reactor.seconds())
+        )
+
     def on_interim(self, interim: Any) -> None:
         """A 103 Early Hints (or another 1xx) before the response: passed on
         to an HTTP/1.1 or HTTP/2 client that has nothing of its answer yet, after the
         header rules; never to a background fetch nor to followers, never
         cached."""
         request = self.request
-        channel = getattr(request, "channel", None)
-        if self.life.over or channel is None or request.startedWriting or request.clientproto not in TRAILERS_OVER:
+        if self.life.over or not request.interim or request.startedWriting:
             return
         headers = interim.headers
         names = self.site.header_names
         if names and not names.isdisjoint(n.lower() for n, _ in headers):
             headers = self._rewrite_headers(headers)
-        channel.write_interim(interim.code, interim.phrase, headers)
+        request.write_interim(interim.code, interim.phrase, headers)
         self.resource.metrics.count("prexy_interim_responses_total", status=str(interim.code))
 
     def _rewrite_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -317,8 +302,8 @@ class Exchange(Outcomes):
         """The upstream switched protocols: splice the client's connection
         and the upstream's (``prexy.proxy.tunnel``)."""
         request = self.request
-        self.life.move(State.DONE)
-        channel = getattr(request, "channel", None)
+        self.life.on(Event.ANSWERED)
+        channel = request.channel if request.tunnel else None
         if channel is None or request.gone:
             response.abort()
             return
@@ -341,13 +326,13 @@ class Exchange(Outcomes):
         """Body bytes for the client (and the cache, unless it gets them
         before they are compressed: ``_tap``)."""
         self.resource.metrics.bytes_out += len(data)
-        if self.ctx is not None and not self.tapped:
-            self._cache_data(data)
+        if self.storing is not None and not self.tapped:
+            self.storing.data(data, self._code)
 
     # -- the body ------------------------------------------------------------------------
 
     def bodyData(self, data: bytes) -> None:
-        if self.life.over or (self.writer is None and self.ctx is not None and self._unwanted()):
+        if self.life.over or (self.storing is not None and self.storing.writer is None and self._unwanted()):
             return
         self.resource.metrics.bytes_in += len(data)
         if self.pipeline is None:
@@ -427,13 +412,13 @@ class Exchange(Outcomes):
         if self.life.over:
             return
         if self.task is not None:
-            self.life.move(State.DRAINING)
+            self.life.on(Event.BODY_END)
         else:
             self._complete()
 
-    def _complete(self, trailer: bool = True) -> None:
-        """Finish the response; ``trailer``: the rewrite's Server-Timing goes
-        in a trailer (False: it was in the head already)."""
+    def _complete(self) -> None:
+        """Finish the response (the rewrite's Server-Timing in a trailer
+        where the plan puts it there)."""
         request = self.request
         pipeline = self.pipeline
         tail = b""
@@ -457,25 +442,239 @@ class Exchange(Outcomes):
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
                     metrics.count("prexy_rewrite_timeouts_total")
-                if trailer and request.clientproto in TRAILERS_OVER:
+                if self.plan is not None and self.plan.timing_in_trailer:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
-        self.life.move(State.DONE)
+        self.life.on(Event.COMPLETE)
         self._cache_done(True)
         request.finish(tail)
         # After the last bytes left: the client does not wait for this.
         if pipeline is not None and pipeline.transducer is not None and self.site.rules is not None:
             self.resource.applicability.record(self.site.rules, self.resource_key, pipeline.transducer)
 
-def request_vars(request: Any, site: SiteRuntime) -> RequestVars:
-    """The header rules' variables for this request (``RequestVars.of``)."""
-    values = request.requestHeaders.getRawHeaders(b"host")
-    local = request.getHost()
-    return RequestVars.of(
-        http_host=values[0] if values else b"", secure=request.isSecure(),
-        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
-        proxy_host=site.config.upstream.host_header,
-    )
+    # -- the cache's part ---------------------------------------------------------------
+
+    @property
+    def ctx(self) -> CacheContext | None:
+        """What the cache decided for the request, while its part lasts."""
+        return self.storing.ctx if self.storing is not None else None
+
+    @property
+    def _code(self) -> int:
+        return self.response.code if self.response is not None else 200
+
+    def _tap(self, data: bytes) -> None:
+        """Rewritten bytes before the client's compression: for the cache."""
+        if self.storing is not None:
+            self.storing.data(data, self._code)
+
+    def _cache_done(self, ok: bool) -> None:
+        storing, self.storing = self.storing, None
+        if storing is not None:
+            storing.done(ok)
+
+    def _serve_revalidated(self, response: UpstreamResponse) -> None:
+        """Upstream said our stale copy is still good (304): refresh it and
+        answer the client and any waiters from it."""
+        storing, self.storing = self.storing, None
+        assert storing is not None
+        response.deliverBody(_Discard())
+        self.life.on(Event.ANSWERED)
+        client = None if self.detached or self.request.gone else self.request
+        storing.refreshed(client, response.headers, self.resource.reactor.seconds())
+
+    def _serve_stale(self, response: UpstreamResponse) -> None:
+        """The upstream answered 500/502/503/504 for an object the cache
+        holds stale, and stale-if-error (or grace) allows it: serve that
+        copy, and keep it (RFC 5861 4)."""
+        storing = self.storing
+        assert storing is not None and storing.ctx.stale is not None
+        stale = storing.ctx.stale
+        response.deliverBody(_Discard())
+        self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
+        self._cache_done(False)  # waiters get the stale copy too; nothing is stored
+        self.life.on(Event.ANSWERED)
+        storing.cache.serve(self.request, stale, self.resource.reactor.seconds(), stale_reason="stale-if-error",
+                            site=self.site)
+
+    # -- failures ------------------------------------------------------------------------
+
+    @property
+    def head_held(self) -> bool:
+        """Nothing of the client's answer was sent yet (its head is still
+        being prepared, or held while its body is rewritten or compressed):
+        a failure can still be answered with an error status."""
+        return not self.detached and not self.request.startedWriting
+
+    def bodyFailed(self, reason: Failure) -> None:
+        if self.life.over:
+            return
+        self.resource.metrics.count("prexy_upstream_errors_total", kind="mid-body")
+        held = self.head_held
+        log.warn(
+            "upstream {upstream} failed mid-body for {method} {uri}: {why}; {then}",
+            upstream=str(self.site.config.upstream),
+            method=self.request.method.decode("latin-1"),
+            uri=self.request.uri.decode("latin-1"),
+            why=reason.getErrorMessage(),
+            then="answering 502 (no byte of the answer was sent)" if held else "resetting the client connection",
+        )
+        if held:
+            self.fail_before_head(502)
+        else:
+            self.abort_client()
+
+    def _pipeline_failed(self, exc: PipelineError) -> None:
+        held = self.head_held
+        if exc.decode:
+            log.warn(
+                "{uri}: {error}; {then}", uri=self.request.uri.decode("latin-1"), error=str(exc),
+                then="answering 502" if held else "resetting the client connection",
+            )
+            self.resource.metrics.count(
+                "prexy_decode_errors_total", coding=(exc.coding or b"").decode("ascii", "replace")
+            )
+        else:
+            log.failure(
+                "substitution failed; " + ("answering 500" if held else "aborting the response"),
+                Failure(exc.__cause__ or exc),
+            )
+        if held:
+            self.fail_before_head(502 if exc.decode else 500)
+        else:
+            self.abort_client()
+
+    def fail_before_head(self, status: int) -> None:
+        """The answer cannot be completed, and nothing of it was sent: the
+        upstream's answer is dropped and the client gets ``status`` (or a
+        stale copy, when stale-if-error allows one), on a connection that
+        stays usable."""
+        self._unregister()
+        if self.response is not None:
+            self.response.abort()
+        self._answer_error(status)
+
+    def _unregister(self) -> None:
+        if self.producer_registered:
+            self.producer_registered = False
+            if self.request.channel is not None:
+                self.request.unregisterProducer()
+
+    def abort_client(self) -> None:
+        """Reset the client connection: its answer cannot be completed."""
+        self._unregister()
+        if not self.life.over:
+            self.life.on(Event.RESET)
+        self._cache_done(False)
+        if self.response is not None:
+            self.response.abort()
+        self.request.abort()
+
+    def upstream_failed(self, reason: Failure) -> None:
+        self.pending = None
+        if self.life.over or reason.check(CancelledError):
+            return
+        try:
+            self._upstream_failed(reason)
+        except Exception:
+            self.internal_error(Failure())
+
+    def _upstream_failed(self, reason: Failure) -> None:
+        request = self.request
+        status = reason.value.status if isinstance(reason.value, UpstreamError) else 502
+        kind = "timeout" if reason.check(UpstreamTimeout) else "connect" if status == 502 else "error"
+        self.resource.metrics.count("prexy_upstream_errors_total", kind=kind)
+        log.warn(
+            "{status} for {method} {uri}: upstream {upstream}: {why}",
+            status=status,
+            method=request.method.decode("latin-1"),
+            uri=request.uri.decode("latin-1"),
+            upstream=str(self.site.config.upstream),
+            why=reason.getErrorMessage(),
+        )
+        self._answer_error(status)
+
+    def _answer_error(self, status: int) -> None:
+        """Answer ``status`` (with the site's page, else a generic body), or
+        the stale copy when stale-if-error allows it; waiters get the
+        same."""
+        request = self.request
+        storing = self.storing
+        if storing is not None:
+            stale = storing.ctx.stale
+            self._cache_done(False)  # waiters get the stale copy or an error too
+            now = self.resource.reactor.seconds()
+            if stale is not None and stale.stale_usable_on_error(now):
+                self.life.on(Event.ANSWERED)
+                if not self.detached:
+                    request.reset_head()
+                storing.cache.serve(request, stale, now, stale_reason="stale-if-error", site=self.site)
+                return
+        self.life.on(Event.ANSWERED)
+        error_answer(request, status, self.site.config.error_pages, self.site)
+
+    def internal_error(self, reason: Failure) -> None:
+        log.failure("internal error while proxying", reason)
+        if self.life.over:
+            return
+        if self.head_held:
+            try:
+                self.fail_before_head(500)
+                return
+            except Exception:
+                log.failure("internal error while answering 500", Failure())
+        self.abort_client()
+
+    # -- a client that leaves --------------------------------------------------------------
+
+    def client_gone(self, reason: Failure | None = None) -> None:
+        """The client disconnected before the response was complete: the
+        fetch goes on without it while others want it (``flow.wanted``),
+        else it is cancelled."""
+        if self.life.over or self.detached:
+            return
+        self.producer_registered = False
+        storing = self.storing
+        wanted = flow.Wanted.NOBODY if storing is None else storing.wanted(self.response is not None)
+        if storing is None or wanted is flow.Wanted.NOBODY:
+            self._cancel()
+            return
+        self.life.on(Event.CLIENT_LEFT)
+        self.request.exchange = None
+        self.request = DetachedRequest(self.request)
+        if self.response is not None and self.life.state is State.STREAMING:
+            self.response.producer.resumeProducing()  # the gone client's pause
+        if storing.ctx.flight is not None:
+            storing.ctx.flight.on_leave = self._unwanted
+        self.resource.metrics.count("prexy_cache_fetch_without_client_total", wanted=wanted.value)
+
+    @property
+    def detached(self) -> bool:
+        """No client of its own: a background refresh, or a fetch that went
+        on after its client left."""
+        return self.life.detached
+
+    def _unwanted(self) -> bool:
+        """Cancel a fetch without a client once nobody wants it; True when
+        it is over."""
+        storing = self.storing
+        if self.life.over or storing is None or not self.detached:
+            return self.life.over
+        if storing.wanted(self.response is not None) is flow.Wanted.NOBODY:
+            self._cancel()
+        return self.life.over
+
+    def _cancel(self) -> None:
+        """Stop the upstream request: nobody wants its answer."""
+        streaming = self.life.state is State.STREAMING  # DRAINING: the upstream is done
+        self.life.on(Event.UNWANTED)
+        self.producer_registered = False
+        self._cache_done(False)
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.cancel()
+        elif self.response is not None and streaming:
+            self.response.abort()
 
 
 @implementer(IPushProducer)
@@ -499,3 +698,17 @@ class _ClientProducer:
 
     def stopProducing(self) -> None:
         self.exchange.client_gone()
+
+
+@implementer(IBodyConsumer)
+class _Discard:
+    """A body consumer that drops what it gets (a 304 after revalidation)."""
+
+    def bodyData(self, data: bytes) -> None:
+        pass
+
+    def bodyDone(self) -> None:
+        pass
+
+    def bodyFailed(self, reason: Failure) -> None:
+        pass

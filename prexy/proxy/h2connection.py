@@ -5,11 +5,10 @@ transport and to the proxy's requests.
 :class:`~prexy.h2server.ServerConnection` and turns its events into
 ``ProxyRequest`` calls, as ``HTTPChannel`` does for HTTP/1.1 (``gotLength``,
 ``handleContentChunk``, ``requestReceived``, ``connectionLost``).  Each
-stream's request talks to a :class:`StreamChannel`, which implements the
-part of a channel that twisted.web's ``Request`` calls (``writeHeaders``,
-``write``, ``writeSequence``, ``requestDone``, ``registerProducer``,
-``unregisterProducer``, ``getPeer``, ``getHost``, ``isSecure``,
-``loseConnection``, ``abortConnection``) plus ``send_trailers``.
+stream's request talks to a :class:`StreamChannel`, its
+``prexy.proxy.client.IClientChannel``: the part of a channel that
+twisted.web's ``Request`` calls, and Prexy's additions (trailers, 1xx
+heads, the stream's reset, a body over the limit).
 
 Backpressure, both ways down to the upstream:
 
@@ -57,6 +56,7 @@ from prexy.h2server import (
     request_fields,
     response_fields,
 )
+from prexy.proxy.client import HTTP2, Capabilities, IClientChannel, IClientConnection
 from prexy.requesthead import Refusal
 
 __all__ = ["H2ServerProtocol", "StreamChannel"]
@@ -70,6 +70,7 @@ CLOSE_GRACE = 5.0
 _DONE = Failure(ConnectionDone())
 
 
+@implementer(IClientChannel)
 class StreamChannel:
     """The channel of one stream's ``ProxyRequest``."""
 
@@ -115,6 +116,34 @@ class StreamChannel:
         """An informational head (103 Early Hints) before the answer's own."""
         fields = response_fields(b"%d" % code, ((name, [value]) for name, value in headers))
         self.connection.send_head(self.stream_id, fields)
+
+    def capabilities(self, version: bytes) -> Capabilities:
+        """A stream can end with trailers and carry 1xx heads; it is never
+        tunnelled (HTTP/2 has no Upgrade)."""
+        return HTTP2
+
+    def hold_writes(self) -> None:
+        """Nothing: the connection frames and sends once per turn anyway."""
+
+    def release_writes(self) -> None:
+        pass
+
+    def body_too_large(self, request: Any) -> None:
+        """A 413 through the request in the next turn (the length may come
+        before the stream is set up), then RST_STREAM: the rest of the body
+        is not read, and the connection's other streams go on."""
+        self.connection.reactor.callLater(0, self._too_large, request)
+
+    def _too_large(self, request: Any) -> None:
+        if request.finished or request.channel is None:
+            return
+        request.proxy_site.metrics.count("prexy_requests_total", status="413")
+        content_type, body = error_answer(413, request.site_pages())
+        request.setResponseCode(413)
+        request.setHeader(b"Content-Type", content_type)
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        request.write(body)
+        self.abortConnection()
 
     def send_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
         """Trailer fields to end the stream with (after the last data)."""
@@ -166,7 +195,7 @@ class StreamChannel:
             request.connectionLost(reason)
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IClientConnection)
 class H2ServerProtocol(Protocol):
     """One client connection speaking HTTP/2 (after ALPN ``h2``, or a
     cleartext connection that began with the preface)."""
@@ -459,9 +488,10 @@ class H2ServerProtocol(Protocol):
             self.core.idle()
             self._flush()
 
-    def drain(self) -> None:
+    def drain(self, fresh: bool = False) -> None:
         """Graceful GOAWAY (a worker stops): the streams open now finish,
-        newer ones are refused, then the connection closes."""
+        newer ones are refused, then the connection closes; ``fresh`` or
+        not (GOAWAY sends the client's next streams elsewhere)."""
         if self.transport is None or self._closing:
             return
         self.core.drain()

@@ -1,12 +1,14 @@
 """The client side of the proxy on twisted.web: the request class (the
-connection and the site are ``prexy.proxy.site``'s).
+connection and the site are ``prexy.proxy.site``'s, the HTTP/2 stream
+``prexy.proxy.h2connection``'s) and the stand-in for a client that left.
 
-Everything a response does goes through twisted.web's public request API
-(``setResponseCode``, ``responseHeaders``, ``write``, ``registerProducer``,
-``finish``, ``notifyFinish``), which Twisted's HTTP/2 stream implements
-too.  Two things twisted.web has no API for live here, each behind one
-function: response trailers (``ProxyRequest.finish``) and resetting the
-client connection (``abort_client``).
+Both are ``prexy.proxy.client.IClient``, all the exchange and the cache
+layer see of a client.  Everything a response does goes through
+twisted.web's public request API (``setResponseCode``, ``responseHeaders``,
+``write``, ``registerProducer``, ``finish``, ``notifyFinish``), which
+Prexy's HTTP/2 stream serves too; what twisted.web has no API for
+(trailers, 1xx heads, a reset, a head and body in one send) goes to the
+channel's ``IClientChannel`` methods, one call each, never a probe.
 """
 
 from __future__ import annotations
@@ -19,29 +21,26 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
-from twisted.web.http import HTTPChannel
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import INonQueuedRequestFactory
-from zope.interface import provider
+from zope.interface import implementer, provider
 
 from prexy.config import Timeouts
 from prexy.errorpages import ErrorPages, phrase
 from prexy.errorpages import error_answer as error_page
+from prexy.headervars import RequestVars
 from prexy.metrics import Metrics
+from prexy.proxy.client import NONE, IClient, IClientChannel
+from prexy.proxy.headers import raw_header_dict
 from prexy.requesthead import Head
+from prexy.runtime import SiteRuntime
 
 _log = Logger("prexy")
 
 #: Request bodies up to this size are spooled in memory, larger ones to disk.
 SPOOL_IN_MEMORY = 1024 * 1024
 
-#: Client protocols whose answers can end with trailer fields (an HTTP/1.1
-#: chunked body; an HTTP/2 stream, whose request says ``HTTP/2``) and be
-#: preceded by 1xx heads (``write_interim`` on the channel).
-TRAILERS_OVER = frozenset({b"HTTP/1.1", b"HTTP/2"})
-
-
-def start_response(request: Any, code: int, phrase: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> None:
+def start_response(request: IClient, code: int, phrase: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> None:
     """Set the status and the header pairs (in order, repeated names kept)."""
     request.setResponseCode(code, phrase or None)
     add = request.responseHeaders.addRawHeader
@@ -49,22 +48,7 @@ def start_response(request: Any, code: int, phrase: bytes | None, headers: Itera
         add(name, value)
 
 
-def write_whole(request: Any, body: bytes) -> None:
-    """Write the head and all of the body: in one send on Prexy's HTTP/1.1
-    connection (a cache hit), through the request's own writes elsewhere."""
-    channel: Any = getattr(request, "channel", None)
-    if isinstance(channel, HTTPChannel) and hasattr(channel, "hold_writes"):
-        held: Any = channel  # prexy.proxy.site.ProxyChannel
-        held.hold_writes()
-        try:
-            request.write(body)
-        finally:
-            held.release_writes()
-    else:
-        request.write(body)
-
-
-def plain_answer(request: Any, code: int, body: bytes) -> None:
+def plain_answer(request: IClient, code: int, body: bytes) -> None:
     """Answer with a short text/plain body and finish."""
     request.setResponseCode(code)
     request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
@@ -73,30 +57,48 @@ def plain_answer(request: Any, code: int, body: bytes) -> None:
     request.finish()
 
 
-def error_answer(request: Any, status: int, pages: ErrorPages | None) -> None:
+def request_vars(request: IClient, site: SiteRuntime) -> RequestVars:
+    """The header directives' variables for this request (``RequestVars.of``)."""
+    values = request.requestHeaders.getRawHeaders(b"host")
+    local = request.getHost()
+    client = request.getClientAddress()
+    return RequestVars.of(
+        http_host=values[0] if values else b"", secure=request.isSecure(),
+        local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
+        proxy_host=site.config.upstream.host_header,
+        remote_host=str(getattr(client, "host", "") or ""), remote_port=getattr(client, "port", None),
+        method=request.method, uri=request.uri, protocol=request.clientproto,
+        headers=raw_header_dict(request.requestHeaders),
+    )
+
+
+def edit_head(
+    request: IClient, site: SiteRuntime, code: int, headers: list[tuple[bytes, bytes]], own: bool = False,
+) -> list[tuple[bytes, bytes]]:
+    """An answer's head with the site's ``add_header`` and
+    ``proxy_hide_header`` applied (``prexy.headeredits``); ``own``: Prexy's
+    own error answer.  ``headers`` itself when the site has none."""
+    edits = site.header_rules.edits
+    if not (edits.always if own else edits.responds):
+        return headers
+    return edits.respond(headers, code, request_vars(request, site), own)
+
+
+def error_answer(request: IClient, status: int, pages: ErrorPages | None, site: SiteRuntime | None = None) -> None:
     """Prexy's own answer ``status`` (an upstream failure, a refused
     request...): the site's page for it, else the generic body, never the
-    reason (that goes to the log).  Whatever head was being prepared for
-    the upstream's answer is dropped: nothing of it was sent."""
+    reason (that goes to the log), with the ``site``'s ``add_header ...
+    always``.  Whatever head was being prepared for the upstream's answer
+    is dropped: nothing of it was sent."""
     content_type, body = error_page(status, pages)
     request.reset_head()
     request.setResponseCode(status, phrase(status))
     request.setHeader(b"Content-Type", content_type)
     request.setHeader(b"Content-Length", b"%d" % len(body))
+    if site is not None:
+        start_response(request, status, phrase(status), edit_head(request, site, status, [], own=True))
     request.write(body)
     request.finish()
-
-
-def abort_client(request: Any) -> None:
-    """Reset the client connection, or its HTTP/2 stream (never a clean end
-    of a broken body)."""
-    channel = getattr(request, "channel", None)
-    if channel is not None and not isinstance(channel, HTTPChannel) and hasattr(channel, "abortConnection"):
-        channel.abortConnection()  # an HTTP/2 stream: RST_STREAM
-        return
-    transport = getattr(channel, "transport", None)
-    if transport is not None:
-        transport.abortConnection()
 
 
 class SiteOfRequest(Protocol):
@@ -112,26 +114,36 @@ class SiteOfRequest(Protocol):
     def served(self, channel: Any) -> None: ...
 
 
+@implementer(IClient)
 @provider(INonQueuedRequestFactory)
 class ProxyRequest(server.Request):
-    """A request that spools its body with a size limit, skips twisted.web's
-    default headers (the upstream's Server, Date and Content-Type pass
-    through unchanged) and its argument parsing, and can end a chunked
-    response with trailer fields."""
+    """A client's request on any of its channels (``IClientChannel``:
+    HTTP/1.x ``ProxyChannel``, HTTP/2 ``StreamChannel``) that spools its
+    body with a size limit, skips twisted.web's default headers (the
+    upstream's Server, Date and Content-Type pass through unchanged) and
+    its argument parsing, and can end its answer with trailer fields."""
 
     defaultContentType = None
     #: The client went away before the response was complete.
     gone = False
+    #: What the client can be sent (``prexy.proxy.client.Capabilities``):
+    #: nothing but a head and a body until the request line is in.
+    trailers = NONE.trailers
+    interim = NONE.interim
+    tunnel = NONE.tunnel
+    detached = False
     _rejected = False
     _body_seen = 0
     _counted = False
     #: The exchange serving this request (told when the client goes).
     exchange: Any = None
-    #: (target, host) for forwarding later (a coalesced waiter).
-    prexy_forward: tuple[bytes, bytes | None] = (b"/", None)
-    #: What the channel's head check found (``prexy.requesthead``).
+    #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
+    has_body = False
     site: Any  # the ProxySite (prexy.proxy.site), which imports this module
+    #: The connection or stream (None once the connection is lost); twisted.web
+    #: says an HTTPChannel, which an HTTP/2 stream is not.
+    channel: IClientChannel  # type: ignore[assignment]
 
     def __init__(self, channel: Any, queued: object = None) -> None:
         # ``queued``: what twisted.web's HTTP/2 stream passes (always False).
@@ -142,6 +154,9 @@ class ProxyRequest(server.Request):
     # -- the request body ----------------------------------------------------------
 
     def gotLength(self, length: int | None) -> None:
+        # Every channel calls this once the head is in: None for a length
+        # not known in advance (chunked, an HTTP/2 stream still open).
+        self.has_body = length is None or length > 0
         limit = self.proxy_site.max_request_body
         if length is not None and length > limit:
             self._reject_too_large()
@@ -165,37 +180,17 @@ class ProxyRequest(server.Request):
         """413 before the body is read (twisted.web would read it whole)."""
         self._rejected = True
         self.content = io.BytesIO()
-        if not isinstance(self.channel, HTTPChannel):
-            # An HTTP/2 stream (its length may come before the stream is
-            # set up): the answer through the request in the next turn, then
-            # the stream is reset (the rest of the body is not read).
-            self.proxy_site.reactor.callLater(0, self._answer_too_large_h2)
-            return
-        content_type, body = error_page(413, self._site_pages())
-        self.channel.write(
-            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: %s\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (content_type, len(body), body)
-        )
-        self.proxy_site.metrics.count("prexy_requests_total", status="413")
-        self.channel.loseConnection()
+        self.channel.body_too_large(self)
 
-    def _answer_too_large_h2(self) -> None:
-        if self.finished or self.channel is None:
-            return
-        self.proxy_site.metrics.count("prexy_requests_total", status="413")
-        content_type, body = error_page(413, self._site_pages())
-        self.setResponseCode(413)
-        self.setHeader(b"Content-Type", content_type)
-        self.setHeader(b"Content-Length", b"%d" % len(body))
-        self.write(body)
-        stream: Any = self.channel
-        stream.abortConnection()
-
-    def _site_pages(self) -> ErrorPages:
+    def site_pages(self) -> ErrorPages:
         """The error pages of the site this request's Host names."""
+        return self._site().config.error_pages
+
+    def _site(self) -> SiteRuntime:
+        """The site this request's Host names."""
         hosts = self.requestHeaders.getRawHeaders(b"host")
-        pages: ErrorPages = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None).config.error_pages
-        return pages
+        site: SiteRuntime = self.proxy_site.resource.runtime.lookup(hosts[0] if hosts else None)
+        return site
 
     # -- processing -------------------------------------------------------------------
 
@@ -219,6 +214,8 @@ class ProxyRequest(server.Request):
         self.args = {}
         self.method, self.uri = command, path
         self.clientproto = version
+        can = self.channel.capabilities(version)
+        self.trailers, self.interim, self.tunnel = can.trailers, can.interim, can.tunnel
         self.path = path.split(b"?", 1)[0]
         self.process()
 
@@ -243,9 +240,10 @@ class ProxyRequest(server.Request):
         if self.finished or self.gone:
             return reason
         if self.startedWriting:
-            abort_client(self)
+            self.abort()
         else:
-            error_answer(self, 500, self._site_pages())
+            site = self._site()
+            error_answer(self, 500, site.config.error_pages, site)
         return reason
 
     def _uncount(self) -> None:
@@ -263,6 +261,38 @@ class ProxyRequest(server.Request):
             exchange.client_gone(reason)
 
     # -- the response -------------------------------------------------------------------
+
+    def write_interim(self, code: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """A 1xx head before the answer's own (where ``interim``)."""
+        channel = self.channel
+        if channel is not None and not self.startedWriting:
+            channel.write_interim(code, phrase, headers)
+
+    def write_whole(self, body: bytes) -> None:
+        """Write the head and all of the body: in one send where the
+        channel holds writes (Prexy's HTTP/1.1 connection: a cache hit;
+        measured in bench/README.md, "Twelfth session")."""
+        channel = self.channel
+        if channel is None:
+            self.write(body)  # (the client left: twisted.web drops it)
+            return
+        channel.hold_writes()
+        try:
+            self.write(body)
+        finally:
+            channel.release_writes()
+
+    def abort(self) -> None:
+        """Reset the client connection, or its HTTP/2 stream (never a clean
+        end of a broken body)."""
+        channel = self.channel
+        if channel is not None:
+            channel.abortConnection()
+
+    def unregisterProducer(self) -> None:
+        if self.channel is not None:  # (once the connection is lost there is nobody to tell)
+            super().unregisterProducer()
+        self.producer = None
 
     def add_trailer(self, name: bytes, value: bytes) -> None:
         """A trailer field, sent after the last chunk (chunked responses
@@ -295,8 +325,10 @@ class ProxyRequest(server.Request):
             else:
                 if last:
                     self.write(last)
-                if self._trailers and hasattr(self.channel, "send_trailers"):
-                    self.channel.send_trailers(self._trailers)  # an HTTP/2 stream: a last HEADERS frame
+                if self._trailers:
+                    # The channel's own end (an HTTP/2 stream's last HEADERS
+                    # frame); HTTP/1.x has no place for them after a length.
+                    self.channel.send_trailers(self._trailers)
         elif last:
             self.write(last)  # (after the client left: twisted.web drops it)
         self.exchange = None
@@ -308,26 +340,41 @@ class ProxyRequest(server.Request):
         super().finish()
 
 
+@implementer(IClient)
 class DetachedRequest:
-    """Stands in for a client in a background refresh: the fetched body only
-    goes into the cache."""
+    """The client of a fetch with nobody to answer: a background refresh
+    (stale-while-revalidate), or a miss that goes on for the cache and its
+    followers after its own client left.  What it is sent goes nowhere;
+    the fetched body goes only into the cache.
 
+    It takes what an HTTP/1.1 client takes except a 1xx head or a tunnel
+    (so a refresh stores what a miss stores), and keeps the original
+    request's target, header fields and addresses: the original loses its
+    connection, and with it its answer to ``isSecure``."""
+
+    detached = True
+    trailers = True
+    interim = False
+    tunnel = False
+    method = b"GET"
+    clientproto = b"HTTP/1.1"
+    content = None
+    has_body = False
     channel = None
     gone = False
     startedWriting = False
     finished = False
-    content = None
-    code = 200
     exchange: Any = None
+    sentLength = 0
+    code = 200
 
     def __init__(self, original: Any) -> None:
-        self.method = b"GET"
-        self.uri = original.uri
-        self.requestHeaders = original.requestHeaders
+        self.uri: bytes = original.uri
+        self.requestHeaders: Headers = original.requestHeaders
         self.responseHeaders = Headers()
-        self.clientproto = b"HTTP/1.1"
+        self.proxy_site: Any = original.proxy_site
         self.client = original.getClientAddress()
-        self.secure = original.isSecure()
+        self.secure: bool = original.isSecure()
         self.host = original.getHost()
 
     def getClientAddress(self) -> Any:
@@ -339,20 +386,30 @@ class DetachedRequest:
     def isSecure(self) -> bool:
         return self.secure
 
+    def getHeader(self, key: bytes) -> bytes | None:
+        values = self.requestHeaders.getRawHeaders(key)
+        return values[-1] if values else None
+
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         self.code = code
 
     def setHeader(self, name: bytes, value: bytes) -> None:
         pass
 
-    def add_trailer(self, name: bytes, value: bytes) -> None:
-        pass
-
     def reset_head(self) -> None:
         self.responseHeaders = Headers()
 
+    def write_interim(self, code: int, phrase: bytes, headers: Any) -> None:
+        pass
+
     def write(self, data: bytes) -> None:
         self.startedWriting = True
+
+    def write_whole(self, body: bytes) -> None:
+        self.startedWriting = True
+
+    def add_trailer(self, name: bytes, value: bytes) -> None:
+        pass
 
     def registerProducer(self, producer: Any, streaming: bool) -> None:
         pass
@@ -362,3 +419,6 @@ class DetachedRequest:
 
     def finish(self, last: bytes = b"") -> None:
         self.finished = True
+
+    def abort(self) -> None:
+        pass

@@ -20,17 +20,29 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
 from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
+from prexy.fetch import Fetch
 from prexy.metrics import Metrics
+from prexy.proxy.caching import CacheLayer
+from prexy.proxy.client import IClient
+from prexy.proxy.flight import CacheContext
 from prexy.proxy.forward import Exchange
 from prexy.proxy.headers import raw_header_dict
 from prexy.proxy.pool import IUpstreamPool
-from prexy.proxy.request import DetachedRequest, ProxyRequest, error_answer, plain_answer
+from prexy.proxy.request import (
+    DetachedRequest,
+    ProxyRequest,
+    error_answer,
+    plain_answer,
+    request_vars,
+)
 from prexy.proxy.rewriting import Rewriting
+from prexy.proxy.routes import Answered, CacheRoute, Forward, Refresh
 from prexy.proxy.site import ProxySite
 from prexy.proxy.tunnel import Tunnel
 from prexy.runtime import Runtime, SiteRuntime
@@ -57,7 +69,7 @@ class ProxyResource(Resource):
     isLeaf = True
 
     def __init__(
-        self, reactor: Any, pool: IUpstreamPool, runtime: Runtime, metrics: Metrics, cache: Any = None,
+        self, reactor: Any, pool: IUpstreamPool, runtime: Runtime, metrics: Metrics, cache: CacheLayer | None = None,
         timer: Callable[[], float] | None = None,
     ) -> None:
         super().__init__()
@@ -65,7 +77,7 @@ class ProxyResource(Resource):
         self.pool = pool
         self.runtime = runtime
         self.metrics = metrics
-        #: prexy.proxy.caching.CacheLayer when a cache store is configured.
+        #: The worker's cache when a cache store is configured.
         self.cache = cache
         #: The ACME challenge answers (prexy.acme.challenges.ChallengeRegistry)
         #: when HTTP-01 is answered here; None: no [acme].
@@ -133,12 +145,12 @@ class ProxyResource(Resource):
         site = self.runtime.select(host)
         target = _origin_form(request.uri)
         if target is None:
-            error_answer(request, 400, site.config.error_pages)
+            error_answer(request, 400, site.config.error_pages, site)
             return server.NOT_DONE_YET
         client_target = target
         if request.method == b"TRACE" and not site.config.allow_trace:
             # TRACE echoes the request, credentials included (nginx: 405).
-            error_answer(request, 405, site.config.error_pages)
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
 
         if site.urlmap is not None:
@@ -148,76 +160,93 @@ class ProxyResource(Resource):
             if action == "rewrite":
                 target = result
 
-        ctx = None
-        head = getattr(request, "head", None)
+        upgrade = None
         if site.config.upgrade and b"upgrade" in raw:
             upgrade = upgrade_request(
                 raw, method=request.method, version=request.clientproto,
-                has_body=head is not None and head.has_body, allowed=site.config.upgrade,
+                has_body=request.has_body, allowed=site.config.upgrade,
             )
-            if upgrade is not None:  # a tunnel if the upstream says 101; never cached
-                return self.forward(request, site, target, host, None, raw, upgrade=upgrade)
+        client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
+        fetch = Fetch(
+            site, request.method, target, client_target, host, raw, client_ip.encode("ascii"), request.isSecure(), upgrade
+        )
+        if upgrade is not None:  # a tunnel if the upstream says 101; never cached
+            return self.forward(request, fetch, None)
         # A request with a body is never answered from the cache, nor does
         # its answer go into it: the body may change the answer.
         if site.cache_policy is not None and self.cache is not None:
-            if head is not None and head.has_body:
+            if request.has_body:
                 # Not looked up nor stored; an unsafe method still invalidates.
-                ctx = self.cache.invalidating(site, request.method, client_target, host)
-            else:
-                request.prexy_forward = (target, host)
-                pairs = [(n, v) for n, vs in raw.items() for v in vs]
-                answer, ctx = self.cache.on_request(self, request, site, client_target, host, pairs)
-                if answer is not None:
-                    return answer
-        elif request.method == b"PURGE":
-            error_answer(request, 405, site.config.error_pages)
+                return self.carry_out(request, fetch, self.cache.invalidating(fetch))
+            return self.carry_out(request, fetch, self.cache.on_request(request, fetch))
+        if request.method == b"PURGE":
+            error_answer(request, 405, site.config.error_pages, site)
             return server.NOT_DONE_YET
-        return self.forward(request, site, target, host, ctx, raw)
+        return self.forward(request, fetch, None)
 
-    def forward(
-        self, request: Any, site: SiteRuntime, target: bytes, host: bytes | None,
-        ctx: Any = None, raw: Any = None, upgrade: bytes | None = None,
-    ) -> Any:
+    def carry_out(self, request: IClient, fetch: Fetch, route: CacheRoute) -> object:
+        """Carry out where the cache sent ``request`` (``prexy.proxy.routes``);
+        returns what ``render`` returns."""
+        if isinstance(route, Forward):
+            return self.forward(request, fetch, route.ctx)
+        if isinstance(route, Answered):
+            return route.result
+        if isinstance(route, Refresh):
+            # The stale copy answered the client; the fetch fills the cache only.
+            self.forward(DetachedRequest(request), route.fetch, route.ctx)
+            return route.result
+
+        # Parked: carried out when the other worker's fetch is done.
+        def then(later: CacheRoute | None) -> None:
+            if later is not None:
+                self.carry_out(request, fetch, later)
+
+        def failed(failure: Failure) -> None:
+            log.failure("internal error while proxying a request that waited for another worker", failure)
+            if not request.gone and not request.startedWriting and not request.finished:
+                error_answer(request, 500, fetch.site.config.error_pages, fetch.site)
+
+        route.next.addCallback(then).addErrback(failed)
+        return server.NOT_DONE_YET
+
+    def forward(self, request: IClient, fetch: Fetch, ctx: CacheContext | None) -> object:
         """Send the request upstream and stream the answer back (or, for a
         background refresh, into the cache only)."""
-        if raw is None:
-            raw = raw_header_dict(request.requestHeaders)
         started = self.reactor.seconds()
-        upstream = site.config.upstream
-        if upstream.path:
-            target = upstream.path.encode("latin-1") + target
+        site = fetch.site
         rules = site.rules
         for_cache = ctx is not None and (ctx.flight is not None or ctx.claim_key is not None)
         revalidate = None
-        if for_cache and ctx.stale is not None:
+        if for_cache and ctx is not None and ctx.stale is not None:
             # Revalidate the stale copy: a 304 refreshes it without a body.
             revalidate = Revalidation(ctx.stale.header(b"etag"), ctx.stale.header(b"last-modified"))
             ctx.revalidating = revalidate.conditional
-        client_ip = getattr(request.getClientAddress(), "host", None) or "unix"
         headers = upstream_request_headers(
-            raw,
-            host_header=site.config.upstream_host_header(host),
-            client_host=host,
-            client_ip=client_ip.encode("ascii"),
-            secure=request.isSecure(),
+            fetch.raw,
+            host_header=site.config.upstream_host_header(fetch.host),
+            client_host=fetch.host,
+            client_ip=fetch.client_ip,
+            secure=fetch.secure,
             rules_digest=rules.digest if rules is not None else None,
             for_cache=for_cache,
             revalidate=revalidate,
         )
-        if upgrade is not None:
-            headers += upgrade_headers(upgrade)
-        exchange = Exchange(self, request, site, started)
-        exchange.ctx = ctx
+        if site.header_rules.edits.sets:  # proxy_set_header (prexy.headeredits)
+            headers = site.header_rules.edits.request_headers(headers, request_vars(request, site))
+        if fetch.upgrade is not None:
+            headers += upgrade_headers(fetch.upgrade)
+        target = fetch.upstream_target
+        exchange = Exchange(self, request, site, started, ctx)
         exchange.upstream_target = target
         request.exchange = exchange
         body, body_length = _request_body(request)
         exchange.pending = self.pool.request(
-            site.origin_key, request.method, target, headers, body, body_length,
+            site.origin_key, fetch.method, target, headers, body, body_length,
             exchange.on_head, exchange.upstream_failed, exchange.on_interim,
         )
         return server.NOT_DONE_YET
 
-    def tunnel_closed(self, request: Any, channel: Any, tunnel: Tunnel) -> None:
+    def tunnel_closed(self, request: IClient, channel: Any, tunnel: Tunnel) -> None:
         """A tunnel ended: count it, log its access line (status 101, the
         bytes sent to the client) and one line with its duration and bytes."""
         metrics = self.metrics
@@ -236,24 +265,14 @@ class ProxyResource(Resource):
             up=tunnel.bytes_up, down=tunnel.bytes_down,
         )
 
-    def refresh_in_background(
-        self, request: ProxyRequest, site: SiteRuntime, target: bytes, host: bytes | None, ctx: Any, key: bytes
-    ) -> None:
-        """Fetch a stale-in-grace object again, for the cache only."""
-        cache = self.cache
-        if not cache.store.claim(key, cache.holder, 30.0):
-            cache.refreshing.discard(key)
-            return  # another worker is at it
-        ctx.claim_key = key
-        self.forward(DetachedRequest(request), site, target, host, ctx)
-
-    def _apply_map(self, request: server.Request, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
+    def _apply_map(self, request: ProxyRequest, site: SiteRuntime, target: bytes) -> tuple[str, Any]:
         """Per the site's map: ("redirect", what render returns) with the
         response under way, ("rewrite", new target), or ("", b"") when no
         entry matched."""
         cfg = site.config.map
         assert cfg is not None
         urlmap = site.urlmap
+        assert urlmap is not None
         uri = request.uri.decode("latin-1")
         value = urlmap.lookup(uri, _request_variables(request, uri) if urlmap.variables else None)
         if not value:
@@ -313,7 +332,7 @@ def _origin_form(uri: bytes) -> bytes | None:
     return None
 
 
-def _request_body(request: Any) -> tuple[IO[bytes] | None, int]:
+def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
     if content is None:
         return None, 0

@@ -17,12 +17,21 @@ from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
 from prexy.errorpages import ErrorPages, error_answer, phrase
 from prexy.h2settings import H2Settings
 from prexy.metrics import Metrics
+from prexy.proxy.client import (
+    HTTP11,
+    NONE,
+    Capabilities,
+    IClientChannel,
+    IClientConnection,
+    ITunnelClient,
+)
 from prexy.proxy.request import ProxyRequest
 from prexy.proxy.sendnow import SendNow
 from prexy.requesthead import CHUNKED, PENDING, ChunkedCheck, Head, HeadGate, Passed, Refusal
@@ -32,8 +41,10 @@ __all__ = ["ProxyChannel", "ProxySite", "refusal_answer"]
 _log = Logger("prexy")
 
 
+@implementer(IClientChannel, ITunnelClient, IClientConnection)
 class ProxyChannel(HTTPChannel):
-    """twisted.web's HTTP/1.1 channel, with a gate in front of its parser
+    """twisted.web's HTTP/1.1 channel, a request's ``IClientChannel`` (and
+    a tunnel's client side after a 101), with a gate in front of its parser
     and two measured changes, all through public methods:
 
     - Each request head is held and checked by ``prexy.requesthead`` before
@@ -226,6 +237,45 @@ class ProxyChannel(HTTPChannel):
         if tunnel is not None:
             tunnel.client_lost(reason or Failure(ConnectionDone()))
         super().connectionLost(reason)
+
+    def drain(self, fresh: bool = False) -> None:
+        """Graceful stop: a connection busy with a request closes after its
+        answer, an idle keep-alive one now, a ``fresh`` one is left for its
+        first request (the site closes it later)."""
+        if self.requests:
+            self.persistent = False
+        elif not fresh:
+            transport: Any = self.transport
+            transport.loseConnection()
+
+    # -- what the request asks beyond twisted.web -----------------------------------------
+
+    def capabilities(self, version: bytes) -> Capabilities:
+        """An HTTP/1.1 request can be sent trailers (its body chunked),
+        1xx heads and a tunnel; an HTTP/1.0 one none of them."""
+        return HTTP11 if version == b"HTTP/1.1" else NONE
+
+    def send_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """Nothing: a chunked body's trailer section is written by the
+        request with its last chunk (``ProxyRequest.finish``), and a body
+        with a Content-Length has no place for trailers."""
+
+    def abortConnection(self) -> None:
+        """Reset the connection (the request hears of it as a lost one)."""
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
+
+    def body_too_large(self, request: Any) -> None:
+        """A 413 straight away, before twisted.web has the request, and
+        close: the rest of the body is never read."""
+        content_type, body = error_answer(413, request.site_pages())
+        self.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: %s\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (content_type, len(body), body)
+        )
+        self.site.metrics.count("prexy_requests_total", status="413")
+        self.loseConnection()
 
     def write_interim(self, code: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """An informational head (103 Early Hints) before the response's
@@ -425,11 +475,4 @@ class ProxySite(server.Site):
             transport = channel.transport
             if transport is None:
                 continue
-            drain = getattr(channel, "drain", None)
-            if drain is not None:  # HTTP/2: GOAWAY, closed once its streams are done
-                drain()
-                continue
-            if channel.requests:
-                channel.persistent = False
-            elif served or now - created >= fresh_grace:
-                transport.loseConnection()
+            channel.drain(not served and now - created < fresh_grace)

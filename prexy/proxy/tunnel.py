@@ -9,8 +9,9 @@ either side closes the other after what is still queued for it; a reset
 resets the other.  The tunnel reports once, when it ends, to
 ``on_closed`` (duration, bytes each way and which side ended it).
 
-The client side is ``ProxyChannel`` and the upstream side
-``UpstreamProtocol``; each gives the tunnel its bytes (``from_client``,
+The client side is an ``ITunnelClient`` (``prexy.proxy.client``; the
+HTTP/1.1 ``ProxyChannel``) and the upstream side ``UpstreamProtocol``;
+each gives the tunnel its bytes (``from_client``,
 ``from_upstream``), its losses (``client_lost``, ``upstream_lost``) and
 the client's write-buffer state (``client_blocked``,
 ``client_unblocked``).  The upstream's write-buffer state arrives through
@@ -35,6 +36,8 @@ class _Side(Protocol):
 
 
 class _ClientSide(_Side, Protocol):
+    """The part of ``ITunnelClient`` the tunnel calls."""
+
     def write(self, data: bytes) -> None: ...
 
 

@@ -42,7 +42,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from prexy.substitution import prefilter as prefilter_module
-from prexy.substitution.dialect import (
+from prexy.substitution.analysis import can_match_empty, max_width, min_width
+from prexy.substitution.emit import set_source
+from prexy.substitution.prefilter import (
+    HyperscanDatabase,
+    HyperscanFilter,
+    head_sets,
+    hyperscan_source,
+)
+from prexy.substitution.syntax import (
     ALL_BYTES,
     Alt,
     Assert,
@@ -53,16 +61,6 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     Repeat,
     Set,
-    can_match_empty,
-    max_width,
-    min_width,
-    set_source,
-)
-from prexy.substitution.prefilter import (
-    HyperscanDatabase,
-    HyperscanFilter,
-    head_sets,
-    hyperscan_source,
 )
 
 _hs: Any = prefilter_module.hyperscan_module()

@@ -3,12 +3,12 @@
 sregex, the module's engine, is a Pike VM: every pattern of its dialect runs
 in time linear in the body.  ``regex`` backtracks, so a few shapes (an
 unbounded repeat over overlapping alternatives, ``(.*a){20}``, ...) can take
-exponential or high polynomial time on it; ``dialect.check_pathological``
+exponential or high polynomial time on it; ``analysis.check_pathological``
 names them at load.  Those rules run here instead, on Google's RE2
 (``google-re2``), which has the same leftmost-first (Perl) priority, lazy
 repeats, ASCII ``\\b`` and captures, and never backtracks.
 
-:class:`LinearPattern` takes a source from ``dialect.to_re2_source`` and
+:class:`LinearPattern` takes a source from ``emit.to_re2_source`` and
 answers ``search``, ``match`` and ``finditer`` as a compiled ``regex``
 pattern would on a whole buffer, so the scanner's rule streams and hold-back
 probes use it unchanged.  ``timeout=`` is accepted and ignored: a linear
@@ -107,7 +107,7 @@ class LinearMatch:
         return None if value is None else bytes(value)
 
     def marked(self) -> bool:
-        """For a hold-back probe (``dialect.to_re2_source(probe=True)``):
+        """For a hold-back probe (``emit.to_re2_source(probe=True)``):
         whether the match went through one of its end-of-buffer marks.  A
         mark matches only at the end of the text, and whatever follows it
         then matches empty, so a match that ends before the end has none."""

@@ -54,7 +54,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prexy.substitution.dialect import (
+from prexy.substitution.emit import to_re2_source
+from prexy.substitution.linear import LinearError, LinearPattern
+from prexy.substitution.syntax import (
     ALL_BYTES,
     Alt,
     Assert,
@@ -65,9 +67,7 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     Repeat,
     Set,
-    to_re2_source,
 )
-from prexy.substitution.linear import LinearError, LinearPattern
 
 __all__ = ["PikeMatch", "PikePattern", "Program", "compile_program", "order_reason"]
 
@@ -493,7 +493,7 @@ class PikePattern:
 
     def _reach_finder(self) -> LinearPattern | None:
         """RE2 for where some path either matches or runs off the end
-        (the hold-back probe, ``dialect.to_re2_source(probe=True)``)."""
+        (the hold-back probe, ``emit.to_re2_source(probe=True)``)."""
         if self._reaches is None:
             try:
                 self._reaches = LinearPattern(
@@ -668,11 +668,11 @@ class _Reached:
         return self._at
 
     def group(self, n: object = 0) -> bytes:
-        return b""  # every answer is marked (see scanner._marked)
+        return b""  # every answer is marked (see reach.marked)
 
 
 class PikeProbe:
-    """The hold-back probe of a rule on the VM (``scanner._reach_from``
+    """The hold-back probe of a rule on the VM (``reach.reach_from``
     calls ``search`` and ``match``): a position whose match may change
     when more bytes arrive, by the VM's own order, not Perl's.
 

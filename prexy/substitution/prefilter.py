@@ -43,7 +43,9 @@ from typing import Any, Protocol
 
 import regex
 
-from prexy.substitution.dialect import (
+from prexy.substitution.analysis import can_match_empty, first_bytes
+from prexy.substitution.emit import set_source
+from prexy.substitution.syntax import (
     ALL_BYTES,
     Alt,
     Assert,
@@ -54,9 +56,6 @@ from prexy.substitution.dialect import (
     ParsedRegex,
     Repeat,
     Set,
-    can_match_empty,
-    first_bytes,
-    set_source,
 )
 
 _hs: Any

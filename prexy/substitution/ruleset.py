@@ -19,22 +19,21 @@ import regex
 
 from prexy.headerrules import HeaderRules
 from prexy.substitution import hsindex
-from prexy.substitution.byteclass import byte_class
-from prexy.substitution.dialect import (
-    ParsedRegex,
+from prexy.substitution.analysis import (
     can_match_empty,
     first_bytes,
     last_bytes,
     leading_asserts,
     pure_literal,
-    to_re2_source,
-    to_regex_source,
-    to_settled_source,
     trailing_asserts,
 )
+from prexy.substitution.byteclass import byte_class
+from prexy.substitution.compiled import VM_SET_MAX, linear_reason
+from prexy.substitution.emit import FLAGS, to_re2_source, to_regex_source, to_settled_source
 from prexy.substitution.linear import LinearError, LinearPattern
 from prexy.substitution.pikevm import order_reason
-from prexy.substitution.scanner import FLAGS, VM_SET_MAX, RegexScanner, _linear_reason
+from prexy.substitution.scanner import RegexScanner
+from prexy.substitution.syntax import ParsedRegex
 from prexy.substitution.template import Template
 
 __all__ = ["CompileError", "Rule", "RuleSet", "DEFAULT_MAX_BUFFERED_SIZE", "DEFAULT_TYPES"]
@@ -124,14 +123,14 @@ class RuleSet:
 
         ``engine`` names the multi-pattern prefilter (``prefilter.ENGINES``,
         or ``"none"``); the default is ``prefilter.ENGINE``.  ``linear``
-        says which rules run on RE2 (``scanner.LINEAR_MODES``; by default
+        says which rules run on RE2 (``compiled.LINEAR_MODES``; by default
         exactly those ``regex`` cannot bound).  Both change speed only,
         never the output.  With ``lazy`` the scanner is compiled (and the
         set warmed) on first use rather than now.
         """
         rules = tuple(rules)
         if rules:
-            _linear_reason(rules[0].parsed, linear)  # refuses an unknown mode now, lazy or not
+            linear_reason(rules[0].parsed, linear)  # refuses an unknown mode now, lazy or not
         built = cls(
             rules=rules,
             types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),
@@ -177,7 +176,7 @@ class RuleSet:
             if pure_literal(p.tree) is not None:
                 continue
             try:
-                if _linear_reason(p, self.linear) is not None:
+                if linear_reason(p, self.linear) is not None:
                     try:
                         LinearPattern(to_re2_source(p.tree))
                         continue
@@ -260,7 +259,7 @@ class RuleSet:
         out = []
         vms = scanner.vm if scanner is not None else [order_reason(r.parsed) for r in self.rules]
         # With a flagged rule, a set of a few rules finds all its matches on
-        # one VM program, as the module (scanner._SetCursor).
+        # one VM program, as the module (findcursors.SetCursor).
         together = 1 < len(self.rules) <= VM_SET_MAX and any(v is not None for v in vms)
         for k, rule in enumerate(self.rules):
             why = linear[k]
@@ -285,7 +284,7 @@ class RuleSet:
         linear: list[str | None] = []
         refused: dict[int, str] = {}
         for k, rule in enumerate(self.rules):
-            why = _linear_reason(rule.parsed, self.linear)
+            why = linear_reason(rule.parsed, self.linear)
             if why is not None:
                 try:
                     LinearPattern(to_re2_source(rule.parsed.tree))
@@ -391,7 +390,7 @@ class RuleSet:
         out: list[regex.Pattern[bytes] | None] = []
         for r in self.rules:
             p = r.parsed
-            if trailing_asserts(p.tree) & LOOKAHEAD_KINDS and _linear_reason(p, self.linear) is None:
+            if trailing_asserts(p.tree) & LOOKAHEAD_KINDS and linear_reason(p, self.linear) is None:
                 out.append(regex.compile(
                     to_settled_source(p.tree, p.caseless).encode("latin-1"),
                     regex.DOTALL | regex.MULTILINE,

@@ -55,8 +55,8 @@ from prexy.substitution.byteclass import CLASS as _CLASS
 from prexy.substitution.byteclass import NEWLINE, NONE, WORD
 
 if TYPE_CHECKING:
+    from prexy.substitution.matches import Found
     from prexy.substitution.ruleset import RuleSet
-    from prexy.substitution.scanner import Found
 
 __all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer", "warm"]
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web import server
 from twisted.web.http_headers import Headers
 
 from prexy.cache import ObjectMeta
@@ -15,6 +16,7 @@ from prexy.proxy import caching
 from prexy.proxy.caching import CacheLayer
 from prexy.proxy.events import MAX_FALLBACK
 from prexy.proxy.flight import CacheContext
+from prexy.proxy.routes import Answered, Forward
 from tests.cases import unlinked_store
 
 KEY = b"key-of-/page"
@@ -61,16 +63,11 @@ class Waiter:
     def write(self, data: bytes) -> None:
         self.body += data
 
+    def write_whole(self, body: bytes) -> None:
+        self.body += body
+
     def finish(self) -> None:
         self.finished = True
-
-
-class Resource:
-    def __init__(self) -> None:
-        self.forwarded: list[Any] = []
-
-    def forward(self, request: Any, *args: Any) -> None:
-        self.forwarded.append(request)
 
 
 class WaitTests(SynchronousTestCase):
@@ -80,12 +77,14 @@ class WaitTests(SynchronousTestCase):
         self.store = unlinked_store("prexy-wait-", 8 << 20, self.clock.seconds)
         self.events = FakeEvents()
         self.layer = CacheLayer(self.clock, self.store, Metrics(), self.events)
-        self.resource = Resource()
         self.request = Waiter()
         self.assertTrue(self.store.claim(KEY, b"other-worker", caching.CLAIM_LEASE))
+        self.ctx = CacheContext("uri-miss")
+        #: The routes the wait ended with (prexy.proxy.routes).
+        self.routes: list[Any] = []
         self.layer._wait_for_other_worker(
-            self.resource, self.request, None, b"/page", b"h", CacheContext("uri-miss"), KEY, self.clock.seconds()
-        )
+            self.request, None, self.ctx, KEY, self.clock.seconds()  # type: ignore[arg-type]
+        ).addCallback(self.routes.append)
 
     def store_object(self) -> None:
         meta = ObjectMeta(200, [(b"Content-Type", b"text/plain")], self.clock.seconds(), 60.0, site="s", url=b"/page")
@@ -103,7 +102,7 @@ class WaitTests(SynchronousTestCase):
         self.assertTrue(self.request.finished)
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(self.events.waiting.get(KEY, []), [])
-        self.assertEqual(self.resource.forwarded, [])
+        self.assertEqual(self.routes, [Answered(server.NOT_DONE_YET)])
 
     def test_without_notice_looks_are_few_and_bounded(self) -> None:
         """With no notice, the waiter looks after FIRST_FALLBACK, then at
@@ -115,10 +114,10 @@ class WaitTests(SynchronousTestCase):
             delays.append(round(call.getTime() - self.clock.seconds(), 3))
             self.clock.advance(call.getTime() - self.clock.seconds())
         self.assertEqual(delays, [0.05, 0.1, 0.2, 0.4, 0.8, MAX_FALLBACK, MAX_FALLBACK, MAX_FALLBACK])
-        self.assertEqual(self.resource.forwarded, [])
+        self.assertEqual(self.routes, [])
         self.store.release(KEY, b"other-worker")
         self.events.notice(KEY)
-        self.assertEqual(self.resource.forwarded, [self.request])
+        self.assertEqual(self.routes, [Forward(self.ctx)])
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_gone_client_stops_waiting(self) -> None:
@@ -127,6 +126,7 @@ class WaitTests(SynchronousTestCase):
         self.events.notice(KEY)
         self.assertEqual(self.request.code, 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.routes, [None])
 
     def test_leader_announces_when_done(self) -> None:
         ctx = CacheContext("uri-miss")

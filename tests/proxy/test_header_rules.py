@@ -167,3 +167,108 @@ class EarlyHintsTests(SynchronousTestCase):
         _, again = h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")
         h.settle()
         self.assertTrue(again.value().startswith(b"HTTP/1.1 200"))
+
+
+EDITS = (b"add_header X-Frame-Options DENY;\nadd_header Strict-Transport-Security max-age=99 always;\n"
+         b"add_header X-Seen '$remote_addr $request_uri';\nproxy_hide_header X-Powered-By;\n")
+PAGE = (b"HTTP/1.1 200 OK\r\nX-Powered-By: PHP\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n"
+        b"Content-Length: 2\r\n\r\nok")
+
+
+def edited(headers: list[tuple[bytes, bytes]]) -> tuple[list[bytes], ...]:
+    """What EDITS decide on an answer's head."""
+    return tuple(header(headers, n) for n in (b"x-frame-options", b"strict-transport-security", b"x-seen",
+                                                b"x-powered-by"))
+
+
+ADDED = ([b"DENY"], [b"max-age=99"], [b"10.1.2.3 /x"], [])
+ALWAYS = ([], [b"max-age=99"], [], [])
+
+
+class HeaderEditsTests(SynchronousTestCase):
+    """add_header, proxy_hide_header and proxy_set_header
+    (``prexy.headeredits``) on every way an answer leaves: a miss, a hit,
+    a 304 from the cache, a follower of a miss, a refreshed stale copy and
+    Prexy's own errors; and on the request sent upstream."""
+
+    def test_miss(self) -> None:
+        """Added on a 200 (hidden removed); on a 404 the always one only."""
+        h = harness(EDITS)
+        self.assertEqual(edited(get(h, reply=PAGE)[1]), ADDED)
+        status, headers, _ = get(h, reply=PAGE.replace(b"200 OK", b"404 Not Found"))
+        self.assertEqual((status, edited(headers)), (404, ALWAYS))
+
+    def test_hit_and_304_from_the_cache(self) -> None:
+        """A hit and a 304 from the stored object get what the miss got;
+        the hidden header, stored, stays hidden."""
+        h = harness(EDITS, cache=True)
+        self.assertEqual(edited(get(h, reply=PAGE)[1]), ADDED)
+        status, headers, _ = get(h, reply=None)
+        self.assertIn(b"hit", b" ".join(header(headers, b"cache-status")))
+        self.assertEqual((status, edited(headers)), (200, ADDED))
+        _, client = h.send(b'GET /x HTTP/1.1\r\nHost: clone.test\r\nIf-None-Match: "v1"\r\n\r\n')
+        h.settle()
+        status, headers, _ = parse_response(client.value())
+        self.assertEqual((status, edited(headers)), (304, ADDED))
+
+    def test_follower(self) -> None:
+        """A request that follows a miss in flight gets the edits too."""
+        h = harness(EDITS, cache=True)
+        _, first = h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")
+        _, second = h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")
+        self.assertEqual(len(h.conns), 1)
+        h.conns[0].sent()
+        h.conns[0].reply(PAGE)
+        h.settle()
+        for client in (first, second):
+            self.assertEqual(edited(parse_response(client.value())[1]), ADDED)
+        self.assertIn(b"collapsed", b" ".join(header(parse_response(second.value())[1], b"cache-status")))
+
+    def test_refreshed_stale_copy(self) -> None:
+        """A stale copy the upstream confirms with a 304 is served with the edits."""
+        h = harness(EDITS, cache=True)
+        get(h, reply=PAGE)
+        h.clock.advance(120)
+        _, client = h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")
+        conn = h.conns[-1]
+        self.assertIn(b'If-None-Match: "v1"', conn.sent())
+        conn.reply(b'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nCache-Control: max-age=60\r\n\r\n')
+        h.settle()
+        status, headers, body = parse_response(client.value())
+        self.assertEqual((status, body, edited(headers)), (200, b"ok", ADDED))
+
+    def test_own_error(self) -> None:
+        """Prexy's own 502 carries the always headers only."""
+        h = harness(EDITS)
+        h.refuse = True
+        status, headers, _ = get(h, reply=None)
+        self.assertEqual((status, edited(headers)), (502, ALWAYS))
+
+    def test_proxy_set_header(self) -> None:
+        """The request upstream: set, replaced (any case), removed, Prexy's
+        own X-Forwarded-For replaced by nginx's idiom."""
+        h = harness(b"proxy_set_header Host $host; proxy_set_header x-real-ip $remote_addr;\n"
+                    b"proxy_set_header Accept ''; proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n")
+        h.send(b"GET /x HTTP/1.1\r\nHost: clone.test\r\nAccept: */*\r\nX-Real-IP: 1.1.1.1\r\n"
+               b"X-Forwarded-For: 192.0.2.1\r\n\r\n")
+        sent = h.conns[-1].sent().split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
+        pairs = [(n.lower(), v) for n, _, v in (line.partition(b": ") for line in sent)]
+        self.assertEqual(header(pairs, b"host"), [b"clone.test"])
+        self.assertEqual(header(pairs, b"x-real-ip"), [b"10.1.2.3"])
+        self.assertEqual(header(pairs, b"accept"), [])
+        self.assertEqual(header(pairs, b"x-forwarded-for"), [b"192.0.2.1, 10.1.2.3"])
+
+    def test_own_errors_of_the_site(self) -> None:
+        """Own answers for a request routed to the site carry the always
+        headers: a 405 (TRACE) and a 500 (an exception while routing)."""
+        h = harness(EDITS)
+        status, headers, _ = parse_response(h.send(b"TRACE /x HTTP/1.1\r\nHost: clone.test\r\n\r\n")[1].value())
+        self.assertEqual((status, edited(headers)), (405, ALWAYS))
+
+        def boom(request: object) -> object:
+            raise RuntimeError("boom")
+
+        h.resource.render = boom  # type: ignore[method-assign]
+        status, headers, _ = get(h, reply=None)
+        self.assertEqual((status, edited(headers)), (500, ALWAYS))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)

@@ -15,7 +15,7 @@ from zope.interface.verify import verifyClass, verifyObject
 
 from prexy.cache import ICacheStore, Store
 from prexy.config import Timeouts
-from prexy.proxy import forward, outcomes, upstream
+from prexy.proxy import forward, upstream
 from prexy.proxy.pool import IUpstreamPool, PendingRequest, UpstreamPool
 from prexy.proxy.upstream import IBodyConsumer, IConnectionOwner, IPendingRequest
 
@@ -37,7 +37,7 @@ class ProvidedInterfaces(SynchronousTestCase):
     def test_body_consumers(self) -> None:
         """The exchange and the discarding consumer take a response body."""
         self.assertTrue(verifyClass(IBodyConsumer, forward.Exchange))
-        self.assertTrue(verifyObject(IBodyConsumer, outcomes._Discard()))
+        self.assertTrue(verifyObject(IBodyConsumer, forward._Discard()))
 
     def test_store(self) -> None:
         """An open LMDB store is the cache layer's ICacheStore."""

@@ -1,6 +1,6 @@
 """A rule whose matches all start with fixed bytes skips to their next
 occurrence (found by the rarest of them) instead of letting its ``finditer``
-cross long stretches without one (scanner._Lead, _RuleStream.next_from).
+cross long stretches without one (rulestream.Lead, _RuleStream.next_from).
 
 The skip must never change a result: the oracle is the same rule set with
 the skip switched off, fed whole, without a prefilter.  The hypothesis test
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.substitution import scanner
+from prexy.substitution import rulestream
 from prexy.substitution.ruleset import RuleSet
 from tests.cases import expand, parametrize
 from tests.substitution import test_literal_split
@@ -64,14 +64,14 @@ class LeadSkipTests(SynchronousTestCase):
         count: the same bytes as without the skip."""
         expected = run(build(specs, "none", skip=False), [body])
         rs = build(specs, engine)
-        saved = scanner.SKIP_GAP, scanner.LEAD_PROBES
-        scanner.SKIP_GAP, scanner.LEAD_PROBES = gap, probes
+        saved = rulestream.SKIP_GAP, rulestream.LEAD_PROBES
+        rulestream.SKIP_GAP, rulestream.LEAD_PROBES = gap, probes
         try:
             assert run(rs, [body]) == expected
             points = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
             assert run(rs, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == expected
         finally:
-            scanner.SKIP_GAP, scanner.LEAD_PROBES = saved
+            rulestream.SKIP_GAP, rulestream.LEAD_PROBES = saved
 
     @parametrize("engine", ENGINES)
     def test_far_apart_matches_among_decoys(self, engine: str) -> None:
@@ -89,9 +89,9 @@ class LeadSkipTests(SynchronousTestCase):
         assert run(rs, [body[i : i + 4096] for i in range(0, len(body), 4096)]) == expected
 
     def test_lead_picks_the_rarest_byte(self) -> None:
-        lead = scanner._Lead(b"UA-")
+        lead = rulestream.Lead(b"UA-")
         assert lead.byte == ord("U") and lead.offset == 0
-        assert scanner._Lead(b"data-x").byte == ord("x")
+        assert rulestream.Lead(b"data-x").byte == ord("x")
 
     @parametrize(
         ("buf", "pos", "expected"),
@@ -104,13 +104,13 @@ class LeadSkipTests(SynchronousTestCase):
         ],
     )
     def test_next_start(self, buf: bytes, pos: int, expected: int) -> None:
-        assert scanner._Lead(b"UA-").next_start(buf, pos) == expected
+        assert rulestream.Lead(b"UA-").next_start(buf, pos) == expected
 
     def test_next_start_settles_for_a_lower_bound(self) -> None:
         """After LEAD_PROBES occurrences of the rare byte without the prefix it
         returns a position no later than the next occurrence of the prefix."""
-        lead = scanner._Lead(b"UA-")
-        buf = b"U." * (scanner.LEAD_PROBES + 3) + b"UA-1"
+        lead = rulestream.Lead(b"UA-")
+        buf = b"U." * (rulestream.LEAD_PROBES + 3) + b"UA-1"
         at = lead.next_start(buf, 0)
         assert 0 < at <= buf.index(b"UA-")
         # Asked again from there, it gets closer and finally finds it.
@@ -120,15 +120,15 @@ class LeadSkipTests(SynchronousTestCase):
             at = nxt
 
     def test_lower_bound_is_just_past_the_last_false_hit(self) -> None:
-        lead = scanner._Lead(b"UA-")
-        saved = scanner.LEAD_PROBES
-        scanner.LEAD_PROBES = 1
+        lead = rulestream.Lead(b"UA-")
+        saved = rulestream.LEAD_PROBES
+        rulestream.LEAD_PROBES = 1
         try:
             # One false hit at 1: the prefix may start right after it (it does).
             assert lead.next_start(b"xUUA-1", 0) == 2
             assert lead.next_start(b"xU.UA-1", 0) == 2
         finally:
-            scanner.LEAD_PROBES = saved
+            rulestream.LEAD_PROBES = saved
 
     @parametrize("gap", [1, 2, 3, 5])
     @parametrize("engine", ENGINES)
@@ -145,13 +145,13 @@ class LeadSkipTests(SynchronousTestCase):
             b"ab" + b"c" * (gap - 1) + b"ab" + b"c" * 3,  # one byte inside the window
             b"ab" + b"a" * (gap + 2) + b"bc",  # a's (the common byte) all the way
         ]
-        saved = scanner.SKIP_GAP
+        saved = rulestream.SKIP_GAP
         try:
             for body in bodies:
                 expected = run(build(specs, "none", skip=False), [body])
                 rs = build(specs, engine)
-                scanner.SKIP_GAP = gap
+                rulestream.SKIP_GAP = gap
                 assert run(rs, [body]) == expected, body
-                scanner.SKIP_GAP = saved
+                rulestream.SKIP_GAP = saved
         finally:
-            scanner.SKIP_GAP = saved
+            rulestream.SKIP_GAP = saved

@@ -1,5 +1,5 @@
-"""Pure-literal rules are replaced with ``bytes.split`` (scanner._split_run)
-and, without groups, found with ``bytes.find`` (scanner._RuleStream).
+"""Pure-literal rules are replaced with ``bytes.split`` (rulestream.split_run)
+and, without groups, found with ``bytes.find`` (rulestream.RuleStream).
 
 These paths must give exactly what the per-match regex path gives, for
 any mix with other rules (ties, overlaps, once-rules, templates), any
@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.substitution.dialect import parse_sregex, pure_literal
+from prexy.substitution.analysis import pure_literal
+from prexy.substitution.dialect import parse_sregex
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.substitution import pikevm
-from prexy.substitution.dialect import DialectError, has_empty_loop, parse_sregex, to_regex_source
+from prexy.substitution.analysis import has_empty_loop
+from prexy.substitution.dialect import DialectError, parse_sregex
+from prexy.substitution.emit import to_regex_source
 from prexy.substitution.pikevm import (
     CONSUME,
     JMP,

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-import prexy.substitution.scanner as scanner_module
+import prexy.substitution.holdcursors as holdcursors_module
 from prexy.substitution import prefilter
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import RuleSet
@@ -259,8 +259,8 @@ class PrefilterTests(SynchronousTestCase):
         rule_specs: list[tuple[str, str, str]], body: bytes, cuts: list[int], span: int
     ) -> None:
         """With the near-the-end prefix pass cut short, chunking still changes nothing."""
-        saved = scanner_module.TRIE_SPAN
-        scanner_module.TRIE_SPAN = span
+        saved = holdcursors_module.TRIE_SPAN
+        holdcursors_module.TRIE_SPAN = span
         try:
             rules = compile_all(rule_specs)
             ruleset = RuleSet.build(rules, max_buffered_size=10**9)
@@ -269,4 +269,4 @@ class PrefilterTests(SynchronousTestCase):
             assert feed(ruleset, [body[i : i + 1] for i in range(len(body))]) == want
             assert feed(ruleset, [body[a:b] for a, b in zip(points, points[1:], strict=False)]) == want
         finally:
-            scanner_module.TRIE_SPAN = saved
+            holdcursors_module.TRIE_SPAN = saved

@@ -188,7 +188,8 @@ replace_filter bare\\d\\\\ 'it\\'s' ;"""
 
     def test_literal_prefix_for_prefilters(self) -> None:
         """The fixed leading bytes of a rule, for a multi-pattern prefilter."""
-        from prexy.substitution.dialect import literal_prefix, parse_sregex
+        from prexy.substitution.analysis import literal_prefix
+        from prexy.substitution.dialect import parse_sregex
 
         assert literal_prefix(parse_sregex(b"www\\.example\\.com").tree) == b"www.example.com"
         assert literal_prefix(parse_sregex(b"\\b(UA-)\\d+").tree) == b"UA-"

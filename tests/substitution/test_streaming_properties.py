@@ -16,7 +16,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.substitution.dialect import DialectError, backtracking_risk, has_empty_loop
+from prexy.substitution.analysis import backtracking_risk, has_empty_loop
+from prexy.substitution.dialect import DialectError
 from prexy.substitution.prefilter import ENGINES as FILTER_ENGINES
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
