@@ -301,7 +301,10 @@ HEAVY = ("lmdb", "re2", "hyperscan", "twisted")
 #: Modules importable, and working, without ``HEAVY``: the cores, and the
 #: packages whose ``__init__`` re-exports lazily so that importing one pure
 #: submodule does not load the rest.
-LEAN = (*CORES, "prexy.cluster.core", "prexy.cache", "prexy.substitution", "prexy.urlmap")
+LEAN = (
+    *CORES, "prexy.cluster.core", "prexy.fetch", "prexy.headeredits", "prexy.headervars",
+    "prexy.cache", "prexy.substitution", "prexy.urlmap",
+)
 
 
 class LeanImportTests(SynchronousTestCase):
