@@ -1,4 +1,4 @@
-"""Issue 32's figure for stored ACME certificates: start-up and memory with
+"""The figure for stored ACME certificates: start-up and memory with
 10,000 of them, and a handshake served from ACME storage.
 
 Two configurations of ``twistd -n prexy --workers 2`` (this interpreter and

@@ -12,28 +12,15 @@ multi-pattern prefilter engine (``prexy.substitution.prefilter``: every
 installed one by default; ``none`` runs every rule on every buffer),
 feeding the page in 64 KB slices as the proxy does, after checking that all
 engines give the same bytes.  MB/s is wall-clock; "CPU MB/s" uses the
-process's CPU time, the steadier figure on a busy machine.  Targets: issue
-3, 1 MB with 1 rule >= 100 MB/s and with 10 rules >= 50 MB/s; issue 4,
-1000 rules >= 50 MB/s and >= 1/2 of the same engine at 10 rules.
+process's CPU time, the steadier figure on a busy machine.  Targets: 1 MB
+with 1 rule >= 100 MB/s and with 10 rules >= 50 MB/s; 1000 rules >= 50 MB/s
+and >= 1/2 of the same engine at 10 rules.
 
-Last measured (2-core x86_64 shared with other benchmarks, load average
-~1.6, median of 7, wall MB/s; compile ms of the 1000-rule set in brackets):
-
-    rules  page    hyperscan  anchor (pure regex)  none (no prefilter)
-        1  20 KB       365        450                  445
-        1   1 MB       556        564                  607
-       10  20 KB       148        107                   74
-       10   1 MB       175        116                   74
-      100  20 KB       120         54                  7.5
-      100   1 MB       151        101                  8.8
-     1000  20 KB        93         64                  1.0
-     1000   1 MB       111         66                  1.1
-    compile (1000)    [494]      [239]                [238]
+Its figures are in bench/README.md.
 
 Hyperscan (optional dependency) is the default when it imports; without
-it the anchor filter is used.  Before the prefilter (every rule scanning
-every buffer, every rule probed at each buffer's end) 1000 rules ran at
-0.5 MB/s (20 KB) and 0.8 MB/s (1 MB).
+it the anchor filter is used.  ``none`` (every rule scanning every buffer)
+shows what the prefilter saves.
 """
 
 from __future__ import annotations
@@ -161,7 +148,7 @@ def feed_time(ruleset: RuleSet, page: bytes, feed: int | None) -> tuple[bytes, f
 
 
 def realistic_main(runs: int) -> int:
-    """Issue 14's cells: the realistic corpus (bench/realistic.py), 10 / 100 /
+    """The realistic cells: the realistic corpus (bench/realistic.py), 10 / 100 /
     1000 clone rules, whole bodies and 16 KiB and 1 KiB feeds; CPU time,
     median of ``runs`` interleaved runs; the first run after compiling is
     reported apart (it must not pay for compilation)."""

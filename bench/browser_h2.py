@@ -1,4 +1,4 @@
-"""A real browser through Prexy over HTTP/2 and over HTTP/1.1 (issue 20).
+"""A real browser through Prexy over HTTP/2 and over HTTP/1.1.
 
 Debian's headless Chromium, driven over its DevTools protocol, opens the
 first of ``--pages`` pages through ``twistd prexy`` on TLS; each page has

@@ -1,4 +1,4 @@
-"""Issue 21's cluster speed lines: how fast a PURGE reaches every node, and
+"""The cluster speed lines: how fast a PURGE reaches every node, and
 what the cluster code costs a cache hit.
 
 1. Three ``twistd -n prexy`` nodes (one worker each, own store, own ports)
@@ -341,7 +341,7 @@ def scenario_cluster(bench: Any) -> Any:
                          check=True, env=env, cwd=str(harness.REPO))
     hit = json.loads(raw.stdout.strip().splitlines()[-1])
     table, targets = report(purge, hit)
-    return Report("Cluster (issue 21): PURGE across three nodes, cost per hit", table, targets=targets,
+    return Report("Cluster: PURGE across three nodes, cost per hit", table, targets=targets,
                   data={"purge": purge, "hit": hit}, notes=[f"PURGE answers: {purge['confirmed']['notes']}"])
 
 

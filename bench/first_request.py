@@ -1,4 +1,4 @@
-"""Issue 14's first-request figure: the first request after a start and
+"""The first-request figure: the first request after a start and
 after a reload, against warm requests made the same way.
 
 A request's time on this machine depends as much on what the process did
@@ -33,13 +33,13 @@ import os
 import signal
 import statistics
 import time
-from typing import Any
 
 import content
 import harness
 import realistic
 import servers
 from harness import Client, fmt_ms, markdown_table
+from scenarios import Bench, Report, target
 
 #: Seconds without traffic before each request measured "after a pause".
 PAUSE = 0.3
@@ -89,10 +89,8 @@ def _wait_reloaded(server: servers.Server, before: int, timeout: float = 60.0) -
     raise RuntimeError(f"{server.name}: no reload logged in {timeout:g} s:\n{server.child.log_tail()}")
 
 
-def scenario_first_request(bench: Any) -> Any:
+def scenario_first_request(bench: Bench) -> Report:
     """First request after start and after reload, against warm requests after the same pause."""
-    from scenarios import Report, target
-
     s = bench.settings
     origin = bench.origin()
     module = harness.subs_module_path()

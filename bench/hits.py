@@ -1,4 +1,4 @@
-"""Issue 18's compressed-hits figure: cache hits of a rewritten 20 KB page
+"""The compressed-hits figure: cache hits of a rewritten 20 KB page
 (the real page of the subs scenario, 10 realistic rules) to clients that
 take gzip or br, against hits to clients that take no coding, on the same
 Prexy (2 workers, one shared store), wrk runs interleaved.
@@ -13,19 +13,17 @@ store read and the negotiation).
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 import content
 import harness
 import realistic
 import servers
 from harness import LOCAL, markdown_table
+from scenarios import REAL_PATHS, Bench, Report, target
 
 
-def scenario_compressed_hits(bench: Any) -> Any:
+def scenario_compressed_hits(bench: Bench) -> Report:
     """req/s of cache hits in gzip and br, over hits in identity."""
-    from scenarios import REAL_PATHS, Report, target
-
     s = bench.settings
     origin = bench.origin()
     install = bench.prexy()
@@ -85,5 +83,5 @@ cache_ttl = 3600
     targets = [target(f"compressed hits within 10% of identity hits' req/s: {worst:.2f}x", worst >= 0.9)]
     notes.append(f"wrk -c50 -t2, {rounds} interleaved runs of {s.seconds:.0f} s per coding; "
                  "Prexy with 2 workers and one shared store.")
-    return Report("Compressed cache hits (issue 18)", table, notes,
+    return Report("Compressed cache hits", table, notes,
                   {"rps": rps, "cpu_us": us, "sizes": sizes}, targets)

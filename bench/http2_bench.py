@@ -1,4 +1,4 @@
-"""Issue 20's HTTP/2 speed lines, Prexy beside Debian's nginx in one run.
+"""The HTTP/2 speed lines, Prexy beside Debian's nginx in one run.
 
 1. h2load (Debian's nghttp2-client) asks for the realistic 20 KB page
    through 10 realistic rules over TLS: HTTP/2 with 10 clients x 10
@@ -39,6 +39,7 @@ import harness
 import realistic
 import servers
 from harness import LOCAL, WORK, markdown_table
+from scenarios import REAL_PATHS, Bench, Report, big_page, rss_mb, target
 
 
 def _cert(directory: Any) -> tuple[str, str]:
@@ -71,10 +72,8 @@ def h2load(url: str, *, h1: bool, seconds: float, cpu_of: Any = None) -> tuple[f
     return float(m.group(1)), cpu
 
 
-def scenario_http2(bench: Any) -> Any:
+def scenario_http2(bench: Bench) -> Report:
     """HTTP/2 against HTTP/1.1 through Prexy, nginx http2 beside it."""
-    from scenarios import REAL_PATHS, Report, target
-
     s = bench.settings
     origin = bench.origin()
     install = bench.prexy()
@@ -130,9 +129,7 @@ rules = ["{rules}"]
                 url = f"https://{LOCAL}:{port}{path}"
                 cells.setdefault(name, []).append(h2load(url, h1=h1, seconds=seconds, cpu_of=srv.cpu))
                 harness.log(f"  {name}: {cells[name][-1][0]:,.0f} req/s")
-        from scenarios import _big_page, rss_mb
-
-        big = _big_page(bench)
+        big = big_page(bench)
         slow = slow_beside_fast(prexy.port, path, big, 150 if s.quick else 500, lambda: rss_mb(prexy), prexy.cpu)
         many = many_streams(prexy.port, REAL_PATHS["html-1m"], 200, 600 if s.quick else 2000, lambda: rss_mb(prexy))
     finally:
@@ -183,7 +180,7 @@ rules = ["{rules}"]
     notes.append(f"200 streams: h2load -c1 -m{many['streams']} -n{many['requested']} on "
                  f"{REAL_PATHS['html-1m']} (rewritten); peak RSS sampled every 20 ms.")
     data = {"rps": rps, "cpu_us": cpu, "slow_beside_fast": slow, "many_streams": many}
-    return Report("HTTP/2 (issue 20)", table, notes, data, targets)
+    return Report("HTTP/2", table, notes, data, targets)
 
 
 class Probe:

@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from scenarios import SCENARIOS, Bench, Report, Settings  # noqa: E402
+from catalog import SCENARIOS  # noqa: E402
+from scenarios import Bench, Report, Settings  # noqa: E402
 
 DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "first", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
                  "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster", "sites")

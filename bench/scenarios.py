@@ -23,16 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cluster_bench
 import content
-import first_request
 import harness
-import hits
-import http2_bench
 import realistic
 import servers
-import sites_bench
-import tunnel
 from harness import WORK, Client, WrkResult, fmt, fmt_ms, markdown_table, ratio
 from servers import MissingFlag, PrexyInstall, Server
 
@@ -235,7 +229,7 @@ def _error_notes(name: str, label: str, result: WrkResult | None, notes: list[st
 
 
 # --------------------------------------------------------------------------
-# proxy (issue 2)
+# proxy
 
 
 def scenario_proxy(bench: Bench) -> Report:
@@ -284,7 +278,7 @@ def scenario_proxy(bench: Bench) -> Report:
     notes.append(
         f"wrk -t{s.threads} on 127.0.0.1, {s.seconds:g} s per run, medians of {s.rounds} "
         "interleaved runs; CPU per request = utime+stime of the server's processes "
-        "(/proc/PID/stat) over the run / requests completed. Target (issue 2): Prexy "
+        "(/proc/PID/stat) over the run / requests completed. Target: Prexy "
         "CPU ≤ 150 µs per proxied keep-alive request."
     )
     return Report("proxy: nginx proxy_pass vs Prexy (1 worker each)", table, notes, data,
@@ -292,7 +286,7 @@ def scenario_proxy(bench: Bench) -> Report:
 
 
 # --------------------------------------------------------------------------
-# subs (issues 3, 4)
+# subs
 
 
 @dataclass
@@ -611,8 +605,8 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
 
     if corpus.name == "synthetic":
         notes.append(
-            "Targets: 20 KB with 10 rules faster than subs_filter (issue 3); 100 and 1000 "
-            "rules ≤ 1/2 of subs_filter's time (issue 4)."
+            "Targets: 20 KB with 10 rules faster than subs_filter; 100 and 1000 "
+            "rules ≤ 1/2 of subs_filter's time."
         )
         r = _ratio(10, small_label)
         verdicts.append(target(f"20 KB, 10 rules: Prexy faster than subs_filter (time ratio "
@@ -623,7 +617,7 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
                 verdicts.append(target(f"{label}, {count} rules: Prexy ≤ 1/2 of subs_filter's time "
                                        f"(ratio {fmt(r, 2)})", None if r is None else r <= 0.5))
     else:
-        notes.append("Targets (issue 14): 20 KB page, 1000 rules ≤ 2 ms, 100 rules ≤ 1.2 ms, "
+        notes.append("Targets: 20 KB page, 1000 rules ≤ 2 ms, 100 rules ≤ 1.2 ms, "
                      "10 rules ≤ 0.9× subs_filter's time; ≤ 0.5× subs_filter at 100 rules and "
                      "≤ 0.1× at 1000.")
         for count, limit in ((1000, 0.002), (100, 0.0012)):
@@ -646,7 +640,7 @@ def _subs(bench: Bench, corpus: SubsCorpus) -> Report:
 
 
 # --------------------------------------------------------------------------
-# cache (issue 6)
+# cache
 
 
 def _hit_state(server: Server, path: str) -> str:
@@ -729,14 +723,14 @@ def scenario_cache(bench: Bench) -> Report:
         f"wrk -t2 -c{max(s.connections)}, medians of {s.rounds}; Prexy with --workers 2, "
         "--cache-size 256M and the 10-rule set (hits must not run the rules), Varnish with "
         "the built-in VCL and malloc storage. Origin CPU per request should be ~0 on hits. "
-        "Target (issue 6): Prexy ≥ 0.25× Varnish's req/s."
+        "Target: Prexy ≥ 0.25× Varnish's req/s."
     )
     return Report("cache: hits, Prexy vs Varnish", table, notes, data, verdicts)
 
 
 def _range_hits(bench: Bench, prexy: Server, varnish: Server,
                 data: dict[str, object], verdicts: list[str], notes: list[str]) -> None:
-    """Issue 19: a range hit (the second half of the 20 KB object) against
+    """A range hit (the second half of the 20 KB object) against
     a full hit of it, on the same servers, wrk runs interleaved."""
     s = bench.settings
     path = PATHS["20 KB"]
@@ -760,7 +754,7 @@ def _range_hits(bench: Bench, prexy: Server, varnish: Server,
     for srv in (prexy, varnish):
         full, part = med[(srv.name, False)], med[(srv.name, True)]
         notes.append(
-            f"Range hits (issue 19), 20 KB object, `Range: bytes=10240-20479`: {srv.name} full hits "
+            f"Range hits, 20 KB object, `Range: bytes=10240-20479`: {srv.name} full hits "
             f"{fmt(full)} req/s ({fmt(us.get((srv.name, False)))} µs CPU), range hits {fmt(part)} req/s "
             f"({fmt(us.get((srv.name, True)))} µs), {ratio(part, full)} (wrk -c{max(s.connections)} -t2, "
             f"medians of {max(s.rounds, 3)} interleaved runs)")
@@ -770,7 +764,7 @@ def _range_hits(bench: Bench, prexy: Server, varnish: Server,
 
 
 # --------------------------------------------------------------------------
-# workers (issue 5)
+# workers
 
 
 def scenario_workers(bench: Bench) -> Report:
@@ -841,14 +835,14 @@ def scenario_workers(bench: Bench) -> Report:
     )
     notes.append(
         f"wrk -t2 -c{max(s.connections)} on the same 2 cores as the servers (so gains are "
-        "bounded by the load generator's share), medians of interleaved runs. Target "
-        "(issue 5): Prexy's gain ≥ nginx's gain; master CPU per request 0."
+        "bounded by the load generator's share), medians of interleaved runs. Target: "
+        "Prexy's gain ≥ nginx's gain; master CPU per request 0."
     )
     return Report("workers: 1 vs 2 workers, nginx vs Prexy", table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
-# urlmap (issue 7)
+# urlmap
 
 
 def rss_mb(server: Server) -> float:
@@ -955,7 +949,7 @@ def scenario_urlmap(bench: Bench) -> Report:
         f"{sizes[-1]:,} entries: Prexy starts (map loaded, first HTTP answer) in < 3 s and stays "
         f"< 300 MB" + (f" ({prexy_load[0]:.1f} s, {prexy_load[1]:.0f} MB)" if prexy_load else ""),
         None if not prexy_load else prexy_load[0] < 3 and prexy_load[1] < 300))
-    # Issue 7: lookup cost at the largest map over the cost at the smallest.
+    # Lookup cost at the largest map over the cost at the smallest.
     for which in ("first", "last", "none"):
         small, large = data.get(f"{sizes[0]} {which}"), data.get(f"{sizes[-1]} {which}")
         costs = []
@@ -981,7 +975,7 @@ def scenario_urlmap(bench: Bench) -> Report:
 
 
 # --------------------------------------------------------------------------
-# stream (issue 4): a 100 MB body with 100 rules, and small requests beside it
+# stream: a 100 MB body with 100 rules, and small requests beside it
 
 
 class _RssSampler(threading.Thread):
@@ -1050,7 +1044,7 @@ def _stream_until(port: int, path: str, halt: threading.Event) -> None:
         _stream(port, path, 120.0, halt)
 
 
-def _big_page(bench: Bench) -> str:
+def big_page(bench: Bench) -> str:
     """``/page100m.html``: the 1 MB page 100 times (written once)."""
     path = bench.www / "page100m.html"
     if not path.exists() or path.stat().st_size != 100 * MB:
@@ -1066,7 +1060,7 @@ def scenario_stream(bench: Bench) -> Report:
     """100 MB through 100 rules (MiB/s, RSS growth) and small-request p99 beside it."""
     s = bench.settings
     origin = bench.origin()
-    big = _big_page(bench)
+    big = big_page(bench)
     notes: list[str] = []
     module = harness.subs_module_path()
     if module is None:
@@ -1160,14 +1154,14 @@ def scenario_stream(bench: Bench) -> Report:
         "partial read is marked); RSS of the server's processes sampled every 50 ms. "
         f"Then wrk -c10 on the 12-byte file for {small_seconds:g} s alone and with "
         f"{heavy_clients} clients looping over the 100 MB rewrite. Prexy 1 process, nginx "
-        "1 worker. Targets (issue 4): ≥ 50 MiB/s, RSS growth < 20 MB, p99 ratio ≤ 3."
+        "1 worker. Targets: ≥ 50 MiB/s, RSS growth < 20 MB, p99 ratio ≤ 3."
     )
     return Report("stream: 100 MB through 100 rules, and small requests beside it",
                   table, notes, data, verdicts)
 
 
 # --------------------------------------------------------------------------
-# slowclient (issues 2, 3): memory with a client slower than the origin
+# slowclient: memory with a client slower than the origin
 
 
 def _slow_read(port: int, path: str, rate: int, seconds: float) -> int:
@@ -1199,7 +1193,7 @@ def scenario_slowclient(bench: Bench) -> Report:
     """RSS of the proxy while one client reads a 100 MB body at 256 KB/s."""
     s = bench.settings
     origin = bench.origin()
-    big = _big_page(bench)
+    big = big_page(bench)
     notes: list[str] = []
     rules_file = content.write(WORK / "rules" / "rules-100.conf",
                                content.replace_filter_rules(content.rule_set(100)))
@@ -1246,11 +1240,11 @@ def scenario_slowclient(bench: Bench) -> Report:
 
 
 # --------------------------------------------------------------------------
-# Scripts written by others (run as-is in the bench venv)
+# Standalone scripts (run as they are in the bench venv)
 
 
-def _script(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[Bench], Report]:
-    """A scenario that runs another engineer's standalone script in the bench venv."""
+def script_scenario(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[Bench], Report]:
+    """A scenario that runs one of bench/'s standalone scripts in the bench venv."""
 
     def run(bench: Bench) -> Report:
         script = Path(__file__).resolve().parent / name
@@ -1274,7 +1268,7 @@ def _script(name: str, quick_args: tuple[str, ...] = ("--quick",)) -> Callable[[
     return run
 
 
-# adversarial (issue 15): the shapes that make a backtracking engine blow up
+# adversarial: the shapes that make a backtracking engine blow up
 
 #: (pattern as the rules file writes it, the body built against it).  The
 #: bodies are those of tests/substitution/test_adversarial.py.
@@ -1374,12 +1368,12 @@ def scenario_adversarial(bench: Bench) -> Report:
          "RSS growth"], rows)
     notes.append("wall time, median of 3 runs; the CLI's RSS growth is its peak against a run "
                  "on an empty body, the proxy's the peak of its processes while serving")
-    return Report("adversarial: rules regex cannot bound (issue 15)", table, notes, data, targets)
+    return Report("adversarial: rules regex cannot bound", table, notes, data, targets)
 
 
 
 # --------------------------------------------------------------------------
-# compress (issue 18): gzip/br answers to clients, a gzip upstream body
+# compress: gzip/br answers to clients, a gzip upstream body
 
 
 #: Prexy's default [compression] levels (README), given to both servers.
@@ -1488,7 +1482,7 @@ def _gzip_origin(bench: Bench) -> Server:
     """An nginx origin that sends the 100 MB page gzip-encoded (a file
     compressed once with zlib level 6, `Content-Encoding: gzip`), as an
     upstream that compresses whatever it is asked for."""
-    big = bench.www / _big_page(bench).lstrip("/")
+    big = bench.www / big_page(bench).lstrip("/")
     gz_dir = WORK / "www-gzip" / "gz"
     gz = gz_dir / "page100m.html"
     stamp = gz_dir / "source-size"
@@ -1530,7 +1524,7 @@ rules = ["{rules}"]
 
 
 def scenario_compress(bench: Bench) -> Report:
-    """Issue 18's speed targets for compression: a rewritten 20 KB page sent
+    """The speed targets for compression: a rewritten 20 KB page sent
     gzip (against nginx + subs_filter + gzip at the same level) and br; a
     100 MB gzip upstream body decoded and rewritten."""
     s = bench.settings
@@ -1692,7 +1686,7 @@ def scenario_compress(bench: Bench) -> Report:
         "`brotli`; a mismatch aborts the cell."
     )
     if prexy is None:
-        return Report("compress: gzip/br answers to clients (issue 18)", table, notes, data, verdicts)
+        return Report("compress: gzip/br answers to clients", table, notes, data, verdicts)
 
     # The 100 MB gzip-encoded upstream body through 100 rules.
     gz_origin = _gzip_origin(bench)
@@ -1755,28 +1749,5 @@ def scenario_compress(bench: Bench) -> Report:
                      "every 50 ms; the old domain is counted in what arrives, and the answer's "
                      "sha256 must equal that of the same Prexy's answer for the page sent identity "
                      "(fetched first). No peer: subs_filter cannot rewrite a gzip upstream body.")
-    return Report("compress: gzip/br answers to clients, a gzip upstream body (issue 18)",
+    return Report("compress: gzip/br answers to clients, a gzip upstream body",
                   table, notes, data, verdicts)
-
-
-SCENARIOS: dict[str, Callable[[Bench], Report]] = {
-    "proxy": scenario_proxy,
-    "subs": scenario_subs,
-    "subs-synthetic": scenario_subs_synthetic,
-    "first": first_request.scenario_first_request,
-    "stream": scenario_stream,
-    "slowclient": scenario_slowclient,
-    "cache": scenario_cache,
-    "workers": scenario_workers,
-    "urlmap": scenario_urlmap,
-    "adversarial": scenario_adversarial,
-    "compress": scenario_compress,
-    "tunnel": tunnel.scenario_tunnel,
-    "compress-hits": hits.scenario_compressed_hits,
-    "http2": http2_bench.scenario_http2,
-    "cluster": cluster_bench.scenario_cluster,
-    "sites": sites_bench.scenario_sites,
-    "transducer": _script("bench_transducer.py"),
-    "urlmap-index": _script("bench_urlmap.py", ("--sizes", "100,10000")),
-    "cache-store": _script("bench_cache_store.py", ("--rounds", "1")),
-}

@@ -1,4 +1,4 @@
-"""Issue 21's sites-at-scale line: thousands of sites on one node.
+"""The sites-at-scale line: thousands of sites on one node.
 
     python bench/sites_bench.py [--sites 10000] [--workers 2] [--layout include|inline]
                                 [--twistd PATH] [--check-only]
@@ -26,7 +26,7 @@ Measured, in one run:
   is answered, and the failed requests (any status but 200, any connection
   error) during the whole load.
 
-Targets (issue 21): first answer under 5 s after start; RSS per worker
+Targets: first answer under 5 s after start; RSS per worker
 under 300 MB; a reload after one site's rules change under 1 s to take
 effect, no request failing.  ``--layout inline`` writes every site into
 the main file (what a configuration looked like before ``include``).
@@ -453,7 +453,7 @@ def scenario_sites(bench: Any) -> Any:
              f"load average at start: {', '.join(str(data[str(n)]['loadavg_at_start']) for n in sizes)}"
              " (wall times grow with other load; the CPU column does not)",
              "reload: site 0's rules file changes, POST /reload, under 4 keep-alive clients over 200 sites"]
-    return Report("sites: thousands of sites on one node (issue 21)", table, notes, data, targets)
+    return Report("sites: thousands of sites on one node", table, notes, data, targets)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Issue 32's SNI figure: a TLS handshake through the server-name callback
+"""The SNI figure: a TLS handshake through the server-name callback
 against a one-certificate listener's handshake.
 
 Two ``twistd -n prexy`` processes (one worker each, this interpreter and

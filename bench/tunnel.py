@@ -1,4 +1,4 @@
-"""Issue 18's WebSocket tunnel figures, Prexy beside nginx in one run.
+"""The WebSocket tunnel figures, Prexy beside nginx in one run.
 
 A WebSocket origin in this process (asyncio, one thread) answers the
 handshake with a real ``101`` and then, by path: ``/blast`` sends bytes as
@@ -25,11 +25,11 @@ import socket
 import statistics
 import threading
 import time
-from typing import Any
 
 import harness
 import servers
 from harness import LOCAL, markdown_table
+from scenarios import Bench, Report, rss_mb, target
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 BLAST = b"\x82\x7e\xff\xff" + bytes(range(256)) * 256  # one 64 KiB binary frame per write, repeated
@@ -154,7 +154,6 @@ def echo_times(port: int, count: int) -> list[float]:
 def idle_rss(server: servers.Server, count: int) -> tuple[float, int]:
     """RSS growth (MB) of ``server`` with ``count`` quiet tunnels open, and
     how many opened."""
-    from scenarios import rss_mb
     before = rss_mb(server)
     socks = []
     try:
@@ -173,10 +172,8 @@ def _p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def scenario_tunnel(bench: Any) -> Any:
+def scenario_tunnel(bench: Bench) -> Report:
     """Through one tunnel: MB/s, echo latency, 1,000 idle tunnels' memory."""
-    from scenarios import Report, target
-
     s = bench.settings
     notes: list[str] = []
     origin = WsOrigin()
@@ -247,5 +244,5 @@ upstream = "http://{LOCAL}:{origin.port}"
     notes.append(f"{rounds} interleaved rounds of {seconds:.0f} s per server for MB/s; "
                  f"{count // rounds * rounds} echo round trips each; one Prexy worker, one nginx worker.")
     harness.log(f"tunnel: {med} p99 {p99}")
-    return Report("WebSocket tunnel (issue 18)", table, notes,
+    return Report("WebSocket tunnel", table, notes,
                   {"mbps": mbps, "p50_ms": p50, "p99_ms": p99, "idle_mb": idle}, targets)

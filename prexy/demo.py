@@ -27,9 +27,9 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 from zope.interface import implementer
 
+from prexy.cache.paths import default_cache_path
 from prexy.cache.policy import CachePolicy
 from prexy.config import Config, MapConfig, SiteConfig, UpstreamURL
-from prexy.proxy.caching import default_cache_path
 
 log = Logger()
 

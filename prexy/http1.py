@@ -44,9 +44,8 @@ The body framings are one small class each, in the manner of h11's
 ``_readers.py``: :class:`_LengthReader`,
 :class:`_ChunkedReader`, :class:`_CloseReader`.
 
-Hand-written, although httptools (llhttp) measured faster
-(``bench/bench_http1.py``, median CPU us per response of 11 interleaved
-runs on the shared 2-core build machine)::
+Hand-written, although httptools (llhttp) is faster
+(``bench/bench_http1.py``: median CPU µs per response, interleaved runs)::
 
                                       hand-written  httptools    h11
     20 KB Content-Length, one read        12.8          6.9      133
@@ -55,14 +54,13 @@ runs on the shared 2-core build machine)::
     1 MB chunked (16 KiB chunks), 16 KiB  352           83      1841
 
 h11 is out (10x slower).  httptools would save about 6 us of a ~1 ms
-20 KB request, but it cannot read the responses the proxy reads today: it
+20 KB request, but it cannot read the responses the proxy reads: it
 refuses a repeated equal Content-Length, Transfer-Encoding beside
 Content-Length (chunked must win), obs-fold, LF-only chunk lines and
 versions other than 1.0/1.1 (only some have a "dangerous leniency"
 switch), and it cannot be told that a response answers HEAD (it would
-wait for the Content-Length bytes).  Keeping the
-acceptance rules exact was the brief; chunked bodies with small chunks are
-where a switch would pay (8x), so that is the case to revisit.
+wait for the Content-Length bytes).  The acceptance rules stay exact;
+chunked bodies with small chunks are where a switch would pay (8x).
 """
 
 from __future__ import annotations

@@ -311,13 +311,10 @@ def fast_head(data: bytes, start: int, end: int) -> Head | Refusal | None:
     """The verdict on the head ``data[start:end]`` (its final empty line
     included) when it has the common shape, else None (for ``HeadReader``
     to read it line by line).  It gives what ``HeadReader`` gives on the
-    same head (the tests compare the two), faster.  Measured 2026-12-02
-    with callgrind (instructions, repeatable; PYTHONHASHSEED=0), per head:
-    wrk's 57-byte head 95.7k line by line against 37.0k here, a 499-byte
-    browser head 328k against 59.4k; in wall time (medians of 9
-    interleaved runs, the machine busy) 24.7 against 10.8 us and 75.8
-    against 14.4 us.  A first Host with a plain name and no body is
-    decided without ``conclude`` (42.7k -> 37.0k for wrk's head)."""
+    same head (the tests compare the two) in a third to a fifth of the
+    instructions (callgrind: wrk's 57-byte head, a 499-byte browser head).
+    A first Host with a plain name and no body is decided without
+    ``conclude``."""
     m = _FAST_HEAD.match(data, start, end)
     if m is None or m.end() != end:
         return None
@@ -407,9 +404,9 @@ class HeadGate:
         #: Heads up to this size cannot hold more header lines than the
         #: limit: the shortest request line is 14 bytes
         #: (``A / HTTP/1.0\r\n``), a header line 4 (``a:\r\n``), the end 2.
-        #: A larger one has its LFs counted before the fast path: measured
-        #: 2026-12-04 with callgrind, a 463-byte browser head 61.0k -> 63.5k
-        #: instructions; wrk's 57-byte head is not counted.
+        #: A larger one has its LFs counted before the fast path (about 4%
+        #: more instructions for a browser-sized head); wrk's 57-byte head
+        #: is not counted.
         self._lines_fit = 14 + 4 * (limits.max_header_lines + 1) + 2 - 1
         self.reset()
 

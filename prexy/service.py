@@ -269,7 +269,8 @@ class ConfigLoader:
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
-    from prexy.proxy.caching import CacheLayer, default_cache_path
+    from prexy.cache.paths import default_cache_path
+    from prexy.proxy.caching import CacheLayer
     from prexy.proxy.events import KeyEvents
 
     path = config.cache_path or default_cache_path()

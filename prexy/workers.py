@@ -525,7 +525,7 @@ class MasterService(service.MultiService):
             return None
         if self._store is None:
             from prexy.cache import Store
-            from prexy.proxy.caching import default_cache_path
+            from prexy.cache.paths import default_cache_path
 
             path = self.config.cache_path or default_cache_path()
             self._store = Store.open(path, self.config.cache_size, clock=self.reactor.seconds)

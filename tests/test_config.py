@@ -227,7 +227,7 @@ class ConfigTests(SynchronousTestCase):
 
 
 class IncludeTests(SynchronousTestCase):
-    """``include``: sites in files of their own (issue 21), each error named
+    """``include``: sites in files of their own, each error named
     with the site file's own path and line."""
 
     def setUp(self) -> None:

@@ -13,7 +13,11 @@ submodule that imports a sibling look like a cycle.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -127,6 +131,11 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str], start: str) -> li
     raise AssertionError(f"{start} is in a component without a cycle")
 
 
+#: The modules that wire the Twisted shell (``prexy.proxy``) into a
+#: service; no other module outside it imports it.
+SHELL_WIRING = frozenset({"prexy.service"})
+
+
 class ImportGraphTests(SynchronousTestCase):
     """Prexy's modules import each other along a directed acyclic graph."""
 
@@ -135,6 +144,20 @@ class ImportGraphTests(SynchronousTestCase):
         cycles = find_cycles(import_graph())
         if cycles:
             self.fail("import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles))
+
+    def test_only_the_wiring_imports_the_shell(self) -> None:
+        """Outside ``prexy.proxy``, only the service wiring imports it: the
+        pool, the cluster node and the demo take what they share with the
+        shell (the cache path) from a core module below both."""
+        graph = import_graph()
+        upward = sorted(
+            f"{m} -> {t}"
+            for m, targets in graph.items()
+            if not (m == "prexy.proxy" or m.startswith("prexy.proxy.")) and m not in SHELL_WIRING
+            for t in targets
+            if t == "prexy.proxy" or t.startswith("prexy.proxy.")
+        )
+        self.assertEqual(upward, [])
 
     def test_cycle_report(self) -> None:
         """The cycle finder reports one closed path per tangle, and none for
@@ -228,6 +251,26 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def bench_graph(root: Path) -> dict[str, set[str]]:
+    """The import graph of ``bench/``'s scripts, which import each other as
+    top-level modules (``run.py`` puts ``bench/`` on the path)."""
+    files = {path.stem: path for path in sorted(root.glob("*.py"))}
+    return {name: top_level_imports(path) & set(files) - {name} for name, path in files.items()}
+
+
+class BenchGraphTests(SynchronousTestCase):
+    """The benchmark scripts import each other along a directed acyclic
+    graph too: the scenario catalog sits above the scenario modules, which
+    take their shared pieces from ``scenarios.py`` below them."""
+
+    def test_no_cycle(self) -> None:
+        graph = bench_graph(ROOT.parent / "bench")
+        self.assertIn("scenarios", graph)
+        cycles = find_cycles(graph)
+        if cycles:
+            self.fail("bench import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles))
+
+
 class PureCoreTests(SynchronousTestCase):
     """The cores import neither Twisted nor the shell, however indirectly."""
 
@@ -251,26 +294,52 @@ class PureCoreTests(SynchronousTestCase):
         self.assertEqual(reachable({"a": {"b"}, "b": {"c", "a"}, "c": set(), "d": {"a"}}, "a"), {"a", "b", "c"})
 
 
-def unit_tier_modules(tox_ini: Path) -> set[str]:
-    """The test modules and packages tox's unit tier (``[testenv]``) names."""
-    import configparser
+#: Packages a core must import without: the LMDB binding (the cache store),
+#: the regex engines the rule sets compile to, and Twisted (the shell).
+HEAVY = ("lmdb", "re2", "hyperscan", "twisted")
 
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(tox_ini)
-    commands = parser["testenv"]["commands"]
-    start = commands.index("{posargs:") + len("{posargs:")
-    return set(commands[start : commands.index("}", start)].split())
+#: Modules importable, and working, without ``HEAVY``: the cores, and the
+#: packages whose ``__init__`` re-exports lazily so that importing one pure
+#: submodule does not load the rest.
+LEAN = (
+    *CORES, "prexy.cluster.core", "prexy.fetch", "prexy.headeredits", "prexy.headervars",
+    "prexy.cache", "prexy.substitution", "prexy.urlmap",
+)
 
 
-class UnitTierTests(SynchronousTestCase):
-    """Trial runs the modules tox names, so a unit-tier module left out of
-    that list would never run in CI."""
+class LeanImportTests(SynchronousTestCase):
+    """Each core imports, and works, with the heavy bindings not installed:
+    a core that pulled them in through a package ``__init__`` (``config`` ->
+    ``prexy.cache`` -> the store -> ``lmdb``) could not be imported, nor
+    tested, on its own."""
 
-    def test_every_unit_module_is_listed(self) -> None:
+    def test_cores_import_without_heavy_bindings(self) -> None:
+        """A child Python refuses ``HEAVY`` and imports each of ``LEAN`` from
+        scratch, running its smoke check (``tests/blockedimports.py``)."""
         tests = Path(__file__).resolve().parent
-        listed = unit_tier_modules(tests.parent / "tox.ini")
-        on_disk = {f"tests.{p.stem}" for p in tests.glob("test_*.py")}
-        on_disk |= {f"tests.{d.name}" for d in tests.iterdir() if d.is_dir() and any(d.glob("test_*.py"))}
-        on_disk.discard("tests.integration")
-        self.assertEqual(sorted(on_disk - listed), [])
-        self.assertEqual(sorted(listed - on_disk), [])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tests.parent), os.environ.get("PYTHONPATH")])))
+        done = subprocess.run(
+            [sys.executable, str(tests / "blockedimports.py"), ",".join(HEAVY), *LEAN],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        results = [json.loads(line) for line in done.stdout.splitlines()]
+        self.assertEqual([r["module"] for r in results], list(LEAN))
+        bad = [f"{r['module']}: {r['error'] or 'loaded ' + ', '.join(r['blocked'])}"
+               for r in results if r["error"] or r["blocked"]]
+        if bad:
+            self.fail("cores that need " + "/".join(HEAVY) + ":\n" + "\n".join(bad))
+
+    def test_lazy_reexports(self) -> None:
+        """The lazy packages export what ``__all__`` says, each name the
+        submodule's own object."""
+        import importlib
+
+        for package in ("prexy.cache", "prexy.substitution"):
+            module = importlib.import_module(package)
+            self.assertEqual(sorted(module._SOURCES), sorted(module.__all__))
+            for name in module.__all__:
+                source = importlib.import_module(module._SOURCES[name])
+                self.assertIs(getattr(module, name), getattr(source, name))
+            with self.assertRaises(AttributeError):
+                module.no_such_name  # noqa: B018

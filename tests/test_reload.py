@@ -1,4 +1,4 @@
-"""Reload at scale (issue 21): when only sites changed, the master has its
+"""Reload at scale: when only sites changed, the master has its
 workers reload in place over their command pipe, and answers once every
 worker has; any other change starts a new generation as before."""
 
@@ -318,6 +318,38 @@ class CommandReaderTests(SynchronousTestCase):
 
 class WorkerReloadTests(SynchronousTestCase):
     """What a worker's in-place reload keeps (``ProxyService.reload``)."""
+
+    def test_files_are_taken_on_reload_only(self) -> None:
+        """A map file edited on disk is not taken by any timer of the
+        service: an hour passes on its clock (every timer due fires) and
+        the runtime in force, with the old map, is the one it started with;
+        a reload takes the edit."""
+        from prexy.config import single_site_config
+        from prexy.runtime import build_runtime
+        from prexy.service import ProxyService
+
+        tmp = self.mktemp()
+        os.makedirs(tmp)
+        map_path = os.path.join(tmp, "site.map")
+
+        def write_map(text: str, stamp: float) -> None:
+            with open(map_path, "w") as f:
+                f.write(text)
+            os.utime(map_path, (stamp, stamp))  # a different mtime, whatever the clock
+
+        write_map("/old /new-one;\n", 1_000_000)
+        config = single_site_config(["tcp:0:interface=127.0.0.1"], "http://o", map_path=map_path)
+        reactor = MemoryReactorClock()
+        service = ProxyService(reactor, config, build_runtime(config), check_rules=False)
+        service.startService()
+        self.addCleanup(service.stopService)
+        runtime = service.runtime
+        write_map("/old /new-two;\n", 2_000_000)
+        reactor.pump([1.0] * 3600)
+        assert service.runtime is runtime
+        assert runtime.sites[0].urlmap.lookup("/old") == "/new-one"
+        assert service.reload()
+        assert service.runtime.sites[0].urlmap.lookup("/old") == "/new-two"
 
     def test_unchanged_sites_keep_everything(self) -> None:
         """After one site file's rules change, a reload swaps in a runtime in

@@ -1,4 +1,4 @@
-"""The runtime's rule sets at scale (issue 21): one rule set per distinct
+"""The runtime's rule sets at scale: one rule set per distinct
 rules content, compiled on first use, reused by a reload when the bytes did
 not change; and which reloads a running worker can take in place."""
 

@@ -72,30 +72,16 @@ target))``; admin ban: ``store.ban(Ban(site, target=regex, host=host))``
 (``prexy.cache.bans``: the regex on the path and query, as Varnish's
 ``req.url``).  Both are immediate and,
 the store being shared, reach every worker at once.  A ban scans every object
-(about 5 µs each, below): run a large one in a thread
+(about 5 µs each): run a large one in a thread
 (``deferToThread``), not on the reactor.
 
-Choosing the store: numbers
-===========================
+Why LMDB
+========
 
-``bench/bench_cache_store.py`` (2 CPUs, Python 3.11, load average ~5 from
-other jobs during the run, 2000 objects, median of 3 interleaved rounds;
-latencies in one process, throughput and CPU with 2 reader processes)::
-
-    backend  body   put p50  put p99  get p50  get p99  hits/s 2 procs  CPU µs/hit
-    lmdb     12 B   47.5 µs   763 µs   7.2 µs  25.3 µs       79,600        7.3
-    shmfile  12 B   18.3 µs    56 µs   9.1 µs  19.5 µs       85,400        9.8
-    socket   12 B   32.5 µs  2742 µs  29.3 µs  2312 µs       38,400       17.2
-    lmdb     20 KB  41.3 µs  2454 µs   8.6 µs  22.3 µs       42,900       11.0
-    shmfile  20 KB  26.7 µs   107 µs  14.6 µs  32.6 µs       26,500       15.2
-    socket   20 KB  53.6 µs  3245 µs  34.4 µs  3029 µs       17,300       33.0
-
-    lmdb only: lookup with Vary p50 ~15 µs; put into a full 8 MiB store
-    (evicting) p50 59 µs; purge_url 43 µs; ban scanning 1758 objects 8 ms.
-
-(Earlier single-round runs on a quieter moment: lmdb 122k hits/s for 12 B
-and 81k for 20 KB, shmfile 106k / 36k, socket 56k / 35k.  The machine is
-noisy; CPU per hit is the steadier figure.)
+``bench/bench_cache_store.py`` compares the three designs below (put and
+get latency, hits per second and CPU per hit with two reader processes);
+its figures are in bench/README.md.  CPU per hit is the steadier figure on
+a shared machine.
 
 * **LMDB (chosen).**  A hit is a read transaction on a shared memory map:
   no system call, no lock, no copy but the final ``bytes`` of the body; the
@@ -110,8 +96,8 @@ noisy; CPU per hit is the steadier figure.)
 * **File per object on /dev/shm.**  As fast for tiny hits (``open/read/
   close``), slower and costlier for 20 KB, and the numbers are a lower
   bound: LRU needs a write (``utime`` or an index update) per hit, byte
-  accounting needs a shared index under ``flock`` on every put (measured
-  in the put column), eviction needs a scan or that index, and a crash
+  accounting needs a shared index under ``flock`` on every put (counted
+  in its put figures), eviction needs a scan or that index, and a crash
   between the file and the index leaves them disagreeing.
 * **Cache process over a unix socket.**  Every hit is a round trip: 3-4x
   the latency, 2-3x the CPU (the body crosses the socket twice), one
@@ -120,42 +106,83 @@ noisy; CPU per hit is the steadier figure.)
   lookup also costs a reactor turn.  It is also one more process to
   supervise, and its cache dies with it.
 
-**Dependency:** the PyPI package ``lmdb`` (3.0.0, a manylinux wheel that
-bundles liblmdb 0.9.x) becomes a hard dependency of Prexy: add ``lmdb>=1.4``
-to ``install_requires`` in ``setup.cfg``.  ``prexy.cache.policy`` does not
-need it; ``prexy.cache.store`` (and this package) does.
+**Dependency:** the PyPI package ``lmdb`` (a manylinux wheel that bundles
+liblmdb) is a hard dependency of Prexy (``install_requires`` in
+``setup.cfg``), but only :mod:`prexy.cache.store` imports it.  This package
+re-exports the names of :mod:`prexy.cache.policy` and :mod:`prexy.cache.store`
+lazily (each submodule is imported on first use of one of its names), so
+importing ``prexy.cache`` or a pure submodule (``policy``, ``flow``,
+``ranges``, ``codings``, ``bans``) loads no LMDB binding.
 """
 
-from prexy.cache.policy import (
-    Action,
-    CachePolicy,
-    RequestDecision,
-    StoreAction,
-    StoreDecision,
-    accept_encoding_bucket,
-    age_header,
-    cache_key,
-    cache_status_header,
-    current_age,
-    key_url,
-    not_modified,
-    primary_key,
-    request_decision,
-    response_decision,
-    targeted_field_names,
-    update_headers,
-    vary_key,
-    vary_names,
-)
-from prexy.cache.store import (
-    CachedObject,
-    ICacheStore,
-    LookupResult,
-    ObjectMeta,
-    Store,
-    StoreError,
-    Writer,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prexy.cache.policy import (
+        Action,
+        CachePolicy,
+        RequestDecision,
+        StoreAction,
+        StoreDecision,
+        accept_encoding_bucket,
+        age_header,
+        cache_key,
+        cache_status_header,
+        current_age,
+        key_url,
+        not_modified,
+        primary_key,
+        request_decision,
+        response_decision,
+        targeted_field_names,
+        update_headers,
+        vary_key,
+        vary_names,
+    )
+    from prexy.cache.store import (
+        CachedObject,
+        ICacheStore,
+        LookupResult,
+        ObjectMeta,
+        Store,
+        StoreError,
+        Writer,
+    )
+
+#: Each re-exported name -> the submodule that defines it.
+_SOURCES = {
+    **dict.fromkeys(
+        (
+            "Action",
+            "CachePolicy",
+            "RequestDecision",
+            "StoreAction",
+            "StoreDecision",
+            "accept_encoding_bucket",
+            "age_header",
+            "cache_key",
+            "cache_status_header",
+            "current_age",
+            "key_url",
+            "not_modified",
+            "primary_key",
+            "request_decision",
+            "response_decision",
+            "targeted_field_names",
+            "update_headers",
+            "vary_key",
+            "vary_names",
+        ),
+        "prexy.cache.policy",
+    ),
+    **dict.fromkeys(
+        ("CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"),
+        "prexy.cache.store",
+    ),
+}
 
 __all__ = [
     "Action",
@@ -185,3 +212,13 @@ __all__ = [
     "vary_key",
     "vary_names",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A re-exported name, its submodule imported on first use (PEP 562)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value

@@ -88,8 +88,8 @@ class VariantMemo:
     ``stored_at``), and the object itself is still looked up in the store
     first, so a purge, a ban or an expiry is seen there.
 
-    Measured (bench/hits.py, 2 workers, wrk -c50): see bench/README.md
-    "Issue 18"."""
+    ``bench/hits.py`` measures hits in a coding against identity hits
+    (figures in bench/README.md)."""
 
     def __init__(self, budget: int = 16 * 1024 * 1024) -> None:
         self.budget = budget

@@ -605,7 +605,7 @@ def store_path(config: Any) -> str | None:
     position file and the workers' event sockets live beside it."""
     if not config.cache_size:
         return None
-    from prexy.proxy.caching import default_cache_path
+    from prexy.cache.paths import default_cache_path
 
     path: str = config.cache_path or default_cache_path()
     return path

@@ -80,12 +80,6 @@ CLAIM_LEASE = 30.0
 FIRST_FALLBACK = 0.05
 
 
-def default_cache_path() -> str:
-    """Where the shared store lives unless configured: tmpfs when there is one."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
-    return os.path.join(base, f"prexy-cache-{os.getuid()}")
-
-
 class Looked:
     """What the cache made of a request: the decision and, for a lookup, the
     URL key and what the store found (an invalidation has the URL only)."""

@@ -269,9 +269,8 @@ class ProxyRequest(server.Request):
             channel.write_interim(code, phrase, headers)
 
     def write_whole(self, body: bytes) -> None:
-        """Write the head and all of the body: in one send where the
-        channel holds writes (Prexy's HTTP/1.1 connection: a cache hit;
-        measured in bench/README.md, "Twelfth session")."""
+        """Write the head and all of the body in one send: the channel
+        holds its writes meanwhile (a cache hit)."""
         channel = self.channel
         if channel is None:
             self.write(body)  # (the client left: twisted.web drops it)

@@ -8,13 +8,12 @@ iteration itself, and another ``epoll_ctl`` when the buffer has drained.
 A request head is what the origin waits for, an answer what the client
 waits for: they are sent in the same turn when the socket takes them.
 
-Measured (strace -c on the worker, 12 B responses, wrk -c1, 2026-12-01):
-per proxied request 4 ``epoll_wait`` and 4 ``epoll_ctl`` calls with every
-write queued, 2 and 0 when both the upstream request and the response
-were sent at once.  The writer must be the
-transport's only one, or be told when another wrote (``queued``), so it
-knows whether anything is queued; numbers with and without it are in
-bench/README.md ("Issue 16").
+Per proxied request (``strace -c`` on a worker), a worker makes 4
+``epoll_wait`` and 4 ``epoll_ctl`` calls with every write queued, 2 and 0
+when both the upstream request and the response are sent at once.  The
+writer must be the transport's only one, or be told when another wrote
+(``queued``), so it knows whether anything is queued; bench/README.md has
+the figures with and without it.
 
 Only plain TCP (``ITCPTransport`` without ``ISSLTransport``), through the
 public ``ISystemHandle.getHandle()``; once anything had to be queued (a partial send, a

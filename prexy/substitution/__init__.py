@@ -33,13 +33,38 @@ Where Prexy knowingly differs from the module (each pinned by a test):
   have a time limit all the same;
 * besides the module's buffer limit, at most ``max_buffered_size`` + 16 KiB
   is ever held per response.
+
+The names below are re-exported lazily (each submodule is imported on first
+use of one of its names), so importing one pure submodule, such as
+:mod:`.applicability`, does not load the regex engines (``re2``, ``regex``,
+``hyperscan``) the rule sets compile to.
 """
 
-from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
-from prexy.substitution.dialect import DialectError
-from prexy.substitution.rules import RulesError, load_rules, parse_rules
-from prexy.substitution.ruleset import Rule, RuleSet
-from prexy.substitution.transducer import State, Transducer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
+    from prexy.substitution.dialect import DialectError
+    from prexy.substitution.rules import RulesError, load_rules, parse_rules
+    from prexy.substitution.ruleset import Rule, RuleSet
+    from prexy.substitution.transducer import State, Transducer
+
+#: Each re-exported name -> the submodule that defines it.
+_SOURCES = {
+    "ApplicabilityMemory": "prexy.substitution.applicability",
+    "DialectError": "prexy.substitution.dialect",
+    "ResourceKey": "prexy.substitution.applicability",
+    "Rule": "prexy.substitution.ruleset",
+    "RuleSet": "prexy.substitution.ruleset",
+    "RulesError": "prexy.substitution.rules",
+    "State": "prexy.substitution.transducer",
+    "Transducer": "prexy.substitution.transducer",
+    "load_rules": "prexy.substitution.rules",
+    "parse_rules": "prexy.substitution.rules",
+}
 
 __all__ = [
     "ApplicabilityMemory",
@@ -53,3 +78,13 @@ __all__ = [
     "load_rules",
     "parse_rules",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A re-exported name, its submodule imported on first use (PEP 562)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value

@@ -1,8 +1,8 @@
 """A real HTTP origin for integration tests, served by twisted.web on loopback.
 
 Paths: ``/hello`` (12 bytes), ``/cookies`` (two Set-Cookie), ``/echo`` (the
-request head and body as JSON), ``/big?mb=N`` (N MiB streamed by a pull
-producer, counting what it produced), ``/chunked`` (chunked text),
+request head and body as JSON), ``/big?mb=N`` (N MiB streamed by a push
+producer, counting what it produced and its pauses), ``/chunked`` (chunked text),
 ``/stall`` (never answers), ``/slow?s=N`` (answers after N s), ``/reset`` (half a body, then a reset),
 ``/html`` (an HTML page for rewriting), ``/c/NAME?cc=..`` (cacheable pages that count their hits).
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPullProducer
-from twisted.web import resource, server
+from twisted.internet.interfaces import IPushProducer
+from twisted.web import http, resource, server
 from zope.interface import implementer
 
 HTML = (
@@ -24,28 +24,48 @@ HTML = (
 )
 
 
-@implementer(IPullProducer)
+@implementer(IPushProducer)
 class Streamer:
+    """The body of ``/big``: written as fast as the connection takes it.
+    The transport pauses it when its buffer is full and resumes it when
+    that drained; each pause is counted (``Origin.pauses``), so a test can
+    wait for the origin to be held back instead of sleeping."""
+
     PIECE = b"0123456789abcdef" * 4096  # 64 KiB
 
     def __init__(self, origin: Origin, request: server.Request, size: int) -> None:
         self.origin = origin
         self.request = request
         self.left = size
+        self.paused = False
+        self.stopped = False
 
-    def resumeProducing(self) -> None:
-        if self.left <= 0:
-            return
-        piece = self.PIECE[: min(len(self.PIECE), self.left)]
-        self.left -= len(piece)
-        self.origin.produced += len(piece)
-        self.request.write(piece)
-        if self.left <= 0:
+    def start(self) -> None:
+        self.origin.streams.append(self)
+        self._pump()
+
+    def _pump(self) -> None:
+        while not self.paused and not self.stopped and self.left > 0:
+            piece = self.PIECE[: min(len(self.PIECE), self.left)]
+            self.left -= len(piece)
+            self.origin.produced += len(piece)
+            self.request.write(piece)  # may pause this producer at once
+        if self.left <= 0 and not self.stopped:
+            self.stopped = True
             self.request.unregisterProducer()
             self.request.finish()
 
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self.origin.pauses += 1
+        self.origin.check_soon()
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._pump()
+
     def stopProducing(self) -> None:
-        self.left = 0
+        self.stopped = True
 
 
 class Origin(resource.Resource):
@@ -54,6 +74,11 @@ class Origin(resource.Resource):
     def __init__(self) -> None:
         super().__init__()
         self.produced = 0
+        #: The ``/big`` bodies started, and how often one was paused.
+        self.streams: list[Streamer] = []
+        self.pauses = 0
+        #: Connections to the origin now open (``origin_site``'s channels).
+        self.open_connections = 0
         self.requests: list[server.Request] = []
         self.lost: list[bytes] = []
         self.peer_ports: list[int] = []
@@ -63,11 +88,19 @@ class Origin(resource.Resource):
 
     def when(self, condition: Callable[[], bool]) -> defer.Deferred[None]:
         """Fires once ``condition()`` holds: checked now, after each request
-        is rendered and after each request's connection is lost."""
+        is rendered, after each request's connection is lost and after each
+        connection closes."""
         d: defer.Deferred[None] = defer.Deferred()
         self._when.append((condition, d))
         self._check()
         return d
+
+    def check_soon(self) -> None:
+        """Looks at the ``when`` conditions in the next reactor turn (from a
+        transport's call, which must return first)."""
+        from twisted.internet import reactor
+
+        reactor.callLater(0, self._check)
 
     def _check(self) -> None:
         waiting, self._when = self._when, []
@@ -120,7 +153,9 @@ class Origin(resource.Resource):
             size = int(mb * 1024 * 1024)
             request.setHeader(b"content-length", b"%d" % size)
             request.setHeader(b"content-type", b"application/octet-stream")
-            request.registerProducer(Streamer(self, request, size), False)
+            streamer = Streamer(self, request, size)
+            request.registerProducer(streamer, True)
+            streamer.start()
             return server.NOT_DONE_YET
         if path == b"/chunked":
             request.setHeader(b"content-type", b"text/plain")
@@ -186,7 +221,22 @@ class Origin(resource.Resource):
         return b"no such page\n"
 
 
+class _CountedChannel(http.HTTPChannel):
+    """An HTTP/1.1 channel that keeps its origin's count of open connections."""
+
+    def connectionMade(self) -> None:
+        self.site.resource.open_connections += 1
+        super().connectionMade()
+
+    def connectionLost(self, reason: Any) -> None:
+        super().connectionLost(reason)
+        origin = self.site.resource
+        origin.open_connections -= 1
+        origin._check()
+
+
 def origin_site(origin: Origin) -> server.Site:
     site = server.Site(origin)
+    site.protocol = _CountedChannel
     site.log = lambda request: None  # type: ignore[method-assign]
     return site

@@ -12,12 +12,12 @@ import shutil
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from twisted.internet import defer, endpoints, error, protocol, reactor, task
+from twisted.internet import defer, protocol, reactor
 
 from tests.pki import self_signed
 
 from .conftest import Cleanups
-from .twistd_support import free_port, scratch_dir
+from .twistd_support import free_port, listening, scratch_dir
 
 PEBBLE = shutil.which("pebble") or ("/usr/bin/pebble" if os.path.exists("/usr/bin/pebble") else None)
 CHALLTESTSRV = shutil.which("pebble-challtestsrv") or (
@@ -75,24 +75,6 @@ def _https_identity(directory: str) -> tuple[str, str]:
     with open(key_path, "wb") as f:
         f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return cert_path, key_path
-
-
-@defer.inlineCallbacks
-def listening(port: int, seconds: float) -> Any:
-    """Fires once a connection to ``port`` on 127.0.0.1 is accepted: each
-    refusal is answered by a new attempt 10 ms later, for ``seconds``."""
-    give_up = reactor.seconds() + seconds
-    endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port)
-    while True:
-        try:
-            connected = yield endpoint.connect(protocol.Factory.forProtocol(protocol.Protocol))
-        except error.ConnectionRefusedError:
-            if reactor.seconds() > give_up:
-                raise AssertionError(f"nothing listens on {port} after {seconds} s") from None
-            yield task.deferLater(reactor, 0.01, lambda: None)
-        else:
-            connected.transport.loseConnection()
-            return
 
 
 class Pebble:

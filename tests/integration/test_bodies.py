@@ -16,11 +16,11 @@ import brotli
 import pytest
 import pytest_twisted
 import zstandard
-from twisted.internet import defer, error, reactor, task
+from twisted.internet import defer, error, reactor
 from twisted.web import resource, server
 
 from .conftest import Cleanups
-from .test_service import RawClient, connect
+from .test_service import RawClient, connect, metrics_showing
 from .twistd_support import Twistd, body_of, free_port, scratch_dir
 
 _rng = random.Random(31)
@@ -101,18 +101,6 @@ class TestUpstreamBodies:
         yield connect(self.port, client)
         return bytes(client.data), client.reason
 
-    @defer.inlineCallbacks
-    def metric(self, line: str, seconds: float = 10) -> Any:
-        """Whether the master's /metrics shows ``line`` (workers report
-        every second) within ``seconds``."""
-        for _ in range(int(seconds / 0.25)):
-            client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-            yield connect(self.admin, client)
-            if line in bytes(client.data).decode():
-                return True
-            yield task.deferLater(reactor, 0.25, lambda: None)
-        return False
-
     @pytest_twisted.inlineCallbacks
     def test_trailing_garbage_served_whole(self) -> Any:
         """gzip (with a length, chunked, several members), br and zstd bodies
@@ -130,9 +118,9 @@ class TestUpstreamBodies:
                     body = gzip.decompress(body)
                 assert body == REWRITTEN, (path, accept, len(body))
                 assert reason.check(error.ConnectionDone), (path, reason)  # closed, not reset
-        assert (yield self.metric('prexy_decode_trailing_garbage_total{coding="gzip"} 6'))
-        assert (yield self.metric('prexy_decode_trailing_garbage_total{coding="br"} 2'))
-        assert (yield self.metric('prexy_decode_trailing_garbage_total{coding="zstd"} 2'))
+        yield metrics_showing(self.admin, 'prexy_decode_trailing_garbage_total{coding="gzip"} 6')
+        yield metrics_showing(self.admin, 'prexy_decode_trailing_garbage_total{coding="br"} 2')
+        yield metrics_showing(self.admin, 'prexy_decode_trailing_garbage_total{coding="zstd"} 2')
         logged = child.output().count("garbage after the end of a")
         assert 1 <= logged <= 2, child.output()[-2000:]
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
+from twisted.internet.protocol import DatagramProtocol
+from zope.interface import directlyProvides, providedBy
 
 from prexy.cache.policy import CachePolicy
 from prexy.config import Config, SiteConfig, UpstreamURL
@@ -24,8 +26,45 @@ from .test_service import RawClient, connect
 from .twistd_support import Twistd, body_of, free_port_block, scratch_dir
 
 
-def wait(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
+class SkewedReactor:
+    """The real reactor, whose clock (``seconds()``) the test moves forward:
+    what the proxy reads as now (an object's age, its TTL, grace) jumps by
+    :meth:`skip` at once, while sockets and timers run on the real reactor.
+    A TTL passes without the test waiting for it."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.offset = 0.0
+        directlyProvides(self, providedBy(real))
+
+    def seconds(self) -> float:
+        return float(self._real.seconds()) + self.offset
+
+    def skip(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class FetchNotices(DatagramProtocol):
+    """A listener among the workers' notice sockets beside the store
+    (``prexy.proxy.events``): the proxy sends each one the key of a cache
+    fetch when that fetch is over, its object stored (or not)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[defer.Deferred[bytes]] = []
+
+    def datagramReceived(self, datagram: bytes, addr: Any) -> None:
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(datagram)
+
+    def next(self) -> defer.Deferred[bytes]:
+        """Fires with the key of the next fetch to end, from now on."""
+        d: defer.Deferred[bytes] = defer.Deferred()
+        self._waiting.append(d)
+        return d.addTimeout(10, reactor)
 
 
 def header(raw: bytes, name: bytes) -> bytes | None:
@@ -41,8 +80,8 @@ class TestCache:
     @pytest.fixture(autouse=True)
     def served(self, cleanup: Cleanups) -> None:
         self.cleanup = cleanup
-        # Runs last: lets the origin see the proxy's pooled connections close.
-        cleanup(wait, 0.1)
+        # Runs last: the origin has seen the proxy's pooled connections close.
+        cleanup(lambda: self.origin.when(lambda: self.origin.open_connections == 0).addTimeout(10, reactor))
         self.origin = Origin()
         self.origin_port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
         cleanup(self.origin_port.stopListening)
@@ -74,9 +113,14 @@ class TestCache:
             cache_size=16 * 1024 * 1024,
             cache_path=os.path.join(self.dir, "store"),
         )
-        self.service = ProxyService(reactor, config, build_runtime(config))
+        self.clock = SkewedReactor(reactor)
+        self.service = ProxyService(self.clock, config, build_runtime(config))
         self.service.startService()
         self.cleanup(self.service.stopService)
+        # The proxy made the notice directory when it opened the store.
+        self.notices = FetchNotices()
+        notices_port = reactor.listenUNIXDatagram(os.path.join(self.dir, "store.events", "test.sock"), self.notices)
+        self.cleanup(notices_port.stopListening)
         (port,) = yield self.service.listening_ports()
         self.port = port.getHost().port
 
@@ -85,6 +129,15 @@ class TestCache:
         client = RawClient(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n")
         yield connect(self.port, client)
         return bytes(client.data)
+
+    @defer.inlineCallbacks
+    def stored(self, path: str) -> Any:
+        """GET ``path`` (a miss) and wait until the proxy's fetch is over,
+        the object stored."""
+        over = self.notices.next()
+        raw = yield self.get(path)
+        yield over
+        return raw
 
     @pytest_twisted.inlineCallbacks
     def test_second_get_is_a_hit(self) -> Any:
@@ -170,13 +223,13 @@ class TestCache:
         the next request is a fresh hit again."""
         yield self.service.stopService()
         yield self.start(grace=10.0)
-        yield self.get("/c/g?cc=max-age%3D1")
-        yield wait(1.2)
+        yield self.stored("/c/g?cc=max-age%3D1")
+        self.clock.skip(1.2)
+        refreshed = self.notices.next()
         stale = yield self.get("/c/g?cc=max-age%3D1")
         assert re.search(rb"hit; ttl=-\d", header(stale, b"cache-status"))
         assert body_of(stale) == b"page /c/g #1 lang=-"
-        yield self.origin.when(lambda: bool(self.origin.not_modified.get(b"/c/g"))).addTimeout(5, reactor)
-        yield wait(0.1)  # the proxy stores the refreshed object: no event says when
+        yield refreshed  # the background fetch is over, its 304 stored
         fresh = yield self.get("/c/g?cc=max-age%3D1")
         assert re.search(rb"hit; ttl=0", header(fresh, b"cache-status"))
         assert body_of(fresh) == b"page /c/g #1 lang=-"
@@ -189,12 +242,12 @@ class TestCache:
         client that triggered it got the stale copy at once."""
         yield self.restart_rewriting(grace=10.0)
         path = "/c/n?cc=max-age%3D1&noetag=1"
-        yield self.get(path)
-        yield wait(1.2)
+        yield self.stored(path)
+        self.clock.skip(1.2)
+        refreshed = self.notices.next()
         stale = yield self.get(path)
         assert body_of(stale) == b"PAGE /c/n #1 lang=-"
-        yield self.origin.when(lambda: self.origin.hits.get(b"/c/n") == 2).addTimeout(5, reactor)
-        yield wait(0.1)  # the proxy stores the new body: no event says when
+        yield refreshed  # the background fetch is over, its new body stored
         fresh = yield self.get(path)
         assert re.search(rb"hit; ttl=\d", header(fresh, b"cache-status"))
         assert body_of(fresh) == b"PAGE /c/n #2 lang=-"
@@ -205,8 +258,8 @@ class TestCache:
         """Upstream down after expiry: the stale copy instead of a 502."""
         yield self.service.stopService()
         yield self.start(grace=0.0)
-        yield self.get("/c/e?cc=max-age%3D1%2C%20stale-if-error%3D60")
-        yield wait(1.2)
+        yield self.stored("/c/e?cc=max-age%3D1%2C%20stale-if-error%3D60")
+        self.clock.skip(1.2)
         yield self.origin_port.stopListening()
         yield self.service.pool.close_idle()  # the pooled connection too
         raw = yield self.get("/c/e?cc=max-age%3D1%2C%20stale-if-error%3D60")
@@ -220,8 +273,8 @@ class TestCache:
         body; a client's own If-None-Match is answered 304 from the cache."""
         yield self.service.stopService()
         yield self.start(grace=0.0)
-        yield self.get("/c/r?cc=max-age%3D1")
-        yield wait(1.2)
+        yield self.stored("/c/r?cc=max-age%3D1")
+        self.clock.skip(1.2)
         raw = yield self.get("/c/r?cc=max-age%3D1")
         assert raw.startswith(b"HTTP/1.1 200")
         assert body_of(raw) == b"page /c/r #1 lang=-"

@@ -39,8 +39,7 @@ import pytest_twisted
 from prexy.headerrules import HeaderRules, HeaderRulesBuilder, RequestVars
 from prexy.substitution.rules import RulesError, Token, tokenize
 
-from .test_strict import listening
-from .twistd_support import free_port
+from .twistd_support import free_port, listening
 
 HOST = "Example.COM:8080"
 COMPARED = (b"location", b"refresh", b"set-cookie")

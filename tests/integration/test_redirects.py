@@ -30,8 +30,7 @@ from twisted.internet import defer, threads
 
 from .conftest import Cleanups
 from .test_headerrules_nginx import Origin, find_nginx
-from .test_strict import listening
-from .twistd_support import Twistd, free_port, free_ports, scratch_dir, stop_process
+from .twistd_support import Twistd, free_port, free_ports, listening, scratch_dir, stop_process
 
 #: name -> directives (the same text in nginx's location and Prexy's rules file)
 DIRECTIVES = {

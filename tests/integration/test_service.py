@@ -7,6 +7,7 @@ and stalled upstreams, client disconnects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,18 +30,34 @@ class RawClient(Protocol):
         self.read_limit = read_limit
         self.data = bytearray()
         self.closed: defer.Deferred[Any] = defer.Deferred()
+        #: Fires when ``read_limit`` bytes have come and it stopped reading.
+        self.stopped_reading: defer.Deferred[None] = defer.Deferred()
         self.reason: Any = None
 
     def connectionMade(self) -> None:
         self.transport.write(self.request)
 
+    def read_more(self, n: int) -> defer.Deferred[None]:
+        """Reads on until ``n`` more bytes have come, then stops again;
+        fires then (or when the connection ends first)."""
+        if self.closed.called:
+            return defer.succeed(None)
+        self.read_limit = len(self.data) + n
+        self.stopped_reading = defer.Deferred()
+        self.transport.resumeProducing()
+        return self.stopped_reading
+
     def dataReceived(self, data: bytes) -> None:
         self.data += data
         if self.read_limit is not None and len(self.data) >= self.read_limit:
             self.transport.pauseProducing()  # a slow client: stop reading
+            if not self.stopped_reading.called:
+                self.stopped_reading.callback(None)
 
     def connectionLost(self, reason: Any) -> None:
         self.reason = reason
+        if not self.stopped_reading.called:
+            self.stopped_reading.callback(None)
         self.closed.callback(None)
 
 
@@ -52,8 +69,42 @@ def connect(port: int, client: RawClient) -> defer.Deferred[Any]:
     return client.closed
 
 
-def wait(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
+@defer.inlineCallbacks
+def metrics_showing(admin: int, line: str, seconds: float = 10) -> Any:
+    """The master's /metrics page once it shows ``line``.  The workers'
+    reports reach the master on their own timer (``prexy.worker``), with no
+    event outside the processes: the page is asked again, for at most
+    ``seconds``, each time after a report interval has passed."""
+    from prexy.worker import METRICS_INTERVAL
+
+    give_up = reactor.seconds() + seconds
+    while True:
+        client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        yield connect(admin, client)
+        text = bytes(client.data).decode()
+        if line in text:
+            return text
+        if reactor.seconds() > give_up:
+            raise AssertionError(f"no {line!r} in /metrics after {seconds} s:\n{text}")
+        yield task.deferLater(reactor, METRICS_INTERVAL / 4, lambda: None)
+
+
+@defer.inlineCallbacks
+def held_back(origin: Origin, round_trip: Callable[[], defer.Deferred[Any]], rounds: int = 500) -> Any:
+    """Fires once the origin's latest ``/big`` stream is paused (its
+    connection's buffers full) and stays so across ``round_trip`` (a request
+    through the proxy): the proxy's reactor turned over many times
+    meanwhile, and an upstream socket it still read from would have let the
+    origin resume.  Every step waits on an event (a pause, an answer);
+    fails after ``rounds`` steps without that state."""
+    for _ in range(rounds):
+        stream = origin.streams[-1]
+        yield origin.when(lambda s=stream: s.paused).addTimeout(20, reactor)
+        produced = origin.produced
+        yield round_trip()
+        if stream.paused and origin.produced == produced:
+            return
+    raise AssertionError(f"the origin was never held back: {origin.produced} bytes produced")
 
 
 class Served:
@@ -123,9 +174,11 @@ def test_slow_reader_bounds_bytes_in_flight(served: Served) -> Any:
     origin produces only what the socket buffers hold, not the body."""
     client = RawClient(b"GET /big?mb=200 HTTP/1.1\r\nHost: t\r\n\r\n", read_limit=256 * 1024)
     connect(served.port, client)
-    yield wait(1.5)
+    yield client.stopped_reading
+    yield held_back(served.origin, lambda: served.get("/hello"))
     produced_early = served.origin.produced
-    yield wait(1.0)
+    for _ in range(3):  # the proxy serves on; the stream stays held back
+        yield served.get("/hello")
     assert len(client.data) < 32 * 1024 * 1024
     # Nothing more is produced once the buffers are full...
     assert served.origin.produced - produced_early < 1024 * 1024

@@ -1,4 +1,4 @@
-"""A shared miss over loopback sockets (issue 17, item 1): the client that
+"""A shared miss over loopback sockets: the client that
 made the fetch hanging up mid-body cuts nobody else's answer.  Real TCP
 tells the proxy in its own order (the channel's producer is stopped before
 the request hears connectionLost), which the in-memory tests only imitate

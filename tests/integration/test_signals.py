@@ -14,24 +14,12 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
 from .test_service import RawClient, connect
-from .twistd_support import Twistd, body_of, free_port
-
-
-@defer.inlineCallbacks
-def until(condition: Callable[[], bool], what: str, seconds: float = 10) -> Any:
-    """Fires once ``condition()`` holds (a file the child writes: it has no
-    other event to wait on); fails after ``seconds``."""
-    waited = 0.0
-    while not condition():
-        if waited >= seconds:
-            raise AssertionError(f"no {what} after {seconds} s")
-        yield task.deferLater(reactor, 0.05, lambda: None)
-        waited += 0.05
+from .twistd_support import Twistd, body_of, free_port, when_written
 
 
 def read(path: str) -> str:
@@ -78,6 +66,12 @@ class TestMasterSignals:
         self.child = child
         return child
 
+    def until(self, condition: Callable[[], bool], what: str) -> defer.Deferred[None]:
+        """Fires once ``condition()`` holds, looked at whenever a file changes
+        in the test's directory (the access logs, twistd's log file) or the
+        child's (its output), or the child exits."""
+        return when_written(condition, what, (self.dir, self.child.dir), also=(self.child.exited,))
+
     @defer.inlineCallbacks
     def get(self, path: str = "/hello") -> Any:
         client = RawClient(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
@@ -100,14 +94,14 @@ class TestMasterSignals:
         workers = sorted(child.children())
         answer = yield self.get("/hello?before")
         assert body_of(answer) == b"HELLO world!"
-        yield until(lambda: "/hello?before" in read(self.access_log), "access log line")
+        yield self.until(lambda: "/hello?before" in read(self.access_log), "access log line")
         os.rename(self.access_log, self.access_log + ".1")
         os.kill(child.process.pid, signal.SIGUSR1)
-        yield until(lambda: child.output().count("access log reopened") == 2, "reopen by both workers")
+        yield self.until(lambda: child.output().count("access log reopened") == 2, "reopen by both workers")
         for _ in range(4):  # both workers, most likely
             answer = yield self.get("/hello?after")
             assert body_of(answer) == b"HELLO world!", answer[:200]
-        yield until(lambda: "/hello?after" in read(self.access_log), "line in the new access log")
+        yield self.until(lambda: "/hello?after" in read(self.access_log), "line in the new access log")
         assert "/hello?after" not in read(self.access_log + ".1")
         assert child.process.poll() is None
         assert sorted(child.children()) == workers  # nobody died
@@ -122,9 +116,9 @@ class TestMasterSignals:
         child = yield self.start(self.access_log, twistd_args=(f"--logfile={twistd_log}",))
         workers = sorted(child.children())
         os.kill(child.process.pid, signal.SIGUSR1)
-        yield until(lambda: os.path.exists(twistd_log + ".1"), "rotated twistd log")
-        yield until(lambda: "reopen their logs" in read(twistd_log) + read(twistd_log + ".1"), "master's log line")
-        yield until(lambda: child.output().count("access log reopened") == 2, "reopen by both workers")
+        yield self.until(lambda: os.path.exists(twistd_log + ".1"), "rotated twistd log")
+        yield self.until(lambda: "reopen their logs" in read(twistd_log) + read(twistd_log + ".1"), "master's log line")
+        yield self.until(lambda: child.output().count("access log reopened") == 2, "reopen by both workers")
         assert (yield self.answers()) == {b"HELLO world!"}
         assert sorted(child.children()) == workers
 
@@ -135,7 +129,7 @@ class TestMasterSignals:
         child = yield self.start(None)
         workers = sorted(child.children())
         os.kill(child.process.pid, signal.SIGUSR1)
-        yield until(lambda: "worker(s) reopen their logs" in child.output(), "SIGUSR1 passed on")
+        yield self.until(lambda: "worker(s) reopen their logs" in child.output(), "SIGUSR1 passed on")
         os.kill(child.process.pid, signal.SIGUSR1)  # twice: the handlers stay
         assert (yield self.answers()) == {b"HELLO world!"}
         assert sorted(child.children()) == workers
@@ -147,16 +141,16 @@ class TestMasterSignals:
         with the access log off it ends nothing either."""
         child = yield self.start(self.access_log, workers=0)
         yield self.get("/hello?before")
-        yield until(lambda: "/hello?before" in read(self.access_log), "access log line")
+        yield self.until(lambda: "/hello?before" in read(self.access_log), "access log line")
         os.rename(self.access_log, self.access_log + ".1")
         os.kill(child.process.pid, signal.SIGUSR1)
-        yield until(lambda: "access log reopened" in child.output(), "reopen")
+        yield self.until(lambda: "access log reopened" in child.output(), "reopen")
         yield self.get("/hello?after")
-        yield until(lambda: "/hello?after" in read(self.access_log), "line in the new access log")
+        yield self.until(lambda: "/hello?after" in read(self.access_log), "line in the new access log")
         yield child.stop()
         child = yield self.start(None, workers=0)
         os.kill(child.process.pid, signal.SIGUSR1)
-        yield until(lambda: "SIGUSR1" in child.output() or child.process.poll() is not None, "SIGUSR1 handled")
+        yield self.until(lambda: "SIGUSR1" in child.output() or child.process.poll() is not None, "SIGUSR1 handled")
         assert child.process.poll() is None
         assert (yield self.answers(2)) == {b"HELLO world!"}
 

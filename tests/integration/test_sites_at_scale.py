@@ -1,5 +1,5 @@
-"""Sites in a folder of their own files, through ``twistd -n prexy --config``
-(issue 21): ``include``, ``--check`` naming a site file's line, and a reload
+"""Sites in a folder of their own files, through ``twistd -n prexy --config``:
+``include``, ``--check`` naming a site file's line, and a reload
 after one site's rules changed that the workers take in place, for that
 site only."""
 

@@ -33,7 +33,7 @@ from prexy.config import Limits
 from prexy.requesthead import HeadGate, Passed
 
 from .conftest import Cleanups, OriginServer
-from .twistd_support import Twistd, free_port, free_port_block, scratch_dir, stop_process
+from .twistd_support import Twistd, free_port, free_port_block, listening, scratch_dir, stop_process
 
 H = b"Host: a\r\n"
 
@@ -219,24 +219,6 @@ http {{
 
     def stop(self) -> None:
         stop_process(self.process)
-
-
-@defer.inlineCallbacks
-def listening(port: int, seconds: float = 10.0) -> Any:
-    """Fires once something accepts on ``port``.  nginx gives no readiness
-    notice (Prexy's children send READY=1), so this tries to connect, at
-    most every 50 ms and for ``seconds`` at most."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            yield send(port, b"", wait=0.2)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            d: defer.Deferred[None] = defer.Deferred()
-            reactor.callLater(0.05, d.callback, None)
-            yield d
 
 
 def classify(answer: Answer, reached: int) -> str:

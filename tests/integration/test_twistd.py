@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
-from .test_service import RawClient, connect
+from .test_service import RawClient, connect, held_back
 from .twistd_support import TWISTD, Twistd, child_env, free_port, free_port_block, scratch_dir
 
 RULES = b"""
@@ -153,8 +153,8 @@ class TestTwistd:
         sockets beside it, its rules for another port) in one directory,
         and removes it when it stops on SIGINT or SIGTERM, in-process or
         with workers; nothing is left where the store used to go."""
+        from prexy.cache.paths import default_cache_path
         from prexy.demo import demo_dir
-        from prexy.proxy.caching import default_cache_path
 
         base = free_port_block(3)
         files = demo_dir(base)
@@ -282,17 +282,17 @@ class TestTwistd:
         before = child.rss_kib()
         client = RawClient(b"GET /big?mb=1024 HTTP/1.1\r\nHost: t\r\n\r\n", read_limit=1)
         connect(port, client)
+        yield client.stopped_reading
         peak = before
-        received = 0
-        for _ in range(30):  # read about 1 MB every 0.1 s: a slow reader
-            yield task.deferLater(reactor, 0.1, lambda: None)
-            if client.transport is not None:
-                client.transport.resumeProducing()
-                yield task.deferLater(reactor, 0.005, lambda: None)
-                client.transport.pauseProducing()
-            received = len(client.data)
+        for _ in range(30):
+            # The reader stalls until the origin is held back (every buffer
+            # on the way full: the proxy's memory at its highest), then
+            # takes 1 MB more: a slow reader.
+            yield held_back(self.origin, lambda: self.fetch(port, "/hello"))
             peak = max(peak, child.rss_kib())
-        assert received > 0
+            yield client.read_more(1024 * 1024)
+        received = len(client.data)
+        assert received > 30 * 1024 * 1024
         assert self.origin.produced < 200 * 1024 * 1024
         assert peak - before < 20 * 1024, f"RSS grew from {before} to {peak} KiB"
         client.transport.abortConnection()

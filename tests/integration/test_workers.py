@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
 
 from .conftest import Cleanups
 from .origin import Origin, origin_site
-from .test_service import RawClient, connect
+from .test_service import RawClient, connect, metrics_showing
 from .twistd_support import (
     TWISTD,
     Twistd,
@@ -30,10 +30,6 @@ from .twistd_support import (
     listen_notify,
     scratch_dir,
 )
-
-
-def wait(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
 
 
 def socket_owners(pids: list[int]) -> dict[int, int]:
@@ -232,6 +228,13 @@ class TestWorkerPool:
         failures: list[bytes] = []
         counts = [0]
         stop = [False]
+        #: (count, fired when that many answers have come back)
+        milestones: list[tuple[int, defer.Deferred[None]]] = []
+
+        def answered(n: int) -> defer.Deferred[None]:
+            d: defer.Deferred[None] = defer.Deferred()
+            milestones.append((counts[0] + n, d))
+            return d.addTimeout(20, reactor)
 
         @defer.inlineCallbacks
         def load() -> Any:
@@ -240,14 +243,17 @@ class TestWorkerPool:
                 counts[0] += 1
                 if not (answer.startswith(b"HTTP/1.1 200") and body_of(answer) in (b"HELLO world!", b"BYE world!")):
                     failures.append(answer[:200])
+                for milestone in [m for m in milestones if m[0] <= counts[0]]:
+                    milestones.remove(milestone)
+                    milestone[1].callback(None)
 
         loops = [load() for _ in range(4)]
-        yield wait(0.5)
+        yield answered(12)  # the load is on
         self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
         reloaded = child.notified("READY=1")  # every worker has reloaded
         os.kill(child.process.pid, signal.SIGHUP)
         yield reloaded
-        yield wait(0.5)
+        yield answered(12)  # and goes on after the reload
         stop[0] = True
         yield defer.gatherResults(loops)
         assert failures == []
@@ -343,11 +349,9 @@ class TestWorkerPool:
         """The master's /metrics counts the requests of both workers."""
         yield self.start()
         yield defer.gatherResults([self.get() for _ in range(30)])
-        yield wait(1.5)  # workers report every second
-        client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        yield connect(self.admin, client)
-        text = bytes(client.data).decode()
-        assert 'prexy_requests_total{status="200"} 30' in text
+        # The workers report on their own timer: the master's page shows the
+        # sum once both have reported since.
+        text = yield metrics_showing(self.admin, 'prexy_requests_total{status="200"} 30')
         assert "prexy_workers 2.0" in text
 
 

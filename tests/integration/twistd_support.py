@@ -7,8 +7,9 @@ always terminated at cleanup.
 Waits fire on events, never on polling: the child's ``sd_notify`` messages
 (``READY=1`` once it listens, and again after each reload or worker
 restart) arrive on a datagram socket given as ``NOTIFY_SOCKET``, as
-systemd's would, and its exit is reported by a thread blocked in
-``wait()``.
+systemd's would, its exit is reported by a thread blocked in ``wait()``,
+and what it writes to files (its output, logs) is watched with inotify
+(:func:`when_written`).
 
 The ports servers listen on come from :func:`free_port`: never the same
 twice in a process, and held from their choice until after the server has
@@ -28,11 +29,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer, reactor
-from twisted.internet.protocol import DatagramProtocol
+from twisted.internet import defer, endpoints, error, inotify, reactor, task
+from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
+from twisted.python.filepath import FilePath
 
 TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
 
@@ -171,6 +174,70 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+#: What makes :func:`when_written` look again: a file in a watched
+#: directory created, written, closed, renamed or removed.
+_WRITES = (
+    inotify.IN_CREATE | inotify.IN_MODIFY | inotify.IN_CLOSE_WRITE
+    | inotify.IN_MOVED_FROM | inotify.IN_MOVED_TO | inotify.IN_DELETE
+)
+
+
+def when_written(
+    condition: Callable[[], bool], what: str, directories: Iterable[str], seconds: float = 10,
+    also: Iterable[defer.Deferred[Any]] = (),
+) -> defer.Deferred[None]:
+    """Fires once ``condition()`` (about files in ``directories``: a log
+    line, a file renamed) holds: checked now and again at every change
+    inotify reports in those directories, and when one of ``also`` fires (a
+    child's exit); fails after ``seconds``."""
+    done: defer.Deferred[None] = defer.Deferred()
+    watcher = inotify.INotify()
+
+    def look(*_: Any) -> None:
+        if not done.called and condition():
+            done.callback(None)
+
+    def late() -> None:
+        if not done.called:
+            done.errback(AssertionError(f"no {what} after {seconds} s"))
+
+    watcher.startReading()
+    for directory in directories:
+        watcher.watch(FilePath(directory), mask=_WRITES, callbacks=[look])
+    for d in also:
+        d.addBoth(lambda result: (look(), result)[1])
+    timer = reactor.callLater(seconds, late)
+    look()  # after the watches are set: no change falls between
+
+    def stop(result: Any) -> Any:
+        if timer.active():
+            timer.cancel()
+        watcher.loseConnection()
+        return result
+
+    return done.addBoth(stop)
+
+
+@defer.inlineCallbacks
+def listening(port: int, seconds: float = 10.0) -> Any:
+    """Fires once a connection to ``port`` on 127.0.0.1 is accepted, for a
+    server that gives no readiness notice (nginx, pebble; Prexy's children
+    send READY=1).  Only a refusal (nothing bound yet) is retried, 10 ms
+    later, for ``seconds`` at most; any other failure is the test's."""
+    give_up = reactor.seconds() + seconds
+    endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+    while True:
+        try:
+            connected = yield endpoint.connect(Factory.forProtocol(Protocol))
+        except error.ConnectionRefusedError:
+            if reactor.seconds() > give_up:
+                raise AssertionError(f"nothing listens on {port} after {seconds} s") from None
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        else:
+            connected.transport.loseConnection()
+            return
 
 
 class Notifications(DatagramProtocol):

@@ -1,5 +1,5 @@
 """Through the proxy, in memory: on a shared miss, the client that made the
-fetch hanging up cuts nobody else's answer (issue 17, item 1).  The fetch
+fetch hanging up cuts nobody else's answer.  The fetch
 goes on while a follower waits or the answer is being stored, and is
 cancelled once nobody is left and nothing is stored."""
 

@@ -92,7 +92,7 @@ class UpstreamTests(SynchronousTestCase):
 
     def test_length_body_in_hand_survives_close(self) -> None:
         """A whole Content-Length body that came before the origin closed is
-        still the body (it used to be dropped and reported as a failure)."""
+        still the body, not dropped and reported as a failure."""
         s = Setup()
         conn = s.get()
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc")

@@ -1,7 +1,7 @@
 """Where replace-filter's engine is not Perl: the restart rule and the bail-out count.
 
-Each case is the module's output (issue 15's measured examples, and their
-neighbours worked out from sregex's and the module's sources; see
+Each case is the module's output (examples run through the module itself,
+and their neighbours worked out from sregex's and the module's sources; see
 ``shared/docs/substitution.md``).  The restart rule's cases must give the
 same bytes at every chunking: whole, byte by byte, and cut in two anywhere.
 The bail-out cases are fed in the buffers they name, since the module
