@@ -691,3 +691,13 @@ class Compression:
 
     def level(self, coding: bytes) -> int:
         return {b"gzip": self.gzip_level, b"br": self.br_level, b"zstd": self.zstd_level}[coding]
+
+
+def coding_etag(etag: bytes, coding: bytes) -> bytes:
+    """The entity tag of a compressed variant: the coding appended inside
+    the quotes (``"abc"`` -> ``"abc-gzip"``, ``W/"abc"`` -> ``W/"abc-gzip"``),
+    so caches downstream never take one coding's bytes for another's."""
+    etag = etag.strip()
+    if etag.endswith(b'"') and len(etag) >= 2:
+        return etag[:-1] + b"-" + coding + b'"'
+    return etag

@@ -50,6 +50,7 @@ from prexy.codec import (
     Compression,
     DecodeError,
     Encoder,
+    coding_etag,
     negotiate,
     parse_codings,
     unknown_coding,
@@ -269,16 +270,6 @@ def upstream_if_none_match(value: bytes, digest: str) -> bytes:
             tag = tag[: -len(suffix) - 1] + b'"'
         tags.append(tag)
     return b", ".join(tags)
-
-
-def coding_etag(etag: bytes, coding: bytes) -> bytes:
-    """The entity tag of a compressed variant: the coding appended inside
-    the quotes (``"abc"`` -> ``"abc-gzip"``, ``W/"abc"`` -> ``W/"abc-gzip"``),
-    so caches downstream never take one coding's bytes for another's."""
-    etag = etag.strip()
-    if etag.endswith(b'"') and len(etag) >= 2:
-        return etag[:-1] + b"-" + coding + b'"'
-    return etag
 
 
 # -- the response head ----------------------------------------------------------

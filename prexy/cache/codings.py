@@ -23,8 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from prexy.codec import Compression, encoder_for, negotiate
-from prexy.exchange import coding_etag
+from prexy.codec import Compression, coding_etag, encoder_for, negotiate
 
 __all__ = ["VariantMemo", "coded_headers", "compress_whole", "stored_coding", "variant_key"]
 
