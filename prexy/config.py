@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -452,8 +452,8 @@ def _site_file(path: str, text: str) -> tuple[dict[str, Any], _Source]:
 
 
 def _include(
-    patterns: Sequence[str], sites: Any, main: _Source, files: dict[str, _Source], err: Any,
-    memo: ConfigMemo | None = None, reader: IFiles = DISK,
+    patterns: Sequence[str], sites: Any, main: _Source, files: dict[str, _Source],
+    err: Callable[[str, str], NoReturn], memo: ConfigMemo | None = None, reader: IFiles = DISK,
 ) -> dict[str, Any]:
     """The main file's ``[sites]`` with those of the files ``include`` names
     (glob patterns relative to the main file, each file in name order; a
@@ -880,9 +880,8 @@ class _Load:
         kwargs.update(server)
         self.server_pages = server.get("error_pages", NO_PAGES)
         kwargs["error_pages"] = self.server_pages
-        kwargs["http2_settings"] = self.table(data, "http2")
-        kwargs["timeouts"] = self.table(data, "timeouts")
-        kwargs["limits"] = self.table(data, "limits")
+        for name in ("http2", "timeouts", "limits"):  # (each one value of Config's)
+            kwargs[TOP.key(name).field] = self.table(data, name)
         kwargs.update(self.table(data, "cache"))
         self.cache_size = kwargs.get("cache_size", 0)
         self.cache_path = kwargs.get("cache_path", "")

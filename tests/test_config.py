@@ -129,6 +129,22 @@ class ConfigTests(SynchronousTestCase):
             ("compression = 1\n[sites.a]\nupstream = 'http://x'\n", 1, "compression", "must be a table"),
             ("[sites.a]\nupstream = 'http://x'\n[sites.a.compression]\nbr_level = 12\n", 4, "sites.a.compression.br_level", "from 0 to 11"),
             ("[sites.a]\nupstream = 'http://x'\ncompression = true\n", 3, "sites.a.compression", "must be a table"),
+            # A size that is neither a string nor a whole number (once a TypeError out of the loader).
+            ("[server]\nmax_request_body = 1.5\n[sites.a]\nupstream = 'http://x'\n", 2, "server.max_request_body", "not a size"),
+            ("[cache]\nsize = [1]\n[sites.a]\nupstream = 'http://x'\n", 2, "cache.size", "not a size"),
+            # A site's cache keys are checked whether or not it is cached.
+            ("[sites.a]\nupstream = 'http://x'\ncache_ttl = 'long'\n", 3, "sites.a.cache_ttl", "must be a float"),
+            ("[sites.a]\nupstream = 'http://x'\nredirect_status = 302\n", 3, "sites.a.redirect_status", "without 'map'"),
+            ("[sites.a]\nupstream = 'http://x'\nmap = 'gone.map'\n", 3, "sites.a.map", "no such file"),
+            ("[sites.a]\nupstream = 'http://x'\ncache = true\n", 3, "sites.a.cache", "needs a cache"),
+            ("[sites.a]\nupstream = 'http://x'\nhosts = 'a.test'\n", 3, "sites.a.hosts", "list of host names"),
+            ("[sites.a]\nupstream = 'http://x'\nupstream_ca = 'bad.toml'\n", 3, "sites.a.upstream_ca", "only applies to an https"),
+            ("[acme]\nemail = 'a@b.example'\n[sites.a]\nupstream = 'http://x'\n", 1, "acme", "missing key 'directory'"),
+            ("[http2]\nflood_window = 0\n[sites.a]\nupstream = 'http://x'\n", 2, "http2.flood_window", "more than 0"),
+            ("[server]\nworkers = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "server.workers", "0 or more"),
+            ("include = ''\n[sites.a]\nupstream = 'http://x'\n", 1, "include", "glob pattern"),
+            ("sites = 1\n", 1, "sites", "at least one"),
+            ("include = 'x/*.toml'\nsites = 1\n", 2, "sites", "must be a table"),
         ],
     )
     def test_errors_name_file_line_key_reason(self, text: str, line: int | None, key: str | None, reason: str) -> None:
@@ -181,7 +197,7 @@ class ConfigTests(SynchronousTestCase):
     def test_sizes(self) -> None:
         """nginx-style size units."""
         assert [parse_size(x) for x in ("0", "8k", "8K", "1m", "2G", 5)] == [0, 8192, 8192, 1048576, 2 * 1024**3, 5]
-        for bad in ("-1", "1.5m", "1t", True):
+        for bad in ("-1", "1.5m", "1t", True, 1.5, [1]):
             with self.assertRaises(ValueError):
                 parse_size(bad)  # type: ignore[arg-type]
 
