@@ -172,20 +172,6 @@ class MapConfig:
     keep_query: bool = True
 
 
-#: A site's cache keys in the file -> the ``CachePolicy`` field each sets.
-CACHE_KEYS = {
-    "cache_ttl": "default_ttl",
-    "cache_grace": "grace",
-    "cache_keep": "keep",
-    "cache_stale_if_error": "stale_if_error",
-    "cache_ignore_cookies": "ignore_cookies",
-    "cache_pass": "pass_rules",
-    "cache_max_object": "max_object_size",
-    "purge_from": "purge_from",
-    "cache_targeted_field": "targeted_cache_control",
-}
-
-
 #: The challenge types ``[acme] challenges`` may list (prexy.acme.issuer).
 ACME_CHALLENGES = ("http-01", "tls-alpn-01")
 
@@ -804,6 +790,9 @@ SITE = Table("sites.NAME", (
     Key("tls", _tls, field="acme"),
 ), target=SiteConfig)
 
+#: A site's dotted fields -> the part the loader builds (``map``, ``cache``) and its field.
+_SITE_PARTS = {key.field: tuple(key.field.split(".", 1)) for key in SITE.keys if "." in key.field}
+
 #: A site's cache keys in the file -> the ``CachePolicy`` field each sets.
 CACHE_KEYS = {key.name: key.field.partition(".")[2] for key in SITE.keys if key.field.startswith("cache.")}
 
@@ -987,11 +976,11 @@ class _Load:
         fields: dict[str, Any] = {}
         parts: dict[str, dict[str, Any]] = {"map": {}, "cache": {}}
         for field, value in SITE.read(table, self, where).items():
-            part, dot, sub = field.partition(".")
-            if dot:
-                parts[part][sub] = value
-            else:
+            split = _SITE_PARTS.get(field)
+            if split is None:
                 fields[field] = value
+            else:
+                parts[split[0]][split[1]] = value
         hosts = fields.get("hosts", ())
         self.claim_hosts(name, hosts, where)
         if "upstream_ca" in fields and fields["upstream"].scheme != "https":

@@ -133,47 +133,55 @@ class Table:
     #: The frozen class the keys' fields belong to (that a test can check
     #: each key lands on a field); None: a mix the loader assembles.
     target: type | None = None
-    _index: frozenset[str] = attrs.field(init=False, repr=False, eq=False)
+    _index: dict[str, Key] = attrs.field(init=False, repr=False, eq=False)
     _allowed: str = attrs.field(init=False, repr=False, eq=False)
     _required: tuple[Key, ...] = attrs.field(init=False, repr=False, eq=False)
+    _defaulted: tuple[Key, ...] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         names = [key.name for key in self.keys]
         if len(set(names)) != len(names):
             raise ValueError(f"[{self.name}]: a key declared twice")
-        object.__setattr__(self, "_index", frozenset(names))
+        object.__setattr__(self, "_index", {key.name: key for key in self.keys})
         object.__setattr__(self, "_allowed", ", ".join(names))
         object.__setattr__(self, "_required", tuple(key for key in self.keys if key.required is not None))
+        object.__setattr__(self, "_defaulted", tuple(
+            key for key in self.keys if key.default_from is not None or key.default is not ABSENT
+        ))
 
     def key(self, name: str) -> Key:
-        for key in self.keys:
-            if key.name == name:
-                return key
-        raise KeyError(name)
+        return self._index[name]
 
     def read(self, value: Any, ctx: Context, where: str) -> dict[str, Any]:
         """The fields a table of the file (``value``, found at the dotted
-        key ``where``) gives: one per key present, or with a default."""
+        key ``where``) gives: one per key present (converted in the file's
+        order, so the first bad value in the file is the one reported), or
+        with a default."""
         self.check_keys(value, ctx, where)
         for key in self._required:
             if key.name not in value:
                 assert key.required is not None
                 ctx.err(where, key.required)
+        index = self._index
         out: dict[str, Any] = {}
-        for key in self.keys:
-            name = key.name
-            if name in value:
-                dotted = f"{where}.{name}" if where else name
-                if key.needs is not None and key.needs not in value:
-                    ctx.err(dotted, f"has no effect without {key.needs!r}")
-                out[key.field] = self._convert(key, value[name], ctx, dotted)
-            elif key.default_from is not None:
+        for name, raw in value.items():
+            key = index[name]
+            dotted = f"{where}.{name}" if where else name
+            if key.needs is not None and key.needs not in value:
+                ctx.err(dotted, f"has no effect without {key.needs!r}")
+            try:
+                out[key.field] = key.convert(raw, ctx, dotted)
+            except Invalid as exc:
+                ctx.err(exc.key or dotted, exc.reason)
+        for key in self._defaulted:
+            if key.name not in value:
+                if key.default_from is None:
+                    out[key.field] = key.default
+                    continue
                 try:
                     out[key.field] = key.default_from(ctx)
                 except Invalid as exc:
-                    ctx.err(exc.key or (f"{where}.{name}" if where else name), exc.reason)
-            elif key.default is not ABSENT:
-                out[key.field] = key.default
+                    ctx.err(exc.key or (f"{where}.{key.name}" if where else key.name), exc.reason)
         return out
 
     def check_keys(self, value: Any, ctx: Context, where: str) -> None:
