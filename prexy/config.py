@@ -539,8 +539,11 @@ def _endpoints(reason: str, empty: bool) -> Converter:
     return convert
 
 
+_H2C_LIST = strings("must be a list of endpoint strings", one=True)
+
+
 def _h2c(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
-    out = strings("must be a list of endpoint strings", one=True)(value, ctx, key)
+    out = _H2C_LIST(value, ctx, key)
     for desc in out:
         if desc.startswith("ssl:"):
             raise Invalid(f"{desc!r}: h2c is cleartext HTTP/2; an ssl: listener offers h2 by ALPN")
@@ -725,8 +728,11 @@ def _hosts(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
     return hosts
 
 
+_RULES_LIST = strings("must be a file name or a list of file names", one=True)
+
+
 def _rules(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
-    names = strings("must be a file name or a list of file names", one=True)(value, ctx, key)
+    names = _RULES_LIST(value, ctx, key)
     paths = tuple(ctx.rel(r) for r in names)
     for r in paths:
         if not ctx.is_file(r):
@@ -797,9 +803,8 @@ _SITE_PARTS = {key.field: tuple(key.field.split(".", 1)) for key in SITE.keys if
 CACHE_KEYS = {key.name: key.field.partition(".")[2] for key in SITE.keys if key.field.startswith("cache.")}
 
 
-def _include_patterns(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
-    return strings("must be a glob pattern or a list of them (such as \"sites.d/*.toml\")",
-                   lambda p: bool(p), one=True, empty=False)(value, ctx, key)
+_INCLUDE = strings("must be a glob pattern or a list of them (such as \"sites.d/*.toml\")",
+                   lambda p: bool(p), one=True, empty=False)
 
 
 #: The file's top level: its tables, in the order the loader reads them.
@@ -812,7 +817,7 @@ TOP = Table("", (
     Key("cluster", Nested(CLUSTER, lambda fields, ctx, key: ClusterConfig(**fields))),
     Key("acme", Nested(ACME, lambda fields, ctx, key: AcmeConfig(**fields))),
     Key("compression", Nested(COMPRESSION, lambda fields, ctx, key: Compression(**fields))),
-    Key("include", _include_patterns),
+    Key("include", _INCLUDE),
     Key("sites", Nested(SITE, lambda tables, ctx, key: ctx.sites(tables), each=True)),
 ))
 
