@@ -83,13 +83,13 @@ class Context(Protocol):
 #: resolves file names and knows what earlier tables set.
 Converter = Callable[[Any, Any, str], Any]
 
-#: A key without a declared default: absent from the file, its field keeps
-#: the frozen class's own default.
 class _Absent:
     def __repr__(self) -> str:
         return "ABSENT"
 
 
+#: A key without a declared default: absent from the file, its field keeps
+#: the frozen class's own default.
 ABSENT: Any = _Absent()
 
 
@@ -126,8 +126,9 @@ class Key:
 class Table:
     """The keys of one table of the file."""
 
-    #: The table's dotted name in the file (``server``, ``sites.NAME``,
-    #: ``sites.NAME.compression``); '' for the file's top level.
+    #: The table's dotted name in the file (``server``, ``sites.NAME``); a
+    #: table read in two places (``compression``, a site's too) is named
+    #: after the first; '' for the file's top level.
     name: str
     keys: tuple[Key, ...]
     #: The frozen class the keys' fields belong to (that a test can check
@@ -194,13 +195,11 @@ class Table:
                 ctx.err(f"{where}.{name}" if where else name, f"unknown key (allowed: {self._allowed})")
 
     def convert(self, name: str, value: Any, ctx: Context, where: str) -> Any:
-        """One key's value converted (a refusal through ``ctx.err``)."""
-        return self._convert(self.key(name), value, ctx, f"{where}.{name}" if where else name)
-
-    @staticmethod
-    def _convert(key: Key, value: Any, ctx: Context, dotted: str) -> Any:
+        """One key's value converted (a refusal through ``ctx.err``): what
+        a loader that reads the table's keys in an order of its own calls."""
+        dotted = f"{where}.{name}" if where else name
         try:
-            return key.convert(value, ctx, dotted)
+            return self._index[name].convert(value, ctx, dotted)
         except Invalid as exc:
             ctx.err(exc.key or dotted, exc.reason)
 
