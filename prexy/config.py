@@ -4,6 +4,12 @@ Everything is validated here, once, at load time; an error names the file, the
 line (found by locating the key in the text, since ``tomllib`` reports lines
 only for syntax errors), the key and the reason.  Nothing in this module
 imports Twisted or opens sockets, so ``--check`` and the tests run it as is.
+
+Each key of each table is declared once, in the tables below the values
+(``SERVER``, ``SITE``, ... and ``TOP``, the file's top level; the
+``[cluster]`` table is ``prexy.cluster.settings.CLUSTER``): its converter,
+the field it fills, its default.  :mod:`prexy.configschema` reads a table
+with them; ``_Load`` checks what involves several keys or tables.
 """
 
 from __future__ import annotations
@@ -11,23 +17,36 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import attrs
 
 from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.certs import Certificate, CertificateError, load_certificate
-from prexy.cluster.settings import ClusterConfig, parse_cluster
+from prexy.cluster.settings import CLUSTER, ClusterConfig
 from prexy.codec import LEVELS, Compression
+from prexy.configschema import SIZE_UNITS as SIZE_UNITS
+from prexy.configschema import (
+    Converter,
+    Invalid,
+    Key,
+    Nested,
+    Table,
+    check_type,
+    choice,
+    size,
+    strings,
+    typed,
+)
+from prexy.configschema import parse_size as parse_size
 from prexy.endpoints import unsupported_options
 from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
 from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
 from prexy.hostnames import host_problem
 
-SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 #: An HTTP token (RFC 9110 5.6.2): what an ``Upgrade`` protocol name is.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -46,20 +65,6 @@ class ConfigError(Exception):
             where += f":{line}"
         text = f"{where}: {key}: {reason}" if key else f"{where}: {reason}"
         super().__init__(text)
-
-
-def parse_size(text: str | int) -> int:
-    """``64M`` / ``8k`` / ``1g`` / ``1048576`` -> bytes (nginx-style units)."""
-    if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"negative size: {text}")
-        return text
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", text)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use a number with an optional k, M or G)")
-    return int(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
 
 
 @attrs.frozen
@@ -165,20 +170,6 @@ class MapConfig:
     action: str = "redirect"  # or "rewrite"
     status: int = 301
     keep_query: bool = True
-
-
-#: A site's cache keys in the file -> the ``CachePolicy`` field each sets.
-CACHE_KEYS = {
-    "cache_ttl": "default_ttl",
-    "cache_grace": "grace",
-    "cache_keep": "keep",
-    "cache_stale_if_error": "stale_if_error",
-    "cache_ignore_cookies": "ignore_cookies",
-    "cache_pass": "pass_rules",
-    "cache_max_object": "max_object_size",
-    "purge_from": "purge_from",
-    "cache_targeted_field": "targeted_cache_control",
-}
 
 
 #: The challenge types ``[acme] challenges`` may list (prexy.acme.issuer).
@@ -447,16 +438,13 @@ def _site_file(path: str, text: str) -> tuple[dict[str, Any], _Source]:
 
 
 def _include(
-    value: Any, sites: Any, main: _Source, files: dict[str, _Source], err: Any, memo: ConfigMemo | None = None,
-    reader: IFiles = DISK,
+    patterns: Sequence[str], sites: Any, main: _Source, files: dict[str, _Source],
+    err: Callable[[str, str], NoReturn], memo: ConfigMemo | None = None, reader: IFiles = DISK,
 ) -> dict[str, Any]:
     """The main file's ``[sites]`` with those of the files ``include`` names
     (glob patterns relative to the main file, each file in name order; a
     pattern matching no file is refused, so a moved folder never drops its
     sites silently).  ``files`` gets each included site's own file."""
-    patterns = [value] if isinstance(value, str) else value
-    if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
-        err("include", "must be a glob pattern or a list of them (such as \"sites.d/*.toml\")")
     if sites is not None and not isinstance(sites, dict):
         err("sites", "must be a table")
     merged: dict[str, Any] = dict(sites or {})
@@ -494,14 +482,6 @@ def _include(
     return merged
 
 
-def _known(
-    table: Mapping[str, Any], allowed: Sequence[str], where: str, err: Any
-) -> None:
-    for key in table:
-        if key not in allowed:
-            err(f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(allowed)})")
-
-
 def load_config(
     path: str, memo: ConfigMemo | None = None, files: IFiles = DISK, now: float | None = None
 ) -> Config:
@@ -525,540 +505,546 @@ def parse_config(
     Certificates (a site's and the server's) are read and checked to load
     and match their key; with ``now``, also to be valid at that time (what
     the master and ``--check`` do; a worker loads what they validated)."""
-    data = _toml(text, path)
-    # The file whose keys are being checked: the main file, or a site's
-    # own file (``include``); errors name it and relative names resolve
-    # against its directory.
-    here = main = _Source(path, text)
+    return _Load(text, path, memo, files, now).config(_toml(text, path))
 
-    def err(key: str, reason: str) -> None:
-        raise ConfigError(here.path, here.locator.line_of(key), key, reason)
 
-    def rel(value: str) -> str:
-        return value if os.path.isabs(value) else os.path.normpath(os.path.join(here.base, value))
+# -- the keys of each table ------------------------------------------------------
+#
+# Each key is declared once, in its table below: its converter checks the
+# file's value and makes the field's; ``configschema.Table.read`` applies
+# them.  What involves several keys or tables (a certificate and its key,
+# a host two sites claim) is checked by the loader (``_Load``) after.
 
-    def typed(table: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
-        value = table[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            err(f"{where}.{key}" if where else key, f"must be a {name}, got {value!r}")
-        return value
 
-    _known(data, ("server", "timeouts", "limits", "cache", "compression", "http2", "sites", "cluster",
-                  "include", "acme"), "", err)
-    server = data.get("server", {})
-    if not isinstance(server, dict):
-        err("server", "must be a table")
-    _known(
-        server,
-        (
-            "listen",
-            "admin",
-            "access_log",
-            "max_request_body",
-            "tls_certificate",
-            "tls_key",
-            "tls_unknown",
-            "default_site",
-            "workers",
-            "shutdown_timeout",
-            "http2",
-            "h2c_listen",
-            "error_pages",
-        ),
-        "server",
-        err,
-    )
-    listen = server.get("listen", ["tcp:8080:interface=127.0.0.1"])
-    if isinstance(listen, str):
-        listen = [listen]
-    if not isinstance(listen, list) or not listen or not all(isinstance(x, str) for x in listen):
-        err("server.listen", "must be a non-empty list of endpoint strings")
-    for desc in listen:
-        _check_endpoint(desc, lambda reason: err("server.listen", reason))
-    kwargs: dict[str, Any] = {"listen": tuple(listen), "source": os.path.abspath(path)}
-    if "admin" in server:
-        admin = typed(server, "admin", str, "server")
-        _check_endpoint(admin, lambda reason: err("server.admin", reason))
-        kwargs["admin"] = admin
-    if "access_log" in server:
-        value = typed(server, "access_log", str, "server")
-        kwargs["access_log"] = None if value in ("", "off") else (value if value == "-" else rel(value))
-    if "max_request_body" in server:
-        try:
-            kwargs["max_request_body"] = parse_size(server["max_request_body"])
-        except ValueError as exc:
-            err("server.max_request_body", str(exc))
-    for key in ("tls_certificate", "tls_key"):
-        if key in server:
-            file = rel(typed(server, key, str, "server"))
-            if not files.is_file(file):
-                err(f"server.{key}", f"no such file: {file}")
-            kwargs[key] = file
-    if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in kwargs:
-        err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
-    known_certificates = memo.certificates if memo is not None else {}
-    certificates: dict[tuple[bytes, bytes], Certificate] = {}
+def _refuse(reason: str) -> NoReturn:
+    raise Invalid(reason)
 
-    def certificate(cert_path: str, key_path: str, where: str, hosts: tuple[str, ...]) -> Certificate:
+
+def _endpoint(value: Any, ctx: _Load, key: str) -> str:
+    value = check_type(value, str)
+    _check_endpoint(value, _refuse)
+    return value
+
+
+def _endpoints(reason: str, empty: bool) -> Converter:
+    """A list of listen endpoints (or one), each checked."""
+    listed = strings(reason, one=True, empty=empty)
+
+    def convert(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
+        out = listed(value, ctx, key)
+        for desc in out:
+            _check_endpoint(desc, _refuse)
+        return out
+
+    return convert
+
+
+_H2C_LIST = strings("must be a list of endpoint strings", one=True)
+
+
+def _h2c(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
+    out = _H2C_LIST(value, ctx, key)
+    for desc in out:
+        if desc.startswith("ssl:"):
+            raise Invalid(f"{desc!r}: h2c is cleartext HTTP/2; an ssl: listener offers h2 by ALPN")
+    return out
+
+
+def _path(value: str, ctx: _Load) -> str:
+    return ctx.rel(value)
+
+
+def _file(value: Any, ctx: _Load, key: str) -> str:
+    """A file that must exist, relative to the file that names it."""
+    path = ctx.rel(check_type(value, str))
+    if not ctx.is_file(path):
+        raise Invalid(f"no such file: {path}")
+    return path
+
+
+def _access_log(value: str, ctx: _Load) -> str | None:
+    return None if value in ("", "off") else (value if value == "-" else ctx.rel(value))
+
+
+def _error_pages(value: Any, ctx: _Load, key: str) -> ErrorPages:
+    def fail(entry: str | None, reason: str) -> NoReturn:
+        if entry is None:
+            raise Invalid(reason)
+        # An entry's own line when it has one (a [*.error_pages] table),
+        # else the line of the inline table.
+        full = f"{key}.{entry}"
+        if ctx.here.locator.line_of(full) is not None:
+            raise Invalid(reason, full)
+        raise Invalid(f"{entry!r}: {reason}")
+
+    return load_error_pages(value, ctx.rel, fail, ctx.files.read)
+
+
+def _flag(value: Any, ctx: _Load, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid("must be true or false")
+    return value
+
+
+#: Seconds, 0 meaning off.
+_SECONDS = typed(float, lambda v: v >= 0, "must be 0 (off) or more seconds")
+
+SERVER = Table("server", (
+    Key("listen", _endpoints("must be a non-empty list of endpoint strings", empty=False),
+        default=("tcp:8080:interface=127.0.0.1",)),
+    Key("admin", _endpoint),
+    Key("access_log", typed(str, then=_access_log)),
+    Key("max_request_body", size()),
+    Key("tls_certificate", _file),
+    Key("tls_key", _file),
+    Key("tls_unknown", typed(str, lambda v: v in ("default", "refuse"),
+                             "must be 'default' (the [server] certificate) or 'refuse'")),
+    Key("default_site", typed(str)),
+    Key("workers", typed(int, lambda v: v >= 0, "must be 0 or more")),
+    Key("shutdown_timeout", typed(float)),
+    Key("http2", typed(bool)),
+    Key("h2c_listen", _h2c),
+    Key("error_pages", _error_pages),
+), target=Config)
+
+TIMEOUTS = Table("timeouts", tuple(Key(field.name, _SECONDS) for field in attrs.fields(Timeouts)), target=Timeouts)
+
+_HEAD_SIZE = size(lambda n: n >= 256, "must be at least 256 bytes")
+
+LIMITS = Table("limits", (
+    Key("max_request_line", _HEAD_SIZE),
+    Key("max_header_line", _HEAD_SIZE),
+    Key("max_request_head", _HEAD_SIZE),
+    Key("max_response_head", _HEAD_SIZE),
+    Key("max_header_lines", typed(int, lambda n: 1 <= n <= MAX_HEADER_LINES, f"must be from 1 to {MAX_HEADER_LINES}")),
+), target=Limits)
+
+CACHE = Table("cache", (
+    Key("size", size(), field="cache_size"),
+    Key("path", typed(str, then=_path), field="cache_path"),
+), target=Config)
+
+_COUNT = typed(int, lambda n: 1 <= n <= 2**31 - 1, "must be from 1 to 2147483647")
+
+HTTP2 = Table("http2", (
+    Key("max_concurrent_streams", _COUNT),
+    Key("max_header_list_size", size(lambda n: 1024 <= n <= 2**31 - 1, "must be from 1k to 2G")),
+    Key("idle_timeout", _SECONDS),
+    Key("max_resets", _COUNT),
+    Key("max_settings", _COUNT),
+    Key("max_pings", _COUNT),
+    Key("flood_window", typed(float, lambda v: v > 0, "must be more than 0 seconds")),
+    Key("max_empty_frames", _COUNT),
+), target=H2Settings)
+
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9.+*_-]+/[A-Za-z0-9.+*_-]+")
+
+
+def _level(coding: bytes) -> Converter:
+    low, high = LEVELS[coding]
+    return typed(int, lambda n: low <= n <= high, f"must be from {low} to {high}")
+
+
+COMPRESSION = Table("compression", (
+    Key("enabled", typed(bool)),
+    Key("types", strings("must be a list of media types (type/subtype, type/*, type/*+suffix)",
+                         lambda t: _MEDIA_TYPE.fullmatch(t) is not None)),
+    Key("min_length", size()),
+    Key("gzip_level", _level(b"gzip")),
+    Key("br_level", _level(b"br")),
+    Key("zstd_level", _level(b"zstd")),
+), target=Compression)
+
+
+def _directory(value: Any, ctx: _Load, key: str) -> str:
+    value = check_type(value, str)
+    parts = urlsplit(value)
+    if parts.scheme != "https" or not parts.hostname:
+        raise Invalid(f"must be an https:// URL, got {value!r}")
+    return value
+
+
+def _email(value: Any, ctx: _Load, key: str) -> str:
+    value = check_type(value, str)
+    if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", value):
+        raise Invalid(f"not an e-mail address: {value!r}")
+    return value
+
+
+def _challenges(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(c in ACME_CHALLENGES for c in value):
+        raise Invalid(f"must be a non-empty list of {', '.join(map(repr, ACME_CHALLENGES))}")
+    if len(set(value)) != len(value):
+        raise Invalid("lists a challenge twice")
+    return tuple(value)
+
+
+def _ask(value: Any, ctx: _Load, key: str) -> str:
+    value = check_type(value, str)
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Invalid(f"must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
+def _wait(value: Any, ctx: _Load, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 60:
+        raise Invalid(f"must be a number of seconds above 0, at most 60, got {value!r}")
+    return float(value)
+
+
+_AT_LEAST_ONE = typed(int, lambda n: n >= 1, "must be 1 or more")
+
+ACME = Table("acme", (
+    Key("directory", _directory, required="missing key 'directory' (the CA's ACME directory URL)"),
+    Key("email", _email),
+    Key("ca_bundle", _file),
+    Key("storage", typed(str, then=_path), default_from=lambda ctx: default_acme_storage(ctx.cache_path)),
+    Key("challenges", _challenges),
+    Key("ask", _ask),
+    Key("per_domain_per_hour", _AT_LEAST_ONE),
+    Key("concurrent", _AT_LEAST_ONE),
+    Key("on_demand_timeout", _wait),
+), target=AcmeConfig)
+
+
+def _upstream(value: Any, ctx: _Load, key: str) -> UpstreamURL:
+    try:
+        return UpstreamURL.parse(check_type(value, str))
+    except Invalid:
+        raise
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _hosts(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(h, str) and h for h in value):
+        raise Invalid("must be a list of host names")
+    hosts = tuple(h.lower().rstrip(".") for h in value)
+    for h in hosts:
+        problem = host_problem(h)
+        if problem is not None:
+            raise Invalid(problem)
+    return hosts
+
+
+_RULES_LIST = strings("must be a file name or a list of file names", one=True)
+
+
+def _rules(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
+    names = _RULES_LIST(value, ctx, key)
+    paths = tuple(ctx.rel(r) for r in names)
+    for r in paths:
+        if not ctx.is_file(r):
+            raise Invalid(f"no such file: {r}")
+    return paths
+
+
+def _cache_on(value: Any, ctx: _Load, key: str) -> bool:
+    on = _flag(value, ctx, key)
+    if on and not ctx.cache_size:
+        raise Invalid("needs a cache: set [cache] size")
+    return on
+
+
+def _upgrade(value: Any, ctx: _Load, key: str) -> frozenset[bytes]:
+    if not isinstance(value, list) or not all(isinstance(u, str) and _TOKEN.fullmatch(u) for u in value):
+        raise Invalid("must be a list of protocol names (such as \"websocket\")")
+    return frozenset(u.lower().encode("ascii") for u in value)
+
+
+def _tls(value: Any, ctx: _Load, key: str) -> bool:
+    if check_type(value, str) != "acme":
+        raise Invalid("the only value is \"acme\" (else give tls_certificate and tls_key)")
+    if ctx.acme is None:
+        raise Invalid("needs an [acme] table (its CA's directory)")
+    return True
+
+
+_LIST = strings("must be a list of strings")
+
+SITE = Table("sites.NAME", (
+    Key("upstream", _upstream, required="missing key 'upstream'"),
+    Key("upstream_ca", _file),
+    Key("hosts", _hosts),
+    Key("host_header", typed(str)),
+    Key("rules", _rules),
+    Key("map", _file, field="map.path"),
+    Key("map_action", choice(("redirect", "rewrite"), "must be 'redirect' or 'rewrite'"),
+        field="map.action", needs="map"),
+    Key("redirect_status", choice(REDIRECT_STATUSES, f"must be one of {REDIRECT_STATUSES}"),
+        field="map.status", needs="map"),
+    Key("map_keep_query", _flag, field="map.keep_query", needs="map"),
+    # ``cache`` turns the site's CachePolicy on (made of the cache.* fields) or off.
+    Key("cache", _cache_on, default_from=lambda ctx: bool(ctx.cache_size)),
+    Key("cache_ttl", typed(float), field="cache.default_ttl"),
+    Key("cache_grace", typed(float), field="cache.grace"),
+    Key("cache_keep", typed(float), field="cache.keep"),
+    Key("cache_ignore_cookies", _LIST, field="cache.ignore_cookies"),
+    Key("cache_pass", _LIST, field="cache.pass_rules"),
+    Key("cache_max_object", size(), field="cache.max_object_size"),
+    Key("purge_from", _LIST, field="cache.purge_from"),
+    Key("cache_stale_if_error", typed(float), field="cache.stale_if_error"),
+    Key("cache_targeted_field", typed(str), field="cache.targeted_cache_control"),
+    Key("allow_trace", typed(bool)),
+    Key("compression", Nested(COMPRESSION, lambda fields, ctx, key: attrs.evolve(ctx.server_compression, **fields)),
+        default_from=lambda ctx: ctx.server_compression),
+    Key("upgrade", _upgrade),
+    Key("error_pages", _error_pages, default_from=lambda ctx: ctx.server_pages),
+    Key("tls_certificate", _file),
+    Key("tls_key", _file),
+    Key("tls", _tls, field="acme"),
+), target=SiteConfig)
+
+#: A site's dotted fields -> the part the loader builds (``map``, ``cache``) and its field.
+_SITE_PARTS = {key.field: tuple(key.field.split(".", 1)) for key in SITE.keys if "." in key.field}
+
+#: A site's cache keys in the file -> the ``CachePolicy`` field each sets.
+CACHE_KEYS = {key.name: key.field.partition(".")[2] for key in SITE.keys if key.field.startswith("cache.")}
+
+
+_INCLUDE = strings("must be a glob pattern or a list of them (such as \"sites.d/*.toml\")",
+                   lambda p: bool(p), one=True, empty=False)
+
+
+#: The file's top level: its tables, in the order the loader reads them.
+TOP = Table("", (
+    Key("server", Nested(SERVER, lambda fields, ctx, key: fields)),
+    Key("http2", Nested(HTTP2, lambda fields, ctx, key: H2Settings(**fields)), field="http2_settings"),
+    Key("timeouts", Nested(TIMEOUTS, lambda fields, ctx, key: Timeouts(**fields))),
+    Key("limits", Nested(LIMITS, lambda fields, ctx, key: ctx.limits(fields))),
+    Key("cache", Nested(CACHE, lambda fields, ctx, key: fields)),
+    Key("cluster", Nested(CLUSTER, lambda fields, ctx, key: ClusterConfig(**fields))),
+    Key("acme", Nested(ACME, lambda fields, ctx, key: AcmeConfig(**fields))),
+    Key("compression", Nested(COMPRESSION, lambda fields, ctx, key: Compression(**fields))),
+    Key("include", _INCLUDE),
+    Key("sites", Nested(SITE, lambda tables, ctx, key: ctx.sites(tables), each=True)),
+))
+
+
+class _Load:
+    """One load of a configuration: the context the tables' converters
+    read (which file's keys are being checked, what earlier tables set) and
+    the checks across keys and tables."""
+
+    def __init__(self, text: str, path: str, memo: ConfigMemo | None, files: IFiles, now: float | None) -> None:
+        # The file whose keys are being checked: the main file, or a site's
+        # own file (``include``); errors name it and relative names resolve
+        # against its directory.
+        self.here = self.main = _Source(path, text)
+        self.path = path
+        self.memo = memo
+        self.files = files
+        self.now = now
+        self.known_certificates = memo.certificates if memo is not None else {}
+        self.certificates: dict[tuple[bytes, bytes], Certificate] = {}
+        self.exists: dict[str, bool] = {}
+        self.page_bytes: dict[str, bytes | None] = {}
+        # What the tables read so far set, for those read after them.
+        self.cache_size = 0
+        self.cache_path = ""
+        self.acme: AcmeConfig | None = None
+        self.server_compression = Compression()
+        self.server_pages = NO_PAGES
+        self.site_files: dict[str, _Source] = {}
+        self.seen_hosts: dict[str, str] = {}
+
+    def err(self, key: str, reason: str) -> NoReturn:
+        raise ConfigError(self.here.path, self.here.locator.line_of(key), key, reason)
+
+    def rel(self, value: str) -> str:
+        return value if os.path.isabs(value) else os.path.normpath(os.path.join(self.here.base, value))
+
+    def is_file(self, path: str) -> bool:
+        """Whether ``path`` is a file: asked once per load, however many sites name it."""
+        if path not in self.exists:
+            self.exists[path] = self.files.is_file(path)
+        return self.exists[path]
+
+    def table(self, data: dict[str, Any], name: str) -> Any:
+        """A top-level table of the file (an absent one: empty) read with its declaration."""
+        return TOP.convert(name, data.get(name, {}), self, "")
+
+    def config(self, data: dict[str, Any]) -> Config:
+        TOP.check_keys(data, self, "")
+        kwargs: dict[str, Any] = {"source": os.path.abspath(self.path)}
+        server = self.table(data, "server")
+        default = server.pop("default_site", None)
+        self.check_server(server)
+        kwargs.update(server)
+        self.server_pages = server.get("error_pages", NO_PAGES)
+        kwargs["error_pages"] = self.server_pages
+        for name in ("http2", "timeouts", "limits"):  # (each one value of Config's)
+            kwargs[TOP.key(name).field] = self.table(data, name)
+        kwargs.update(self.table(data, "cache"))
+        self.cache_size = kwargs.get("cache_size", 0)
+        self.cache_path = kwargs.get("cache_path", "")
+        if "cluster" in data:  # nodes sharing invalidation through Redis (prexy.cluster)
+            kwargs["cluster"] = self.table(data, "cluster")
+        if "acme" in data:
+            kwargs["acme"] = self.acme = self.table(data, "acme")
+        kwargs["compression"] = self.server_compression = self.table(data, "compression")
+        sites_table = data.get("sites")
+        if "include" in data:
+            patterns = TOP.convert("include", data["include"], self, "")
+            sites_table = _include(patterns, sites_table, self.main, self.site_files, self.err, self.memo, self.files)
+            kwargs["included"] = tuple(sorted({f.path for f in self.site_files.values()}))
+        if not isinstance(sites_table, dict) or not sites_table:
+            self.err("sites", "at least one [sites.NAME] table with an upstream is required")
+        kwargs["sites"] = TOP.convert("sites", sites_table, self, "")
+        if default is not None:
+            if default not in sites_table:
+                self.err("server.default_site", f"no site named {default!r}")
+        else:
+            default = kwargs["sites"][0].name
+        kwargs["default_site"] = default
+        return Config(**kwargs)
+
+    def check_server(self, server: dict[str, Any]) -> None:
+        """What [server]'s keys say together: an ssl: listener's key, h2c
+        listeners among the listeners, the default certificate."""
+        listen = server["listen"]
+        for desc in server.get("h2c_listen", ()):
+            if desc not in listen:
+                self.err("server.h2c_listen", f"{desc!r} is not one of server.listen")
+        if any(d.startswith("ssl:") and "privateKey=" not in d for d in listen) and "tls_key" not in server:
+            self.err("server.listen", "an ssl: endpoint needs server.tls_key (and tls_certificate) or privateKey=")
+        if "tls_key" in server:  # (the certificate may be in the key's file)
+            self.certificate(server.get("tls_certificate", server["tls_key"]), server["tls_key"], "server", ())
+
+    def limits(self, fields: dict[str, Any]) -> Limits:
+        limits = Limits(**fields)
+        if limits.max_request_head < max(limits.max_request_line, limits.max_header_line):
+            self.err("limits.max_request_head", "must be at least max_request_line and max_header_line")
+        return limits
+
+    def certificate(self, cert_path: str, key_path: str, where: str, hosts: tuple[str, ...]) -> Certificate:
         """The certificate of these files (read through ``files``, parsed
         once per content), checked for ``hosts`` (and ``now``)."""
         loaded = []
         for key, file in ((f"{where}.tls_certificate", cert_path), (f"{where}.tls_key", key_path)):
             try:
-                loaded.append(files.read(file))
+                loaded.append(self.files.read(file))
             except OSError as exc:
-                err(key, f"cannot read {file}: {exc.strerror}")
+                self.err(key, f"cannot read {file}: {exc.strerror}")
         pair = (loaded[0], loaded[1])
-        found = certificates.get(pair) or known_certificates.get(pair)
+        found = self.certificates.get(pair) or self.known_certificates.get(pair)
         if found is None:
             try:
                 found = load_certificate(*pair)
             except CertificateError as exc:
                 which = "tls_key" if exc.which == "key" else "tls_certificate"
-                err(f"{where}.{which}", f"{key_path if which == 'tls_key' else cert_path}: {exc.reason}")
-        assert found is not None
-        certificates[pair] = found
-        if now is not None:
-            problem = found.problem(hosts, now)
+                self.err(f"{where}.{which}", f"{key_path if which == 'tls_key' else cert_path}: {exc.reason}")
+        self.certificates[pair] = found
+        if self.now is not None:
+            problem = found.problem(hosts, self.now)
             if problem is not None:
-                err(f"{where}.tls_certificate", f"{cert_path}: {problem}")
+                self.err(f"{where}.tls_certificate", f"{cert_path}: {problem}")
         return found
 
-    if "tls_key" in kwargs:  # (the certificate may be in the key's file)
-        certificate(kwargs.get("tls_certificate", kwargs["tls_key"]), kwargs["tls_key"], "server", ())
-    if "tls_unknown" in server:
-        kwargs["tls_unknown"] = typed(server, "tls_unknown", str, "server")
-        if kwargs["tls_unknown"] not in ("default", "refuse"):
-            err("server.tls_unknown", "must be 'default' (the [server] certificate) or 'refuse'")
-    if "http2" in server:
-        kwargs["http2"] = typed(server, "http2", bool, "server")
-    if "h2c_listen" in server:
-        h2c = server["h2c_listen"]
-        if isinstance(h2c, str):
-            h2c = [h2c]
-        if not isinstance(h2c, list) or not all(isinstance(x, str) for x in h2c):
-            err("server.h2c_listen", "must be a list of endpoint strings")
-        for desc in h2c:
-            if desc not in listen:
-                err("server.h2c_listen", f"{desc!r} is not one of server.listen")
-            if desc.startswith("ssl:"):
-                err("server.h2c_listen", f"{desc!r}: h2c is cleartext HTTP/2; an ssl: listener offers h2 by ALPN")
-        kwargs["h2c_listen"] = tuple(h2c)
-    kwargs["http2_settings"] = _http2_settings(data.get("http2", {}), err, typed)
+    def sites(self, sites_table: dict[str, Any]) -> tuple[SiteConfig, ...]:
+        memo = self.memo
+        sites = []
+        # What the main file gives every site: part of a memoised site's key.
+        context = repr((
+            self.cache_size, self.server_compression,
+            tuple((key, page.path, page.content_type, len(page.body), hash(page.body))
+                  for key, page in self.server_pages.pages),
+        ))  # (a str: hashed once)
+        for name, table in sites_table.items():
+            self.here = self.site_files.get(name, self.main)
+            where = f"sites.{name}"
+            memo_key = (self.here.key, name, context) if memo is not None and self.here is not self.main else None
+            known = memo.sites.get(memo_key) if memo is not None and memo_key is not None else None
+            if known is not None and self.still_there(known):
+                site = self.reuse(known, where)
+            else:
+                site = self.site(name, table, where)
+            if memo is not None and memo_key is not None:
+                memo.sites[memo_key] = site
+            sites.append(site)
+        self.here = self.main
+        if memo is not None:
+            memo.keep_only(list(self.site_files.values()))
+            memo.certificates = self.certificates
+        return tuple(sites)
 
-    def error_pages(value: Any, where: str) -> ErrorPages:
-        def fail(key: str | None, reason: str) -> None:
-            table = f"{where}.error_pages"
-            if key is None:
-                err(table, reason)
-            # An entry's own line when it has one (a [*.error_pages] table),
-            # else the line of the inline table.
-            full = f"{table}.{key}"
-            if here.locator.line_of(full) is not None:
-                err(full, reason)
-            err(table, f"{key!r}: {reason}")
+    def claim_hosts(self, name: str, hosts: tuple[str, ...], where: str) -> None:
+        for h in hosts:
+            if h in self.seen_hosts:
+                other = self.site_files.get(self.seen_hosts[h], self.main).path
+                self.err(f"{where}.hosts", f"host {h!r} already belongs to site {self.seen_hosts[h]!r} ({other})")
+            self.seen_hosts[h] = name
 
-        return load_error_pages(value, rel, fail, files.read)
-
-    server_pages = error_pages(server["error_pages"], "server") if "error_pages" in server else NO_PAGES
-    kwargs["error_pages"] = server_pages
-    if "workers" in server:
-        workers = typed(server, "workers", int, "server")
-        if workers < 0:
-            err("server.workers", "must be 0 or more")
-        kwargs["workers"] = workers
-    if "shutdown_timeout" in server:
-        kwargs["shutdown_timeout"] = typed(server, "shutdown_timeout", float, "server")
-
-    timeouts = data.get("timeouts", {})
-    if not isinstance(timeouts, dict):
-        err("timeouts", "must be a table")
-    _known(timeouts, [f.name for f in attrs.fields(Timeouts)], "timeouts", err)
-    tvalues = {}
-    for key in timeouts:
-        value = typed(timeouts, key, float, "timeouts")
-        if value < 0:
-            err(f"timeouts.{key}", "must be 0 (off) or more seconds")
-        tvalues[key] = value
-    kwargs["timeouts"] = Timeouts(**tvalues)
-
-    limits = data.get("limits", {})
-    if not isinstance(limits, dict):
-        err("limits", "must be a table")
-    _known(limits, [f.name for f in attrs.fields(Limits)], "limits", err)
-    lvalues = {}
-    for key in limits:
-        if key == "max_header_lines":
-            count = typed(limits, key, int, "limits")
-            if not 1 <= count <= MAX_HEADER_LINES:
-                err(f"limits.{key}", f"must be from 1 to {MAX_HEADER_LINES}")
-            lvalues[key] = count
-            continue
-        try:
-            lvalues[key] = parse_size(limits[key])
-        except ValueError as exc:
-            err(f"limits.{key}", str(exc))
-        if lvalues[key] < 256:
-            err(f"limits.{key}", "must be at least 256 bytes")
-    lim = Limits(**lvalues)
-    if lim.max_request_head < max(lim.max_request_line, lim.max_header_line):
-        err("limits.max_request_head", "must be at least max_request_line and max_header_line")
-    kwargs["limits"] = lim
-
-    cache = data.get("cache", {})
-    if not isinstance(cache, dict):
-        err("cache", "must be a table")
-    _known(cache, ("size", "path"), "cache", err)
-    if "size" in cache:
-        try:
-            kwargs["cache_size"] = parse_size(cache["size"])
-        except ValueError as exc:
-            err("cache.size", str(exc))
-    if "path" in cache:
-        kwargs["cache_path"] = rel(typed(cache, "path", str, "cache"))
-    if "cluster" in data:  # nodes sharing invalidation through Redis (prexy.cluster)
-        kwargs["cluster"] = parse_cluster(data["cluster"], err)
-    if "acme" in data:
-        kwargs["acme"] = _acme(data["acme"], err, typed, rel, files, kwargs.get("cache_path", ""))
-
-    def compression(table: Any, where: str, base: Compression) -> Compression:
-        if not isinstance(table, dict):
-            err(where, "must be a table")
-        _known(table, [f.name for f in attrs.fields(Compression)], where, err)
-        ckw: dict[str, Any] = {}
-        if "enabled" in table:
-            ckw["enabled"] = typed(table, "enabled", bool, where)
-        if "types" in table:
-            types = table["types"]
-            if not isinstance(types, list) or not all(
-                isinstance(t, str) and re.fullmatch(r"[A-Za-z0-9.+*_-]+/[A-Za-z0-9.+*_-]+", t) for t in types
-            ):
-                err(f"{where}.types", "must be a list of media types (type/subtype, type/*, type/*+suffix)")
-            ckw["types"] = tuple(types)
-        if "min_length" in table:
-            try:
-                ckw["min_length"] = parse_size(table["min_length"])
-            except ValueError as exc:
-                err(f"{where}.min_length", str(exc))
-        for coding, (low, high) in LEVELS.items():
-            key = f"{coding.decode()}_level"
-            if key in table:
-                level = typed(table, key, int, where)
-                if not low <= level <= high:
-                    err(f"{where}.{key}", f"must be from {low} to {high}")
-                ckw[key] = level
-        return attrs.evolve(base, **ckw)
-
-    server_compression = compression(data.get("compression", {}), "compression", Compression())
-    kwargs["compression"] = server_compression
-
-    sites_table = data.get("sites")
-    site_files: dict[str, _Source] = {}
-    if "include" in data:
-        sites_table = _include(data["include"], sites_table, main, site_files, err, memo, files)
-        kwargs["included"] = tuple(sorted({f.path for f in site_files.values()}))
-    if not isinstance(sites_table, dict) or not sites_table:
-        err("sites", "at least one [sites.NAME] table with an upstream is required")
-    assert isinstance(sites_table, dict)
-    sites = []
-    seen_hosts: dict[str, str] = {}
-    # What the main file gives every site: part of a memoised site's key.
-    context = repr((
-        kwargs.get("cache_size"), server_compression,
-        tuple((key, page.path, page.content_type, len(page.body), hash(page.body)) for key, page in server_pages.pages),
-    ))  # (a str: hashed once)
-    exists: dict[str, bool] = {}
-    page_bytes: dict[str, bytes | None] = {}
-
-    def same_page(path: str, body: bytes) -> bool:  # each file read once per load
-        if path not in page_bytes:
-            try:
-                page_bytes[path] = files.read(path)
-            except OSError:
-                page_bytes[path] = None
-        return page_bytes[path] == body
-
-    def is_file(path: str) -> bool:  # once per file, however many sites name it
-        if path not in exists:
-            exists[path] = files.is_file(path)
-        return exists[path]
-
-    def still_there(site: SiteConfig) -> bool:
-        named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()),
-                 *((site.tls_certificate,) if site.tls_certificate else ()), *((site.tls_key,) if site.tls_key else ()))
-        # (a missing one: the site is checked again below, and refused with its key and line)
-        return all(is_file(file) for file in named) and all(
-            same_page(page.path, page.body) for _, page in site.error_pages.pages
-        )
-
-    for name, table in sites_table.items():
-        here = site_files.get(name, main)
-        where = f"sites.{name}"
-        memo_key = (here.key, name, context) if memo is not None and here is not main else None
-        known = memo.sites.get(memo_key) if memo is not None and memo_key is not None else None
-        if known is not None and still_there(known):
-            for h in known.hosts:
-                if h in seen_hosts:
-                    other = site_files.get(seen_hosts[h], main).path
-                    err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
-                seen_hosts[h] = name
-            if known.acme and "acme" not in kwargs:  # (the main file's [acme] went)
-                err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
-            if known.tls_certificate is not None and known.tls_key is not None:
-                # The files may hold a renewed certificate: read again.
-                current = certificate(known.tls_certificate, known.tls_key, where, known.hosts)
-                if current != known.certificate:
-                    known = attrs.evolve(known, certificate=current)
-                    if memo is not None and memo_key is not None:
-                        memo.sites[memo_key] = known
-            sites.append(known)
-            continue
-        if not isinstance(table, dict):
-            err(where, "must be a table")
-        _known(
-            table,
-            ("upstream", "upstream_ca", "hosts", "host_header", "rules", "map", "map_action",
-             "redirect_status", "map_keep_query", "cache", "cache_ttl", "cache_grace",
-             "cache_keep", "cache_ignore_cookies", "cache_pass", "cache_max_object", "purge_from",
-             "allow_trace", "compression", "upgrade", "cache_stale_if_error", "cache_targeted_field",
-             "error_pages", "tls_certificate", "tls_key", "tls"),
-            where,
-            err,
-        )
-        if "upstream" not in table:
-            err(where, "missing key 'upstream'")
-        try:
-            upstream = UpstreamURL.parse(typed(table, "upstream", str, where))
-        except ValueError as exc:
-            err(f"{where}.upstream", str(exc))
-        hosts = table.get("hosts", [])
-        if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
-            err(f"{where}.hosts", "must be a list of host names")
-        norm_hosts = tuple(h.lower().rstrip(".") for h in hosts)
-        for h in norm_hosts:
-            problem = host_problem(h)
-            if problem is not None:
-                err(f"{where}.hosts", problem)
-            if h in seen_hosts:
-                other = site_files.get(seen_hosts[h], main).path
-                err(f"{where}.hosts", f"host {h!r} already belongs to site {seen_hosts[h]!r} ({other})")
-            seen_hosts[h] = name
-        host_header = typed(table, "host_header", str, where) if "host_header" in table else "pass"
-        allow_trace = typed(table, "allow_trace", bool, where) if "allow_trace" in table else False
-        upgrade = table.get("upgrade", ["websocket"])
-        if not isinstance(upgrade, list) or not all(isinstance(u, str) and _TOKEN.fullmatch(u) for u in upgrade):
-            err(f"{where}.upgrade", "must be a list of protocol names (such as \"websocket\")")
-        upstream_ca = None
-        if "upstream_ca" in table:
-            upstream_ca = rel(typed(table, "upstream_ca", str, where))
-            if not is_file(upstream_ca):
-                err(f"{where}.upstream_ca", f"no such file: {upstream_ca}")
-            if upstream.scheme != "https":
-                err(f"{where}.upstream_ca", "only applies to an https upstream")
-        tls_paths: dict[str, str] = {}
-        for key in ("tls_certificate", "tls_key"):
-            if key in table:
-                tls_paths[key] = rel(typed(table, key, str, where))
-                if not is_file(tls_paths[key]):
-                    err(f"{where}.{key}", f"no such file: {tls_paths[key]}")
-        site_acme = False
-        if "tls" in table:
-            if typed(table, "tls", str, where) != "acme":
-                err(f"{where}.tls", "the only value is \"acme\" (else give tls_certificate and tls_key)")
-            if tls_paths:
-                err(f"{where}.tls", "a site's certificate is tls = \"acme\" or its tls_certificate and tls_key,"
-                    " not both")
-            if "acme" not in kwargs:
-                err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
-            if not norm_hosts:
-                err(f"{where}.tls", "a site's certificate is chosen by its hosts: give it hosts")
-            site_acme = True
-        site_certificate = None
-        if tls_paths:
+    def site(self, name: str, table: Any, where: str) -> SiteConfig:
+        """A site's table read with its declaration, then checked across keys."""
+        fields: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {"map": {}, "cache": {}}
+        for field, value in SITE.read(table, self, where).items():
+            split = _SITE_PARTS.get(field)
+            if split is None:
+                fields[field] = value
+            else:
+                parts[split[0]][split[1]] = value
+        hosts = fields.get("hosts", ())
+        self.claim_hosts(name, hosts, where)
+        if "upstream_ca" in fields and fields["upstream"].scheme != "https":
+            self.err(f"{where}.upstream_ca", "only applies to an https upstream")
+        given = [key for key in ("tls_certificate", "tls_key") if key in fields]
+        if fields.get("acme"):
+            if given:
+                self.err(f"{where}.tls", "a site's certificate is tls = \"acme\" or its tls_certificate and tls_key,"
+                         " not both")
+            if not hosts:
+                self.err(f"{where}.tls", "a site's certificate is chosen by its hosts: give it hosts")
+        if given:
             for key, other in (("tls_certificate", "tls_key"), ("tls_key", "tls_certificate")):
-                if key not in tls_paths:
-                    err(f"{where}.{other}", f"needs {key} too (a certificate and its key)")
-            if not norm_hosts:
-                err(f"{where}.tls_certificate", "a site's certificate is chosen by its hosts: give it hosts")
-            site_certificate = certificate(tls_paths["tls_certificate"], tls_paths["tls_key"], where, norm_hosts)
-        rules = table.get("rules", [])
-        if isinstance(rules, str):
-            rules = [rules]
-        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
-            err(f"{where}.rules", "must be a file name or a list of file names")
-        rule_files = tuple(rel(r) for r in rules)
-        for r in rule_files:
-            if not is_file(r):
-                err(f"{where}.rules", f"no such file: {r}")
-        map_cfg = None
-        if "map" in table:
-            map_path = rel(typed(table, "map", str, where))
-            if not is_file(map_path):
-                err(f"{where}.map", f"no such file: {map_path}")
-            action = table.get("map_action", "redirect")
-            if action not in ("redirect", "rewrite"):
-                err(f"{where}.map_action", "must be 'redirect' or 'rewrite'")
-            status = table.get("redirect_status", 301)
-            if status not in REDIRECT_STATUSES:
-                err(f"{where}.redirect_status", f"must be one of {REDIRECT_STATUSES}")
-            keep_query = table.get("map_keep_query", True)
-            if not isinstance(keep_query, bool):
-                err(f"{where}.map_keep_query", "must be true or false")
-            map_cfg = MapConfig(map_path, action, status, keep_query)
-        else:
-            for key in ("map_action", "redirect_status", "map_keep_query"):
-                if key in table:
-                    err(f"{where}.{key}", "has no effect without 'map'")
-        cache_cfg = None
-        cache_on = table.get("cache", bool(kwargs.get("cache_size")))
-        if not isinstance(cache_on, bool):
-            err(f"{where}.cache", "must be true or false")
-        if cache_on:
-            if not kwargs.get("cache_size"):
-                err(f"{where}.cache", "needs a cache: set [cache] size")
-            # The file's types are checked here; the values by the policy,
-            # whose refusal names the field, mapped back to the file's key.
-            ckw: dict[str, Any] = {}
-            for key in ("cache_ttl", "cache_grace", "cache_keep", "cache_stale_if_error"):
-                if key in table:
-                    ckw[CACHE_KEYS[key]] = typed(table, key, float, where)
-            for key in ("cache_ignore_cookies", "cache_pass", "purge_from"):
-                if key in table:
-                    value = table[key]
-                    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                        err(f"{where}.{key}", "must be a list of strings")
-                    ckw[CACHE_KEYS[key]] = tuple(value)
-            if "cache_targeted_field" in table:
-                ckw["targeted_cache_control"] = typed(table, "cache_targeted_field", str, where)
-            if "cache_max_object" in table:
-                try:
-                    ckw["max_object_size"] = parse_size(table["cache_max_object"])
-                except ValueError as exc:
-                    err(f"{where}.cache_max_object", str(exc))
+                if key not in fields:
+                    self.err(f"{where}.{other}", f"needs {key} too (a certificate and its key)")
+            if not hosts:
+                self.err(f"{where}.tls_certificate", "a site's certificate is chosen by its hosts: give it hosts")
+            fields["certificate"] = self.certificate(fields["tls_certificate"], fields["tls_key"], where, hosts)
+        if parts["map"]:
+            fields["map"] = MapConfig(**parts["map"])
+        if fields["cache"]:
             try:
-                cache_cfg = CachePolicy(**ckw)
+                fields["cache"] = CachePolicy(**parts["cache"])
             except PolicyError as exc:
                 key = next(k for k, field in CACHE_KEYS.items() if field == exc.field)
-                err(f"{where}.{key}", exc.reason)
-        sites.append(
-            SiteConfig(
-                name=name,
-                upstream=upstream,
-                hosts=norm_hosts,
-                host_header=host_header,
-                rules=rule_files,
-                map=map_cfg,
-                cache=cache_cfg,
-                upstream_ca=upstream_ca,
-                allow_trace=allow_trace,
-                upgrade=frozenset(u.lower().encode("ascii") for u in upgrade),
-                compression=compression(table.get("compression", {}), f"{where}.compression", server_compression),
-                error_pages=error_pages(table["error_pages"], where) if "error_pages" in table else server_pages,
-                tls_certificate=tls_paths.get("tls_certificate"),
-                tls_key=tls_paths.get("tls_key"),
-                certificate=site_certificate,
-                acme=site_acme,
-            )
+                self.err(f"{where}.{key}", exc.reason)
+        else:
+            fields["cache"] = None
+        return SiteConfig(name=name, **fields)
+
+    def still_there(self, site: SiteConfig) -> bool:
+        """Whether the files a memoised site names are all still there (a
+        missing one: the site is checked again, and refused with its key
+        and line)."""
+        named = (*site.rules, *((site.map.path,) if site.map else ()), *((site.upstream_ca,) if site.upstream_ca else ()),
+                 *((site.tls_certificate,) if site.tls_certificate else ()), *((site.tls_key,) if site.tls_key else ()))
+        return all(self.is_file(file) for file in named) and all(
+            self.same_page(page.path, page.body) for _, page in site.error_pages.pages
         )
-        if memo is not None and memo_key is not None:
-            memo.sites[memo_key] = sites[-1]
-    here = main
-    if memo is not None:
-        memo.keep_only(list(site_files.values()))
-        memo.certificates = certificates
-    if "default_site" in server:
-        default = typed(server, "default_site", str, "server")
-        if default not in sites_table:
-            err("server.default_site", f"no site named {default!r}")
-    else:
-        default = sites[0].name
-    kwargs["sites"] = tuple(sites)
-    kwargs["default_site"] = default
-    return Config(**kwargs)
 
+    def same_page(self, path: str, body: bytes) -> bool:  # each file read once per load
+        if path not in self.page_bytes:
+            try:
+                self.page_bytes[path] = self.files.read(path)
+            except OSError:
+                self.page_bytes[path] = None
+        return self.page_bytes[path] == body
 
-def _acme(table: Any, err: Any, typed: Any, rel: Any, files: IFiles, cache_path: str) -> AcmeConfig:
-    """The ``[acme]`` table, checked (``err`` raises with the key's line)."""
-    if not isinstance(table, dict):
-        err("acme", "must be a table")
-    _known(table, ("directory", "email", "ca_bundle", "storage", "challenges", "ask", "per_domain_per_hour",
-                   "concurrent", "on_demand_timeout"), "acme", err)
-    if "directory" not in table:
-        err("acme", "missing key 'directory' (the CA's ACME directory URL)")
-    directory = typed(table, "directory", str, "acme")
-    parts = urlsplit(directory)
-    if parts.scheme != "https" or not parts.hostname:
-        err("acme.directory", f"must be an https:// URL, got {directory!r}")
-    kw: dict[str, Any] = {"directory": directory}
-    if "email" in table:
-        email = typed(table, "email", str, "acme")
-        if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", email):
-            err("acme.email", f"not an e-mail address: {email!r}")
-        kw["email"] = email
-    if "ca_bundle" in table:
-        bundle = rel(typed(table, "ca_bundle", str, "acme"))
-        if not files.is_file(bundle):
-            err("acme.ca_bundle", f"no such file: {bundle}")
-        kw["ca_bundle"] = bundle
-    kw["storage"] = rel(typed(table, "storage", str, "acme")) if "storage" in table else default_acme_storage(cache_path)
-    if "challenges" in table:
-        chosen = table["challenges"]
-        if not isinstance(chosen, list) or not chosen or not all(c in ACME_CHALLENGES for c in chosen):
-            err("acme.challenges", f"must be a non-empty list of {', '.join(map(repr, ACME_CHALLENGES))}")
-        if len(set(chosen)) != len(chosen):
-            err("acme.challenges", "lists a challenge twice")
-        kw["challenges"] = tuple(chosen)
-    if "ask" in table:
-        ask = typed(table, "ask", str, "acme")
-        ask_parts = urlsplit(ask)
-        if ask_parts.scheme not in ("http", "https") or not ask_parts.hostname:
-            err("acme.ask", f"must be an http:// or https:// URL, got {ask!r}")
-        kw["ask"] = ask
-    for key in ("per_domain_per_hour", "concurrent"):
-        if key in table:
-            value = typed(table, key, int, "acme")
-            if value < 1:
-                err(f"acme.{key}", "must be 1 or more")
-            kw[key] = value
-    if "on_demand_timeout" in table:
-        wait = table["on_demand_timeout"]
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait <= 60:
-            err("acme.on_demand_timeout", f"must be a number of seconds above 0, at most 60, got {wait!r}")
-        kw["on_demand_timeout"] = float(wait)
-    return AcmeConfig(**kw)
-
-
-def _http2_settings(table: Any, err: Any, typed: Any) -> H2Settings:
-    """The [http2] table."""
-    if not isinstance(table, dict):
-        err("http2", "must be a table")
-    _known(table, [f.name for f in attrs.fields(H2Settings)], "http2", err)
-    values: dict[str, Any] = {}
-    for key in ("max_concurrent_streams", "max_resets", "max_settings", "max_pings", "max_empty_frames"):
-        if key in table:
-            value = typed(table, key, int, "http2")
-            if not 1 <= value <= 2**31 - 1:
-                err(f"http2.{key}", "must be from 1 to 2147483647")
-            values[key] = value
-    if "max_header_list_size" in table:
-        try:
-            values["max_header_list_size"] = size = parse_size(table["max_header_list_size"])
-        except ValueError as exc:
-            err("http2.max_header_list_size", str(exc))
-        if not 1024 <= size <= 2**31 - 1:
-            err("http2.max_header_list_size", "must be from 1k to 2G")
-    if "idle_timeout" in table:
-        values["idle_timeout"] = typed(table, "idle_timeout", float, "http2")
-        if values["idle_timeout"] < 0:
-            err("http2.idle_timeout", "must be 0 (off) or more seconds")
-    if "flood_window" in table:
-        values["flood_window"] = typed(table, "flood_window", float, "http2")
-        if values["flood_window"] <= 0:
-            err("http2.flood_window", "must be more than 0 seconds")
-    return H2Settings(**values)
+    def reuse(self, known: SiteConfig, where: str) -> SiteConfig:
+        """A memoised site, checked against what may have changed outside its file."""
+        self.claim_hosts(known.name, known.hosts, where)
+        if known.acme and self.acme is None:  # (the main file's [acme] went)
+            self.err(f"{where}.tls", "needs an [acme] table (its CA's directory)")
+        if known.tls_certificate is not None and known.tls_key is not None:
+            # The files may hold a renewed certificate: read again.
+            current = self.certificate(known.tls_certificate, known.tls_key, where, known.hosts)
+            if current != known.certificate:
+                known = attrs.evolve(known, certificate=current)
+        return known
 
 
 def _check_endpoint(desc: str, fail: Any) -> None:

@@ -4,6 +4,8 @@ file, the line, the key and the reason."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import attrs
 from twisted.trial.unittest import SynchronousTestCase
@@ -11,6 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from prexy.cache.policy import CachePolicy
 from prexy.codec import Compression
 from prexy.config import (
+    CACHE_KEYS,
+    SITE,
+    TOP,
     ConfigError,
     ConfigMemo,
     Timeouts,
@@ -19,6 +24,7 @@ from prexy.config import (
     parse_size,
     single_site_config,
 )
+from prexy.configschema import Key, Nested, Table, check_type, walk
 from tests.cases import expand, parametrize, tmp_dir
 from tests.pki import TestCA
 
@@ -123,6 +129,22 @@ class ConfigTests(SynchronousTestCase):
             ("compression = 1\n[sites.a]\nupstream = 'http://x'\n", 1, "compression", "must be a table"),
             ("[sites.a]\nupstream = 'http://x'\n[sites.a.compression]\nbr_level = 12\n", 4, "sites.a.compression.br_level", "from 0 to 11"),
             ("[sites.a]\nupstream = 'http://x'\ncompression = true\n", 3, "sites.a.compression", "must be a table"),
+            # A size that is neither a string nor a whole number (once a TypeError out of the loader).
+            ("[server]\nmax_request_body = 1.5\n[sites.a]\nupstream = 'http://x'\n", 2, "server.max_request_body", "not a size"),
+            ("[cache]\nsize = [1]\n[sites.a]\nupstream = 'http://x'\n", 2, "cache.size", "not a size"),
+            # A site's cache keys are checked whether or not it is cached.
+            ("[sites.a]\nupstream = 'http://x'\ncache_ttl = 'long'\n", 3, "sites.a.cache_ttl", "must be a float"),
+            ("[sites.a]\nupstream = 'http://x'\nredirect_status = 302\n", 3, "sites.a.redirect_status", "without 'map'"),
+            ("[sites.a]\nupstream = 'http://x'\nmap = 'gone.map'\n", 3, "sites.a.map", "no such file"),
+            ("[sites.a]\nupstream = 'http://x'\ncache = true\n", 3, "sites.a.cache", "needs a cache"),
+            ("[sites.a]\nupstream = 'http://x'\nhosts = 'a.test'\n", 3, "sites.a.hosts", "list of host names"),
+            ("[sites.a]\nupstream = 'http://x'\nupstream_ca = 'bad.toml'\n", 3, "sites.a.upstream_ca", "only applies to an https"),
+            ("[acme]\nemail = 'a@b.example'\n[sites.a]\nupstream = 'http://x'\n", 1, "acme", "missing key 'directory'"),
+            ("[http2]\nflood_window = 0\n[sites.a]\nupstream = 'http://x'\n", 2, "http2.flood_window", "more than 0"),
+            ("[server]\nworkers = -1\n[sites.a]\nupstream = 'http://x'\n", 2, "server.workers", "0 or more"),
+            ("include = ''\n[sites.a]\nupstream = 'http://x'\n", 1, "include", "glob pattern"),
+            ("sites = 1\n", 1, "sites", "at least one"),
+            ("include = 'x/*.toml'\nsites = 1\n", 2, "sites", "must be a table"),
         ],
     )
     def test_errors_name_file_line_key_reason(self, text: str, line: int | None, key: str | None, reason: str) -> None:
@@ -175,7 +197,7 @@ class ConfigTests(SynchronousTestCase):
     def test_sizes(self) -> None:
         """nginx-style size units."""
         assert [parse_size(x) for x in ("0", "8k", "8K", "1m", "2G", 5)] == [0, 8192, 8192, 1048576, 2 * 1024**3, 5]
-        for bad in ("-1", "1.5m", "1t", True):
+        for bad in ("-1", "1.5m", "1t", True, 1.5, [1]):
             with self.assertRaises(ValueError):
                 parse_size(bad)  # type: ignore[arg-type]
 
@@ -377,3 +399,100 @@ class IncludeTests(SynchronousTestCase):
         assert load_config(self.main, memo).site("a") is first.site("a")
         self.site_file("a.toml", '[sites.a]\nupstream = "http://b"\n')
         assert str(load_config(self.main, memo).site("a").upstream) == "http://b"
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def documented_keys(text: str) -> set[tuple[str, str]]:
+    """(table, key) for each key of the reference block (the first toml
+    block) of docs/configuration.md, set (``key =``) or shown commented out
+    (``# key =``); a site's name reads ``NAME``; a top-level table counts as
+    a key of the top level ('')."""
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    table = ""
+    found = set()
+    for line in block.splitlines():
+        header = re.match(r"\s*\[([^\]]+)\]", line)
+        if header:
+            parts = header.group(1).split(".")
+            if parts[0] == "sites" and len(parts) > 1:
+                parts[1] = "NAME"
+            table = ".".join(parts)
+            found.add(("", parts[0]))
+            continue
+        key = re.match(r"\s*(?:#\s*)?([A-Za-z0-9_]+)\s*=", line)
+        if key:
+            found.add((table, key.group(1)))
+    return found
+
+
+class DeclaredKeysTests(SynchronousTestCase):
+    """The tables of keys (``prexy.config.TOP`` and what it nests) are the
+    one declaration of what a file may hold."""
+
+    def declared(self) -> list[tuple[str, Key, Table]]:
+        """(table name, key, the table declaring it) for every declared key."""
+        tables: dict[str, Table] = {"": TOP}
+        out = []
+        for name, key in walk(TOP):
+            out.append((name, key, tables[name]))
+            nested = key.table
+            if nested is not None:
+                inner = f"{name}.{key.name}" if name else key.name
+                each = isinstance(key.convert, Nested) and key.convert.each
+                tables[inner + (".NAME" if each else "")] = nested
+        return out
+
+    def test_every_key_is_documented(self) -> None:
+        """Each key the loader accepts is in docs/configuration.md's
+        reference block, under its table; a table used in two places (a
+        site's [compression]) is documented once."""
+        documented = documented_keys(DOCS.read_text(encoding="utf-8"))
+        by_table: dict[int, set[str]] = {}
+        for name, key, table in self.declared():
+            if (name, key.name) in documented:
+                by_table.setdefault(id(table), set()).add(key.name)
+        missing = [f"{name}.{key.name}" if name else key.name for name, key, table in self.declared()
+                   if key.name not in by_table.get(id(table), set())]
+        assert not missing, f"keys not in docs/configuration.md's reference block: {missing}"
+
+    def test_every_documented_key_is_accepted(self) -> None:
+        """Each key of the reference block is one the loader declares."""
+        declared = {(name, key.name) for name, key, _ in self.declared()}
+        unknown = sorted(documented_keys(DOCS.read_text(encoding="utf-8")) - declared)
+        assert not unknown, f"documented keys the loader refuses: {unknown}"
+
+    def test_every_key_fills_a_field_of_its_table_s_value(self) -> None:
+        """A table with a target class: each key's field is one of that
+        class's (the first part of a dotted one, a part the loader builds)."""
+        for name, key, table in self.declared():
+            if table.target is not None:
+                assert key.field.partition(".")[0] in attrs.fields_dict(table.target), (name, key)
+
+    def test_unknown_keys_list_the_declared_ones(self) -> None:
+        """The error for an unknown key lists the table's keys, in the
+        order they are declared."""
+        with self.assertRaises(ConfigError) as info:
+            parse_config("[sites.a]\nupstream = 'http://x'\nfrobnicate = 1\n")
+        assert info.exception.reason == f"unknown key (allowed: {', '.join(k.name for k in SITE.keys)})"
+
+    def test_cache_keys_come_from_the_site_table(self) -> None:
+        """CACHE_KEYS (file key -> CachePolicy field) is read off the site's
+        declarations: every field is the policy's."""
+        assert CACHE_KEYS["cache_ttl"] == "default_ttl"
+        assert set(CACHE_KEYS.values()) <= set(attrs.fields_dict(CachePolicy))
+        assert set(CACHE_KEYS) == {k.name for k in SITE.keys if k.field.startswith("cache.")}
+
+    def test_a_table_declares_a_key_once(self) -> None:
+        """Declaring one key twice in a table is a mistake caught at import."""
+        with self.assertRaises(ValueError):
+            Table("t", (Key("a", lambda v, c, k: v), Key("a", lambda v, c, k: v)))
+
+    def test_types(self) -> None:
+        """A whole number is a float where a float is asked for; a bool is
+        never a number."""
+        assert check_type(3, float) == 3.0 and isinstance(check_type(3, float), float)
+        for value, kind in ((True, int), (True, float), (1, bool), ("1", int)):
+            with self.assertRaises(ValueError):
+                check_type(value, kind)

@@ -1,24 +1,25 @@
 """The ``[cluster]`` table: where Redis is and what this node is called.
 
-Pure: no Twisted, no sockets.  ``prexy.config`` calls :func:`parse_cluster`
-with its error callback, so a bad value is refused with the file and line
-like every other key.
+Pure: no Twisted, no sockets.  Its keys are declared in :data:`CLUSTER`
+(``prexy.configschema``), which ``prexy.config`` reads like its other
+tables, so a bad value is refused with the file and line like every other
+key; :func:`parse_cluster` reads it with an error callback.
 """
 
 from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 
+from prexy.configschema import Converter, Invalid, Key, Table, check_type
+
 #: What a node name may hold: it travels in Redis payloads split on spaces.
 NODE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-
-KEYS = ("redis", "node", "key", "keep", "max_entries", "start_wait", "confirm_timeout")
 
 
 @attrs.frozen
@@ -106,45 +107,64 @@ class ClusterConfig:
         return f"{self.key}:nodes"
 
 
+def _redis(value: Any, ctx: Any, key: str) -> RedisAddress:
+    try:
+        return RedisAddress.parse(check_type(value, str))
+    except Invalid:
+        raise
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not NODE_NAME.fullmatch(value):
+        raise Invalid(f"must be 1-64 letters, digits or . _ : -, got {value!r}")
+    return value
+
+
+def _seconds(low: float) -> Converter:
+    def convert(value: Any, ctx: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+            raise Invalid(f"must be a number of seconds, at least {low:g}, got {value!r}")
+        return float(value)
+
+    return convert
+
+
+def _entries(value: Any, ctx: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 100:
+        raise Invalid(f"must be a whole number, at least 100, got {value!r}")
+    return value
+
+
+#: The ``[cluster]`` table's keys (``prexy.configschema``).
+CLUSTER = Table("cluster", (
+    Key("redis", _redis, required='needs redis = "redis://host:port/db" (or "unix:///path/redis.sock")'),
+    Key("node", lambda value, ctx, key: _name(value), default_from=lambda ctx: _name(socket.gethostname())),
+    Key("key", lambda value, ctx, key: _name(value)),
+    Key("keep", _seconds(1.0)),
+    Key("max_entries", _entries),
+    Key("start_wait", _seconds(0.0)),
+    Key("confirm_timeout", _seconds(0.0)),
+), target=ClusterConfig)
+
+KEYS = tuple(key.name for key in CLUSTER.keys)
+
+
+class _Errors:
+    def __init__(self, err: Callable[[str, str], NoReturn | None]) -> None:
+        self._err = err
+
+    def err(self, key: str, reason: str) -> NoReturn:
+        self._err(key, reason)
+        raise AssertionError("err must raise")  # pragma: no cover
+
+
 def parse_cluster(table: Any, err: Callable[[str, str], NoReturn | None]) -> ClusterConfig:
     """The ``[cluster]`` table -> ``ClusterConfig``; ``err(key, reason)``
     raises (``prexy.config``'s ConfigError with file and line)."""
-
-    def fail(key: str, reason: str) -> NoReturn:
-        err(f"cluster.{key}" if key else "cluster", reason)
-        raise AssertionError("err must raise")  # pragma: no cover
-
-    if not isinstance(table, Mapping):
-        fail("", "must be a table")
-    for key in table:
-        if key not in KEYS:
-            fail(key, f"unknown key (allowed: {', '.join(KEYS)})")
-    if "redis" not in table:
-        fail("", 'needs redis = "redis://host:port/db" (or "unix:///path/redis.sock")')
-    if not isinstance(table["redis"], str):
-        fail("redis", f"must be a str, got {table['redis']!r}")
-    try:
-        address = RedisAddress.parse(table["redis"])
-    except ValueError as exc:
-        fail("redis", str(exc))
-    node = table.get("node", socket.gethostname())
-    if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
-        fail("node", f"must be 1-64 letters, digits or . _ : -, got {node!r}")
-    key = table.get("key", "prexy")
-    if not isinstance(key, str) or not NODE_NAME.fullmatch(key):
-        fail("key", f"must be 1-64 letters, digits or . _ : -, got {key!r}")
-    numbers: dict[str, float] = {}
-    for name, low in (("keep", 1.0), ("start_wait", 0.0), ("confirm_timeout", 0.0)):
-        if name in table:
-            value = table[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-                fail(name, f"must be a number of seconds, at least {low:g}, got {value!r}")
-            numbers[name] = float(value)
-    max_entries = table.get("max_entries", 100_000)
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 100:
-        fail("max_entries", f"must be a whole number, at least 100, got {max_entries!r}")
-    return ClusterConfig(redis=address, node=node, key=key, max_entries=max_entries, **numbers)
+    return ClusterConfig(**CLUSTER.read(table, _Errors(err), "cluster"))
 
 
-__all__ = ["ClusterConfig", "RedisAddress", "parse_cluster"]
+__all__ = ["CLUSTER", "ClusterConfig", "RedisAddress", "parse_cluster"]
 
