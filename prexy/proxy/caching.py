@@ -19,8 +19,8 @@ stored, and is cancelled once neither holds (``flow.wanted``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -285,7 +285,7 @@ class CacheLayer:
 
     def begin_store(
         self, site: SiteRuntime, ctx: CacheContext, code: int, phrase: bytes,
-        upstream_headers: list[tuple[bytes, bytes]], client_headers: list[tuple[bytes, bytes]],
+        upstream_headers: list[tuple[bytes, bytes]], client_headers: Sequence[tuple[bytes, bytes]],
         length: int | None,
     ) -> tuple[Writer | None, bytes]:
         """Decide on the upstream head; a writer when the body is to be
@@ -437,8 +437,7 @@ def _variant_key(site: SiteRuntime, ctx: CacheContext, vary: tuple[bytes, ...]) 
     )
 
 
-@attrs.frozen
-class HitAnswer:
+class HitAnswer(NamedTuple):
     """The answer a stored object gives one request, before the delivery
     step: the status, phrase, the object's fields (coded, ranged), the body
     to send (the stored one, to be left out for HEAD), its Age and its

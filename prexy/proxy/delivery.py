@@ -23,7 +23,7 @@ def deliver_head(
     request: Any,
     code: int,
     phrase: bytes | None,
-    headers: list[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     *,
     via: Sequence[bytes] = (),
     age: bytes | None = None,

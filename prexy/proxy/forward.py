@@ -141,8 +141,12 @@ class Exchange:
         rules = site.rules
         method = request.method
         trailers = request.trailers
+        whole_max = 0
         if rules is not None:
             self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+            if not resource.rewriting.busy:
+                whole_max = whole_limit(self.slice)
+        body_in_hand = response.body_in_hand
         plan = self.plan = plan_head(
             response,
             method=method,
@@ -154,8 +158,8 @@ class Exchange:
             cached=ctx is not None,
             revalidating=ctx is not None and ctx.revalidating,
             stale_usable=self._stale_usable,
-            whole_max=0 if resource.rewriting.busy else whole_limit(self.slice),
-            body_in_hand=response.body_in_hand,
+            whole_max=whole_max,
+            body_in_hand=body_in_hand,
             range_pairs=ctx.pairs if ctx is not None else (),
             targeted=site.targeted,
             header_names=site.header_names,
@@ -246,7 +250,7 @@ class Exchange:
             return
         if self.pipeline is not None:
             self.expect = response.length
-        if not response.body_in_hand:
+        if not body_in_hand:
             if self._unwanted():
                 return
             request.registerProducer(_ClientProducer(self, response.producer), True)

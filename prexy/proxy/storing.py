@@ -11,6 +11,7 @@ drops it when the cache's part is over; the decisions are the pure
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prexy.cache import flow
@@ -41,7 +42,7 @@ class Storing:
         self.keep_chunks = True
 
     def begin(
-        self, method: bytes, response: UpstreamResponse, stored: list[tuple[bytes, bytes]], rewrite: bool,
+        self, method: bytes, response: UpstreamResponse, stored: Sequence[tuple[bytes, bytes]], rewrite: bool,
     ) -> tuple[bytes, list[tuple[IClient, Fetch]]]:
         """The upstream's head is in: start storing (the leader of a miss, or
         a background refresh).  Returns the answer's Cache-Status and the
