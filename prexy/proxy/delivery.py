@@ -10,9 +10,9 @@ of them alike; a header rule added here never misses a kind of answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from prexy.exchange import finish_head
+from prexy.proxy.client import IClient
 from prexy.proxy.request import edit_head, start_response
 from prexy.runtime import SiteRuntime
 
@@ -20,7 +20,7 @@ __all__ = ["deliver_head"]
 
 
 def deliver_head(
-    request: Any,
+    request: IClient,
     code: int,
     phrase: bytes | None,
     headers: Sequence[tuple[bytes, bytes]],
