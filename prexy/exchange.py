@@ -59,6 +59,7 @@ from prexy.forwarding import HOP_BY_HOP, VIA, append_forwarded_for, append_via, 
 from prexy.substitution.applicability import ResourceKey
 
 __all__ = [
+    "Backlog",
     "BodyPipeline",
     "ClientCoding",
     "Event",
@@ -919,6 +920,72 @@ def take_slice(backlog: deque[bytes], size: int) -> bytes:
             total += len(piece)
         return b"".join(parts)
     return data
+
+
+#: A response whose rewriting is behind pauses its upstream once this many
+#: bytes wait (bounded memory; no pause/resume of the socket on every turn).
+BACKLOG_PAUSE = 128 * 1024
+
+
+class Backlog:
+    """Body pieces received and not yet rewritten: taken in slices sized
+    to the rule set's speed (``take_slice``, ``next_slice``), with the
+    upstream paused while more than :data:`BACKLOG_PAUSE` bytes wait.  The
+    exchange feeds it and carries out what it answers."""
+
+    __slots__ = ("pieces", "size", "slice", "expect", "paused")
+
+    def __init__(self, slice_size: int = FIRST_SLICE) -> None:
+        self.pieces: deque[bytes] = deque()
+        #: Bytes waiting.
+        self.size = 0
+        #: The next slice's size.
+        self.slice = slice_size
+        #: Body bytes still to come when the upstream gave a length: the
+        #: last piece then ends the pipeline with its data.
+        self.expect: int | None = None
+        #: The upstream is paused for this backlog.
+        self.paused = False
+
+    def __bool__(self) -> bool:
+        return bool(self.pieces)
+
+    def add(self, data: bytes) -> bool:
+        """Queue a piece; True when the upstream must pause now."""
+        if self.expect is not None:
+            self.expect -= len(data)
+        self.pieces.append(data)
+        self.size += len(data)
+        if self.size >= BACKLOG_PAUSE and not self.paused:
+            self.paused = True
+            return True
+        return False
+
+    def take(self, ended: bool) -> tuple[bytes, bool]:
+        """The next slice, and whether it is the body's last bytes: the body
+        is known complete (its length fully read, or ``ended``: its end
+        came) and nothing waits after it."""
+        data = take_slice(self.pieces, self.slice)
+        self.size -= len(data)
+        return data, (self.expect == 0 or ended) and not self.pieces
+
+    def clear(self) -> None:
+        self.pieces.clear()
+        self.size = 0
+
+    def resume(self) -> bool:
+        """Everything waiting is rewritten: True when the upstream was
+        paused for it and resumes now."""
+        paused, self.paused = self.paused, False
+        return paused
+
+    def measured(self, nbytes: int, seconds: float) -> int | None:
+        """A slice of ``nbytes`` took ``seconds``: the next slice's size,
+        when that says anything (``next_slice``)."""
+        size = next_slice(self.slice, nbytes, seconds)
+        if size is not None:
+            self.slice = size
+        return size
 
 
 def budget(timer: Callable[[], float], seconds: float) -> Callable[[], bool]:

@@ -470,6 +470,43 @@ class PlanHeadTests(SynchronousTestCase):
         self.assertEqual(finish_head([]), [(b"Via", b"1.1 prexy")])
 
 
+class BacklogTests(SynchronousTestCase):
+    def test_pauses_once_past_the_bound_and_resumes_once(self) -> None:
+        backlog = exchange.Backlog()
+        half = b"x" * (exchange.BACKLOG_PAUSE // 2)
+        self.assertFalse(backlog.add(half))
+        self.assertTrue(backlog.add(half))
+        self.assertFalse(backlog.add(b"y"))
+        self.assertEqual(backlog.size, exchange.BACKLOG_PAUSE + 1)
+        self.assertTrue(backlog.resume())
+        self.assertFalse(backlog.resume())
+
+    def test_the_last_slice(self) -> None:
+        """A slice is the body's last bytes once nothing waits after it and
+        the body is known complete: its length read, or its end come."""
+        backlog = exchange.Backlog(slice_size=4)
+        backlog.expect = 6
+        backlog.add(b"abcdef")
+        self.assertEqual(backlog.take(ended=False), (b"abcd", False))
+        self.assertEqual(backlog.take(ended=False), (b"ef", True))
+        self.assertFalse(backlog)
+        unknown = exchange.Backlog(slice_size=4)
+        unknown.add(b"abcdef")
+        self.assertEqual(unknown.take(ended=True), (b"abcd", False))
+        self.assertEqual(unknown.take(ended=False), (b"ef", False))
+        unknown.add(b"gh")
+        self.assertEqual(unknown.take(ended=True), (b"gh", True))
+        self.assertEqual(unknown.size, 0)
+
+    def test_measured_sizes_the_next_slice(self) -> None:
+        backlog = exchange.Backlog()
+        self.assertIsNone(backlog.measured(10, 0.001))
+        self.assertEqual(backlog.slice, exchange.FIRST_SLICE)
+        size = backlog.measured(exchange.FIRST_SLICE, 1.0)
+        self.assertEqual(size, backlog.slice)
+        self.assertEqual(size, exchange.next_slice(exchange.FIRST_SLICE, exchange.FIRST_SLICE, 1.0))
+
+
 class SliceTests(SynchronousTestCase):
     @given(st.lists(st.binary(min_size=1, max_size=5000), min_size=1, max_size=30), st.integers(1, 20000))
     def test_take_slice_keeps_the_bytes(self, pieces: list[bytes], size: int) -> None:

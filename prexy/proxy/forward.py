@@ -20,7 +20,6 @@ followers, a 304 refresh) is :class:`prexy.proxy.storing.Storing`.
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 from twisted.internet.defer import CancelledError
@@ -34,6 +33,7 @@ from prexy.cache.ranges import Cut
 from prexy.codec import decoder_for, encoder_for
 from prexy.exchange import (
     FIRST_SLICE,
+    Backlog,
     BodyPipeline,
     Event,
     HeadPlan,
@@ -41,12 +41,10 @@ from prexy.exchange import (
     Mode,
     PipelineError,
     State,
-    next_slice,
     plan_head,
     resource_key,
     rewrite_timing,
     server_timing,
-    take_slice,
     whole_limit,
 )
 from prexy.proxy.client import IClient
@@ -66,11 +64,6 @@ from prexy.substitution.transducer import Transducer
 from prexy.upgrade import tunnel_head
 
 log = Logger()
-
-#: A response whose rewriting is behind pauses its upstream once this many
-#: bytes wait (bounded memory; no pause/resume of the socket on every turn).
-BACKLOG_PAUSE = 128 * 1024
-
 
 @implementer(IBodyConsumer)
 class Exchange:
@@ -98,14 +91,9 @@ class Exchange:
         self.pipeline: BodyPipeline | None = None
         #: What plan_head decided on the upstream's head.
         self.plan: HeadPlan | None = None
-        self.backlog: collections.deque[bytes] = collections.deque()
-        self.backlog_bytes = 0
+        #: What has arrived of the body and waits to be rewritten.
+        self.backlog = Backlog()
         self.task: Any = None
-        self.work_paused = False
-        self.slice = FIRST_SLICE
-        #: Body bytes still to come when the upstream gave a length: the
-        #: last piece then ends the pipeline with its data.
-        self.expect: int | None = None
         #: The transducer's last output, sent with the end of the response.
         self.stash = b""
         self.resource_key: ResourceKey | None = None
@@ -143,9 +131,9 @@ class Exchange:
         trailers = request.trailers
         whole_max = 0
         if rules is not None:
-            self.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+            self.backlog.slice = resource.slices.get(rules.digest, FIRST_SLICE)
             if not resource.rewriting.busy:
-                whole_max = whole_limit(self.slice)
+                whole_max = whole_limit(self.backlog.slice)
         body_in_hand = response.body_in_hand
         plan = self.plan = plan_head(
             response,
@@ -249,7 +237,7 @@ class Exchange:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.pipeline is not None:
-            self.expect = response.length
+            self.backlog.expect = response.length
         if not body_in_hand:
             if self._unwanted():
                 return
@@ -347,12 +335,7 @@ class Exchange:
             if part:
                 self.request.write(part)
             return
-        if self.expect is not None:
-            self.expect -= len(data)
-        self.backlog.append(data)
-        self.backlog_bytes += len(data)
-        if self.backlog_bytes >= BACKLOG_PAUSE and not self.work_paused and self.response is not None:
-            self.work_paused = True
+        if self.backlog.add(data) and self.response is not None:
             self.response.pause_for_work()
         if self.task is None:
             self.resource.rewriting.start(self)
@@ -364,17 +347,13 @@ class Exchange:
             yield None
 
     def _work_one(self) -> None:
-        backlog = self.backlog
-        data = take_slice(backlog, self.slice)
-        self.backlog_bytes -= len(data)
         pipeline = self.pipeline
         assert pipeline is not None
-        # The last piece ends the pipeline with its data when the body is
-        # known complete: its length fully read, or its end already come.
-        out = self._feed(data, (self.expect == 0 or self.life.state is State.DRAINING) and not backlog)
+        # The last piece ends the pipeline with its data.
+        data, last = self.backlog.take(self.life.state is State.DRAINING)
+        out = self._feed(data, last)
         if out is None:
-            backlog.clear()
-            self.backlog_bytes = 0
+            self.backlog.clear()
             return  # failed: answered or reset (``_pipeline_failed``)
         if out:
             self._out(out)
@@ -396,9 +375,8 @@ class Exchange:
         except PipelineError as exc:
             self._pipeline_failed(exc)
             return None
-        size = next_slice(self.slice, len(data), timer() - began)
+        size = self.backlog.measured(len(data), timer() - began)
         if size is not None:
-            self.slice = size
             if self.site.rules is not None:
                 self.resource.slices[self.site.rules.digest] = size
         return out
@@ -406,8 +384,7 @@ class Exchange:
     def work_drained(self) -> None:
         """The rewriting task ended: everything received so far is rewritten."""
         self.task = None
-        if self.work_paused and self.response is not None:
-            self.work_paused = False
+        if self.backlog.resume() and self.response is not None:
             self.response.resume_after_work()
         if self.life.state is State.DRAINING:
             self._complete()

@@ -478,7 +478,7 @@ class FairnessTests(SynchronousTestCase):
         self.patch(exchange, "MAX_SLICE", 16 * 1024)
         h = harness()
         body = PAGE * 800  # ~60 KB, below BACKLOG_PAUSE
-        self.assertLess(len(body), forward.BACKLOG_PAUSE)
+        self.assertLess(len(body), exchange.BACKLOG_PAUSE)
         _, client = h.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         conn = h.conns[0]
         conn.reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % (len(body) * 4))
