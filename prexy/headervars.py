@@ -64,6 +64,17 @@ class TemplateError(ValueError):
         self.plain = plain
 
 
+class HeaderLookup(Protocol):
+    """The request's header values by lower-case name, None when absent (a
+    dict of lists, or a request's own header table read in place)."""
+
+    def get(self, name: bytes) -> Sequence[bytes] | None: ...
+
+
+def _no_headers() -> dict[bytes, list[bytes]]:
+    return {}
+
+
 @attrs.frozen
 class RequestVars:
     """What the variables read, for one request.
@@ -89,13 +100,13 @@ class RequestVars:
     request_method: bytes = b""
     request_uri: bytes = b""
     server_protocol: bytes = b""
-    headers: Mapping[bytes, Sequence[bytes]] = attrs.field(factory=dict, eq=False, hash=False)
+    headers: HeaderLookup = attrs.field(factory=_no_headers, eq=False, hash=False)
 
     @classmethod
     def of(
         cls, *, http_host: bytes, secure: bool, local_host: str, local_port: int, proxy_host: str,
         remote_host: str = "", remote_port: int | None = None, method: bytes = b"", uri: bytes = b"",
-        protocol: bytes = b"", headers: Mapping[bytes, Sequence[bytes]] | None = None,
+        protocol: bytes = b"", headers: HeaderLookup | None = None,
     ) -> RequestVars:
         """From a request's Host header (b"" if none), whether it came over
         TLS, the address it reached, the upstream's host[:port] and, for the
@@ -120,7 +131,7 @@ class RequestVars:
             remote_port=b"" if remote_port is None else b"%d" % remote_port,
             server_addr=local_host.encode("latin-1"), request_method=method, request_uri=uri,
             server_protocol=b"HTTP/2.0" if protocol == b"HTTP/2" else protocol,
-            headers=headers if headers is not None else {},
+            headers=headers if headers is not None else _no_headers(),
         )
 
     def header(self, name: bytes) -> bytes:

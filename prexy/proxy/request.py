@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from twisted.logger import Logger
@@ -31,7 +31,6 @@ from prexy.errorpages import error_answer as error_page
 from prexy.headervars import RequestVars
 from prexy.metrics import Metrics
 from prexy.proxy.client import NONE, IClient, IClientChannel
-from prexy.proxy.headers import raw_header_dict
 from prexy.requesthead import Head
 from prexy.runtime import SiteRuntime
 
@@ -68,8 +67,21 @@ def request_vars(request: IClient, site: SiteRuntime) -> RequestVars:
         proxy_host=site.config.upstream.host_header,
         remote_host=str(getattr(client, "host", "") or ""), remote_port=getattr(client, "port", None),
         method=request.method, uri=request.uri, protocol=request.clientproto,
-        headers=raw_header_dict(request.requestHeaders),
+        headers=_HeaderValues(request.requestHeaders),
     )
+
+
+class _HeaderValues:
+    """A request's headers read in place by ``$http_NAME`` (only the names
+    a directive asks for), instead of copying every header per answer."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self, headers: Headers) -> None:
+        self.headers = headers
+
+    def get(self, name: bytes) -> Sequence[bytes] | None:
+        return self.headers.getRawHeaders(name)
 
 
 def edit_head(
