@@ -26,7 +26,6 @@ import base64
 import os
 import socket
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,15 @@ from twisted.internet import defer, threads
 from prexy.headervars import RequestVars
 
 from .conftest import Cleanups
-from .test_headerrules_nginx import build, find_nginx, nginx_conf, nginx_loads, our_error
+from .raw_origin import RawOrigin
+from .test_headerrules_nginx import (
+    build,
+    check_deviation,
+    check_loads,
+    check_refused,
+    find_nginx,
+    nginx_conf,
+)
 from .test_strict import listening
 from .twistd_support import Twistd, free_port, free_ports, scratch_dir, stop_process
 
@@ -72,50 +79,27 @@ SEEN = (b"host", b"x-real-ip", b"x-forwarded-for", b"x-test", b"accept-language"
 STATUSES = (200, 201, 204, 206, 301, 302, 303, 307, 308, 400, 404, 410, 500, 503)
 
 
-class Origin:
+class Origin(RawOrigin):
     """Answers ``/s/NNN`` with status NNN (else 200), its own headers (or
     the lines base64-encoded in the request's ``X-Resp``) and the request's
-    head as the body."""
+    head as the body, then closes the connection."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head = data.split(b"\r\n\r\n", 1)[0]
-            path = head.split(b" ", 2)[1]
-            status = int(path[3:6]) if path.startswith(b"/s/") else 200
-            body = b"" if status in (204, 304) else head
-            asked = [line for line in head.split(b"\r\n") if line.lower().startswith(b"x-resp:")]
-            if asked:
-                own = base64.b64decode(asked[0].split(b":", 1)[1].strip())
-            else:
-                own = (b"X-Powered-By: PHP/8.2\r\nX-Up: origin\r\nX-Dup: one\r\n"
-                       b'ETag: "v1"\r\nCache-Control: max-age=60\r\nContent-Type: text/plain\r\n')
-                own += b"Location: /landing\r\n" if 300 <= status < 400 else b""
-            conn.sendall(
-                b"HTTP/1.1 %d Whatever\r\n%sContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                % (status, own, len(body), body)
-            )
-
-    def close(self) -> None:
-        self.sock.close()
+    def answer(self, conn: socket.socket, head: bytes) -> bool:
+        path = head.split(b" ", 2)[1]
+        status = int(path[3:6]) if path.startswith(b"/s/") else 200
+        body = b"" if status in (204, 304) else head
+        asked = [line for line in head.split(b"\r\n") if line.lower().startswith(b"x-resp:")]
+        if asked:
+            own = base64.b64decode(asked[0].split(b":", 1)[1].strip())
+        else:
+            own = (b"X-Powered-By: PHP/8.2\r\nX-Up: origin\r\nX-Dup: one\r\n"
+                   b'ETag: "v1"\r\nCache-Control: max-age=60\r\nContent-Type: text/plain\r\n')
+            own += b"Location: /landing\r\n" if 300 <= status < 400 else b""
+        conn.sendall(
+            b"HTTP/1.1 %d Whatever\r\n%sContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (status, own, len(body), body)
+        )
+        return False
 
 
 CLIENT = b"X-Test: t\r\nAccept-Language: nl\r\nX-Forwarded-For: 203.0.113.9\r\nCookie: a=1\r\nCookie: b=2\r\n"
@@ -460,30 +444,14 @@ LOAD_DEVIATIONS = [
 
 @pytest.mark.parametrize(("directives", "wording"), LOAD_REFUSED, ids=[d for d, _ in LOAD_REFUSED])
 def test_refuses_what_nginx_refuses(tmp_path: Path, directives: str, wording: bool) -> None:
-    """nginx refuses it, so does the builder (in the same words where claimed)."""
-    ok, stderr = nginx_loads(tmp_path, directives)
-    assert not ok
-    reason = our_error(directives)
-    assert reason is not None
-    if wording:
-        assert reason in stderr, (reason, stderr)
+    check_refused(tmp_path, directives, wording)
 
 
 @pytest.mark.parametrize("directives", LOAD_ACCEPTED)
 def test_loads_what_nginx_loads(tmp_path: Path, directives: str) -> None:
-    """nginx loads it, so does the builder."""
-    ok, stderr = nginx_loads(tmp_path, directives)
-    assert ok, stderr
-    assert our_error(directives) is None
+    check_loads(tmp_path, directives)
 
 
 @pytest.mark.parametrize(("directives", "why"), LOAD_DEVIATIONS, ids=[d for d, _ in LOAD_DEVIATIONS])
 def test_documented_load_deviations(tmp_path: Path, directives: str, why: str | None) -> None:
-    """nginx loads these and the builder refuses them, as documented
-    (``why`` None: both load it)."""
-    ok, stderr = nginx_loads(tmp_path, directives)
-    assert ok, stderr
-    if why is None:
-        assert our_error(directives) is None
-    else:
-        assert our_error(directives) is not None, why
+    check_deviation(tmp_path, directives, why)
