@@ -36,6 +36,7 @@ from prexy.configschema import (
     Table,
     check_type,
     choice,
+    parsed,
     size,
     strings,
     typed,
@@ -708,13 +709,7 @@ ACME = Table("acme", (
 ), target=AcmeConfig)
 
 
-def _upstream(value: Any, ctx: _Load, key: str) -> UpstreamURL:
-    try:
-        return UpstreamURL.parse(check_type(value, str))
-    except Invalid:
-        raise
-    except ValueError as exc:
-        raise Invalid(str(exc)) from None
+_upstream = parsed(UpstreamURL.parse)
 
 
 def _hosts(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:

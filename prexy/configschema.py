@@ -265,6 +265,19 @@ def typed(
     return convert
 
 
+def parsed(parse: Callable[[str], Any]) -> Converter:
+    """A string made a value by ``parse``, whose ValueError is the reason."""
+
+    def convert(value: Any, ctx: Any, key: str) -> Any:
+        text = check_type(value, str)
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from None
+
+    return convert
+
+
 def size(ok: Callable[[int], bool] | None = None, reason: str = "") -> Converter:
     """A size (``parse_size``) for which ``ok`` holds (else ``reason``)."""
 

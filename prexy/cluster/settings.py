@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 
-from prexy.configschema import Converter, Invalid, Key, Table, check_type
+from prexy.configschema import Converter, Invalid, Key, Table, parsed
 
 #: What a node name may hold: it travels in Redis payloads split on spaces.
 NODE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -107,13 +107,7 @@ class ClusterConfig:
         return f"{self.key}:nodes"
 
 
-def _redis(value: Any, ctx: Any, key: str) -> RedisAddress:
-    try:
-        return RedisAddress.parse(check_type(value, str))
-    except Invalid:
-        raise
-    except ValueError as exc:
-        raise Invalid(str(exc)) from None
+_redis = parsed(RedisAddress.parse)
 
 
 def _name(value: Any) -> str:

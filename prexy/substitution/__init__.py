@@ -42,8 +42,9 @@ use of one of its names), so importing one pure submodule, such as
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from prexy.lazy import exporter
 
 if TYPE_CHECKING:
     from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
@@ -80,11 +81,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """A re-exported name, its submodule imported on first use (PEP 562)."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value
-    return value
+#: A re-exported name, its submodule imported on first use (PEP 562).
+__getattr__ = exporter(__name__, _SOURCES, globals())
