@@ -51,8 +51,9 @@ SMOKE: dict[str, Callable[[Any], bool]] = {
     "prexy.http1": lambda m: [type(e).__name__ for e in m.ResponseReader().receive_data(
         b"HTTP/1.1 204 No Content\r\n\r\n")] == ["Head", "End"],
     "prexy.h2server": lambda m: m.ServerConnection().open == set(),
-    "prexy.requesthead": lambda m: m.HeadGate(_limits()).feed(
-        b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").head.method == b"GET",
+    "prexy.requesthead": lambda m: m.check_target(b"GET", b"http://a/b") == (b"/b", b"a"),
+    "prexy.h1server": lambda m: m.RequestReader(_limits()).feed(
+        b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")[0].head.method == b"GET",
     "prexy.exchange": lambda m: m.derived_etag(b'"v1"', "d").startswith(b'"v1'),
     "prexy.cache.policy": lambda m: m.request_decision(m.CachePolicy(), b"GET", b"/", []).action == m.Action.LOOKUP,
     "prexy.cache.flow": lambda m: isinstance(m.wanted(followers=0, head=False, claimed=False, storing=False),

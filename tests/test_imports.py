@@ -204,6 +204,7 @@ CORES = (
     "prexy.fetch",
     "prexy.http1",
     "prexy.requesthead",
+    "prexy.h1server",
     "prexy.headerrules",
     "prexy.forwarding",
     "prexy.errorpages",

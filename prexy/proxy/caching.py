@@ -230,27 +230,39 @@ class CacheLayer:
 
     # -- hits ----------------------------------------------------------------------
 
+    def hit(
+        self, obj: CachedObject, now: float, method: bytes, pairs: list[tuple[bytes, bytes]],
+        accept_encoding: list[bytes] | None, *, key: bytes | None = None, site: SiteRuntime | None = None,
+        collapsed: bool = False, stale_reason: str | None = None,
+    ) -> HitAnswer:
+        """The answer a stored object gives a request, before the delivery
+        step (``hit_answer``).  With the object's ``key`` and ``site``, a
+        client that takes a coding the site compresses in gets the
+        object's compressed variant (``prexy.cache.codings``)."""
+        if key is not None and site is not None and obj.status == 200:
+            compression = site.config.compression
+            coding = stored_coding(
+                obj.status, obj.headers, len(obj.body), method=method, compression=compression,
+                accept_encoding=accept_encoding,
+            )
+            if coding is not None:
+                obj = self._coded(key, obj, coding, compression.level(coding))
+        return hit_answer(obj, now, pairs, collapsed, stale_reason, method)
+
     def serve(
         self, request: Any, obj: CachedObject, now: float, collapsed: bool = False,
         stale_reason: str | None = None, pairs: list[tuple[bytes, bytes]] | None = None,
         key: bytes | None = None, site: SiteRuntime | None = None,
     ) -> Any:
         """Answer from a stored object (a 304 when the request's validators
-        match); returns what render() returns.  With the object's ``key``
-        and ``site``, a client that takes a coding the site compresses in
-        gets the object's compressed variant (``prexy.cache.codings``).
-        With ``site``, its add_header / proxy_hide_header apply."""
-        if key is not None and site is not None and obj.status == 200:
-            compression = site.config.compression
-            coding = stored_coding(
-                obj.status, obj.headers, len(obj.body), method=request.method, compression=compression,
-                accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
-            )
-            if coding is not None:
-                obj = self._coded(key, obj, coding, compression.level(coding))
+        match; ``hit``); returns what render() returns.  With ``site``, its
+        add_header / proxy_hide_header apply."""
         if pairs is None:
             pairs = request_pairs(request)
-        answer = hit_answer(obj, now, pairs, collapsed, stale_reason, request.method)
+        answer = self.hit(
+            obj, now, request.method, pairs, request.requestHeaders.getRawHeaders(b"accept-encoding"),
+            key=key, site=site, collapsed=collapsed, stale_reason=stale_reason,
+        )
         deliver_head(
             request, answer.code, answer.phrase, answer.headers, age=answer.age, cache_status=answer.cache_status,
             site=site,

@@ -31,6 +31,7 @@ from prexy.errorpages import error_answer as error_page
 from prexy.headervars import RequestVars
 from prexy.metrics import Metrics
 from prexy.proxy.client import NONE, IClient, IClientChannel
+from prexy.proxy.headers import RequestHeaders, ResponseHeaders
 from prexy.requesthead import Head
 from prexy.runtime import SiteRuntime
 
@@ -160,6 +161,10 @@ class ProxyRequest(server.Request):
     def __init__(self, channel: Any, queued: object = None) -> None:
         # ``queued``: what twisted.web's HTTP/2 stream passes (always False).
         super().__init__(channel)
+        self.responseHeaders = ResponseHeaders()  # type: ignore[assignment]
+        #: Filled by the channel (the HTTP/1.x one sets a table built from
+        #: the parsed head at once).
+        self.requestHeaders = RequestHeaders()  # type: ignore[assignment]
         self._trailers: list[tuple[bytes, bytes]] = []
         self.proxy_site: SiteOfRequest = channel.site
 
@@ -314,7 +319,7 @@ class ProxyRequest(server.Request):
         """Forget the response head set so far (status, header fields,
         trailers): another answer replaces it before anything was sent."""
         assert not self.startedWriting, "the head went out already"
-        self.responseHeaders = Headers()
+        self.responseHeaders = ResponseHeaders()  # type: ignore[assignment]
         self._trailers = []
         self.setResponseCode(200)
 
@@ -382,7 +387,7 @@ class DetachedRequest:
     def __init__(self, original: Any) -> None:
         self.uri: bytes = original.uri
         self.requestHeaders: Headers = original.requestHeaders
-        self.responseHeaders = Headers()
+        self.responseHeaders = ResponseHeaders()
         self.proxy_site: Any = original.proxy_site
         self.client = original.getClientAddress()
         self.secure: bool = original.isSecure()
@@ -408,7 +413,7 @@ class DetachedRequest:
         pass
 
     def reset_head(self) -> None:
-        self.responseHeaders = Headers()
+        self.responseHeaders = ResponseHeaders()
 
     def write_interim(self, code: int, phrase: bytes, headers: Any) -> None:
         pass

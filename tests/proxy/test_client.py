@@ -40,7 +40,8 @@ from .test_rewrite import PAGE, REWRITTEN, harness
 def http1_request(h: Harness, version: bytes = b"HTTP/1.1") -> Any:
     """The request of an HTTP/1.x client, waiting for its upstream."""
     channel, _ = h.send(b"GET /x %s\r\nHost: a\r\n\r\n" % version)
-    [req] = channel.requests
+    req = channel.request
+    assert req is not None
     return req
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.config import Limits, Timeouts
-from prexy.requesthead import HeadGate, Passed
+from prexy.h1server import Request, RequestReader
 
 from .support import Harness
 
@@ -106,7 +106,7 @@ class RequestFuzzTests(SynchronousTestCase):
         self.assertEqual(self.flushLoggedErrors(), [], raw)
         for conn in h.conns:
             for head in upstream_requests(conn.sent()):
-                self.assertIsInstance(HeadGate(Limits()).feed(head), Passed, head)
+                self.assertIsInstance(RequestReader(Limits()).feed(head)[0], Request, head)
         # And the proxy still serves a good request.
         sizes = [len(conn.sent()) for conn in h.conns]
         _, fresh = h.send(SEEDS[0])

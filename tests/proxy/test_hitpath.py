@@ -1,0 +1,116 @@
+"""Fresh hits answered on the HTTP/1.x connection (``prexy.proxy.hitpath``)
+give what the general path gives, byte for byte: the same requests go to
+two proxies, one with the hit path and one without, after the same miss
+filled each one's cache; the answers, the access log lines and the
+metrics must be equal, and the hit path must have answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.accesslog import combined_line
+from prexy.cache.policy import CachePolicy
+from prexy.codec import Compression
+from tests.cases import expand, parametrize
+
+from . import test_compress, test_header_rules, test_rfc_cache
+from .support import Harness
+
+PAGE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: \"v1\"\r\nLast-Modified: Tue, 01 Dec 2026 10:00:00 GMT\r\n"
+        b"X-Powered-By: PHP\r\ncontent-language: en\r\nLink: </a.css>\r\nLink: </b.js>\r\n"
+        b"Cache-Control: max-age=60\r\nContent-Length: 3000\r\n\r\n" + b"<p>hello</p>" * 250)
+GET = b"GET /x HTTP/1.1\r\nHost: clone.test\r\nUser-Agent: t\r\nReferer: r\r\n"
+
+#: name -> the request after the miss that filled the cache
+REQUESTS = {
+    "plain": GET + b"\r\n",
+    "HEAD": GET.replace(b"GET", b"HEAD", 1) + b"\r\n",
+    "If-None-Match": GET + b"If-None-Match: \"v1\"\r\n\r\n",
+    "If-None-Match, other": GET + b"If-None-Match: \"v2\"\r\n\r\n",
+    "If-Modified-Since": GET + b"If-Modified-Since: Tue, 01 Dec 2026 10:00:00 GMT\r\n\r\n",
+    "range": GET + b"Range: bytes=0-9\r\n\r\n",
+    "range past the end": GET + b"Range: bytes=99999-\r\n\r\n",
+    "Connection: close": GET + b"Connection: close\r\n\r\n",
+    "HTTP/1.0": b"GET /x HTTP/1.0\r\nHost: clone.test\r\n\r\n",
+    "absolute-form": b"GET http://clone.test/x HTTP/1.1\r\nHost: other.test\r\n\r\n",
+    "pipelined": GET + b"\r\n" + GET + b"Range: bytes=1-2\r\n\r\n",
+    "gzip taken": GET + b"Accept-Encoding: gzip\r\n\r\n",
+    "repeated fields": GET + b"Accept: a\r\nX-A: 1\r\naccept: b\r\n\r\n",
+}
+
+
+def answered_by_hits(h: Harness) -> list[bool]:
+    """Record what the hit path answered."""
+    hits = h.site.hits
+    assert hits is not None
+    seen: list[bool] = []
+    answer = hits.answer
+
+    def spy(channel: Any, event: Any) -> bool:
+        seen.append(answer(channel, event))
+        return seen[-1]
+
+    hits.answer = spy  # type: ignore[method-assign]
+    return seen
+
+
+def logged(h: Harness) -> list[str]:
+    lines: list[str] = []
+    h.site.log = lambda request: lines.append(combined_line(request, "[T]"))  # type: ignore[method-assign]
+    return lines
+
+
+@expand
+class SameAnswerTests(SynchronousTestCase):
+
+    def both(self, make: Any, raw: bytes, page: bytes = PAGE) -> list[bool]:
+        """Fill each proxy's cache, send ``raw`` to both; compare."""
+        outs, logs, metrics, seen = [], [], [], []
+        for fast in (True, False):
+            h = make()
+            if not fast:
+                h.site.hits = None
+            lines = logged(h)
+            _, client = h.send(GET + b"\r\n")
+            h.conns[-1].reply(page)
+            h.settle()
+            self.assertIn(b"200 OK", client.value())
+            spied = answered_by_hits(h) if fast else []
+            h.conns[-1].sent()
+            _, client = h.send(raw)
+            h.settle()
+            self.assertEqual([c.sent() for c in h.conns], [b""] * len(h.conns))  # nothing went upstream
+            outs.append(client.value())
+            logs.append(lines[1:])
+            metrics.append({k: v for k, v in h.metrics.counters.items() if "cache" in k[0] or "requests" in k[0]})
+            seen = seen or spied
+        self.assertEqual(outs[0], outs[1])
+        self.assertEqual(logs[0], logs[1])
+        self.assertEqual(metrics[0], metrics[1])
+        return seen
+
+    @parametrize("name", list(REQUESTS))
+    def test_cached_site(self, name: str) -> None:
+        seen = self.both(lambda: test_rfc_cache.harness(CachePolicy()), REQUESTS[name])
+        self.assertTrue(seen and all(seen), seen)
+
+    @parametrize("name", ["plain", "If-None-Match", "HEAD"])
+    def test_header_edits(self, name: str) -> None:
+        seen = self.both(lambda: test_header_rules.harness(test_header_rules.EDITS, cache=True), REQUESTS[name])
+        self.assertTrue(seen and all(seen), seen)
+
+    @parametrize("name", ["gzip taken", "plain", "range"])
+    def test_compressed_variants(self, name: str) -> None:
+        seen = self.both(lambda: test_compress.harness(Compression(), cache=CachePolicy()), REQUESTS[name])
+        self.assertTrue(seen and all(seen), seen)
+
+    def test_not_a_hit_goes_the_general_way(self) -> None:
+        """A request that is not a fresh hit (another URL: a miss) is left
+        to the general path."""
+        h = test_rfc_cache.harness(CachePolicy())
+        seen = answered_by_hits(h)
+        h.send(b"GET /other HTTP/1.1\r\nHost: a\r\n\r\n")
+        self.assertEqual(seen, [False])
+        self.assertEqual(len(h.conns), 1)
