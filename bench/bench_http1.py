@@ -36,6 +36,9 @@ The cases are what an origin sends (a typical nginx head of 12 fields):
 - ``chunked-1M/1k`` and ``chunked-1M/16k``: a 1 MB chunked body in 1 KiB or
   16 KiB chunks, 16 KiB reads (a site streaming a large page).
 
+``--oracle`` runs http1's own tests (``tests/test_http1.py``) against the
+candidate instead, and prints the tests where it differs and why.
+
 Runs are interleaved (every reader once per case per round, ``--runs``
 rounds) and each cell is the median over rounds of the CPU time
 (``process_time``) per response, so other processes' load mostly stays out.
@@ -106,13 +109,15 @@ class _HeadDone(Exception):
 
 class LlhttpReader:
     """http1.ResponseReader's interface on httptools (see the module
-    docstring for what it matches).  Where it differs: llhttp refuses a
-    repeated equal Content-Length, Transfer-Encoding beside Content-Length,
-    obs-fold, LF-only chunk lines, whitespace after a chunk size and
-    versions other than 1.0/1.1 (all 502 here, accepted by http1); and
-    httptools does not say where in a read a message ended, so after a
-    response other than a 101 ``trailing_data`` says only that bytes came
-    (the proxy only asks whether any did)."""
+    docstring for what it matches).  Where it differs (``--oracle``):
+    llhttp refuses a repeated equal Content-Length, Transfer-Encoding beside
+    Content-Length, obs-fold, LF-only chunk lines, whitespace after a chunk
+    size, control characters other than HTAB in field values, a malformed
+    field in a skipped 1xx head and versions other than 1.0/1.1 (all 502
+    here, accepted by http1); a body comes as llhttp's copy, never the
+    read itself; and httptools does not say where in a read a message
+    ended, so after a response other than a 101 ``trailing_data`` says only
+    that bytes came (the proxy only asks whether any did)."""
 
     __slots__ = (
         "method", "max_head", "upgrade", "interim", "_state", "_parser", "_out", "_headers", "_phrase",
@@ -161,6 +166,8 @@ class LlhttpReader:
         version = _VERSIONS[parser.get_http_version()]
         headers, phrase = self._headers, self._phrase
         self._headers, self._phrase = [], b""
+        if code < 100:  # llhttp takes any three digits: "020", "099"
+            raise ResponseError(f"bad status code {code}")
         if 0 in phrase:
             raise ResponseError("NUL in the status line")
         if len(headers) >= MAX_HEADER_COUNT:
@@ -491,13 +498,37 @@ def measure(fn: Callable[[Any], int], responses: list[list[bytes]], budget: floa
     return (time.process_time() - start) / n / len(responses)
 
 
+def oracle() -> int:
+    """Runs tests/test_http1.py with LlhttpReader as the reader; prints
+    each test that differs, with the first line of why; the count."""
+    import importlib
+    import io
+
+    from twisted.trial import reporter, runner
+
+    test_http1: Any = importlib.import_module("tests.test_http1")
+    test_http1.ResponseReader = test_http1.http1.ResponseReader = LlhttpReader
+    result = reporter.Reporter(io.StringIO())
+    runner.TestLoader().loadModule(test_http1).run(result)
+    for test, failure in sorted(result.failures + result.errors, key=lambda pair: pair[0].id()):
+        why = str(getattr(failure, "value", failure)).strip().splitlines()[0][:160]
+        print(f"{test.id().removeprefix('tests.test_http1.')}: {why}")
+    differing = len(result.failures) + len(result.errors)
+    print(f"{differing} of {result.testsRun} tests differ")
+    return differing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--budget", type=float, default=0.1, help="CPU seconds per cell per round")
     parser.add_argument("--h11", action="store_true", help="also h11 (slow)")
     parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--oracle", action="store_true", help="run tests/test_http1.py against the candidate")
     args = parser.parse_args()
+    if args.oracle:
+        oracle()
+        return
     cases = {k: v for k, v in CASES.items() if not args.only or k in args.only.split(",")}
     readers: dict[str, Callable[[Any], int]] = {
         "http1": driver(http1.ResponseReader),
