@@ -46,27 +46,28 @@ The body framings are one small class each, in the manner of h11's
 
 Hand-written, measured against a reader on httptools (llhttp) that does
 the same job (``bench/bench_http1.py``'s ``LlhttpReader``: these events,
-limits and HEAD, 1xx and 101 rules; median µs of CPU per response, two
-runs of 15 interleaved rounds, a 12-field nginx head)::
+limits and HEAD, 1xx and 101 rules; median µs of CPU per response, 15
+interleaved rounds, a 12-field nginx head; two runs, the chunked rows one
+run after the per-chunk shortcut in :class:`_ChunkedReader`)::
 
                                       hand-written   httptools  bare llhttp
     12-byte body, one read              12.0, 12.2   11.5, 10.9    4.6
     20 KB Content-Length, one read      13.2, 13.6   12.2, 13.1    5.2
     20 KB in 16 KiB reads               13.3, 13.9   13.1, 14.4    5.5
     304                                 10.3, 10.4   10.3, 10.5    4.5
-    20 KB chunked (4 chunks), one read  26.9, 27.1   15.5, 13.8    6.6
-    1 MB chunked (1 KiB chunks)         2189, 2214    406, 370     262
+    20 KB chunked (4 chunks), one read     18.9         12.4       5.6
+    1 MB chunked (1 KiB chunks)            1120          318       223
 
 llhttp parses in C, but each header field still costs a Python callback
 and the reader's own work (names, framing, events) is the same: from 4%
 more to 10% less CPU on the common responses, not the 15% that would pay
-for what the proxy would lose.  llhttp refuses what origins send and this reader
-takes (a repeated equal Content-Length, Transfer-Encoding beside
+for what the proxy would lose.  llhttp refuses what origins send and this
+reader takes (a repeated equal Content-Length, Transfer-Encoding beside
 Content-Length, obs-fold, LF-only chunk lines, control characters in
 field values, versions other than 1.0/1.1), cannot be told that a
 response answers HEAD, and does not say where in a read a response ended
-(``trailing_data``).  Chunked bodies are where llhttp pays (2x at 20 KB in
-4 chunks, 5x in 1 KiB chunks).  h11 is out (10x slower: ``--h11``).
+(``trailing_data``).  Chunked bodies are where llhttp pays (1.5x at 20 KB
+in 4 chunks, 3.5x in 1 KiB chunks).  h11 is out (10x slower: ``--h11``).
 """
 
 from __future__ import annotations
