@@ -120,6 +120,7 @@ def scenario_scaling(bench: Bench) -> Report:
     rows: list[list[str]] = []
     data: dict[str, object] = {"cores": cores, "counts": counts, "layout": [proxy_cpus, origin_cpus, wrk_cpus]}
     ratios: dict[int, float] = {}
+    identical: list[int] = []  # worker counts at which both answered the same rewritten bytes
     run_id = 0
     try:
         for workers in counts:
@@ -139,9 +140,12 @@ def scenario_scaling(bench: Bench) -> Report:
                 bodies = [harness.get_once(srv.port, "/page.html?check").body for srv in (prexy, nginx)]
                 if bodies[0] != bodies[1]:
                     notes.append(f"{workers} workers: Prexy's and subs_filter's pages differ "
-                                 f"({len(bodies[0]):,} vs {len(bodies[1]):,} bytes)")
+                                 f"({len(bodies[0]):,} vs {len(bodies[1]):,} bytes): they do not "
+                                 "do the same work, compare with care")
                 elif bodies[0] == page:
                     notes.append(f"{workers} workers: the page was not rewritten")
+                else:
+                    identical.append(workers)
                 runs: dict[str, list[WrkResult]] = {srv.name: [] for srv in started}
 
                 def one(srv: Server, seconds: float, measured: bool, connections: int = connections) -> WrkResult:
@@ -190,5 +194,8 @@ def scenario_scaling(bench: Bench) -> Report:
         f"wrk -t{wrk_threads}, connections max({max(s.connections)}, 16 x W), {s.seconds:g} s per run, "
         f"medians of {s.rounds} interleaved runs after a 1 s warm-up each. CPU per request: "
         "utime+stime of the server's processes over the run / requests.")
+    if identical == counts:
+        notes.append(f"The rewritten page ({len(bodies[0]):,} bytes): the same bytes from both servers "
+                     "at every worker count (one sample each, before measuring).")
     return Report(f"scaling: Prexy vs nginx + subs_filter by worker count ({cores} cores)",
                   table, notes, data, targets)
