@@ -410,7 +410,7 @@ def _measure(bench: Bench, site: Site, origin: Server, stacks: list[Stack], page
         + f"), Zipf popularity (s = {ZIPF_EXPONENT:g}); {VIEWS:,} page views of {REQUESTS_PER_VIEW} "
         f"requests (seed {SEED}), {site.bytes_per_view(len(page)) / 1000:,.0f} KB of bodies per view; "
         f"{MISS_SHARE:.0%} of the requests with a new query (misses), played as they are ('95% hits') "
-        "and with those queries left off ('hits only'). wrk -t2 -c{connections}, "
+        f"and with those queries left off ('hits only'). wrk -t2 -c{connections}, "
         f"{s.seconds:g} s per run, medians of {rounds} interleaved runs after a 1 s warm-up and "
         "one GET of every URL per stack. CPU per page view: the stack's processes' utime+stime "
         f"over the run / (requests / {REQUESTS_PER_VIEW}); hits: 1 - the origin's requests "
