@@ -41,7 +41,7 @@ import realistic
 import servers
 from harness import LOCAL, WORK, fmt, markdown_table
 from scenarios import Bench, Report, target
-from servers import Server
+from servers import MissingFlag, Server
 
 SEED = 34
 PAGES = 200
@@ -51,6 +51,7 @@ MISS_SHARE = 0.05
 ZIPF_EXPONENT = 1.0
 #: The two ways the request list is played: as it is, and with no miss.
 MODES = {"mix": "95% hits", "hits": "hits only"}
+PREXY, PEER = "Prexy", "Varnish + nginx + subs_filter"
 #: Seconds a stack keeps what the origin gives without freshness of its own.
 TTL = 3600
 
@@ -237,9 +238,10 @@ def scenario_mix(bench: Bench) -> Report:
     module = harness.subs_module_path()
     if module is None:
         raise RuntimeError("libnginx-mod-http-subs-filter is not installed")
+    notes: list[str] = []
     install = bench.prexy()
     if install is None:
-        raise RuntimeError(bench.install_error)
+        notes.append(bench.install_error)
     site = make_site()
     www = WORK / "www-mix"
     realistic.ensure_sources()
@@ -261,7 +263,6 @@ def scenario_mix(bench: Bench) -> Report:
         for line in rules10.splitlines()) + "\n")
     subs = "\n".join("subs_filter_types text/html;" if line.startswith("subs_filter_types") else line
                      for line in realistic.subs_filter_directives(10).splitlines())
-    notes: list[str] = []
     # The store in a directory of its own (Prexy keeps files beside it too),
     # on tmpfs like Prexy's default, removed at the end.
     scratch = Path("/dev/shm" if Path("/dev/shm").is_dir() else WORK) / f"prexy-bench-mix-{os.getpid()}"
@@ -276,7 +277,11 @@ def scenario_mix(bench: Bench) -> Report:
         started.append(nginx)
         varnish = servers.start_varnish("varnish-mix", nginx.port, default_ttl=TTL)
         started.append(varnish)
-        prexy = servers.start_prexy_config(install, "prexy-mix", f"""[server]
+        stacks = [Stack(PEER, varnish, {"varnishd": varnish, "nginx + subs_filter": nginx})]
+        try:
+            if install is None:
+                raise MissingFlag("Prexy is not installed")
+            prexy = servers.start_prexy_config(install, "prexy-mix", f"""[server]
 listen = ["tcp:{{port}}:interface={LOCAL}"]
 access_log = "{WORK / 'prexy-mix' / 'access.log'}"
 [cache]
@@ -288,11 +293,11 @@ rules = ["{rules}"]
 cache = true
 cache_ttl = {TTL}
 """, workers=2)
-        started.append(prexy)
-        stacks = [
-            Stack("Prexy", prexy, {"Prexy": prexy}),
-            Stack("Varnish + nginx + subs_filter", varnish, {"varnishd": varnish, "nginx + subs_filter": nginx}),
-        ]
+            started.append(prexy)
+            stacks.insert(0, Stack(PREXY, prexy, {"Prexy": prexy}))
+        except (MissingFlag, RuntimeError) as error:
+            lines = [x for x in str(error).splitlines() if x.strip()] or [repr(error)]
+            notes.append(f"Prexy not measured: {lines[0]} ... {lines[-1].strip()}")
         report = _measure(bench, site, origin, stacks, page, notes)
     finally:
         for server in reversed(started):
@@ -331,8 +336,10 @@ def _measure(bench: Bench, site: Site, origin: Server, stacks: list[Stack], page
         asset_body, _ = _first_hit(stack, asset)
         if asset_body != (WORK / "www-mix" / asset.lstrip("/")).read_bytes():
             notes.append(f"{stack.name} changed the asset {asset}: the mix is not what it should be")
-    prexy_page, stack_page = bodies[stacks[0].name], bodies[stacks[1].name]
-    if prexy_page == stack_page:
+    prexy_page, stack_page = bodies.get(PREXY), bodies[PEER]
+    if prexy_page is None:
+        same = "not compared"
+    elif prexy_page == stack_page:
         same = f"identical ({len(prexy_page):,} bytes"
         same += ", rewritten)" if prexy_page != page else ", but not rewritten!)"
     else:
@@ -391,7 +398,7 @@ def _measure(bench: Bench, site: Site, origin: Server, stacks: list[Stack], page
             rows.append([stack.name, MODES[mode], fmt(m["rps"]), fmt(m["views_s"]), fmt(m["p99_ms"], 2),
                          fmt(m["cpu_view_us"]), parts, fmt(m["cpu_view_us"] / REQUESTS_PER_VIEW, 1),
                          f"{m['hit_ratio']:.1%}"])
-        prexy, peer = med.get((stacks[0].name, mode)), med.get((stacks[1].name, mode))
+        prexy, peer = med.get((PREXY, mode)), med.get((PEER, mode))
         ratios[mode] = ((prexy["cpu_view_us"] / peer["cpu_view_us"], prexy["rps"] / peer["rps"])
                         if prexy and peer else (None, None))
     cpu_ratio = ratios["mix"][0]
