@@ -203,6 +203,16 @@ end
     return harness.wrk_script("wrk-mix", body)
 
 
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def first_last(error: Exception) -> str:
+    """An error's first and last lines (a start failure carries the log's tail)."""
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()] or [repr(error)]
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
 def origin_requests(origin: Server) -> int:
     """Requests the origin has handled so far (nginx ``stub_status``,
     this request included)."""
@@ -280,7 +290,7 @@ def scenario_mix(bench: Bench) -> Report:
         stacks = [Stack(PEER, varnish, {"varnishd": varnish, "nginx + subs_filter": nginx})]
         try:
             if install is None:
-                raise MissingFlag("Prexy is not installed")
+                raise MissingFlag(bench.install_error)
             prexy = servers.start_prexy_config(install, "prexy-mix", f"""[server]
 listen = ["tcp:{{port}}:interface={LOCAL}"]
 access_log = "{WORK / 'prexy-mix' / 'access.log'}"
@@ -296,8 +306,8 @@ cache_ttl = {TTL}
             started.append(prexy)
             stacks.insert(0, Stack(PREXY, prexy, {"Prexy": prexy}))
         except (MissingFlag, RuntimeError) as error:
-            lines = [x for x in str(error).splitlines() if x.strip()] or [repr(error)]
-            notes.append(f"Prexy not measured: {lines[0]} ... {lines[-1].strip()}")
+            if install is not None:
+                notes.append(f"Prexy not measured: {first_last(error)}")
         report = _measure(bench, site, origin, stacks, page, notes)
     finally:
         for server in reversed(started):
@@ -406,11 +416,11 @@ def _measure(bench: Bench, site: Site, origin: Server, stacks: list[Stack], page
         ["stack", "traffic", "req/s", "page views/s", "p99 ms", "CPU µs per page view", "of which (µs)",
          "CPU µs per request", "hits (origin count)"], rows)
     table += "\n\nPrexy / the stack: " + "; ".join(
-        f"{MODES[mode]}: CPU per page view {fmt(cpu, 2)}x, req/s {fmt(rps, 2)}x"
+        f"{MODES[mode]}: CPU per page view {_times(cpu)}, req/s {_times(rps)}"
         for mode, (cpu, rps) in ratios.items()) + f". The rewritten page: {same}."
     targets = [target(
         "Page-view mix: Prexy's CPU per page view at most 1.0x the Varnish + nginx + subs_filter "
-        f"stack's ({fmt(cpu_ratio, 2)}x)", None if cpu_ratio is None else cpu_ratio <= 1.0)]
+        f"stack's ({_times(cpu_ratio)})", None if cpu_ratio is None else cpu_ratio <= 1.0)]
     notes.insert(0, (
         f"{len(site.urls):,} URLs ({PAGES} pages, {len(site.assets):,} assets: "
         + ", ".join(f"{k.per_view} {k.ext} of median {k.median / 1000:g} KB" for k in KINDS)

@@ -28,6 +28,7 @@ import harness
 import realistic
 import servers
 from harness import WORK, WrkResult, fmt, markdown_table
+from mix_bench import first_last
 from scenarios import Bench, Report, target
 from servers import MissingFlag, Server
 
@@ -53,7 +54,14 @@ def layout(cpus: list[int]) -> tuple[str | None, str | None, str | None]:
         return None, None, None
 
     def span(part: list[int]) -> str:
-        return ",".join(str(c) for c in part)
+        """``0-11,14``: runs of consecutive CPUs as ranges."""
+        runs: list[list[int]] = []
+        for cpu in part:
+            if runs and cpu == runs[-1][1] + 1:
+                runs[-1][1] = cpu
+            else:
+                runs.append([cpu, cpu])
+        return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
     spare = ORIGIN_CORES + WRK_CORES
     return (span(cpus[:-spare]), span(cpus[-spare:-WRK_CORES]), span(cpus[-WRK_CORES:]))
@@ -118,6 +126,7 @@ def scenario_scaling(bench: Bench) -> Report:
     rows: list[list[str]] = []
     data: dict[str, object] = {"cores": cores, "counts": counts, "layout": [proxy_cpus, origin_cpus, wrk_cpus]}
     ratios: dict[int, float] = {}
+    busiest = 0.0  # the origin's CPU seconds per second in the fastest run
     identical: list[int] = []  # worker counts at which both answered the same rewritten bytes
     run_id = 0
     try:
@@ -133,13 +142,13 @@ def scenario_scaling(bench: Bench) -> Report:
                 started.append(nginx)
                 try:
                     if install is None:
-                        raise MissingFlag("Prexy is not installed")
+                        raise MissingFlag(bench.install_error)
                     started.insert(0, servers.start_prexy(
                         install, f"prexy-scaling-{workers}", origin.port, args=("--rules", str(rules)),
                         workers=workers, cpus=proxy_cpus))
                 except (MissingFlag, RuntimeError) as error:
-                    lines = [x for x in str(error).splitlines() if x.strip()] or [repr(error)]
-                    notes.append(f"Prexy, {workers} workers, not measured: {lines[0]} ... {lines[-1].strip()}")
+                    if install is not None:
+                        notes.append(f"Prexy with {workers} worker(s) not measured: {first_last(error)}")
                 bodies = [harness.get_once(srv.port, "/page.html?check").body for srv in started]
                 if len(bodies) < 2:
                     pass
@@ -158,6 +167,7 @@ def scenario_scaling(bench: Bench) -> Report:
                     run_id += 1
                     return harness.wrk(srv.url("/"), seconds=seconds, connections=connections,
                                        threads=wrk_threads, cpu_of=srv.cpu if measured else None,
+                                       origin_cpu_of=origin.cpu if measured else None,
                                        script=script, script_args=(str(run_id),), cpus=wrk_cpus)
 
                 for srv in started:
@@ -186,6 +196,9 @@ def scenario_scaling(bench: Bench) -> Report:
                 fmt(p.cpu_us_per_req if p else None), fmt(n.cpu_us_per_req),
                 harness.ratio(p.cpu_us_per_req if p else None, n.cpu_us_per_req).replace("×", "x"),
             ])
+            for measured in (p, n):
+                if measured is not None and measured.origin_cpu_us_per_req is not None:
+                    busiest = max(busiest, measured.origin_cpu_us_per_req * measured.rps / 1e6)
             data[f"{workers} workers"] = {"prexy": p, "nginx_subs_filter": n, "connections": connections}
     finally:
         origin.stop()
@@ -203,6 +216,9 @@ def scenario_scaling(bench: Bench) -> Report:
         f"wrk -t{wrk_threads}, connections max({max(s.connections)}, 16 x W), {s.seconds:g} s per run, "
         f"medians of {s.rounds} interleaved runs after a 1 s warm-up each. CPU per request: "
         "utime+stime of the server's processes over the run / requests.")
+    notes.append(f"The origin used at most {busiest:.2f} CPU seconds per second (a run's median), "
+                 f"{'of the ' + str(ORIGIN_CORES) + ' cores it is pinned to' if origin_cpus else 'unpinned'}: "
+                 "near the whole of them, it was the bottleneck.")
     if identical == counts:
         notes.append(f"The rewritten page ({len(bodies[0]):,} bytes): the same bytes from both servers "
                      "at every worker count (one sample each, before measuring).")
