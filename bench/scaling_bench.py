@@ -216,9 +216,9 @@ def scenario_scaling(bench: Bench) -> Report:
         f"wrk -t{wrk_threads}, connections max({max(s.connections)}, 16 x W), {s.seconds:g} s per run, "
         f"medians of {s.rounds} interleaved runs after a 1 s warm-up each. CPU per request: "
         "utime+stime of the server's processes over the run / requests.")
-    notes.append(f"The origin used at most {busiest:.2f} CPU seconds per second (a run's median), "
-                 f"{'of the ' + str(ORIGIN_CORES) + ' cores it is pinned to' if origin_cpus else 'unpinned'}: "
-                 "near the whole of them, it was the bottleneck.")
+    notes.append(f"The origin used at most {busiest:.2f} CPU seconds per second (a run's median)"
+                 + (f" of the {ORIGIN_CORES} cores it is pinned to; near {ORIGIN_CORES}, it would be "
+                    "the bottleneck." if origin_cpus else "."))
     if identical == counts:
         notes.append(f"The rewritten page ({len(bodies[0]):,} bytes): the same bytes from both servers "
                      "at every worker count (one sample each, before measuring).")
