@@ -21,7 +21,7 @@ of each whole stack, from the processes' own CPU time: Prexy's master and
 workers; varnishd (manager and child) plus the nginx subs_filter instance
 (master and worker).  Neither the origin nor wrk is counted; varnishncsa,
 which writes Varnish's access log from its shared memory, is measured
-beside the stack and given in a note, not counted (the issue's stack is
+beside the stack and given in a note, not counted (the stack measured is
 varnishd and nginx).  The origin
 counts the requests that reach it (``stub_status``), so each run's hit
 ratio is measured rather than assumed.
@@ -265,6 +265,8 @@ def scenario_mix(bench: Bench) -> Report:
     content.write(www / "page.html", page)
     write_assets(site, www)
     origin = servers.start_nginx("nginx-mix-origin", f"""        root {www};
+        types {{ text/html html; text/css css; application/javascript js; image/jpeg jpg;
+                 image/png png; font/woff2 woff2; }}
         etag on;
         open_file_cache max=4096 inactive=1h;
         open_file_cache_valid 1h;

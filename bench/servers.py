@@ -65,8 +65,7 @@ pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-    types {{ text/html html; text/plain txt; text/css css; application/javascript js;
-             image/jpeg jpg; image/png png; image/webp webp; font/woff2 woff2; }}
+    types {{ text/html html; text/plain txt; }}
     default_type application/octet-stream;
     access_log off;
     sendfile on;
