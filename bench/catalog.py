@@ -10,6 +10,8 @@ import cluster_bench
 import first_request
 import hits
 import http2_bench
+import mix_bench
+import scaling_bench
 import scenarios
 import sites_bench
 import tunnel
@@ -31,6 +33,8 @@ SCENARIOS: dict[str, Callable[[scenarios.Bench], scenarios.Report]] = {
     "http2": http2_bench.scenario_http2,
     "cluster": cluster_bench.scenario_cluster,
     "sites": sites_bench.scenario_sites,
+    "mix": mix_bench.scenario_mix,
+    "scaling": scaling_bench.scenario_scaling,
     "transducer": scenarios.script_scenario("bench_transducer.py"),
     "urlmap-index": scenarios.script_scenario("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": scenarios.script_scenario("bench_cache_store.py", ("--rounds", "1")),

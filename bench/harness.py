@@ -405,22 +405,41 @@ def _wrk_script() -> Path:
     return path
 
 
+def wrk_script(name: str, body: str) -> Path:
+    """Write ``bench/.work/NAME.lua``: ``body`` (``setup``/``init``/``request``
+    functions of wrk's Lua API) followed by the ``done`` hook that reports
+    the figures; for ``wrk(..., script=...)``."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    path = WORK / f"{name}.lua"
+    path.write_text(body + "\n" + WRK_DONE_LUA)
+    return path
+
+
+def pinned(cpus: str | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run on the CPUs ``cpus`` (a taskset list such as ``0-3``)
+    when given; taskset execs the program, so the pid stays the same."""
+    return ["taskset", "-c", cpus, *argv] if cpus else list(argv)
+
+
 def wrk(url: str, *, seconds: float, connections: int, threads: int = 1,
         cpu_of: Callable[[], float] | None = None,
         origin_cpu_of: Callable[[], float] | None = None, timeout_s: float = 10.0,
-        headers: Sequence[str] = ()) -> WrkResult:
+        headers: Sequence[str] = (), script: Path | None = None,
+        script_args: Sequence[str] = (), cpus: str | None = None) -> WrkResult:
     """Run wrk with ``--latency`` and return its figures (plus CPU/request).
 
     ``cpu_of`` returns the CPU seconds used so far by the server under test;
     it is sampled right before and after the run.  ``origin_cpu_of`` does the
     same for the origin behind it (a cache hit should cost the origin nothing).
+    ``script`` replaces the plain reporting script (made by ``wrk_script``),
+    ``script_args`` go to its ``init(args)``; ``cpus`` pins wrk to those CPUs.
     """
     threads = max(1, min(threads, connections))
-    argv = [
+    argv = pinned(cpus, [
         "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-        f"--timeout={int(timeout_s)}s", "--latency", "-s", str(_wrk_script()),
-        *(x for h in headers for x in ("-H", h)), url,
-    ]
+        f"--timeout={int(timeout_s)}s", "--latency", "-s", str(script or _wrk_script()),
+        *(x for h in headers for x in ("-H", h)), url, *(["--", *script_args] if script_args else []),
+    ])
     before = cpu_of() if cpu_of else 0.0
     origin_before = origin_cpu_of() if origin_cpu_of else 0.0
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + timeout_s + 30)

@@ -10,7 +10,8 @@ markdown table per scenario.  Results also go to
 ``bench/.work/results-<scenario>.json`` and all tables of the run to
 ``bench/.work/results.md``.  Every child process is stopped at
 exit.  Scenarios: proxy, subs, first, stream, slowclient, workers, cache, urlmap, transducer,
-urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites (see bench/README.md).
+urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites, mix, scaling
+(see bench/README.md).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from catalog import SCENARIOS  # noqa: E402
 from scenarios import Bench, Report, Settings  # noqa: E402
 
 DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "first", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
-                 "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster", "sites")
+                 "cache-store", "compress", "compress-hits", "tunnel", "http2", "cluster", "sites", "mix", "scaling")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -54,7 +54,7 @@ class Server:
 
 
 def nginx_conf(prefix: Path, port: int, server_body: str, *, workers: int = 1,
-               http_extra: str = "", modules: tuple[Path, ...] = ()) -> str:
+               http_extra: str = "", modules: tuple[Path, ...] = (), listen_extra: str = "") -> str:
     """A complete private nginx.conf: no system paths, no includes of /etc."""
     user = "user root root;\n" if os.geteuid() == 0 else ""
     tmp = prefix / "tmp"
@@ -80,7 +80,7 @@ http {{
     scgi_temp_path {tmp}/scgi;
 {http_extra}
     server {{
-        listen {LOCAL}:{port} backlog=4096;
+        listen {LOCAL}:{port} backlog=4096{listen_extra};
         server_name _;
 {server_body}
     }}
@@ -88,8 +88,9 @@ http {{
 """
 
 
-def start_nginx(name: str, server_body: str, **conf: object) -> Server:
-    """Write ``bench/.work/NAME/nginx.conf`` and run nginx on it in the foreground."""
+def start_nginx(name: str, server_body: str, *, cpus: str | None = None, **conf: object) -> Server:
+    """Write ``bench/.work/NAME/nginx.conf`` and run nginx on it in the foreground
+    (on the CPUs ``cpus``, a taskset list, when given)."""
     prefix = WORK / name
     if prefix.exists():
         shutil.rmtree(prefix)
@@ -98,10 +99,10 @@ def start_nginx(name: str, server_body: str, **conf: object) -> Server:
     conf_path = prefix / "nginx.conf"
     conf_path.write_text(nginx_conf(prefix, port, server_body, **conf))  # type: ignore[arg-type]
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    child = harness.spawn(name, [
+    child = harness.spawn(name, harness.pinned(cpus, [
         nginx, "-p", f"{prefix}/", "-c", str(conf_path), "-e", "stderr",
         "-g", "daemon off; master_process on;",
-    ])
+    ]))
     try:
         harness.wait_port(child, port, timeout=120)
     except RuntimeError as error:
@@ -148,7 +149,7 @@ def proxy_location(extra: str = "", name: str = "origin", access_log: str = "") 
 
 def start_nginx_proxy(name: str, origin_port: int, *, workers: int = 1,
                       location_extra: str = "", modules: tuple[Path, ...] = (),
-                      http_extra: str = "") -> Server:
+                      http_extra: str = "", listen_extra: str = "", cpus: str | None = None) -> Server:
     """nginx proxy_pass with upstream keep-alive in front of the origin."""
     return start_nginx(
         name,
@@ -156,6 +157,8 @@ def start_nginx_proxy(name: str, origin_port: int, *, workers: int = 1,
         workers=workers,
         http_extra=upstream_block(origin_port) + http_extra,
         modules=modules,
+        listen_extra=listen_extra,
+        cpus=cpus,
     )
 
 
@@ -163,8 +166,10 @@ def start_nginx_proxy(name: str, origin_port: int, *, workers: int = 1,
 # Varnish
 
 
-def start_varnish(name: str, origin_port: int, *, storage: str = "malloc,256m") -> Server:
-    """varnishd in the foreground with the built-in VCL and a private workdir."""
+def start_varnish(name: str, origin_port: int, *, storage: str = "malloc,256m",
+                  default_ttl: float | None = None) -> Server:
+    """varnishd in the foreground with the built-in VCL and a private workdir;
+    ``default_ttl`` (``-t``) for responses that give no freshness of their own."""
     workdir = WORK / name
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -175,6 +180,7 @@ def start_varnish(name: str, origin_port: int, *, storage: str = "malloc,256m") 
     child = harness.spawn(name, [
         varnishd, "-F", "-a", f"{LOCAL}:{port}", "-b", f"{LOCAL}:{origin_port}",
         "-n", str(workdir), "-s", storage, "-T", "none",
+        *(["-t", f"{default_ttl:g}"] if default_ttl is not None else []),
     ])
     harness.wait_port(child, port, timeout=120)
     return Server(name, port, child)
@@ -275,12 +281,13 @@ class MissingFlag(Exception):
 
 def start_prexy(install: PrexyInstall, name: str, origin_port: int, *,
                 args: tuple[str, ...] = (), workers: int | None = 1,
-                ready_timeout: float = 120.0) -> Server:
+                ready_timeout: float = 120.0, cpus: str | None = None) -> Server:
     """``twistd -n --pidfile= prexy --listen ... --upstream ...`` plus ``args``.
 
     ``workers`` is passed as ``--workers N`` when Prexy knows the flag (so a
     future default of one worker per CPU does not change what is measured).
     Raises MissingFlag when a flag in ``args`` is not in ``--help``.
+    ``cpus`` (a taskset list) pins the master and so its workers.
     """
     for flag in args:
         if flag.startswith("--") and flag.split("=", 1)[0] not in install.flags:
@@ -305,7 +312,7 @@ def start_prexy(install: PrexyInstall, name: str, origin_port: int, *,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
-    child = harness.spawn(name, argv, cwd=rundir, env=env)
+    child = harness.spawn(name, harness.pinned(cpus, argv), cwd=rundir, env=env)
     harness.wait_port(child, port, timeout=ready_timeout)
     harness.wait_http(child, port, timeout=ready_timeout)
     server = Server(name, port, child, notes)
