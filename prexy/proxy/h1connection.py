@@ -61,6 +61,10 @@ from prexy.requesthead import CHUNKED, LENGTH, Refusal
 __all__ = ["ProxyChannel", "head_bytes", "refusal_answer"]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: After a deadline or a refusal closed a connection, how long the client
+#: has to read what was written before it is cut off (twisted.web's
+#: ``abortTimeout``).
+ABORT_AFTER = 15.0
 _DONE = Failure(ConnectionDone())
 
 
@@ -123,6 +127,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
     _reader: RequestReader | None = None
     _out: SendNow | None = None
     _head_timer: Any = None
+    _abort_call: Any = None
     #: Refused or closing: nothing more is read.
     _closing = False
     #: After a 101, the tunnel every byte goes to (``prexy.proxy.tunnel``).
@@ -328,7 +333,14 @@ class ProxyChannel(Protocol, TimeoutMixin):
             self.setTimeout(self._idle)  # idle only once the answer is complete
         else:
             self._closing = True
-            self.loseConnection()
+            self._close_then_abort()
+
+    def _close_then_abort(self) -> None:
+        """Close, and reset the connection if the client has not read what
+        is written within ``ABORT_AFTER`` seconds."""
+        self.loseConnection()
+        if self.transport is not None and self._abort_call is None:
+            self._abort_call = self.callLater(ABORT_AFTER, self.abortConnection)
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer a head (or a stalled body) that will not be served, and
@@ -341,7 +353,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
             return
         self.write(refusal_answer(refusal, self.site.error_pages()))
         self.site.refused(self, refusal)
-        self.loseConnection()
+        self._close_then_abort()
 
     def body_too_large(self, request: Any) -> None:
         """A 413 straight away, before the request is answered, and close:
@@ -373,6 +385,9 @@ class ProxyChannel(Protocol, TimeoutMixin):
     def connectionLost(self, reason: Failure = _DONE) -> None:
         self._closing = True
         self._cancel_head_timer()
+        abort, self._abort_call = self._abort_call, None
+        if abort is not None and abort.active():
+            abort.cancel()
         self.setTimeout(None)
         self._queue.clear()
         if self._reader is not None:

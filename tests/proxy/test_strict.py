@@ -218,6 +218,25 @@ class HeaderDeadlineTests(SynchronousTestCase):
         self.assertTrue(client.disconnecting)
         self.assertEqual(h.conns, [])
 
+    def test_client_that_does_not_read_its_refusal_is_cut_off(self) -> None:
+        """A closed connection whose client does not read what was
+        written is reset after ABORT_AFTER seconds, not left open."""
+        from twisted.internet.address import IPv4Address
+        from twisted.internet.testing import StringTransport
+
+        from prexy.proxy.h1connection import ABORT_AFTER
+
+        h = Harness()
+        channel = h.site.buildProtocol(IPv4Address("TCP", "10.1.2.3", 5555))
+        transport = StringTransport()  # loseConnection only marks it
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\nX(A): b\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 400 "))
+        self.assertTrue(transport.disconnecting)
+        self.assertFalse(transport.disconnected)
+        h.clock.advance(ABORT_AFTER)
+        self.assertTrue(transport.disconnected)  # abortConnection
+
     def test_silent_connection_closed_without_answer(self) -> None:
         h = Harness()
         _, client = h.client()
