@@ -136,6 +136,8 @@ class ProxyChannel(Protocol, TimeoutMixin):
     _producer: Any = None
     #: The transport asked us to stop producing (its buffer is full).
     _blocked = False
+    #: ``_run`` is carrying out events.
+    _running = False
     #: Registered as the transport's producer.
     _registered = False
     #: We asked the transport to stop reading.
@@ -179,35 +181,27 @@ class ProxyChannel(Protocol, TimeoutMixin):
         reader = self._reader
         assert reader is not None
         events = reader.feed(data)
-        if self._handling:
-            if events:
-                self._queue.extend(events)
-                self._flow()
-            return
-        if self._queue:
+        if events:
             self._queue.extend(events)
             self._run()
-        else:
-            self._run_events(events)
-        if reader.in_head and self._head_timer is None and not self._closing:
+        if reader.in_head and self._head_timer is None and not self._closing and not self._handling:
             self._arm_head_timer()
 
     def _run(self) -> None:
         """Carry out what was read, in order, until a request is being
-        answered."""
+        answered.  An answer completed meanwhile (``requestDone``) lets this
+        loop go on rather than starting another one, so many pipelined
+        requests answered at once do not nest."""
+        if self._running:
+            return
+        self._running = True
         queue = self._queue
-        while queue and not self._handling and not self._closing:
-            self._event(queue.popleft())
+        try:
+            while queue and not self._handling and not self._closing:
+                self._event(queue.popleft())
+        finally:
+            self._running = False
         self._flow()
-
-    def _run_events(self, events: list[Any]) -> None:
-        for i, event in enumerate(events):
-            if self._handling or self._closing:
-                if not self._closing:
-                    self._queue.extend(events[i:])
-                    self._flow()
-                return
-            self._event(event)
 
     def _event(self, event: Any) -> None:
         kind = type(event)
@@ -284,11 +278,8 @@ class ProxyChannel(Protocol, TimeoutMixin):
         held = reader.resume()  # after an upgrade request that was not tunnelled
         if held:
             self._queue.extend(held)
-        if self._queue:
-            self._run()
-        else:
-            self._flow()
-        if reader.in_head and self._head_timer is None and not self._closing:
+        self._run()
+        if reader.in_head and self._head_timer is None and not self._closing and not self._handling:
             self._arm_head_timer()
 
     def _flow(self) -> None:

@@ -114,3 +114,23 @@ class SameAnswerTests(SynchronousTestCase):
         h.send(b"GET /other HTTP/1.1\r\nHost: a\r\n\r\n")
         self.assertEqual(seen, [False])
         self.assertEqual(len(h.conns), 1)
+
+
+@expand
+class PipelinedTests(SynchronousTestCase):
+    """Hundreds of requests in one read, each answered at once (hits), one
+    after another, whichever path answers them: in order, none lost, and
+    no nesting that grows with their number."""
+
+    @parametrize("fast", [True, False])
+    def test_many_pipelined_hits_in_one_read(self, fast: bool) -> None:
+        h = test_rfc_cache.harness(CachePolicy())
+        if not fast:
+            h.site.hits = None
+        _, client = h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        channel, client = h.client()
+        channel.dataReceived((GET + b"\r\n") * 1500)
+        h.settle()
+        self.assertEqual(client.value().count(b"HTTP/1.1 200 OK\r\n"), 1500)
+        self.assertFalse(client.disconnecting)
