@@ -38,12 +38,14 @@ Pure: imports no Twisted; Hyperscan is a dependency on x86_64, and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import regex
 
 from prexy.substitution import prefilter as prefilter_module
 from prexy.substitution.analysis import can_match_empty, max_width, min_width
-from prexy.substitution.emit import set_source
+from prexy.substitution.emit import FLAGS, set_source
 from prexy.substitution.prefilter import (
     HyperscanDatabase,
     HyperscanFilter,
@@ -244,6 +246,17 @@ def _atom(node: Char | Set) -> str:
 
 def _whole(node: Node) -> str:
     return "(?:" + hyperscan_source(ParsedRegex(node, 0, False)).decode("latin-1") + ")"
+
+
+def _cut_pattern(heads: Sequence[frozenset[int]]) -> regex.Pattern[bytes] | None:
+    """A ``regex`` pattern for the proper non-empty prefixes of ``heads``
+    (byte sets) that end at the end of the buffer; None when there are none."""
+    if len(heads) < 2:
+        return None
+    src = set_source(heads[-2])
+    for members in reversed(heads[:-2]):
+        src = f"{set_source(members)}(?:{src})?"
+    return regex.compile(f"(?:{src})\\z".encode("latin-1"), FLAGS)
 
 
 def prefix_source(parsed: ParsedRegex) -> bytes | None:
@@ -601,11 +614,23 @@ class MatchIndex:
             bounded = set(long_rules) - self._long.refused
         else:
             bounded = set()
+        #: The rules that scan bounds.
+        self.long_rules = tuple(sorted(bounded))
         #: Rules neither the trie nor that scan bound (the rule-by-rule cursor's).
         self.unbounded = tuple(r for r in range(len(parsed)) if r not in short and r not in bounded)
         self.unbounded_set = frozenset(self.unbounded)
         #: Rules that may start a match at the very end of a buffer, first.
         self.bounded_rules = tuple(r for r in range(len(parsed)) if r not in self.unbounded_set)
+        #: Per unbounded rule (or rule of the scan above) that the prefilter
+        #: looks for by its head (see :meth:`begun`): the head's length, and
+        #: a pattern that finds where the end of a buffer cuts the head (None
+        #: for a one-byte head).
+        self._cut_heads: dict[int, tuple[int, regex.Pattern[bytes] | None]] = {}
+        if self._filter is not None:
+            for local, heads in self._filter.heads.items():
+                rule = self.others[local]
+                if rule in self.unbounded_set or rule in bounded:
+                    self._cut_heads[rule] = (len(heads), _cut_pattern(heads))
 
     def events(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
         """The reports of ``buf[pos:]`` for the rules marked in ``active``
@@ -701,6 +726,44 @@ class MatchIndex:
         """The (start, rule, end) of the exact rules' matches in ``events``
         (of ``buf``): its reports, confirmed."""
         return [(s, r, e) for s, r, e, c in events.exact if not c or self.confirm(buf, s, c)]
+
+    def begun(
+        self, buf: bytes, pos: int, candidates: Mapping[int, int], rules: Sequence[int]
+    ) -> tuple[list[int], list[tuple[int, int]], int | None]:
+        """Sort ``rules`` (unbounded ones: see ``unbounded`` and
+        ``long_rules``) by whether a match of theirs may have begun in
+        ``buf[pos:]`` and run off its end: (the rules whose head occurs,
+        (place, rule) for those whose head only the end cuts, the first of
+        the others or None).
+
+        A rule the prefilter looks for by its head (the byte sets every
+        match starts with) can begin such a match only where its head
+        occurs, which the prefilter reported (``candidates``: the same
+        buffer's and position's :attr:`Events.candidates`), or where the
+        end of the buffer cuts its head (then only from that place on), or
+        at the very end (where every rule that cannot match empty waits:
+        the others reach exactly the end).  A rule the prefilter looks for
+        whole counts as begun.  So a rule that has not begun to match
+        costs the hold-back question nothing but this test.  (Measured,
+        bench/bench_transducer.py --feeds: see bench/README.md, "Issue 34:
+        the reads a real origin gives".)
+        """
+        n = len(buf)
+        kept: list[int] = []
+        cut_at: list[tuple[int, int]] = []
+        first_end: int | None = None
+        cut = self._cut_heads
+        for rule in rules:
+            if rule in candidates or rule not in cut:
+                kept.append(rule)
+                continue
+            length, pattern = cut[rule]
+            m = None if pattern is None else pattern.search(buf, max(pos, n - length + 1), n)
+            if m is not None:
+                cut_at.append((m.start(), rule))
+            elif first_end is None:
+                first_end = rule
+        return kept, cut_at, first_end
 
     def alive(self, buf: bytes, pos: int) -> dict[int, int]:
         """Per unbounded rule of the hold scan, the leftmost place ``>= pos``
