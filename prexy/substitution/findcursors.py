@@ -217,8 +217,9 @@ class EventCursor:
     def candidates(self, pos: int) -> Mapping[int, int]:
         """The prefilter's rules that may match from ``pos`` (see
         :attr:`.hsindex.Events.candidates`), from the scan of the buffer
-        this cursor makes anyway: call it before the first ``find`` or
-        ``literal_runs``, with the position they start from or one before."""
+        this cursor makes anyway.  ``pos`` is where that scan starts: the
+        position of the first ``find`` or ``literal_runs`` (or one before
+        it, when called first)."""
         if not self._started:
             self._start(pos)
         return self._candidates

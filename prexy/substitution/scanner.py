@@ -36,6 +36,10 @@ the end only where its literal prefix (found for all rules at once with a
 trie over the last bytes) or one of its first bytes is; a rule with no such
 place above its floor reaches exactly the end and is never probed, and the
 others wait in the heap as lower bounds, probed only when they come first.
+With the Hyperscan index, a rule the tail trie cannot bound is not asked
+at all unless it has begun to match: its head occurs in the buffer (the
+prefilter's scan says so) or is cut by its end (``MatchIndex.begun``), so
+a feed's cost does not grow with rules that are not matching there.
 
 Every regex call passes ``timeout=``; a ``TimeoutError`` propagates to the
 caller.
