@@ -71,8 +71,10 @@ class Reach:
         #: of the buffer.  Used when it says more than the literal prefix
         #: (a case-insensitive rule's prefix is at most its first byte):
         #: the probe, slow to call with many atoms, then runs only there.
+        #: (Exact rules and rules on RE2 answer without the probe's scan.)
         self.gate: regex.Pattern[bytes] | None = None
-        heads = head_sets(parsed) if not can_match_empty(parsed.tree) else []
+        probed = self.seqs is None and not linear and not can_match_empty(parsed.tree)
+        heads = head_sets(parsed) if probed else []
         if len(heads) >= 2 and len(heads) > len(self.prefix):
             src = set_source(heads[-1])
             for members in reversed(heads[:-1]):
