@@ -2,7 +2,12 @@
 
 Run standalone::
 
-    python bench/bench_transducer.py [--runs N] [--quick] [--cold] [--engine E ...]
+    python bench/bench_transducer.py [--runs N] [--quick] [--cold] [--feeds] [--engine E ...]
+
+``--feeds``: the reads a real origin gives, on the realistic corpus and on
+bench/othersite.py's pages and rules (not tuned on): each page whole and in
+64 KiB and 16 KiB feeds at 10, 100 and 1000 rules, the feeds' time against
+the whole body's and their MB/s (see :func:`feeds_main`).
 
 For 1, 10, 100 and 1000 rules (the issue's mix: the site's domain, an
 analytics id, then generated ``word[0-9]+token``-style regexes that rarely
@@ -147,6 +152,70 @@ def feed_time(ruleset: RuleSet, page: bytes, feed: int | None) -> tuple[bytes, f
     return out, cpu
 
 
+#: The feed sizes of ``--feeds``: what a remote origin's reads give.
+ORIGIN_FEEDS = {"whole": None, "64 KiB": 64 * 1024, "16 KiB": 16 * 1024}
+
+
+def feeds_main(runs: int, counts: tuple[int, ...]) -> int:
+    """The reads a real origin gives: each page of both corpora (the
+    realistic one, and bench/othersite.py's pages and rules that the code
+    was not tuned on) whole and in 64 KiB and 16 KiB feeds, at 10, 100 and
+    1000 rules; CPU time, median of ``runs`` interleaved runs.  Prints each
+    feed size's time against the whole body's and its MB/s.  Targets: 16
+    KiB feeds within 1.5x of the whole body, and at 1000 rules >= 50 MB/s."""
+    import othersite  # noqa: PLC0415 - bench/ is on sys.path
+    import realistic  # noqa: PLC0415
+
+    realistic.ensure_sources()
+    corpora: dict[str, tuple[dict[str, bytes], dict[int, str]]] = {
+        "realistic": (
+            {name: realistic.load_page(name) for name in ("html-20k", "html-1m", "html-1.7m", "jquery", "bootstrap-css")},
+            {count: realistic.rules_text(count) for count in counts},
+        ),
+        "othersite": (
+            {name: othersite.load_page(name) for name in othersite.available_pages()},
+            {count: othersite.rules_text(count) for count in counts},
+        ),
+    }
+    print(f"corpora: realistic {realistic.corpus_digest()}, othersite {othersite.corpus_digest()} "
+          f"(seed {othersite.SEED}; pages {', '.join(str(othersite.PAGES[n]) for n in othersite.available_pages())})")
+    print(f"transducer alone, CPU time, median of {runs} interleaved runs; per feed size: x whole, MB/s")
+    print(f"{'corpus':>9} {'rules':>5} {'page':>14} {'KB':>5} {'whole MB/s':>10}"
+          + "".join(f" {label:>15}" for label in ORIGIN_FEEDS if label != "whole"))
+    ok = True
+    misses: list[str] = []
+    for corpus, (pages, texts) in corpora.items():
+        for count in counts:
+            ruleset = parse_rules(texts[count].encode(), f"{corpus}-{count}")
+            for name, page in pages.items():
+                want, _ = feed_time(ruleset, page, None)
+                times: dict[str, list[float]] = {label: [] for label in ORIGIN_FEEDS}
+                for _ in range(runs):
+                    for label, size in ORIGIN_FEEDS.items():
+                        out, cpu = feed_time(ruleset, page, size)
+                        assert out == want, (corpus, count, name, label)
+                        times[label].append(cpu)
+                med = {label: statistics.median(v) for label, v in times.items()}
+                cells = "".join(
+                    f" {med[label] / med['whole']:>5.2f}x {len(page) / med[label] / 1e6:>6.0f}"
+                    for label in ORIGIN_FEEDS if label != "whole"
+                )
+                print(f"{corpus:>9} {count:>5} {name:>14} {len(page) // 1000:>5} {len(page) / med['whole'] / 1e6:>10.0f}"
+                      + cells, flush=True)
+                ratio = med["16 KiB"] / med["whole"]
+                rate = len(page) / med["16 KiB"] / 1e6
+                if ratio > 1.5:
+                    misses.append(f"{corpus} {count} {name}: 16 KiB feeds {ratio:.2f}x whole")
+                if count >= 1000 and rate < 50:
+                    misses.append(f"{corpus} {count} {name}: 16 KiB feeds {rate:.0f} MB/s")
+    for miss in misses:
+        ok = False
+        print(f"BELOW TARGET: {miss}")
+    if ok:
+        print("targets met: 16 KiB feeds within 1.5x of whole, >= 50 MB/s at 1000 rules")
+    return 0 if ok else 1
+
+
 def realistic_main(runs: int) -> int:
     """The realistic cells: the realistic corpus (bench/realistic.py), 10 / 100 /
     1000 clone rules, whole bodies and 16 KiB and 1 KiB feeds; CPU time,
@@ -239,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="realistic: bench/realistic.py's pages and clone rules (default); "
                              "synthetic: the generated page and word[0-9]+token rules")
     parser.add_argument("--runs", type=int, default=7, help="runs per cell (median)")
+    parser.add_argument("--feeds", action="store_true",
+                        help="the reads a real origin gives: both corpora (realistic and othersite) "
+                             "in 64 KiB and 16 KiB feeds against the whole body, 10/100/1000 rules")
     parser.add_argument("--quick", action="store_true", help="1 and 10 rules only")
     parser.add_argument("--cold", action="store_true",
                         help="realistic 20 KB page only: per page, warm and cache-cold")
@@ -252,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cold:
         return cold_main(max(args.runs, 51))
+    if args.feeds:
+        return feeds_main(3 if args.quick else args.runs, (10, 100, 1000))
     if args.corpus == "realistic":
         return realistic_main(3 if args.quick else args.runs)
     counts = (1, 10) if args.quick else (1, 10, 100, 1000)

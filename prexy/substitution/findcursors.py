@@ -195,7 +195,7 @@ class EventCursor:
 
     __slots__ = (
         "_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started", "_confirm",
-        "_checks",
+        "_checks", "_candidates",
     )
 
     def __init__(
@@ -211,7 +211,18 @@ class EventCursor:
         self._checks: list[tuple[bytes, bool]] = []
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._streams: dict[int, RuleStream] = {}
+        self._candidates: Mapping[int, int] = {}
         self._started = False
+
+    def candidates(self, pos: int) -> Mapping[int, int]:
+        """The prefilter's rules that may match from ``pos`` (see
+        :attr:`.hsindex.Events.candidates`), from the scan of the buffer
+        this cursor makes anyway.  ``pos`` is where that scan starts: the
+        position of the first ``find`` or ``literal_runs`` (or one before
+        it, when called first)."""
+        if not self._started:
+            self._start(pos)
+        return self._candidates
 
     def _start(self, pos: int) -> None:
         self._started = True
@@ -221,6 +232,7 @@ class EventCursor:
         buf = self._buf
         timeout = self._timeout
         events = index.events(buf, pos, self._mask)
+        self._candidates = events.candidates
         self._exact = events.exact
         self._confirm = index.confirm
         self._checks = index.checks

@@ -15,7 +15,7 @@ import bisect
 import collections
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prexy.substitution.compiled import CompiledRules
 from prexy.substitution.matches import Found
@@ -65,9 +65,13 @@ class RuleHoldCursor:
         # Walking back from the end over bytes that a rule's unbounded repeats
         # may eat, count the others: at most ``bounded`` of them fit in one
         # path.  One walk serves all rules whose repeats eat the same bytes.
+        # (This walk, the tail test below and MatchIndex.begun run patterns
+        # of byte sets without repeats, linear in the bytes they cross: no
+        # timeout, whose CPU-clock reads cost more than such a search;
+        # see the .reach module.)
         all_marks: list[list[int]] = []
         for other, need in plan.walks:
-            found = other.finditer(buf, pos, n, timeout=timeout)
+            found = other.finditer(buf, pos, n)
             all_marks.append([m.start() for m in itertools.islice(found, need)])
 
         def floor_of(where: Where) -> int:
@@ -135,7 +139,7 @@ class RuleHoldCursor:
             if members is not None:
                 last = last_seen.get(members)
                 if last is None:
-                    m = scanner.tail_pattern(members).search(buf, floor, n, timeout=timeout)
+                    m = scanner.tail_pattern(members).search(buf, floor, n)
                     last = m.start() if m is not None else -1
                     if m is not None:
                         last_seen[members] = last
@@ -252,15 +256,27 @@ class EventHoldCursor(RuleHoldCursor):
         timeout: float | None,
         scanner: CompiledRules,
         active: Sequence[int],
+        candidates: Mapping[int, int],
     ) -> None:
+        """``candidates``: the prefilter's rules that may match in
+        ``buf[pos:]`` (:attr:`.hsindex.Events.candidates` of the same buffer
+        and position)."""
         n = self._begin(buf, timeout, scanner)
         index = scanner.index
         assert index is not None
         mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
-        # Bounded rules: one group entry per trie node that may be alive.
-        heap: list[tuple[int, int, int]] = [
-            (s, rule, BOUND) for rule, s in index.alive(buf, pos).items() if mask is None or mask[rule]
-        ]
+        # The few unbounded rules of the index's scan (MatchIndex.alive), when
+        # one of them has begun to match; then the bounded rules: one group
+        # entry per trie node that may be alive.
+        long_rules = [r for r in index.long_rules if mask is None or mask[r]]
+        heap: list[tuple[int, int, int]] = []
+        if long_rules:
+            # (Those that have not begun reach exactly the end: see _end_rule.)
+            kept, cut, _ = index.begun(buf, pos, candidates, long_rules)
+            if kept:
+                heap = [(s, rule, BOUND) for rule, s in index.alive(buf, pos).items() if mask is None or mask[rule]]
+            else:  # only cut heads: the rules' probes from there
+                heap = [(s, rule, BOUND) for s, rule in cut]
         groups: list[tuple[int, list[int]]] = []
         trie = index.tail
         for at, node, ended in trie.places(buf, pos):
@@ -272,7 +288,15 @@ class EventHoldCursor(RuleHoldCursor):
             heap.append((at, rules[0], len(groups)))
             groups.append((at, rules))
         heapq.heapify(heap)
+        # Unbounded rules that have not begun to match reach exactly the
+        # end; the rule-by-rule cursor is for the others (MatchIndex.begun).
+        # A rule whose head only the end cuts is probed from there.
         unbounded = [r for r in index.unbounded if mask is None or mask[r]]
+        first_end: int | None = None
+        if unbounded:
+            unbounded, cut, first_end = index.begun(buf, pos, candidates, unbounded)
+            for s, rule in cut:
+                heapq.heappush(heap, (s, rule, BOUND))
         self._rest = RuleHoldCursor(buf, pos, timeout, scanner, unbounded) if unbounded else None
         #: No path starting below ``floor`` can run off the end.
         self.floor = heap[0][0] if heap else n
@@ -283,6 +307,8 @@ class EventHoldCursor(RuleHoldCursor):
         self._heap = heap
         # Every rule bounded here may still start a match at the very end.
         first = next((r for r in index.bounded_rules if mask is None or mask[r]), None)
+        if first_end is not None and (first is None or first_end < first):
+            first = first_end
         self._end_rule = first
 
     def hold_point(self, lo: int, found: Found | None) -> int | None:

@@ -38,12 +38,14 @@ Pure: imports no Twisted; Hyperscan is a dependency on x86_64, and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import regex
 
 from prexy.substitution import prefilter as prefilter_module
 from prexy.substitution.analysis import can_match_empty, max_width, min_width
-from prexy.substitution.emit import set_source
+from prexy.substitution.emit import FLAGS, set_source
 from prexy.substitution.prefilter import (
     HyperscanDatabase,
     HyperscanFilter,
@@ -244,6 +246,17 @@ def _atom(node: Char | Set) -> str:
 
 def _whole(node: Node) -> str:
     return "(?:" + hyperscan_source(ParsedRegex(node, 0, False)).decode("latin-1") + ")"
+
+
+def _cut_pattern(heads: Sequence[frozenset[int]]) -> regex.Pattern[bytes] | None:
+    """A ``regex`` pattern for the proper non-empty prefixes of ``heads``
+    (byte sets) that end at the end of the buffer; None when there are none."""
+    if len(heads) < 2:
+        return None
+    src = set_source(heads[-2])
+    for members in reversed(heads[:-2]):
+        src = f"{set_source(members)}(?:{src})?"
+    return regex.compile(f"(?:{src})\\z".encode("latin-1"), FLAGS)
 
 
 def prefix_source(parsed: ParsedRegex) -> bytes | None:
@@ -466,6 +479,10 @@ def _hex(key: bytes) -> bytes:
     return "".join(f"\\x{b:02x}" for b in key).encode("latin-1")
 
 
+#: From a scan position up to this, the literal scan covers the whole buffer
+#: and drops the reports before the position (see MatchIndex._literal_handler).
+WHOLE_SCAN_POS = 64
+
 #: Literal keys Hyperscan looks for whole (each report a match, nothing to
 #: compare here) when the rule set has at most this many; more go by their
 #: windows (see _windows).  Measured on the realistic sets, 20 KB page, the
@@ -601,11 +618,25 @@ class MatchIndex:
             bounded = set(long_rules) - self._long.refused
         else:
             bounded = set()
+        #: The rules that scan bounds.
+        self.long_rules = tuple(sorted(bounded))
         #: Rules neither the trie nor that scan bound (the rule-by-rule cursor's).
         self.unbounded = tuple(r for r in range(len(parsed)) if r not in short and r not in bounded)
         self.unbounded_set = frozenset(self.unbounded)
         #: Rules that may start a match at the very end of a buffer, first.
         self.bounded_rules = tuple(r for r in range(len(parsed)) if r not in self.unbounded_set)
+        #: Per unbounded rule (or rule of the scan above) that the prefilter
+        #: looks for by its head (see :meth:`begun`): the head's length, and
+        #: a pattern that finds where the end of a buffer cuts the head (None
+        #: for a one-byte head), and the head's first byte when it is one
+        #: (looked for first: most buffers do not end near it).
+        self._cut_heads: dict[int, tuple[int, regex.Pattern[bytes] | None, bytes | None]] = {}
+        if self._filter is not None:
+            for local, heads in self._filter.heads.items():
+                rule = self.others[local]
+                if rule in self.unbounded_set or rule in bounded:
+                    first = bytes(heads[0]) if len(heads[0]) == 1 else None
+                    self._cut_heads[rule] = (len(heads), _cut_pattern(heads), first)
 
     def events(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
         """The reports of ``buf[pos:]`` for the rules marked in ``active``
@@ -626,7 +657,10 @@ class MatchIndex:
                         add((e - width + pos, rule, e + pos, 0))
             self._exact.scan(data, on_exact)
         if self._window.db is not None:
-            self._window.scan(data, self._literal_handler(buf, pos, active, add))
+            if active is None and pos <= WHOLE_SCAN_POS:
+                self._window.scan(buf, self._literal_handler(buf, pos, active, add))
+            else:
+                self._window.scan(data, self._literal_handler(buf, pos, active, add))
         exact.sort()
         candidates: dict[int, int] = {}
         lasts: dict[int, int] = {}
@@ -642,7 +676,9 @@ class MatchIndex:
     def _literal_handler(
         self, buf: bytes, pos: int, active: Sequence[bool] | None, add: Any
     ) -> Any:
-        """The literal scan's callback for ``buf[pos:]``.
+        """The literal scan's callback: for all rules from a position up to
+        WHOLE_SCAN_POS, a scan of all of ``buf`` (reports before ``pos``
+        dropped); otherwise of ``buf[pos:]``.
 
         A whole key's report is its match.  A window of one key gives a
         report to confirm, confirmed only if the scan gets there (at 1000
@@ -655,30 +691,36 @@ class MatchIndex:
         the common case, all rules from position 0, saves the offset and
         the mask per report (2-3% of the transducer's time on the 20 KB
         page against one that adds the offset); from another position the
-        generic one measured the same as that variant (1 KiB feeds).
+        generic one measured the same as that variant (1 KiB feeds).  A
+        feed's scan starts at 1 (the byte of left context the transducer
+        keeps): in 16 KiB feeds of the othersite corpus's largest page at
+        100 rules the generic callback took 13% of the time, the same
+        reports 8% in this one.
         """
         sure = self._sure_count
         rules = self._sure_rules
         lengths = self._sure_lengths
         reports = self._reports
-        if active is None and pos == 0:
+        if active is None and pos <= WHOLE_SCAN_POS:
             ones = self._one
             many = self._window_facts
 
             def on_literal(i: int, _s: int, e: int, _f: int, _c: object) -> None:
                 if i < sure:
-                    add((e - lengths[i], rules[i], e, 0))
+                    s = e - lengths[i]
+                    if s >= pos:
+                        add((s, rules[i], e, 0))
                     return
                 one = ones[i]
                 if one is not None:
                     reach, rule, length, check = one
                     s = e - reach
-                    if s >= 0:
+                    if s >= pos:
                         add((s, rule, s + length, check))
                     return
                 for rule, reach, key, caseless in many[i]:  # type: ignore[union-attr]
                     s = e - reach
-                    if s >= 0 and (buf[s : s + len(key)].lower() == key if caseless else buf.startswith(key, s)):
+                    if s >= pos and (buf[s : s + len(key)].lower() == key if caseless else buf.startswith(key, s)):
                         add((s, rule, s + len(key), 0))
             return on_literal
 
@@ -701,6 +743,48 @@ class MatchIndex:
         """The (start, rule, end) of the exact rules' matches in ``events``
         (of ``buf``): its reports, confirmed."""
         return [(s, r, e) for s, r, e, c in events.exact if not c or self.confirm(buf, s, c)]
+
+    def begun(
+        self, buf: bytes, pos: int, candidates: Mapping[int, int], rules: Sequence[int]
+    ) -> tuple[list[int], list[tuple[int, int]], int | None]:
+        """Sort ``rules`` (unbounded ones: see ``unbounded`` and
+        ``long_rules``) by whether a match of theirs may have begun in
+        ``buf[pos:]`` and run off its end: (the rules whose head occurs,
+        (place, rule) for those whose head only the end cuts, the first of
+        the others or None).
+
+        A rule the prefilter looks for by its head (the byte sets every
+        match starts with) can begin such a match only where its head
+        occurs, which the prefilter reported (``candidates``: the same
+        buffer's and position's :attr:`Events.candidates`), or where the
+        end of the buffer cuts its head (then only from that place on), or
+        at the very end (where every rule that cannot match empty waits:
+        the others reach exactly the end).  A rule the prefilter looks for
+        whole counts as begun.  So a rule that has not begun to match
+        costs the hold-back question nothing but this test.  (Measured,
+        bench/bench_transducer.py --feeds: see bench/README.md, "Issue 34:
+        the reads a real origin gives".)
+        """
+        n = len(buf)
+        kept: list[int] = []
+        cut_at: list[tuple[int, int]] = []
+        first_end: int | None = None
+        cut = self._cut_heads
+        for rule in rules:
+            if rule in candidates or rule not in cut:
+                kept.append(rule)
+                continue
+            length, pattern, first = cut[rule]
+            lo = max(pos, n - length + 1)
+            if pattern is None or (first is not None and buf.find(first, lo) < 0):
+                m = None
+            else:
+                m = pattern.search(buf, lo, n)
+            if m is not None:
+                cut_at.append((m.start(), rule))
+            elif first_end is None:
+                first_end = rule
+        return kept, cut_at, first_end
 
     def alive(self, buf: bytes, pos: int) -> dict[int, int]:
         """Per unbounded rule of the hold scan, the leftmost place ``>= pos``

@@ -127,9 +127,11 @@ class Scanner(Protocol):
         """
 
     def hold_cursor(
-        self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int]
+        self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int], cursor: Cursor | None = None
     ) -> HoldCursor:
-        """A hold-back cursor over ``buf`` for a scan starting at ``pos``."""
+        """A hold-back cursor over ``buf`` for a scan starting at ``pos``;
+        ``cursor``, the same buffer's match cursor (not yet used past
+        ``pos``), may share its work."""
 
 
 class LiteralMatch:

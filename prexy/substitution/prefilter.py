@@ -486,16 +486,24 @@ class HyperscanFilter:
         exprs: list[bytes] = []
         #: Per pattern: (rule, the head's length or None for the whole rule).
         facts: list[tuple[int, int | None]] = []
+        #: Per rule looked for by its head: the head's byte sets.  Where the
+        #: scan reports none of its occurrences, a match of the rule can
+        #: only begin where the end of the buffer cuts the head.
+        self.heads: dict[int, tuple[frozenset[int], ...]] = {}
         for rule in ids:
             source, length = _hs_pattern(parsed[rule])
             exprs.append(source)
             facts.append((rule, length))
+            if length is not None:
+                self.heads[rule] = tuple(head_sets(parsed[rule]))
         flags = _hs.HS_FLAG_DOTALL | _hs.HS_FLAG_PREFILTER
         self._db = HyperscanDatabase(
             exprs, facts, [flags | (_hs.HS_FLAG_SINGLEMATCH if length is None else 0) for _, length in facts]
         )
         # Rules whose pattern Hyperscan refuses always run.
         self.always = frozenset(always | self._db.refused)
+        for rule in self._db.refused:
+            self.heads.pop(rule, None)
 
     def candidates(self, buf: bytes, pos: int, timeout: float | None) -> dict[int, int]:
         """See :meth:`RuleFilter.candidates` (Hyperscan scans in linear time).

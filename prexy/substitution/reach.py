@@ -7,6 +7,14 @@ runs it: the leftmost position from which one of the rule's paths, tried
 before any real match there, runs off the end of the buffer.
 :class:`FloorPlan` groups rules by how their floor is found.
 
+Patterns made of byte sets without repeats (a rule's head gate, the cut
+heads of ``MatchIndex.begun``, the hold cursors' backward walks and tail
+tests) run in time linear in the bytes they cross, so they are called
+without ``timeout=``: ``regex`` reads the process's CPU clock for it, which
+cost 3-8 us per call against 0.5-0.9 us without on the development VM
+(where that clock is a system call), more than such a search.  The rules'
+own patterns and probes always pass the timeout.
+
 Everything here is pure; nothing imports Twisted.
 """
 
@@ -17,10 +25,17 @@ from collections.abc import Iterable
 import regex
 
 from prexy.substitution import hsindex
-from prexy.substitution.analysis import bounded_width, literal_prefix, max_width, repeat_bytes
+from prexy.substitution.analysis import (
+    bounded_width,
+    can_match_empty,
+    literal_prefix,
+    max_width,
+    repeat_bytes,
+)
 from prexy.substitution.emit import FLAGS, PROBE_GROUP, set_source, to_re2_source, to_regex_source
 from prexy.substitution.linear import LinearMatch, LinearPattern
 from prexy.substitution.pikevm import PikePattern, PikeProbe
+from prexy.substitution.prefilter import head_sets
 from prexy.substitution.syntax import ParsedRegex
 
 
@@ -36,7 +51,7 @@ class Reach:
 
     __slots__ = (
         "_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs", "longest",
-        "linear", "_tail",
+        "linear", "_tail", "gate",
     )
 
     def __init__(self, parsed: ParsedRegex, exact: bool = False, linear: bool = False) -> None:
@@ -51,6 +66,20 @@ class Reach:
         self._probe: regex.Pattern[bytes] | LinearPattern | PikeProbe | None = None
         self._tail: LinearPattern | None = None
         self.prefix = literal_prefix(parsed.tree)
+        #: Where a path of a rule that cannot match empty may begin: its head
+        #: (the byte sets every match starts with), whole or cut by the end
+        #: of the buffer.  Used when it says more than the literal prefix
+        #: (a case-insensitive rule's prefix is at most its first byte):
+        #: the probe, slow to call with many atoms, then runs only there.
+        #: (Exact rules and rules on RE2 answer without the probe's scan.)
+        self.gate: regex.Pattern[bytes] | None = None
+        probed = self.seqs is None and not linear and not can_match_empty(parsed.tree)
+        heads = head_sets(parsed) if probed else []
+        if len(heads) >= 2 and len(heads) > len(self.prefix):
+            src = set_source(heads[-1])
+            for members in reversed(heads[:-1]):
+                src = f"{set_source(members)}(?:\\z|{src})"
+            self.gate = regex.compile(src.encode("latin-1"), FLAGS)
         self.width = max_width(parsed.tree)
         self.bounded = bounded_width(parsed.tree)
         self.eaten = repeat_bytes(parsed.tree)
@@ -240,6 +269,17 @@ def reach_from(r: Reach, buf: bytes, start: int, timeout: float | None) -> int |
             start = s + 1
         return None
     match = r.probe.match
+    gate = r.gate
+    if gate is not None:
+        g = gate.search(buf, start, n)  # no timeout: see the module docstring
+        while g is not None:
+            i = g.start()
+            m = match(buf, i, timeout=timeout)
+            if m is not None and marked(m):
+                return i
+            g = gate.search(buf, i + 1, n)
+        # From the very end every path must wait.
+        return n if start <= n else None
     prefix = r.prefix
     if prefix:
         k = len(prefix)

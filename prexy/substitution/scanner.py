@@ -36,6 +36,10 @@ the end only where its literal prefix (found for all rules at once with a
 trie over the last bytes) or one of its first bytes is; a rule with no such
 place above its floor reaches exactly the end and is never probed, and the
 others wait in the heap as lower bounds, probed only when they come first.
+With the Hyperscan index, a rule the tail trie cannot bound is not asked
+at all unless it has begun to match: its head occurs in the buffer (the
+prefilter's scan says so) or is cut by its end (``MatchIndex.begun``), so
+a feed's cost does not grow with rules that are not matching there.
 
 Every regex call passes ``timeout=``; a ``TimeoutError`` propagates to the
 caller.
@@ -88,14 +92,28 @@ class RegexScanner(CompiledRules):
         return HeapCursor(make, self._ngroups, self._loops, self.words)
 
     def hold_cursor(
-        self, buf: bytes, pos: int, timeout: float | None, active: Sequence[int] | None = None
+        self,
+        buf: bytes,
+        pos: int,
+        timeout: float | None,
+        active: Sequence[int] | None = None,
+        cursor: Cursor | None = None,
     ) -> HoldCursor:
-        """A hold-back cursor over ``buf`` for ``active`` rules (default: all)."""
+        """A hold-back cursor over ``buf`` for ``active`` rules (default: all).
+
+        ``cursor``: this buffer's match cursor for the same rules, not yet
+        used past ``pos``: with a match index, its scan of the buffer also
+        says which rules have begun to match (see ``MatchIndex.begun``)."""
         rules = range(len(self.patterns)) if active is None else active
         if self.runs_as_set(rules):
             return SetHoldCursor(self, buf, pos, timeout, rules)
         if self.index is not None and len(rules) > 1:
-            return EventHoldCursor(buf, pos, timeout, self, rules)
+            if isinstance(cursor, EventCursor):
+                candidates = cursor.candidates(pos)
+            else:
+                mask = None if len(rules) == len(self.patterns) else self.mask(rules)
+                candidates = self.index.events(buf, pos, mask).candidates
+            return EventHoldCursor(buf, pos, timeout, self, rules, candidates)
         return RuleHoldCursor(buf, pos, timeout, self, rules)
 
     def find(self, buf: bytes, pos: int, timeout: float | None) -> Found | None:

@@ -339,7 +339,7 @@ class Transducer:
                 floor = n + 1
                 hold_point = None
             else:
-                holds = scanner.hold_cursor(buf, pos, timeout, self._active)
+                holds = scanner.hold_cursor(buf, pos, timeout, self._active, cursor)
                 floor = holds.floor
                 hold_point = holds.hold_point
             fast_stop = min(floor, n)
@@ -510,9 +510,10 @@ class Transducer:
         while True:
             view = stand_in + buf[r:end]
             whole = final and end == n
-            found = scanner.cursor(view, timeout, self._active).find(1)
+            cursor = scanner.cursor(view, timeout, self._active)
+            found = cursor.find(1)
             if not whole:
-                holds = scanner.hold_cursor(view, 1, timeout, self._active)
+                holds = scanner.hold_cursor(view, 1, timeout, self._active, cursor)
                 if holds.floor <= (found.start if found is not None else len(view)):
                     if holds.hold_point(1, found) == 1:
                         if end == n:

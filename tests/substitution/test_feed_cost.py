@@ -1,0 +1,188 @@
+"""A feed's fixed cost does not depend on rules that have not begun to match.
+
+With a Hyperscan index, the hold-back question (could a match still need
+more bytes?) asks the rule-by-rule cursor, and the index's scan of the few
+unbounded rules, only about rules whose head (the byte sets every match
+starts with) occurs in the buffer or is cut by its end
+(``MatchIndex.begun``); a rule's probe runs only where its head is
+(``Reach.gate``).  These tests count that work, and check on bodies built
+from the heads' pieces, cut everywhere, that the output is the same as with
+the whole body and as with the rule-by-rule scanner.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from prexy.substitution import holdcursors, hsindex, reach
+from prexy.substitution.rules import compile_rule
+from prexy.substitution.ruleset import RuleSet
+from prexy.substitution.transducer import Transducer
+
+#: A clone's once rules on tags a page may not carry, case-insensitive and
+#: unbounded (``[^"]*``), more of them than the index's own scan bounds
+#: (hsindex.LONG_MAX), then host swaps and an id.
+SOCIAL = [
+    (b'(<meta property="og:url" content=")([^"]*)"', b"$1https://copy.example/\"", b"i"),
+    (b'(<link rel="canonical" href=")([^"]*)"', b"$1https://copy.example/\"", b"i"),
+    (b'(<meta property="og:image" content=")([^"]*)"', b"$1/img.png\"", b"i"),
+    (b'(<meta name="twitter:url" content=")([^"]*)"', b"$1/\"", b"i"),
+    (b"(<title>)([^<]*)(</title>)", b"$1$2 - Copy$3", b""),
+    (b'data-price="(\\d+)"', b'data-price="$$$1"', b"g"),
+]
+HOSTS = [
+    (b"www\\.origin\\.com", b"www.copy.example", b"gi"),
+    (b"(https?://)cdn\\.origin\\.com", b"${1}cdn.copy.example", b"g"),
+    (b"(UA-)\\d+-\\d+", b"${1}1-1", b"g"),
+]
+OG = 0  # the og:url rule's index
+
+
+def ruleset(engine: str = "hyperscan") -> RuleSet:
+    rules = [compile_rule(p, r, f) for p, r, f in SOCIAL + HOSTS]
+    return RuleSet.build(rules, engine=engine)
+
+
+def page(paragraphs: int) -> bytes:
+    """A page without any of the social tags: the once rules never match."""
+    body = b"".join(
+        b'<p class="x">Text <a href="https://www.origin.com/p/%d">link</a> and <em>more</em> words '
+        b'<span data-x="%d">"quoted"</span></p>\n' % (k, k)
+        for k in range(paragraphs)
+    )
+    return b"<html><head><meta charset=\"utf-8\"></head><body>\n" + body + b"</body></html>\n"
+
+
+class FeedCostTests(SynchronousTestCase):
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
+
+    def test_the_social_rules_are_unbounded_and_looked_for_by_head(self) -> None:
+        """The premise of the tests below: the og:url rule is one the
+        rule-by-rule cursor would take, and the prefilter looks for its head."""
+        rs = ruleset()
+        assert rs.scanner is not None and rs.scanner.index is not None
+        index = rs.scanner.index
+        assert OG in index.unbounded
+        assert index._cut_heads[OG][0] == 16  # prefilter.MAX_HEAD bytes of '<meta property="'
+        assert rs.scanner.reaches[OG].gate is not None
+
+    def test_a_rule_that_never_matches_costs_no_per_feed_work(self) -> None:
+        """Fed in pieces, a page without the social tags builds no
+        rule-by-rule hold cursor for them and never runs their probes."""
+        rs = ruleset()
+        assert rs.scanner is not None
+        cursor_rules: list[list[int]] = []
+        original = holdcursors.RuleHoldCursor.__init__
+
+        def counting_init(self: holdcursors.RuleHoldCursor, *args: object) -> None:
+            cursor_rules.append(list(args[4]))  # type: ignore[call-overload]
+            original(self, *args)  # type: ignore[arg-type]
+
+        self.patch(holdcursors.RuleHoldCursor, "__init__", counting_init)
+        probed: list[int] = []
+        original_reach = reach.reach_from
+
+        def counting_reach(r: reach.Reach, *args: object) -> int | None:
+            probed.append(rs.scanner.reaches.index(r))  # type: ignore[union-attr]
+            return original_reach(r, *args)  # type: ignore[arg-type]
+
+        self.patch(holdcursors, "reach_from", counting_reach)
+        body = page(400)
+        whole = Transducer(rs, timeout=None).finish(body)
+        social = set(range(len(SOCIAL)))
+        # Feeds cut anywhere: a feed that ends inside a head (a "<") has the
+        # rule probed from there, never the rule-by-rule cursor.
+        t = Transducer(rs, timeout=None)
+        out = b"".join(t.feed(body[i : i + 1024]) for i in range(0, len(body), 1024)) + t.finish()
+        assert out == whole
+        assert not any(social & set(rules) for rules in cursor_rules), cursor_rules
+        # Feeds cut between lines: no probe either.
+        lines = body.splitlines(keepends=True)
+        probed.clear()
+        t = Transducer(rs, timeout=None)
+        out = b"".join(t.feed(b"".join(lines[i : i + 8])) for i in range(0, len(lines), 8)) + t.finish()
+        assert out == whole
+        assert not social & set(probed), probed
+        assert not any(social & set(rules) for rules in cursor_rules), cursor_rules
+
+    def test_a_head_cut_by_the_end_of_a_feed_is_asked_about(self) -> None:
+        """A feed that ends inside the og:url tag's head holds it back, and
+        the rule fires on the next feed."""
+        rs = ruleset()
+        tag = b'<META PROPERTY="og:url" content="https://www.origin.com/a">'
+        for cut in range(1, 40):
+            t = Transducer(rs, timeout=None)
+            out = t.feed(b"<head>" + tag[:cut])
+            assert len(out) <= len(b"<head>")
+            out += t.finish(tag[cut:])
+            assert out == b'<head><META PROPERTY="og:url" content="https://copy.example/">', (cut, out)
+
+    def test_probes_run_only_where_the_head_is(self) -> None:
+        """A rule's probe runs at the places of its head, not at each of its
+        first bytes (a case-insensitive rule's literal prefix is one byte)."""
+        rs = ruleset()
+        assert rs.scanner is not None
+        r = rs.scanner.reaches[OG]
+        calls = []
+        probe = r.probe
+
+        class Counting:
+            def match(self, *args: object, **kwargs: object) -> object:
+                calls.append(args[1])
+                return probe.match(*args, **kwargs)  # type: ignore[arg-type]
+
+        r._probe = Counting()  # type: ignore[assignment]
+        try:
+            body = b"<p>" * 200 + b'<meta property="og:url" content="x'
+            assert reach.reach_from(r, body, 0, None) == 600
+            assert calls == [600]
+        finally:
+            r._probe = probe
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.sampled_from(
+                    [b'<meta property="og:url" content="', b'<META PROPERTY="OG:URL" CONTENT="', b"<meta ",
+                     b'<link rel="canonical" href="', b'<meta name="twitter:url" content="', b"<title>",
+                     b"</title>", b'data-price="', b"12", b'"', b"<", b"https://cdn.origin.com", b"www.ORIGIN.com",
+                     b"UA-1-2", b"x"]
+                ),
+                st.binary(max_size=3),
+            ),
+            max_size=14,
+        ),
+        st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    )
+    def test_feeds_give_the_whole_body_and_the_rule_by_rule_output(self, parts: list[bytes], sizes: list[int]) -> None:
+        """Bodies made of the rules' heads, whole, cut and mixed, fed in
+        pieces: the same bytes as the whole body, and as the scanner
+        without an index."""
+        body = b"".join(parts)
+        pieces = []
+        at = k = 0
+        while at < len(body):
+            pieces.append(body[at : at + sizes[k % len(sizes)]])
+            at += sizes[k % len(sizes)]
+            k += 1
+        outs = []
+        for rs in (ruleset(), ruleset("none")):
+            t = Transducer(rs, timeout=None)
+            outs.append(b"".join(t.feed(p) for p in pieces) + t.finish())
+        assert outs[0] == outs[1] == Transducer(ruleset("none"), timeout=None).finish(body)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=40).map(lambda b: b.replace(b"\x00", b"<")), st.integers(0, 40))
+    def test_gate_gives_the_probe_scan_answer(self, tail: bytes, start: int) -> None:
+        """reach_from through the head gate answers as the scan by literal
+        prefix does."""
+        r = reach.Reach(compile_rule(SOCIAL[OG][0], b"X", b"i").parsed)
+        plain = reach.Reach(compile_rule(SOCIAL[OG][0], b"X", b"i").parsed)
+        plain.gate = None
+        for head in (b"", b'<meta property="og:url" content="', b'<MeTa PrOpErTy="', b"<meta"):
+            buf = head + tail
+            s = min(start, len(buf))
+            assert reach.reach_from(r, buf, s, None) == reach.reach_from(plain, buf, s, None), buf
