@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.web.http import NO_BODY_CODES, RESPONSES
 
 from prexy.cache import Action, flow
@@ -34,6 +35,8 @@ from prexy.proxy.headers import RequestHeaders
 from prexy.runtime import SiteRuntime
 
 __all__ = ["HitPath"]
+
+_log = Logger("prexy")
 
 _GET, _HEAD = b"GET", b"HEAD"
 _ACME = b"/.well-known/acme-challenge/"
@@ -82,21 +85,47 @@ class HitPath:
 
     def answer(self, channel: Any, event: Request) -> bool:
         """Answer ``event`` (a request whose body is complete, or that has
-        none) if it is a fresh hit; whether it was."""
+        none) if it is a fresh hit; whether it was.  A failure before the
+        answer is written is logged and leaves the request to the general
+        path; one after it (the log line, the counters) is logged."""
+        try:
+            ready = self._answer(channel, event)
+        except Exception:
+            _log.failure("hit path: {uri} goes the general way", uri=event.head.target.decode("latin-1"))
+            return False
+        if ready is None:
+            return False
+        out, record = ready
+        channel.write(out)
+        try:
+            metrics = self.resource.metrics
+            metrics.count("prexy_cache_total", result="hit")
+            proxy_site = channel.site
+            proxy_site.served(channel)
+            metrics.count_status(record.code)
+            metrics.count_protocol(record.clientproto)
+            proxy_site.log(record)
+        except Exception:
+            _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))
+        return True
+
+    def _answer(self, channel: Any, event: Request) -> tuple[bytes, HitRecord] | None:
+        """The whole answer to ``event`` and its access log record, when it
+        is a fresh hit."""
         head = event.head
         method = head.method
         if (method != _GET and method != _HEAD) or head.has_body:
-            return False
+            return None
         resource = self.resource
         cache = resource.cache
         if cache is None:
-            return False
+            return None
         target = head.target
         if resource.challenges is not None and target.startswith(_ACME):
-            return False
+            return None
         raw = RequestHeaders.of(event.fields).raw
         if b"upgrade" in raw:
-            return False
+            return None
         host = head.host
         if head.replace_host and host is not None:
             raw[b"host"] = [host]
@@ -105,12 +134,12 @@ class HitPath:
             host = hosts[0] if hosts else None
         site: SiteRuntime = resource.runtime.select(host)
         if site.cache_policy is None or site.urlmap is not None:
-            return False
+            return None
         pairs = [(n, v) for n, vs in raw.items() for v in vs]
         looked = cache.look(site, method, target, host, pairs)
         found = looked.found
         if looked.decision.action is not Action.LOOKUP or found is None or found.obj is None:
-            return False
+            return None
         key = found.key
         now = resource.reactor.seconds()
         routed = flow.route(
@@ -118,9 +147,7 @@ class HitPath:
             fetching=key in cache.inflight, refreshing=key in cache.refreshing,
         )
         if routed.route is not flow.Route.HIT:
-            return False
-        metrics = resource.metrics
-        metrics.count("prexy_cache_total", result="hit")
+            return None
         answer = cache.hit(routed.obj, now, method, pairs, raw.get(b"accept-encoding"), key=key, site=site)
         code = answer.code
         fields = finish_head(answer.headers, age=answer.age, cache_status=answer.cache_status)
@@ -138,13 +165,7 @@ class HitPath:
         if body and method != _HEAD and code not in NO_BODY_CODES:
             out += body
             sent = len(body)
-        channel.write(out)
-        proxy_site = channel.site
-        proxy_site.served(channel)
-        metrics.count_status(code)
-        metrics.count_protocol(version)
-        proxy_site.log(HitRecord(channel.getPeer(), method, target, version, lookup, code, sent))
-        return True
+        return out, HitRecord(channel.getPeer(), method, target, version, lookup, code, sent)
 
     @staticmethod
     def _vars(channel: Any, site: SiteRuntime, method: bytes, target: bytes, version: bytes, fields: _Fields) -> RequestVars:

@@ -134,3 +134,25 @@ class PipelinedTests(SynchronousTestCase):
         h.settle()
         self.assertEqual(client.value().count(b"HTTP/1.1 200 OK\r\n"), 1500)
         self.assertFalse(client.disconnecting)
+
+
+class FailureTests(SynchronousTestCase):
+    def test_a_failure_before_the_answer_leaves_it_to_the_general_path(self) -> None:
+        """A defect in the hit path costs the request nothing: it is logged
+        and the general path answers."""
+        h = test_rfc_cache.harness(CachePolicy())
+        _, client = h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        cache = h.resource.cache
+
+        def broken(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("broken")
+
+        hits = h.site.hits
+        assert hits is not None
+        hits._answer = broken  # type: ignore[method-assign]
+        _, client = h.send(GET + b"\r\n")
+        self.assertIn(b"200 OK", client.value())
+        self.assertIn(b"Cache-Status: prexy; hit", client.value())
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertIsNotNone(cache)
