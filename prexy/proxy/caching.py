@@ -135,7 +135,11 @@ class CacheLayer:
         if request.method == b"PURGE":
             return Answered(self.purge(request, site, host, target))
         pairs = fetch.pairs
-        looked = self.look(site, request.method, target, host, pairs)
+        looked = request.looked
+        if looked is None:
+            looked = self.look(site, request.method, target, host, pairs)
+        else:
+            request.looked = None  # made for this request, by the hit path, in this turn
         decision, url, found = looked.decision, looked.url, looked.found
         invalidate = decision.action is Action.INVALIDATE
         key = found.key if found is not None else b""

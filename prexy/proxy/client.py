@@ -132,6 +132,11 @@ class IClient(Interface):
         "detached client and once the connection is lost. Where ``tunnel`` is true, an ITunnelClient too."
     )
     proxy_site = Attribute("The site the request came through (timeouts, access log, served answers).")
+    looked = Attribute(
+        "The cache's lookup for this request made before it was routed (``prexy.proxy.caching.Looked``: "
+        "the HTTP/1.x hit path found no fresh hit), for the cache layer to use instead of looking again; "
+        "None when none was made."
+    )
     sentLength = Attribute("int: body bytes sent, for the access log (a tunnel sets the bytes it carried).")
 
     # -- the answer ------------------------------------------------------------------

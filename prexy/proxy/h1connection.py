@@ -223,10 +223,15 @@ class ProxyChannel(Protocol, TimeoutMixin):
         self._cancel_head_timer()
         self.persistent = event.persistent
         hits = self.site.hits
-        if hits is not None and hits.answer(self, event):
-            self._answered = True
-            return
+        looked = None
+        if hits is not None:
+            looked = hits.answer(self, event)
+            if looked is True:
+                self._answered = True
+                return
         request = self.request = self.requestFactory(self)
+        if looked:
+            request.looked = looked  # the store is read once per request
         request.requestHeaders = RequestHeaders.of(event.fields)
         head = request.head = event.head
         if not event.persistent and head.version == b"HTTP/1.1":

@@ -30,6 +30,7 @@ from prexy.cache import Action, flow
 from prexy.exchange import finish_head
 from prexy.h1server import Request
 from prexy.headervars import RequestVars
+from prexy.proxy.caching import Looked
 from prexy.proxy.h1connection import head_bytes
 from prexy.proxy.headers import RequestHeaders
 from prexy.runtime import SiteRuntime
@@ -83,11 +84,13 @@ class HitPath:
     def __init__(self, resource: Any) -> None:
         self.resource = resource
 
-    def answer(self, channel: Any, event: Request) -> bool:
+    def answer(self, channel: Any, event: Request) -> bool | Looked:
         """Answer ``event`` (a request whose body is complete, or that has
-        none) if it is a fresh hit; whether it was.  A failure before the
-        answer is written is logged and leaves the request to the general
-        path; one after it (the log line, the counters) is logged."""
+        none) if it is a fresh hit: True.  Else False, or the cache's
+        lookup it made, for the general path to use (``IClient.looked``:
+        the store is read once per request).  A failure before the answer
+        is written is logged and leaves the request to the general path;
+        one after it (the log line, the counters) is logged."""
         try:
             ready = self._answer(channel, event)
         except Exception:
@@ -95,6 +98,8 @@ class HitPath:
             return False
         if ready is None:
             return False
+        if isinstance(ready, Looked):
+            return ready
         out, record = ready
         channel.write(out)
         try:
@@ -109,9 +114,9 @@ class HitPath:
             _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))
         return True
 
-    def _answer(self, channel: Any, event: Request) -> tuple[bytes, HitRecord] | None:
+    def _answer(self, channel: Any, event: Request) -> tuple[bytes, HitRecord] | Looked | None:
         """The whole answer to ``event`` and its access log record, when it
-        is a fresh hit."""
+        is a fresh hit; else the lookup made, or None."""
         head = event.head
         method = head.method
         if (method != _GET and method != _HEAD) or head.has_body:
@@ -139,7 +144,7 @@ class HitPath:
         looked = cache.look(site, method, target, host, pairs)
         found = looked.found
         if looked.decision.action is not Action.LOOKUP or found is None or found.obj is None:
-            return None
+            return looked
         key = found.key
         now = resource.reactor.seconds()
         routed = flow.route(
@@ -147,7 +152,7 @@ class HitPath:
             fetching=key in cache.inflight, refreshing=key in cache.refreshing,
         )
         if routed.route is not flow.Route.HIT:
-            return None
+            return looked
         answer = cache.hit(routed.obj, now, method, pairs, raw.get(b"accept-encoding"), key=key, site=site)
         code = answer.code
         fields = finish_head(answer.headers, age=answer.age, cache_status=answer.cache_status)

@@ -150,6 +150,8 @@ class ProxyRequest(server.Request):
     _counted = False
     #: The exchange serving this request (told when the client goes).
     exchange: Any = None
+    #: The cache's lookup made by the HTTP/1.x hit path (``IClient.looked``).
+    looked: Any = None
     #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
     has_body = False
@@ -381,6 +383,7 @@ class DetachedRequest:
     startedWriting = False
     finished = False
     exchange: Any = None
+    looked: Any = None
     sentLength = 0
     code = 200
 

@@ -42,15 +42,16 @@ REQUESTS = {
 
 
 def answered_by_hits(h: Harness) -> list[bool]:
-    """Record what the hit path answered."""
+    """Record whether the hit path answered each request."""
     hits = h.site.hits
     assert hits is not None
     seen: list[bool] = []
     answer = hits.answer
 
-    def spy(channel: Any, event: Any) -> bool:
-        seen.append(answer(channel, event))
-        return seen[-1]
+    def spy(channel: Any, event: Any) -> Any:
+        result = answer(channel, event)
+        seen.append(result is True)
+        return result
 
     hits.answer = spy  # type: ignore[method-assign]
     return seen
@@ -108,12 +109,24 @@ class SameAnswerTests(SynchronousTestCase):
 
     def test_not_a_hit_goes_the_general_way(self) -> None:
         """A request that is not a fresh hit (another URL: a miss) is left
-        to the general path."""
+        to the general path, which uses the hit path's lookup: the store
+        is read once."""
         h = test_rfc_cache.harness(CachePolicy())
         seen = answered_by_hits(h)
+        cache = h.resource.cache
+        assert cache is not None
+        lookup = cache.store.lookup
+        calls: list[bytes] = []
+
+        def counting(*args: Any, **kw: Any) -> Any:
+            calls.append(args[2])
+            return lookup(*args, **kw)
+
+        cache.store.lookup = counting  # type: ignore[method-assign]
         h.send(b"GET /other HTTP/1.1\r\nHost: a\r\n\r\n")
         self.assertEqual(seen, [False])
         self.assertEqual(len(h.conns), 1)
+        self.assertEqual(len(calls), 1)
 
 
 @expand

@@ -42,6 +42,7 @@ class Client:
     uri = b"/page"
     proxy_site = None
     has_body = False
+    looked = None
     detached = False
     trailers = False
     interim = False
