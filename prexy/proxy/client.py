@@ -241,7 +241,11 @@ class IClientChannel(Interface):
         body in one send); a no-op where writes batch anyway."""
 
     def release_writes() -> None:
-        """Send what was held."""
+        """Send what was held (at the outermost release: holds nest)."""
+
+    def flush_writes() -> None:
+        """Send what is held now, and go on holding (a head that must reach
+        the client before a long step)."""
 
     def abortConnection() -> None:
         """Reset: the connection (HTTP/1.x), or the stream (HTTP/2

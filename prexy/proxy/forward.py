@@ -107,10 +107,21 @@ class Exchange:
     # -- the upstream head -------------------------------------------------------
 
     def on_head(self, response: UpstreamResponse) -> None:
+        # What the client is sent while the head is carried out (the head,
+        # the body bytes that came with it, the end of a short answer)
+        # leaves in one send instead of two or three: on loopback each
+        # send cost about 15 µs of CPU (cProfile of twistd under wrk), a
+        # tenth of a proxied 12 B request.
+        channel = self.request.channel
+        if channel is not None:
+            channel.hold_writes()
         try:
             self.response_head(response)
         except Exception:
             self.internal_error(Failure())
+        finally:
+            if channel is not None:
+                channel.release_writes()
 
     def response_head(self, response: UpstreamResponse) -> None:
         """Carry out ``plan_head``'s decisions on the upstream's head."""
@@ -223,7 +234,10 @@ class Exchange:
         )
         resource.metrics.observe_upstream(upstream_time)
         if after_head is not None:
-            request.write(b"")  # the head, alone
+            request.write(b"")  # the head, alone: the client reads it during the rewrite
+            channel = request.channel
+            if channel is not None:
+                channel.flush_writes()
             whole = self._feed(after_head, True)
             if whole is None:
                 return  # the rewrite failed: the client was reset

@@ -149,6 +149,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
     _secure: bool | None = None
     #: Writes held to go out as one (``hold_writes``), or None.
     _held: list[bytes] | None = None
+    _holds = 0
 
     def __init__(self) -> None:
         #: What was read behind the request being answered.
@@ -495,15 +496,27 @@ class ProxyChannel(Protocol, TimeoutMixin):
         self.write(head_bytes(version, code, reason, fields))
 
     def hold_writes(self) -> None:
-        """Keep what is written until ``release_writes``: a head and the
-        body that follows it at once leave in one send."""
+        """Keep what is written until the matching ``release_writes``: a
+        head and the body that follows it at once leave in one send.  Holds
+        nest; the outermost release sends."""
+        self._holds += 1
         if self._held is None:
             self._held = []
 
     def release_writes(self) -> None:
+        self._holds -= 1
+        if self._holds > 0:
+            return
         held, self._held = self._held, None
         if held:
             self.write(b"".join(held))
+
+    def flush_writes(self) -> None:
+        held = self._held
+        if held:
+            self._held = None
+            self.write(b"".join(held))
+            self._held = []
 
     def write(self, data: bytes) -> None:
         held = self._held

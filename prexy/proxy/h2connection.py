@@ -128,6 +128,9 @@ class StreamChannel:
     def release_writes(self) -> None:
         pass
 
+    def flush_writes(self) -> None:
+        pass
+
     def body_too_large(self, request: Any) -> None:
         """A 413 through the request in the next turn (the length may come
         before the stream is set up), then RST_STREAM: the rest of the body

@@ -178,6 +178,9 @@ class MemoryChannel:
     def release_writes(self) -> None:
         pass
 
+    def flush_writes(self) -> None:
+        pass
+
     def abortConnection(self) -> None:
         self.reset = True
 
