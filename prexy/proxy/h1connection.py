@@ -530,6 +530,16 @@ class ProxyChannel(Protocol, TimeoutMixin):
     def writeSequence(self, iovec: Any) -> None:
         self.write(b"".join(iovec))
 
+    def write_parts(self, parts: list[bytes]) -> None:
+        """Write ``parts`` in order, in one send where nothing is held or
+        queued (a hit's head and its stored body, without joining them)."""
+        if self._held is not None:
+            self._held.extend(parts)
+            return
+        out = self._out
+        if out is not None:
+            out.write_parts(parts)
+
     def getHost(self) -> Any:
         if self._host is None:
             self._host = self.transport.getHost()

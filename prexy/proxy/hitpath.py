@@ -101,7 +101,7 @@ class HitPath:
         if isinstance(ready, Looked):
             return ready
         out, record = ready
-        channel.write(out)
+        channel.write_parts(out)
         try:
             metrics = self.resource.metrics
             metrics.count("prexy_cache_total", result="hit")
@@ -114,7 +114,7 @@ class HitPath:
             _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))
         return True
 
-    def _answer(self, channel: Any, event: Request) -> tuple[bytes, HitRecord] | Looked | None:
+    def _answer(self, channel: Any, event: Request) -> tuple[list[bytes], HitRecord] | Looked | None:
         """The whole answer to ``event`` and its access log record, when it
         is a fresh hit; else the lookup made, or None."""
         head = event.head
@@ -164,11 +164,11 @@ class HitPath:
         if not event.persistent and version == b"HTTP/1.1":
             fields = [(b"connection", b"close"), *fields]
         reason = answer.phrase or RESPONSES.get(code, b"Unknown Status")
-        out = head_bytes(version, b"%d" % code, reason, fields)
+        out = [head_bytes(version, b"%d" % code, reason, fields)]
         body = answer.body
         sent = 0
         if body and method != _HEAD and code not in NO_BODY_CODES:
-            out += body
+            out.append(body)
             sent = len(body)
         return out, HitRecord(channel.getPeer(), method, target, version, lookup, code, sent)
 

@@ -54,6 +54,24 @@ class SendNow:
             self.queued = True
             transport.write(data[sent:])
 
+    def write_parts(self, parts: list[bytes]) -> None:
+        """Write ``parts`` in order as one send (``sendmsg``), so a head and
+        a large body need not be joined into a copy first."""
+        transport = self.transport
+        if self.queued or transport.disconnecting or not transport.connected:
+            transport.writeSequence(parts)
+            return
+        try:
+            sent = self._socket.sendmsg(parts)
+        except OSError:
+            sent = 0  # transport.write meets the error again and reports it
+        for i, part in enumerate(parts):
+            if sent < len(part):
+                self.queued = True
+                transport.writeSequence([part[sent:], *parts[i + 1 :]])
+                return
+            sent -= len(part)
+
     def hand_over(self) -> Any:
         """The transport, for a writer of its own (a streamed body): later
         writes here queue behind whatever it writes."""

@@ -62,6 +62,11 @@ class ClosingTransport(StringTransport):
             self.recorded.append(data)
         super().write(data)
 
+    def writeSequence(self, data: Any) -> None:  # noqa: N802 (twisted's name)
+        """One write of several buffers (one ``writev`` on a real
+        connection): recorded as one."""
+        self.write(b"".join(data))
+
     def loseConnection(self) -> None:
         self._close(Failure(ConnectionDone("closed")))
 

@@ -25,6 +25,9 @@ class FakeSocket:
         self.sent += data[:take]
         return min(take, len(data))
 
+    def sendmsg(self, parts: list[bytes]) -> int:
+        return self.send(b"".join(parts))
+
 
 class TCP(StringTransport):
     connected = True
@@ -56,6 +59,24 @@ class ClosingTCP(ClosingTransport):
 
 
 class SendNowTests(SynchronousTestCase):
+    def test_parts_sent_at_once_in_order(self) -> None:
+        sock = FakeSocket([])
+        t = TCP(sock)
+        SendNow(t).write_parts([b"head", b"body"])
+        self.assertEqual((sock.sent, t.value()), (b"headbody", b""))
+
+    def test_parts_partly_sent_queue_the_rest_in_order(self) -> None:
+        """Whatever part a send stops in, the rest is queued behind it,
+        and so is everything written after."""
+        for take in (0, 2, 4, 6, 7):
+            sock = FakeSocket([take])
+            t = TCP(sock)
+            out = SendNow(t)
+            out.write_parts([b"head", b"body"])
+            out.write(b"+next")
+            self.assertEqual(sock.sent + t.value(), b"headbody+next", take)
+            self.assertEqual(sock.sent, b"headbody"[:take])
+
     def test_sent_at_once(self) -> None:
         sock = FakeSocket([])
         t = TCP(sock)
