@@ -33,6 +33,7 @@ from prexy.headervars import RequestVars
 from prexy.proxy.caching import Looked
 from prexy.proxy.h1connection import head_bytes
 from prexy.proxy.headers import RequestHeaders
+from prexy.proxy.request import client_vars
 from prexy.runtime import SiteRuntime
 
 __all__ = ["HitPath"]
@@ -177,12 +178,7 @@ class HitPath:
         """The header directives' variables, as ``request_vars`` gives them
         for a twisted.web request."""
         hosts = fields.raw.get(b"host")
-        local = channel.getHost()
-        client = channel.getPeer()
-        return RequestVars.of(
-            http_host=hosts[0] if hosts else b"", secure=channel.isSecure(),
-            local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
-            proxy_host=site.config.upstream.host_header,
-            remote_host=str(getattr(client, "host", "") or ""), remote_port=getattr(client, "port", None),
-            method=method, uri=target, protocol=version, headers=fields,
+        return client_vars(
+            site, hosts[0] if hosts else b"", channel.isSecure(), channel.getHost(), channel.getPeer(),
+            method, target, version, fields,
         )

@@ -28,7 +28,7 @@ from zope.interface import implementer, provider
 from prexy.config import Timeouts
 from prexy.errorpages import ErrorPages, phrase
 from prexy.errorpages import error_answer as error_page
-from prexy.headervars import RequestVars
+from prexy.headervars import HeaderLookup, RequestVars
 from prexy.metrics import Metrics
 from prexy.proxy.client import NONE, IClient, IClientChannel
 from prexy.proxy.headers import RequestHeaders, ResponseHeaders
@@ -60,15 +60,25 @@ def plain_answer(request: IClient, code: int, body: bytes) -> None:
 def request_vars(request: IClient, site: SiteRuntime) -> RequestVars:
     """The header directives' variables for this request (``RequestVars.of``)."""
     values = request.requestHeaders.getRawHeaders(b"host")
-    local = request.getHost()
-    client = request.getClientAddress()
+    return client_vars(
+        site, values[0] if values else b"", request.isSecure(), request.getHost(), request.getClientAddress(),
+        request.method, request.uri, request.clientproto, _HeaderValues(request.requestHeaders),
+    )
+
+
+def client_vars(
+    site: SiteRuntime, http_host: bytes, secure: bool, local: Any, client: Any,
+    method: bytes, uri: bytes, protocol: bytes, headers: HeaderLookup,
+) -> RequestVars:
+    """The header directives' variables from a request's parts: its Host
+    value (b"" if none), whether it came over TLS, the local and the
+    client's address, its method, target, protocol and header lookup."""
     return RequestVars.of(
-        http_host=values[0] if values else b"", secure=request.isSecure(),
+        http_host=http_host, secure=secure,
         local_host=str(getattr(local, "host", "localhost")), local_port=getattr(local, "port", 0),
         proxy_host=site.config.upstream.host_header,
         remote_host=str(getattr(client, "host", "") or ""), remote_port=getattr(client, "port", None),
-        method=request.method, uri=request.uri, protocol=request.clientproto,
-        headers=_HeaderValues(request.requestHeaders),
+        method=method, uri=uri, protocol=protocol, headers=headers,
     )
 
 
