@@ -366,6 +366,9 @@ class ProxyChannel(Protocol, TimeoutMixin):
         self.loseConnection()
 
     def loseConnection(self) -> None:
+        # Held writes go first: a transport takes nothing after its close
+        # (TLS drops it; plain TCP happens to send it).
+        self.flush_writes()
         transport = self.transport
         if transport is not None:
             if self._registered:

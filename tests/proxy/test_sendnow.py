@@ -158,3 +158,29 @@ class ChannelWriteTests(SynchronousTestCase):
         self.assertTrue(sock.sent.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), sock.sent)
         self.assertTrue(sock.sent.endswith(b"hi"))
         self.assertEqual(transport.value(), b"")
+
+
+class CloseWhileHeldTests(SynchronousTestCase):
+    def test_an_answer_that_ends_the_connection_is_sent_before_the_close(self) -> None:
+        """A last answer (Connection: close) completes while the exchange
+        holds the client's writes; they must reach the transport before it
+        is closed, since a closed transport (TLS) takes nothing more."""
+        from .support import Harness
+
+        class StrictTransport(ClosingTransport):
+            def write(self, data: bytes) -> None:
+                if not self.disconnecting:
+                    super().write(data)
+
+        from twisted.internet.address import IPv4Address
+
+        h = Harness()
+        channel = h.site.buildProtocol(IPv4Address("TCP", "10.1.2.3", 5555))
+        transport = StrictTransport()
+        transport.protocol = channel
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        h.conns[0].reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+        self.assertTrue(transport.disconnecting)
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"), transport.value())
+        self.assertTrue(transport.value().endswith(b"\r\n\r\nhi"))
