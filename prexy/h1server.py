@@ -259,27 +259,29 @@ class RequestReader:
         events = self._events
         refusal = self._refusal
         if refusal is None:
-            if error is None:
-                refusal = Refusal(400, "malformed request line (method)")
-            elif self.in_head and len(self._fields) >= self.limits.max_header_lines - 1 and (
-                str(error).startswith("Invalid header token")
-            ):
-                # A malformed line past the last one allowed: llhttp stops
-                # at it before it reports the line before it (which it
-                # holds until the next field starts), so the lines it
-                # reported are one short of the count.
-                refusal = Refusal(431, "too many header lines")
-            else:
-                reason = str(error)
-                status = 505 if reason.startswith(_VERSION_REASONS) else 400
-                if "Transfer-Encoding" in reason and (self._coding is None or self._coding.lower() != b"chunked"):
-                    # A coding other than chunked alone (nginx: 501), where
-                    # llhttp stops before the field is reported, or beside
-                    # a Content-Length.
-                    status, reason = 501, "only the chunked transfer coding is supported"
-                refusal = Refusal(status, _REASONS.get(reason) or f"malformed request: {reason}")
+            refusal = self._refusal_for(error)
         events.append(refusal)
         return events
+
+    def _refusal_for(self, error: Exception | None) -> Refusal:
+        """The answer to a parse error llhttp stopped at (None: a method
+        that is not one)."""
+        if error is None:
+            return Refusal(400, "malformed request line (method)")
+        reason = str(error)
+        if self.in_head and len(self._fields) >= self.limits.max_header_lines - 1 and (
+            reason.startswith("Invalid header token")
+        ):
+            # A malformed line past the last one allowed: llhttp stops at it
+            # before it reports the line before it (which it holds until the
+            # next field starts), so the lines it reported are one short.
+            return Refusal(431, "too many header lines")
+        if "Transfer-Encoding" in reason and (self._coding is None or self._coding.lower() != b"chunked"):
+            # A coding other than chunked alone (nginx: 501), where llhttp
+            # stops before the field is reported, or beside a Content-Length.
+            return Refusal(501, "only the chunked transfer coding is supported")
+        status = 505 if reason.startswith(_VERSION_REASONS) else 400
+        return Refusal(status, _REASONS.get(reason) or f"malformed request: {reason}")
 
     def _unknown_method(self, data: bytes) -> list[Event]:
         """A read that starts with a request line whose method llhttp does

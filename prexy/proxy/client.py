@@ -238,7 +238,12 @@ class IClientChannel(Interface):
 
     def hold_writes() -> None:
         """Keep what is written until ``release_writes`` (a head and its
-        body in one send); a no-op where writes batch anyway."""
+        body in one send); a no-op where writes batch anyway.  The exchange
+        holds while it carries out an upstream head, so the head, the body
+        bytes that came with it and the end of a short answer leave in one
+        send instead of two or three.  A send saved is 6-9 µs of CPU on
+        loopback (a bare Twisted protocol on httptools under wrk: 14-15 µs
+        per answer sent in one send, 21-24 µs in two)."""
 
     def release_writes() -> None:
         """Send what was held (at the outermost release: holds nest)."""

@@ -124,6 +124,8 @@ class ProxyChannel(Protocol, TimeoutMixin):
     _in_body = False
     #: It was answered as its head came (a hit): its end is all that is left.
     _answered = False
+    #: Its answer says ``Connection: close`` (``answer_head``).
+    _say_close = False
     _reader: RequestReader | None = None
     _out: SendNow | None = None
     _head_timer: Any = None
@@ -223,20 +225,21 @@ class ProxyChannel(Protocol, TimeoutMixin):
         fresh cache hit: ``prexy.proxy.hitpath``)."""
         self._cancel_head_timer()
         self.persistent = event.persistent
+        # An HTTP/1.1 request that asked to close is told so in its answer.
+        self._say_close = not event.persistent and event.head.version == b"HTTP/1.1"
+        headers = RequestHeaders.of(event.fields)
         hits = self.site.hits
         looked = None
         if hits is not None:
-            looked = hits.answer(self, event)
+            looked = hits.answer(self, event, headers)
             if looked is True:
                 self._answered = True
                 return
         request = self.request = self.requestFactory(self)
         if looked:
             request.looked = looked  # the store is read once per request
-        request.requestHeaders = RequestHeaders.of(event.fields)
+        request.requestHeaders = headers
         head = request.head = event.head
-        if not event.persistent and head.version == b"HTTP/1.1":
-            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
         framing = head.framing
         if framing is LENGTH:
             request.gotLength(head.length)
@@ -466,11 +469,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
     def write_interim(self, code: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """An informational head (103 Early Hints) before the response's
         own, in order with everything the connection writes."""
-        lines = [b"HTTP/1.1 %d " % code, phrase, b"\r\n"]
-        for name, value in headers:
-            lines += (name, b": ", value, b"\r\n")
-        lines.append(b"\r\n")
-        self.write(b"".join(lines))
+        self.write(head_bytes(b"HTTP/1.1", b"%d" % code, phrase, list(headers)))
 
     # -- tunnels -------------------------------------------------------------------
 
@@ -496,7 +495,15 @@ class ProxyChannel(Protocol, TimeoutMixin):
             fields = headers.pairs
         else:
             fields = [(name, value) for name, values in headers.getAllRawHeaders() for value in values]
-        self.write(head_bytes(version, code, reason, fields))
+        self.write(self.answer_head(version, code, reason, fields))
+
+    def answer_head(self, version: bytes, code: bytes, reason: bytes, fields: list[tuple[bytes, bytes]]) -> bytes:
+        """The current request's answer head as this connection sends it
+        (every way of answering goes through here): ``Connection: close``
+        first where the request asked to close."""
+        if self._say_close:
+            fields = [(b"connection", b"close"), *fields]
+        return head_bytes(version, code, reason, fields)
 
     def hold_writes(self) -> None:
         """Keep what is written until the matching ``release_writes``: a

@@ -31,7 +31,6 @@ from prexy.exchange import finish_head
 from prexy.h1server import Request
 from prexy.headervars import RequestVars
 from prexy.proxy.caching import Looked
-from prexy.proxy.h1connection import head_bytes
 from prexy.proxy.headers import RequestHeaders
 from prexy.proxy.request import client_vars
 from prexy.runtime import SiteRuntime
@@ -44,28 +43,12 @@ _GET, _HEAD = b"GET", b"HEAD"
 _ACME = b"/.well-known/acme-challenge/"
 
 
-class _Fields:
-    """A request's fields by lower-case name, read as twisted.web's
-    ``Headers`` is by the access log and the header directives."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, raw: dict[bytes, list[bytes]]) -> None:
-        self.raw = raw
-
-    def getRawHeaders(self, name: bytes, default: Any = None) -> Any:  # noqa: N802 (twisted's name)
-        return self.raw.get(name.lower(), default)
-
-    def get(self, name: bytes) -> list[bytes] | None:
-        return self.raw.get(name)
-
-
 class HitRecord:
     """What the access log reads of an answered hit (``combined_line``)."""
 
     __slots__ = ("client", "clientproto", "code", "method", "requestHeaders", "sentLength", "uri")
 
-    def __init__(self, client: Any, method: bytes, uri: bytes, proto: bytes, fields: _Fields, code: int, sent: int) -> None:
+    def __init__(self, client: Any, method: bytes, uri: bytes, proto: bytes, fields: RequestHeaders, code: int, sent: int) -> None:
         self.client = client
         self.method = method
         self.uri = uri
@@ -85,15 +68,15 @@ class HitPath:
     def __init__(self, resource: Any) -> None:
         self.resource = resource
 
-    def answer(self, channel: Any, event: Request) -> bool | Looked:
+    def answer(self, channel: Any, event: Request, headers: RequestHeaders) -> bool | Looked:
         """Answer ``event`` (a request whose body is complete, or that has
-        none) if it is a fresh hit: True.  Else False, or the cache's
+        none; ``headers``, its header table) if it is a fresh hit: True.  Else False, or the cache's
         lookup it made, for the general path to use (``IClient.looked``:
         the store is read once per request).  A failure before the answer
         is written is logged and leaves the request to the general path;
         one after it (the log line, the counters) is logged."""
         try:
-            ready = self._answer(channel, event)
+            ready = self._answer(channel, event, headers)
         except Exception:
             _log.failure("hit path: {uri} goes the general way", uri=event.head.target.decode("latin-1"))
             return False
@@ -115,7 +98,9 @@ class HitPath:
             _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))
         return True
 
-    def _answer(self, channel: Any, event: Request) -> tuple[list[bytes], HitRecord] | Looked | None:
+    def _answer(
+        self, channel: Any, event: Request, headers: RequestHeaders,
+    ) -> tuple[list[bytes], HitRecord] | Looked | None:
         """The whole answer to ``event`` and its access log record, when it
         is a fresh hit; else the lookup made, or None."""
         head = event.head
@@ -129,7 +114,7 @@ class HitPath:
         target = head.target
         if resource.challenges is not None and target.startswith(_ACME):
             return None
-        raw = RequestHeaders.of(event.fields).raw
+        raw = headers.raw
         if b"upgrade" in raw:
             return None
         host = head.host
@@ -157,24 +142,23 @@ class HitPath:
         answer = cache.hit(routed.obj, now, method, pairs, raw.get(b"accept-encoding"), key=key, site=site)
         code = answer.code
         fields = finish_head(answer.headers, age=answer.age, cache_status=answer.cache_status)
-        lookup = _Fields(raw)
         version = head.version
         edits = site.header_rules.edits
         if edits.responds:
-            fields = edits.respond(fields, code, self._vars(channel, site, method, target, version, lookup), False)
-        if not event.persistent and version == b"HTTP/1.1":
-            fields = [(b"connection", b"close"), *fields]
+            fields = edits.respond(fields, code, self._vars(channel, site, method, target, version, headers), False)
         reason = answer.phrase or RESPONSES.get(code, b"Unknown Status")
-        out = [head_bytes(version, b"%d" % code, reason, fields)]
+        out = [channel.answer_head(version, b"%d" % code, reason, fields)]
         body = answer.body
         sent = 0
         if body and method != _HEAD and code not in NO_BODY_CODES:
             out.append(body)
             sent = len(body)
-        return out, HitRecord(channel.getPeer(), method, target, version, lookup, code, sent)
+        return out, HitRecord(channel.getPeer(), method, target, version, headers, code, sent)
 
     @staticmethod
-    def _vars(channel: Any, site: SiteRuntime, method: bytes, target: bytes, version: bytes, fields: _Fields) -> RequestVars:
+    def _vars(
+        channel: Any, site: SiteRuntime, method: bytes, target: bytes, version: bytes, fields: RequestHeaders,
+    ) -> RequestVars:
         """The header directives' variables, as ``request_vars`` gives them
         for a twisted.web request."""
         hosts = fields.raw.get(b"host")

@@ -48,8 +48,8 @@ def answered_by_hits(h: Harness) -> list[bool]:
     seen: list[bool] = []
     answer = hits.answer
 
-    def spy(channel: Any, event: Any) -> Any:
-        result = answer(channel, event)
+    def spy(channel: Any, event: Any, headers: Any) -> Any:
+        result = answer(channel, event, headers)
         seen.append(result is True)
         return result
 
@@ -169,3 +169,20 @@ class FailureTests(SynchronousTestCase):
         self.assertIn(b"Cache-Status: prexy; hit", client.value())
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertIsNotNone(cache)
+
+
+@expand
+class ConnectionCloseTests(SynchronousTestCase):
+    @parametrize("fast", [True, False])
+    def test_a_request_that_asks_to_close_is_told_so(self, fast: bool) -> None:
+        """Whichever path answers, an HTTP/1.1 request with
+        ``Connection: close`` gets ``connection: close`` first in its
+        answer, and the connection closes after it."""
+        h = test_rfc_cache.harness(CachePolicy())
+        if not fast:
+            h.site.hits = None
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        _, client = h.send(REQUESTS["Connection: close"])
+        self.assertTrue(client.value().startswith(b"HTTP/1.1 200 OK\r\nconnection: close\r\n"), client.value()[:80])
+        self.assertTrue(client.disconnecting)
