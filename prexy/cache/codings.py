@@ -19,10 +19,10 @@ changed shows in compressed hits too.
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from prexy.cache.memo import Memo
 from prexy.codec import Compression, coding_etag, encoder_for, negotiate
 
 __all__ = ["VariantMemo", "coded_headers", "compress_whole", "stored_coding", "variant_key"]
@@ -78,7 +78,7 @@ def stored_coding(
 _NEGOTIATED: dict[bytes, bytes | None] = {}
 
 
-class VariantMemo:
+class VariantMemo(Memo[bytes, Any]):
     """The compressed variants this process served last, by variant key
     and the object's ``stored_at`` (so a refreshed head is seen),
     up to ``budget`` bytes of bodies: a hit in a coding then reads the
@@ -91,25 +91,10 @@ class VariantMemo:
     (figures in bench/README.md)."""
 
     def __init__(self, budget: int = 16 * 1024 * 1024) -> None:
-        self.budget = budget
-        self.used = 0
-        self._items: OrderedDict[bytes, Any] = OrderedDict()
+        super().__init__(budget)
 
-    def get(self, key: bytes) -> Any:
-        obj = self._items.get(key)
-        if obj is not None:
-            self._items.move_to_end(key)
-        return obj
-
-    def put(self, key: bytes, obj: Any) -> None:
-        size = len(obj.body)
-        if size > self.budget // 8 or key in self._items:
-            return
-        self._items[key] = obj
-        self.used += size
-        while self.used > self.budget:
-            _, old = self._items.popitem(last=False)
-            self.used -= len(old.body)
+    def put(self, key: bytes, obj: Any, size: int | None = None) -> None:
+        super().put(key, obj, len(obj.body) if size is None else size)
 
 
 def variant_key(key: bytes, coding: bytes, stored_at: float, etag: bytes | None = None) -> bytes:

@@ -139,6 +139,7 @@ __all__ = [
     "response_decision",
     "targeted_field_names",
     "update_headers",
+    "variant_part",
     "vary_key",
     "vary_names",
 ]
@@ -897,12 +898,16 @@ def cache_key(
     the variants of a URL share a prefix and are purged together) followed
     by a hash of the method class, the rule-set version (a changed rule set
     never serves old rewrites) and the :func:`vary_key` values."""
+    return primary_key(site, url) + variant_part(method_class, vary_values, ruleset_version)
+
+
+def variant_part(method_class: bytes, vary_values: bytes, ruleset_version: str | bytes) -> bytes:
+    """The last 16 bytes of a :func:`cache_key`: which variant of the URL."""
     version = _b(ruleset_version)
-    variant = _blake2b(
+    return _blake2b(
         b"".join((str(len(method_class)).encode(), b":", method_class, str(len(version)).encode(), b":", version, vary_values)),
         digest_size=16,
     ).digest()
-    return primary_key(site, url) + variant
 
 
 def accept_encoding_bucket(values: Iterable[bytes]) -> bytes:

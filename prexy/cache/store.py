@@ -67,7 +67,8 @@ import lmdb
 from zope.interface import Interface, implementer
 
 from prexy.cache.bans import Ban
-from prexy.cache.policy import CachePolicy, cache_key, primary_key, vary_key
+from prexy.cache.memo import Memo, body_size
+from prexy.cache.policy import CachePolicy, primary_key, variant_part, vary_key
 
 __all__ = ["CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
 
@@ -81,6 +82,8 @@ _OVERFLOW = 2000  # values above this go to overflow pages (LMDB: ~pagesize/2)
 #: with random keys and constant churn, leaf pages run about a third full).
 _INDEX_OVERHEAD = 800
 _IDX = struct.Struct("<QQdd")
+#: Bytes of decoded objects each process keeps (``Store._decoded``).
+DECODED_BUDGET = 32 * 1024 * 1024
 _TICK = struct.Struct(">Q")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -354,6 +357,11 @@ class Store:
         self._lru = env.open_db(b"lru")
         self._meta = env.open_db(b"meta")
         self._busy = env.open_db(b"busy")
+        #: The objects this process decoded last, by key, with the index
+        #: entry they were read under (``_get``): a hit on one of them
+        #: reads 32 bytes of the store instead of decoding and copying the
+        #: object again.
+        self._decoded: Memo[bytes, tuple[bytes, CachedObject]] = Memo(DECODED_BUDGET)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -443,22 +451,16 @@ class Store:
         cookies it ignores from a ``Cookie`` the response varies on.
         """
         primary = primary_key(site, url)
-        headers = list(request_headers)
         with self._env.begin(buffers=True) as txn:
             raw = txn.get(primary, db=self._vary)
             names: tuple[bytes, ...] = marshal.loads(raw) if raw is not None else ()
-            key = cache_key(
-                site, method_class, url, vary_key(names, headers, policy), ruleset_version
-            )
+            key = primary + variant_part(method_class, vary_key(names, request_headers, policy), ruleset_version)
             obj, touch = self._get(txn, key)
         if touch:
             self._touch(key)
         return LookupResult(primary, key, obj, raw is not None)
 
     def _get(self, txn: lmdb.Transaction, key: bytes) -> tuple[CachedObject | None, bool]:
-        record = txn.get(key, db=self._obj)
-        if record is None:
-            return None, False
         info = txn.get(key, db=self._idx)
         if info is None:
             return None, False
@@ -466,7 +468,19 @@ class Store:
         now = self._clock()
         if now >= dead_at:
             return None, False
-        return _decode(key, record, size), now - touched_at > self.touch_interval
+        # The index entry's tick is new at every write and touch of the
+        # key, in any process: the same entry means the same object.
+        version = bytes(info[: _IDX.size])
+        known = self._decoded.get(key)
+        if known is not None and known[0] == version:
+            obj = known[1]
+        else:
+            record = txn.get(key, db=self._obj)
+            if record is None:
+                return None, False
+            obj = _decode(key, record, size)
+            self._decoded.put(key, (version, obj), body_size(obj))
+        return obj, now - touched_at > self.touch_interval
 
     def _touch(self, key: bytes) -> None:
         with self._env.begin(write=True) as txn:

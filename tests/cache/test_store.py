@@ -116,6 +116,39 @@ class StoreTests(SynchronousTestCase):
         self.addCleanup(store.close)
         return store
 
+    def test_decoded_objects_are_remembered_for_the_version_read(self) -> None:
+        """A process remembers the objects it decoded, by the index entry
+        it read them under (nothing tells it of writes): the same entry
+        gives the same object, and any write to the key is seen at once:
+        a new body under the same head and time, from this process or
+        another one, a touch, a purge."""
+        path = str(tmp_dir(self) / "cache")
+        clock = FakeClock()
+        store = self.open_store(path, clock)
+        k = key(b"/a")
+        assert store.put(k, meta(b"/a"), b"first")
+        first = store.get(k)
+        assert first is not None and first.body == b"first"
+        self.assertIs(store.get(k), first)  # decoded once
+        assert store.put(k, meta(b"/a"), b"second")  # the same meta data, other bytes
+        second = store.get(k)
+        assert second is not None and second.body == b"second"
+        self.assertIs(store.lookup("site", b"GET", b"/a", "v1", []).obj, second)
+        ctx = multiprocessing.get_context("spawn")
+        p = ctx.Process(target=_child_put, args=(path, [b"/a"], b"child body"))
+        p.start()
+        p.join(60)
+        self.assertEqual(p.exitcode, 0)
+        third = store.get(k)
+        assert third is not None and third.body == b"child body"
+        clock.now += 10  # past touch_interval: this hit moves the key up the LRU, a new entry
+        assert store.get(k) is third
+        touched = store.get(k)
+        assert touched is not None and touched is not third and touched.body == b"child body"
+        assert store.purge_url("site", b"/a") == 1
+        self.assertIsNone(store.get(k))
+        self.assertIsNone(store.lookup("site", b"GET", b"/a", "v1", []).obj)
+
     def test_round_trip(self) -> None:
         """What is put comes back whole, with its accounted size."""
         path = str(tmp_dir(self) / "cache")
