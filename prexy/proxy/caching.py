@@ -475,12 +475,7 @@ def hit_answer(
     fields when the request's validators match, a 206 or 416 for a GET with
     a Range (``prexy.cache.ranges``), else the object with its
     Content-Length.  A stored 200 says ``Accept-Ranges: bytes``."""
-    remaining = obj.remaining(now)
-    if stale_reason:
-        status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
-    else:
-        status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
-    age = age_header(obj.stored_at, now)
+    age, status = hit_marks(obj, now, collapsed, stale_reason)
     headers = obj.headers
     conditional = any(n == b"if-none-match" or n == b"if-modified-since" for n, _ in pairs)
     if conditional and obj.status == 200 and not_modified(pairs, obj.header(b"etag"), obj.header(b"last-modified"), now=now):
@@ -502,6 +497,16 @@ def hit_answer(
                 return HitAnswer(206, b"Partial Content", headers, part, age, status)
     headers.append((b"Content-Length", b"%d" % len(body)))
     return HitAnswer(obj.status, obj.phrase or None, headers, body, age, status)
+
+
+def hit_marks(obj: CachedObject, now: float, collapsed: bool = False, stale_reason: str | None = None) -> tuple[bytes, bytes]:
+    """The Age and Cache-Status values of a hit on ``obj`` at ``now``."""
+    remaining = obj.remaining(now)
+    if stale_reason:
+        status = cache_status_header(hit=True, ttl=remaining, detail=stale_reason)
+    else:
+        status = cache_status_header(hit=True, ttl=remaining, collapsed=collapsed)
+    return age_header(obj.stored_at, now), status
 
 
 def request_pairs(request: Any) -> list[tuple[bytes, bytes]]:

@@ -497,6 +497,11 @@ class ProxyChannel(Protocol, TimeoutMixin):
             fields = [(name, value) for name, values in headers.getAllRawHeaders() for value in values]
         self.write(self.answer_head(version, code, reason, fields))
 
+    @property
+    def says_close(self) -> bool:
+        """Whether the current request's answer says ``Connection: close``."""
+        return self._say_close
+
     def answer_head(self, version: bytes, code: bytes, reason: bytes, fields: list[tuple[bytes, bytes]]) -> bytes:
         """The current request's answer head as this connection sends it
         (every way of answering goes through here): ``Connection: close``

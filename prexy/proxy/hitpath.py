@@ -27,10 +27,11 @@ from twisted.logger import Logger
 from twisted.web.http import NO_BODY_CODES, RESPONSES
 
 from prexy.cache import Action, flow
+from prexy.cache.memo import Memo
 from prexy.exchange import finish_head
 from prexy.h1server import Request
 from prexy.headervars import RequestVars
-from prexy.proxy.caching import Looked
+from prexy.proxy.caching import Looked, hit_marks
 from prexy.proxy.headers import RequestHeaders
 from prexy.proxy.request import client_vars
 from prexy.runtime import SiteRuntime
@@ -40,6 +41,14 @@ __all__ = ["HitPath"]
 _log = Logger("prexy")
 
 _GET, _HEAD = b"GET", b"HEAD"
+#: Request fields that change a hit's answer (a 304, a range): such
+#: requests get theirs made each time.
+_SHAPING = frozenset((b"if-none-match", b"if-modified-since", b"if-match", b"if-unmodified-since", b"if-range", b"range"))
+#: Where a remembered head takes each hit's Age and Cache-Status (bytes no
+#: field value holds: a parsed field never has a NUL).
+_AGE_MARK, _STATUS_MARK = b"\0age\0", b"\0cache-status\0"
+#: Bytes of remembered answers (heads and the bodies they keep) per process.
+READY_BUDGET = 32 * 1024 * 1024
 _ACME = b"/.well-known/acme-challenge/"
 
 
@@ -61,12 +70,31 @@ class HitRecord:
         return self.client
 
 
+class Ready:
+    """A hit's answer made once: the head cut around its Age and
+    Cache-Status values (``head``: before, between, after), the body sent,
+    the status, and the object it was made from."""
+
+    __slots__ = ("body", "code", "head", "obj")
+
+    def __init__(self, obj: Any, head: tuple[bytes, bytes, bytes], body: bytes, code: int) -> None:
+        self.obj = obj
+        self.head = head
+        self.body = body
+        self.code = code
+
+
 class HitPath:
     """Answers fresh hits for the resource's cache (see the module
     docstring)."""
 
-    def __init__(self, resource: Any) -> None:
+    def __init__(self, resource: Any, ready_budget: int = READY_BUDGET) -> None:
         self.resource = resource
+        #: The answers made last, by what they depend on besides the object
+        #: (its key, the method, the version, whether the connection closes,
+        #: Accept-Encoding); each is used only for the very object the store
+        #: gives now (``Ready.obj``), so nothing here needs invalidating.
+        self.ready: Memo[tuple[Any, ...], Ready] = Memo(ready_budget)
 
     def answer(self, channel: Any, event: Request, headers: RequestHeaders) -> bool | Looked:
         """Answer ``event`` (a request whose body is complete, or that has
@@ -139,21 +167,50 @@ class HitPath:
         )
         if routed.route is not flow.Route.HIT:
             return looked
-        answer = cache.hit(routed.obj, now, method, pairs, raw.get(b"accept-encoding"), key=key, site=site)
+        obj = routed.obj
+        version = head.version
+        accept_encoding = raw.get(b"accept-encoding")
+        edits = site.header_rules.edits
+        # An answer that depends only on the object and these: made once.
+        ready_key = None
+        if not edits.responds and _SHAPING.isdisjoint(raw):
+            ready_key = (key, method, version, channel.says_close, tuple(accept_encoding or ()))
+            ready = self.ready.get(ready_key)
+            if ready is not None and ready.obj is obj:
+                age, status = hit_marks(obj, now)
+                out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
+                if ready.body:
+                    out.append(ready.body)
+                return out, HitRecord(channel.getPeer(), method, target, version, headers, ready.code, len(ready.body))
+        answer = cache.hit(obj, now, method, pairs, accept_encoding, key=key, site=site)
         code = answer.code
         fields = finish_head(answer.headers, age=answer.age, cache_status=answer.cache_status)
-        version = head.version
-        edits = site.header_rules.edits
         if edits.responds:
             fields = edits.respond(fields, code, self._vars(channel, site, method, target, version, headers), False)
         reason = answer.phrase or RESPONSES.get(code, b"Unknown Status")
         out = [channel.answer_head(version, b"%d" % code, reason, fields)]
         body = answer.body
-        sent = 0
-        if body and method != _HEAD and code not in NO_BODY_CODES:
+        if not body or method == _HEAD or code in NO_BODY_CODES:
+            body = b""
+        else:
             out.append(body)
-            sent = len(body)
-        return out, HitRecord(channel.getPeer(), method, target, version, headers, code, sent)
+        if ready_key is not None:
+            self._remember(ready_key, obj, channel, version, code, reason, answer, body)
+        return out, HitRecord(channel.getPeer(), method, target, version, headers, code, len(body))
+
+    def _remember(
+        self, ready_key: tuple[Any, ...], obj: Any, channel: Any, version: bytes, code: int, reason: bytes,
+        answer: Any, body: bytes,
+    ) -> None:
+        """Keep the answer just made for ``ready_key``'s next hits: its head
+        made the same way with marks for Age and Cache-Status, cut there."""
+        fields = finish_head(answer.headers, age=_AGE_MARK, cache_status=_STATUS_MARK)
+        head = channel.answer_head(version, b"%d" % code, reason, fields)
+        before, mark, rest = head.partition(_AGE_MARK)
+        middle, mark2, after = rest.partition(_STATUS_MARK)
+        if not mark or not mark2 or _AGE_MARK in after or _STATUS_MARK in after:
+            return
+        self.ready.put(ready_key, Ready(obj, (before, middle, after), body, code), len(body) + len(head))
 
     @staticmethod
     def _vars(

@@ -80,10 +80,16 @@ class SameAnswerTests(SynchronousTestCase):
             self.assertIn(b"200 OK", client.value())
             spied = answered_by_hits(h) if fast else []
             h.conns[-1].sent()
-            _, client = h.send(raw)
-            h.settle()
+            answers = []
+            # The same request again, with time passing: a hit path answer
+            # made once (``HitPath.ready``) is used for the second and third.
+            for wait in (0.0, 1.5, 7.25):
+                h.clock.advance(wait)
+                _, client = h.send(raw)
+                h.settle()
+                answers.append(client.value())
             self.assertEqual([c.sent() for c in h.conns], [b""] * len(h.conns))  # nothing went upstream
-            outs.append(client.value())
+            outs.append(answers)
             logs.append(lines[1:])
             metrics.append({k: v for k, v in h.metrics.counters.items() if "cache" in k[0] or "requests" in k[0]})
             seen = seen or spied
@@ -127,6 +133,37 @@ class SameAnswerTests(SynchronousTestCase):
         self.assertEqual(seen, [False])
         self.assertEqual(len(h.conns), 1)
         self.assertEqual(len(calls), 1)
+
+
+class RememberedAnswerTests(SynchronousTestCase):
+    """An answer the hit path made once is used only for the very object
+    the store gives now."""
+
+    def test_a_new_object_under_the_key_is_answered(self) -> None:
+        h = test_rfc_cache.harness(CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        for _ in range(2):
+            _, client = h.send(GET + b"\r\n")
+            self.assertTrue(client.value().endswith(b"<p>hello</p>"))
+        hits = h.site.hits
+        cache = h.resource.cache
+        assert hits is not None and cache is not None
+        self.assertEqual(len(hits.ready), 1)
+        found = cache.store.lookup("s", b"GET", b"clone.test/x", h.runtime.select(b"clone.test").rules_version, [])
+        assert found.obj is not None
+        # Another worker stores the URL anew: same head, same time, other bytes.
+        cache.store.put(found.key, found.obj, b"<p>new</p>")
+        _, client = h.send(GET + b"\r\n")
+        self.assertTrue(client.value().endswith(b"Content-Length: 10\r\nAge: 0\r\nVia: 1.1 prexy\r\n"
+                                                b"Cache-Status: prexy; hit; ttl=60\r\n\r\n<p>new</p>"), client.value())
+        cache.store.purge_url("s", b"clone.test/x")
+        h.conns[-1].sent()
+        _, client = h.send(GET + b"\r\n")
+        self.assertTrue(h.conns[-1].sent().startswith(b"GET /x HTTP/1.1\r\n"))  # a miss: fetched again
+        h.conns[-1].reply(PAGE.replace(b"hello", b"again"))
+        self.assertIn(b"Cache-Status: prexy; fwd=uri-miss", client.value())
+        self.assertTrue(client.value().endswith(b"<p>again</p>"))
 
 
 @expand
