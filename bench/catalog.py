@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import cluster_bench
 import first_request
+import floor_bench
 import hits
 import http2_bench
 import mix_bench
@@ -35,6 +36,7 @@ SCENARIOS: dict[str, Callable[[scenarios.Bench], scenarios.Report]] = {
     "sites": sites_bench.scenario_sites,
     "mix": mix_bench.scenario_mix,
     "scaling": scaling_bench.scenario_scaling,
+    "floor": floor_bench.scenario_floor,
     "transducer": scenarios.script_scenario("bench_transducer.py"),
     "urlmap-index": scenarios.script_scenario("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": scenarios.script_scenario("bench_cache_store.py", ("--rounds", "1")),
