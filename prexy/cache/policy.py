@@ -97,7 +97,10 @@ where Varnish does not:
 
 Headers are given as an iterable of ``(name, value)`` byte pairs, names in
 any case, repeated names allowed (Twisted's
-``[(n, v) for n, vs in headers.getAllRawHeaders() for v in vs]``).
+``[(n, v) for n, vs in headers.getAllRawHeaders() for v in vs]``).  A
+request's headers may also be given as a table (:data:`FieldTable`: each
+lower-case name to its values, in order), which is read by name instead
+of walked.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ import hashlib
 import re
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -120,6 +123,7 @@ _blake2b = hashlib.blake2b
 __all__ = [
     "Action",
     "CachePolicy",
+    "FieldTable",
     "PolicyError",
     "RequestDecision",
     "StoreAction",
@@ -145,6 +149,8 @@ __all__ = [
 ]
 
 Headers = Iterable[tuple[bytes, bytes]]
+#: A request's header fields by lower-case name, values in order.
+FieldTable = Mapping[bytes, Sequence[bytes]]
 
 #: Varnish's list plus the rest of RFC 9110 15.1's heuristically cacheable
 #: statuses (308, 405, 501; 206 is answered from whole objects instead).
@@ -324,7 +330,9 @@ class RequestDecision:
     method_class: bytes = b"GET"
 
 
-def _values(headers: Headers, lname: bytes) -> list[bytes]:
+def _values(headers: Headers | FieldTable, lname: bytes) -> list[bytes]:
+    if isinstance(headers, Mapping):
+        return list(headers.get(lname, ()))
     return [v for n, v in headers if n.lower() == lname]
 
 
@@ -339,7 +347,9 @@ def cookie_names(values: Iterable[bytes]) -> list[str]:
     return names
 
 
-def request_decision(policy: CachePolicy, method: bytes, uri: bytes, headers: Headers) -> RequestDecision:
+def request_decision(
+    policy: CachePolicy, method: bytes, uri: bytes, headers: Headers | FieldTable,
+) -> RequestDecision:
     """Lookup, pass or invalidate, with the reason (Varnish's ``vcl_recv``).
 
     Methods are case-sensitive (RFC 9110 9.1): ``get`` is not ``GET``.  Any
@@ -349,13 +359,19 @@ def request_decision(policy: CachePolicy, method: bytes, uri: bytes, headers: He
         if method in PASS_METHODS:
             return RequestDecision(Action.PASS, "method", method)
         return RequestDecision(Action.INVALIDATE, "unsafe-method", method)
-    headers = list(headers)
-    for name, _ in headers:
-        lname = name.lower()
-        if lname == b"authorization":
+    if isinstance(headers, Mapping):
+        if b"authorization" in headers:
             return RequestDecision(Action.PASS, "authorization")
-        if lname == b"x-requested-with":
+        if b"x-requested-with" in headers:
             return RequestDecision(Action.PASS, "x-requested-with")
+    else:
+        headers = list(headers)
+        for name, _ in headers:
+            lname = name.lower()
+            if lname == b"authorization":
+                return RequestDecision(Action.PASS, "authorization")
+            if lname == b"x-requested-with":
+                return RequestDecision(Action.PASS, "x-requested-with")
     cookies = _values(headers, b"cookie")
     if cookies and any(not policy.ignored_cookie(n) for n in cookie_names(cookies)):
         return RequestDecision(Action.PASS, "cookie")
@@ -958,7 +974,7 @@ def _bucket(value: bytes) -> bytes:
 
 
 def vary_key(
-    vary: bytes | Iterable[bytes], request_headers: Headers, policy: CachePolicy | None = None
+    vary: bytes | Iterable[bytes], request_headers: Headers | FieldTable, policy: CachePolicy | None = None
 ) -> bytes:
     """The request's values for the headers a response varies on, as bytes
     for :func:`cache_key`.
@@ -972,7 +988,7 @@ def vary_key(
     names = _vary_names((vary,) if isinstance(vary, bytes) else tuple(vary))
     if not names:
         return b""
-    headers = list(request_headers)
+    headers = request_headers if isinstance(request_headers, Mapping) else list(request_headers)
     out = []
     for name in names:
         values = _values(headers, name)

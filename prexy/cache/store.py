@@ -68,7 +68,7 @@ from zope.interface import Interface, implementer
 
 from prexy.cache.bans import Ban
 from prexy.cache.memo import Memo, body_size
-from prexy.cache.policy import CachePolicy, primary_key, variant_part, vary_key
+from prexy.cache.policy import CachePolicy, FieldTable, primary_key, variant_part, vary_key
 
 __all__ = ["CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
 
@@ -299,7 +299,7 @@ class ICacheStore(Interface):
         method_class: bytes,
         url: bytes,
         ruleset_version: str | bytes,
-        request_headers: Iterable[tuple[bytes, bytes]],
+        request_headers: Iterable[tuple[bytes, bytes]] | FieldTable,
         policy: CachePolicy | None = None,
     ) -> LookupResult:
         """The variant a request selects (see :meth:`Store.lookup`)."""
@@ -438,7 +438,7 @@ class Store:
         method_class: bytes,
         url: bytes,
         ruleset_version: str | bytes,
-        request_headers: Iterable[tuple[bytes, bytes]],
+        request_headers: Iterable[tuple[bytes, bytes]] | FieldTable,
         policy: CachePolicy | None = None,
     ) -> LookupResult:
         """Finds the variant a request selects, in one read transaction.

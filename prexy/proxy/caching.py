@@ -54,7 +54,7 @@ from prexy.cache.codings import (
     stored_coding,
     variant_key,
 )
-from prexy.cache.policy import CachePolicy, location_urls
+from prexy.cache.policy import CachePolicy, FieldTable, location_urls
 from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
 from prexy.fetch import Fetch
@@ -113,17 +113,18 @@ class CacheLayer:
 
     def look(
         self, site: SiteRuntime, method: bytes, target: bytes, host: bytes | None,
-        pairs: list[tuple[bytes, bytes]],
+        fields: list[tuple[bytes, bytes]] | FieldTable,
     ) -> Looked:
-        """Decide on a request (not PURGE) and, for a lookup, read the store."""
+        """Decide on a request (not PURGE) and, for a lookup, read the
+        store.  ``fields``: its header fields, as pairs or by name."""
         policy = _policy(site)
-        decision = request_decision(policy, method, target, pairs)
+        decision = request_decision(policy, method, target, fields)
         if decision.action is Action.PASS:
             return Looked(decision, b"", None)
         url = key_url(policy, host, target)
         if decision.action is Action.INVALIDATE:
             return Looked(decision, url, None)
-        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, pairs, policy)
+        found = self.store.lookup(site.name, decision.method_class, url, site.rules_version, fields, policy)
         return Looked(decision, url, found)
 
     def on_request(self, request: IClient, fetch: Fetch) -> CacheRoute:

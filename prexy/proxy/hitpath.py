@@ -154,8 +154,7 @@ class HitPath:
         site: SiteRuntime = resource.runtime.select(host)
         if site.cache_policy is None or site.urlmap is not None:
             return None
-        pairs = [(n, v) for n, vs in raw.items() for v in vs]
-        looked = cache.look(site, method, target, host, pairs)
+        looked = cache.look(site, method, target, host, raw)
         found = looked.found
         if looked.decision.action is not Action.LOOKUP or found is None or found.obj is None:
             return looked
@@ -182,6 +181,7 @@ class HitPath:
                 if ready.body:
                     out.append(ready.body)
                 return out, HitRecord(channel.getPeer(), method, target, version, headers, ready.code, len(ready.body))
+        pairs = [(n, v) for n, vs in raw.items() for v in vs]
         answer = cache.hit(obj, now, method, pairs, accept_encoding, key=key, site=site)
         code = answer.code
         fields = finish_head(answer.headers, age=answer.age, cache_status=answer.cache_status)

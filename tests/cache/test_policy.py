@@ -1046,3 +1046,27 @@ class UpdateHeadersTests(SynchronousTestCase):
         for lname in names:
             source = fresh if lname not in fixed and of(fresh, lname) else stored
             assert of(out, lname) == of(source, lname)
+
+
+_FIELD_NAMES = st.sampled_from([
+    b"Host", b"Authorization", b"authorization", b"X-Requested-With", b"Cookie", b"cookie", b"Accept-Encoding",
+    b"Accept-Language", b"User-Agent", b"X-Other",
+])
+_FIELD_VALUES = st.sampled_from([b"", b"a", b"gzip, br", b"_ga=1; sid=2", b"_ga=1", b"en-US, fr;q=0.5", b"x, y"])
+
+
+class FieldTableTests(SynchronousTestCase):
+    """A request's headers given as a table by lower-case name decide and
+    key exactly as the same headers given as pairs."""
+
+    @given(st.lists(st.tuples(_FIELD_NAMES, _FIELD_VALUES), max_size=8), st.sampled_from([b"GET", b"HEAD", b"POST"]))
+    def test_table_and_pairs_agree(self, pairs: list[tuple[bytes, bytes]], method: bytes) -> None:
+        table: dict[bytes, list[bytes]] = {}
+        for name, value in pairs:
+            table.setdefault(name.lower(), []).append(value)
+        policy = CachePolicy(pass_rules=(r"^/private",))
+        for target in (b"/a", b"/private/x"):
+            self.assertEqual(request_decision(policy, method, target, pairs),
+                             request_decision(policy, method, target, table))
+        for vary in (b"Accept-Encoding", b"Cookie, Accept-Language", b"X-Other", b""):
+            self.assertEqual(vary_key(vary, pairs, policy), vary_key(vary, table, policy))
