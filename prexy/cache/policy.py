@@ -360,18 +360,15 @@ def request_decision(
             return RequestDecision(Action.PASS, "method", method)
         return RequestDecision(Action.INVALIDATE, "unsafe-method", method)
     if isinstance(headers, Mapping):
-        if b"authorization" in headers:
-            return RequestDecision(Action.PASS, "authorization")
-        if b"x-requested-with" in headers:
-            return RequestDecision(Action.PASS, "x-requested-with")
+        names: Any = headers
     else:
         headers = list(headers)
-        for name, _ in headers:
-            lname = name.lower()
-            if lname == b"authorization":
-                return RequestDecision(Action.PASS, "authorization")
-            if lname == b"x-requested-with":
-                return RequestDecision(Action.PASS, "x-requested-with")
+        names = {name.lower() for name, _ in headers}
+    # Authorization is the reason given when both are there.
+    if b"authorization" in names:
+        return RequestDecision(Action.PASS, "authorization")
+    if b"x-requested-with" in names:
+        return RequestDecision(Action.PASS, "x-requested-with")
     cookies = _values(headers, b"cookie")
     if cookies and any(not policy.ignored_cookie(n) for n in cookie_names(cookies)):
         return RequestDecision(Action.PASS, "cookie")
