@@ -52,8 +52,10 @@ class Metrics:
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.latency_count = 0
+        # The label keys of the counters every request bumps, made once.
         self._status_keys: dict[int, LabelKey] = {}
         self._protocol_keys: dict[bytes, LabelKey] = {}
+        self._cache_keys: dict[str, LabelKey] = {}
 
     def count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.counters[(name, tuple(sorted(labels.items())))] += amount
@@ -64,8 +66,16 @@ class Metrics:
             key = self._status_keys[code] = ("prexy_requests_total", (("status", str(code)),))
         self.counters[key] += 1
 
-    def count_protocol(self, proto: bytes) -> None:
-        """One finished request by the client's protocol (HTTP/1.1, HTTP/2...)."""
+    def count_cache(self, result: str) -> None:
+        """One request by what the cache did (``prexy_cache_total``)."""
+        key = self._cache_keys.get(result)
+        if key is None:
+            key = self._cache_keys[result] = ("prexy_cache_total", (("result", result),))
+        self.counters[key] += 1
+
+    def count_answer(self, code: int, proto: bytes) -> None:
+        """One finished request, by its status and by the client's protocol."""
+        self.count_status(code)
         key = self._protocol_keys.get(proto)
         if key is None:
             label = "HTTP/2.0" if proto == b"HTTP/2" else proto.decode("latin-1")

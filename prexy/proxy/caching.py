@@ -152,7 +152,7 @@ class CacheLayer:
         way = routed.route
         Way = flow.Route
         if way is Way.BYPASS:
-            self.metrics.count("prexy_cache_total", result="pass")
+            self.metrics.count_cache("pass")
             ctx = CacheContext(routed.fwd, routed.detail)
             if invalidate:
                 # An unsafe method: the URL's objects go once the upstream
@@ -161,10 +161,10 @@ class CacheLayer:
                 ctx.invalidate_from = (host, target)
             return Forward(ctx)
         if way is Way.HIT_FOR_MISS:
-            self.metrics.count("prexy_cache_total", result="hit-for-miss")
+            self.metrics.count_cache("hit-for-miss")
             return Forward(CacheContext(routed.fwd, routed.detail))
         if way is Way.HIT:
-            self.metrics.count("prexy_cache_total", result="hit")
+            self.metrics.count_cache("hit")
             return Answered(self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site))
         ctx = CacheContext(routed.fwd)
         ctx.pairs = pairs
@@ -173,7 +173,7 @@ class CacheLayer:
         ctx.stale = routed.obj  # past grace: revalidated if it has validators
         if way in (Way.GRACE, Way.GRACE_REFRESH):
             # Serve the stale object now; one background fetch refreshes it.
-            self.metrics.count("prexy_cache_total", result="grace")
+            self.metrics.count_cache("grace")
             answer = self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site)
             if way is Way.GRACE_REFRESH and self.store.claim(key, self.holder, CLAIM_LEASE):
                 self.refreshing.add(key)
@@ -182,7 +182,7 @@ class CacheLayer:
             return Answered(answer)  # refreshed already, here or by another worker
         if way is Way.FOLLOW and self.inflight[key].attach(request, fetch):
             return Answered(server.NOT_DONE_YET)
-        self.metrics.count("prexy_cache_total", result="miss")
+        self.metrics.count_cache("miss")
         if way is Way.MISS_HEAD:
             return Forward(ctx)  # a HEAD answer has no body to store as the GET object
         if not self.store.claim(key, self.holder, CLAIM_LEASE):
@@ -343,7 +343,7 @@ class CacheLayer:
         decision = request_decision(policy, fetch.method, target, ())
         if decision.action is not Action.INVALIDATE:
             return Forward(None)
-        self.metrics.count("prexy_cache_total", result="pass")
+        self.metrics.count_cache("pass")
         ctx = CacheContext("bypass", "request-body")
         ctx.invalidate = key_url(policy, host, target)
         ctx.invalidate_from = (host, target)

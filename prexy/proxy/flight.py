@@ -165,7 +165,7 @@ class Flight:
         follower = _Follower(self, request, fetch)
         if not self.core.open:
             return False
-        self.layer.metrics.count("prexy_cache_total", result="collapsed")
+        self.layer.metrics.count_cache("collapsed")
         request.exchange = follower
         if self.head is not None and not self._start(follower):
             return True

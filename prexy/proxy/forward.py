@@ -481,7 +481,7 @@ class Exchange:
         assert storing is not None and storing.ctx.stale is not None
         stale = storing.ctx.stale
         response.deliverBody(_Discard())
-        self.resource.metrics.count("prexy_cache_total", result="stale-if-error")
+        self.resource.metrics.count_cache("stale-if-error")
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
         self.life.on(Event.ANSWERED)
         storing.cache.serve(self.request, stale, self.resource.reactor.seconds(), stale_reason="stale-if-error",

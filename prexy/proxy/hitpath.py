@@ -116,11 +116,10 @@ class HitPath:
         channel.write_parts(out)
         try:
             metrics = self.resource.metrics
-            metrics.count("prexy_cache_total", result="hit")
+            metrics.count_cache("hit")
             proxy_site = channel.site
             proxy_site.served(channel)
-            metrics.count_status(record.code)
-            metrics.count_protocol(record.clientproto)
+            metrics.count_answer(record.code, record.clientproto)
             proxy_site.log(record)
         except Exception:
             _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))

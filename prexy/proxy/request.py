@@ -362,8 +362,7 @@ class ProxyRequest(server.Request):
         self.exchange = None
         self.proxy_site.served(self.channel)
         metrics = self.proxy_site.metrics
-        metrics.count_status(self.code)
-        metrics.count_protocol(self.clientproto)
+        metrics.count_answer(self.code, self.clientproto)
         self._uncount()
         super().finish()
 
