@@ -18,8 +18,8 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 _SAFE = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
 
 
-def _escape(value: bytes) -> str:
-    """Quote-safe, printable text for a log field."""
+def _escape(value: bytes) -> bytes:
+    """Quote-safe, printable ASCII for a log field."""
     if value.translate(None, _SAFE):  # something outside the safe set
         out = []
         for byte in value:
@@ -27,8 +27,8 @@ def _escape(value: bytes) -> str:
                 out.append(chr(byte))
             else:
                 out.append(f"\\x{byte:02x}")
-        return "".join(out)
-    return value.decode("ascii")
+        return "".join(out).encode("ascii")
+    return value
 
 
 class LogBudget:
@@ -64,20 +64,26 @@ def clf_time(seconds: float) -> str:
     return f"[{t.tm_mday:02d}/{_MONTHS[t.tm_mon - 1]}/{t.tm_year}:{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} +0000]"
 
 
-def combined_line(request: Any, when: str) -> str:
-    """One combined-log-format line (without newline) for a finished request."""
-    client = request.getClientAddress()
-    host = getattr(client, "host", None) or "-"
+def combined_record(request: Any, when: bytes) -> bytes:
+    """One combined-log-format line, newline included, for a finished
+    request (ASCII: what is not printable is escaped)."""
+    host = getattr(request.getClientAddress(), "host", None)
     proto = request.clientproto
-    line = b"%s %s %s" % (request.method, request.uri, b"HTTP/2.0" if proto == b"HTTP/2" else proto)
     headers = request.requestHeaders
     referer = headers.getRawHeaders(b"referer")
     agent = headers.getRawHeaders(b"user-agent")
     sent = request.sentLength
-    return (
-        f'{host} - - {when} "{_escape(line)}" {request.code} {sent if sent else "-"} '
-        f'"{_escape(referer[0]) if referer else "-"}" "{_escape(agent[0]) if agent else "-"}"'
+    return b'%s - - %s "%s %s %s" %d %s "%s" "%s"\n' % (
+        host.encode("ascii", "backslashreplace") if host else b"-", when,
+        _escape(request.method), _escape(request.uri), b"HTTP/2.0" if proto == b"HTTP/2" else _escape(proto),
+        request.code, b"%d" % sent if sent else b"-",
+        _escape(referer[0]) if referer else b"-", _escape(agent[0]) if agent else b"-",
     )
+
+
+def combined_line(request: Any, when: str) -> str:
+    """:func:`combined_record` as text, without its newline."""
+    return combined_record(request, when.encode("ascii")).decode("ascii")[:-1]
 
 
 class AccessLog:
@@ -86,18 +92,18 @@ class AccessLog:
     def __init__(self, reactor: Any, path: str) -> None:
         self.reactor = reactor
         self.path = path
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         self._second = -1
-        self._when = ""
+        self._when = b""
         self._flusher: Any = None
         self.open()
 
     def open(self) -> None:
         if self.path == "-":
             stdout: Any = sys.__stdout__
-            self._file = open(os.dup(stdout.fileno()), "a", buffering=65536, encoding="utf-8")
+            self._file = open(os.dup(stdout.fileno()), "ab", buffering=65536)
         else:
-            self._file = open(self.path, "a", buffering=65536, encoding="utf-8")
+            self._file = open(self.path, "ab", buffering=65536)
 
     def start(self) -> None:
         from twisted.internet.task import LoopingCall
@@ -111,9 +117,9 @@ class AccessLog:
         second = int(now)
         if second != self._second:
             self._second = second
-            self._when = clf_time(second)
+            self._when = clf_time(second).encode("ascii")
         assert self._file is not None
-        self._file.write(combined_line(request, self._when) + "\n")
+        self._file.write(combined_record(request, self._when))
 
     def flush(self) -> None:
         if self._file is not None:
