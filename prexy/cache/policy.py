@@ -330,6 +330,10 @@ class RequestDecision:
     method_class: bytes = b"GET"
 
 
+#: The decision of most requests, made once (it is frozen).
+_LOOKUP = RequestDecision(Action.LOOKUP)
+
+
 def _values(headers: Headers | FieldTable, lname: bytes) -> list[bytes]:
     if isinstance(headers, Mapping):
         return list(headers.get(lname, ()))
@@ -374,7 +378,7 @@ def request_decision(
         return RequestDecision(Action.PASS, "cookie")
     if policy.passes(uri.decode("latin-1")):
         return RequestDecision(Action.PASS, "pass-rule")
-    return RequestDecision(Action.LOOKUP)
+    return _LOOKUP
 
 
 # -- HTTP-date (RFC 9110 5.6.7) --------------------------------------------------
