@@ -53,6 +53,11 @@ class ResponseHeaders:
     def addRawHeader(self, name: bytes | str, value: bytes | str) -> None:  # noqa: N802 (twisted's name)
         self.pairs.append((_name(name), _value(value)))
 
+    def extend(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add fields already in bytes, in order (an answer's whole head at
+        once: nothing to convert)."""
+        self.pairs.extend(pairs)
+
     def setRawHeaders(self, name: bytes | str, values: Sequence[bytes | str]) -> None:  # noqa: N802
         """Replace the fields named ``name``: the new values take the place
         of the first one (or go last)."""
