@@ -82,6 +82,13 @@ __all__ = [
 
 
 class State(enum.Enum):
+    """Where an exchange is (``Lifecycle.state``)."""
+
+    # Members are singletons compared by identity: hashed by it too, in C
+    # (Enum's own __hash__ is a Python call, and the transition table and
+    # FINAL hash a state on every move and every ``over``).
+    __hash__ = object.__hash__
+
     SENT = "sent"
     STREAMING = "streaming"
     DRAINING = "draining"
@@ -92,6 +99,8 @@ class State(enum.Enum):
 
 class Event(enum.Enum):
     """What moves an exchange (``Lifecycle.on``)."""
+
+    __hash__ = object.__hash__  # as State's
 
     #: The head is decided and the body streams to the client.
     HEAD = "head"
@@ -478,6 +487,8 @@ STALE_IF_ERROR_STATUSES = frozenset({500, 502, 503, 504})
 class Mode(enum.Enum):
     """How an upstream answer reaches the client (``plan_head``)."""
 
+    __hash__ = object.__hash__  # as State's
+
     #: A 101: the client's connection and the upstream's are spliced.
     TUNNEL = "tunnel"
     #: A 304 to the cache's revalidation: the stored copy is refreshed and served.
@@ -600,7 +611,11 @@ def plan_head(
         return HeadPlan(Mode.REFRESH, code, None)
     if code in STALE_IF_ERROR_STATUSES and stale_usable():
         return HeadPlan(Mode.STALE, code, None)
-    rewrite, codings, unknown = rewrite_coding(head, rules)
+    codings: tuple[bytes, ...]
+    if rules is None:
+        rewrite, codings, unknown = False, (), None
+    else:
+        rewrite, codings, unknown = rewrite_coding(head, rules)
     transduce = skipped = False
     only = None
     rules_run = 0
@@ -618,7 +633,9 @@ def plan_head(
     # its coding from the store.
     choice = choose_client_coding(
         head, method=method, compression=compression, accept_encoding=accept_encoding,
-        encoded=(bool(codings) and not decode) if rewrite else has_own_coding(head),
+        encoded=(bool(codings) and not decode) if rewrite else (
+            b"content-encoding" in head.lnames and has_own_coding(head)
+        ),
     )
     out_coding = choice.coding
     encodes = out_coding is not None and method != b"HEAD"

@@ -70,7 +70,27 @@ class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
 
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
-    ``bodyFailed``)."""
+    ``bodyFailed``).  What most exchanges never set (a cache's part, a
+    pipeline, a range) is a class default, not stored per exchange."""
+
+    pending: PendingRequest | None = None
+    response: UpstreamResponse | None = None
+    #: The cache's part while the exchange has one (a cache context).
+    storing: Storing | None = None
+    upstream_target: bytes | None = None
+    pipeline: BodyPipeline | None = None
+    #: What plan_head decided on the upstream's head.
+    plan: HeadPlan | None = None
+    task: Any = None
+    #: The transducer's last output, sent with the end of the response.
+    stash = b""
+    resource_key: ResourceKey | None = None
+    rules_run = 0
+    producer_registered = False
+    #: The cache gets the body before it is compressed for the client.
+    tapped = False
+    #: The client's range of a miss, cut from the body as it streams.
+    cut: Cut | None = None
 
     def __init__(
         self, resource: ExchangeHost, request: IClient, site: SiteRuntime, started: float,
@@ -81,28 +101,10 @@ class Exchange:
         self.site = site
         self.started = started
         self.life = Lifecycle(detached=request.detached)
-        self.pending: PendingRequest | None = None
-        self.response: UpstreamResponse | None = None
-        #: The cache's part while the exchange has one (a cache context).
-        self.storing: Storing | None = None
         if ctx is not None and resource.cache is not None:
             self.storing = Storing(resource.cache, site, ctx)
-        self.upstream_target: bytes | None = None
-        self.pipeline: BodyPipeline | None = None
-        #: What plan_head decided on the upstream's head.
-        self.plan: HeadPlan | None = None
         #: What has arrived of the body and waits to be rewritten.
         self.backlog = Backlog()
-        self.task: Any = None
-        #: The transducer's last output, sent with the end of the response.
-        self.stash = b""
-        self.resource_key: ResourceKey | None = None
-        self.rules_run = 0
-        self.producer_registered = False
-        #: The cache gets the body before it is compressed for the client.
-        self.tapped = False
-        #: The client's range of a miss, cut from the body as it streams.
-        self.cut: Cut | None = None
 
     # -- the upstream head -------------------------------------------------------
 
@@ -205,6 +207,13 @@ class Exchange:
             self.pipeline = BodyPipeline(transducer, decoder_for(plan.codings) if plan.decode else None, encoder, tap)
         elif encoder is not None and transducer is None:
             self.pipeline = BodyPipeline(None, None, encoder, tap)
+        elif transducer is None and body_in_hand and self.storing is None and mode is not Mode.RANGE:
+            # Passed as it came, and all of it is here (or there is none):
+            # the answer is written and finished at once, not streamed
+            # through bodyData and bodyDone.
+            whole = response.take_body()
+            if whole is not None:
+                resource.metrics.bytes_in += len(whole)
         cache_status = None
         if self.storing is not None:
             assert plan.stored is not None
@@ -411,7 +420,7 @@ class Exchange:
         where the plan puts it there)."""
         request = self.request
         pipeline = self.pipeline
-        tail = b""
+        tail, self.stash = self.stash, b""
         if pipeline is not None:
             try:
                 end = pipeline.finish()
@@ -424,7 +433,7 @@ class Exchange:
                 self._out(end)
                 if self.life.over:
                     return  # the last follower left with it, and nothing is stored
-            tail, self.stash = self.stash + end, b""
+            tail += end
             transducer = pipeline.transducer
             metrics = self.resource.metrics
             if transducer is not None:

@@ -75,7 +75,10 @@ class ResponseHeaders:
 
     def hasHeader(self, name: bytes | str) -> bool:  # noqa: N802
         low = _name(name).lower()
-        return any(n.lower() == low for n, _ in self.pairs)
+        for n, _ in self.pairs:
+            if n.lower() == low:
+                return True
+        return False
 
     def removeHeader(self, name: bytes | str) -> None:  # noqa: N802
         low = _name(name).lower()

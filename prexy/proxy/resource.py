@@ -334,7 +334,7 @@ def _origin_form(uri: bytes) -> bytes | None:
 
 def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
-    if content is None:
+    if content is None or not request.has_body:
         return None, 0
     content.seek(0, 2)
     length = content.tell()

@@ -64,6 +64,8 @@ __all__ = [
 ]
 
 _CONNECTION_DONE = Failure(ConnectionDone())
+#: The framings whose body is known whole once read: no body, or a length.
+_WHOLE = (http1.NONE, http1.LENGTH)
 
 
 class _State(enum.Enum):
@@ -231,7 +233,8 @@ class UpstreamProtocol(Protocol):
         self._consumer = None
         self._queued = []
         self._failure = None
-        self._pause_reasons = set()
+        if self._pause_reasons:
+            self._pause_reasons = set()
         self._connect_seconds = connect_seconds
         self._pending = pending
         if body is None:
@@ -268,12 +271,12 @@ class UpstreamProtocol(Protocol):
         if seconds > 0:
             self._last_activity = self._clock.seconds()
             self._owner.watch(self)
-        else:
-            self._owner.unwatch(self)
 
     def _cancel_timer(self) -> None:
+        # The sweeper drops a connection without a timer the next time it
+        # looks (``check_timeout``): a request's phases start and stop the
+        # timer three times, and its next one starts it again.
         self._timeout = 0.0
-        self._owner.unwatch(self)
 
     def check_timeout(self, now: float) -> None:
         """Called by the pool's sweeper for watched connections."""
@@ -381,17 +384,18 @@ class UpstreamProtocol(Protocol):
 
     def body_in_hand(self) -> bool:
         """See UpstreamResponse.body_in_hand."""
-        return self._reader.framing in (http1.NONE, http1.LENGTH) and self._reader.done
+        return self._reader.framing in _WHOLE and self._reader.done
 
     def take_body(self) -> bytes | None:
         """See UpstreamResponse.take_body."""
-        if self._reader.framing is not http1.LENGTH or self._consumer is not None or not self._reader.done:
+        reader = self._reader
+        if reader.framing not in _WHOLE or self._consumer is not None or not reader.done:
             return None
         queued, self._queued = self._queued, []
         data = [e.data for e in queued if isinstance(e, http1.Data)]
         end = queued[-1]
         assert isinstance(end, http1.End)
-        self._finish_body(end.keep_alive and not self._reader.trailing_data)
+        self._finish_body(end.keep_alive and not reader.trailing_data)
         return data[0] if len(data) == 1 else b"".join(data)
 
     def deliverBody(self, consumer: IBodyConsumer) -> None:

@@ -196,9 +196,9 @@ class UpstreamResponse:
 
     def take_body(self) -> bytes | None:
         """The whole body at once, instead of :meth:`deliverBody`, when it
-        is length-delimited and has all arrived (the connection is then done
-        with this response, back in the pool if reusable); else None, and
-        nothing changes."""
+        is length-delimited and has all arrived, or there is none (then
+        ``b""``): the connection is then done with this response, back in
+        the pool if reusable.  Else None, and nothing changes."""
         return self._protocol.take_body()
 
     def abort(self) -> None:
