@@ -322,96 +322,6 @@ def _connection_tokens(value: bytes) -> frozenset[bytes]:
     return tokens
 
 
-#: One header field line of the common shape, in a head block: CRLF, a
-#: name that neither starts nor ends with whitespace, a colon, the value
-#: without the whitespace around it.  What this does not match whole (an
-#: obs-fold, a line without a colon, a value with VT or FF, which
-#: ``bytes.strip`` would strip) makes the head go line by line.
-_FIELD = re.compile(rb"\r\n([^:\r\n \t](?:[^:\r\n]*[^:\r\n \t])?):[ \t]*([^\r\n\x0b\x0c]*?)[ \t]*(?=\r\n|\Z)")
-
-
-def _framing(
-    fields: list[tuple[bytes, bytes]], version: bytes,
-) -> tuple[int | None, bool, bool, frozenset[bytes]]:
-    """Content-Length, chunked, close and the Connection names, from the
-    framing fields (lower-case name, value) in order."""
-    content_length: int | None = None
-    chunked = False
-    close = version == b"HTTP/1.0"
-    connection_names: frozenset[bytes] = frozenset()
-    for lname, value in fields:
-        if lname == b"content-length":
-            # 1*DIGIT (RFC 9110 8.6): int() also takes "+5" and "1_1".
-            if not value.isdigit():
-                raise ResponseError(f"bad Content-Length {value[:40]!r}")
-            try:
-                length = int(value)
-            except ValueError:  # more digits than int() converts
-                raise ResponseError(f"bad Content-Length {value[:40]!r}") from None
-            if content_length is not None and content_length != length:
-                raise ResponseError("conflicting Content-Length")
-            content_length = length
-        elif lname == b"transfer-encoding":
-            if value.split(b",")[-1].strip().lower() == b"chunked":
-                chunked = True
-            else:
-                raise ResponseError(f"unsupported Transfer-Encoding {value[:40]!r}")
-        else:
-            tokens = _connection_tokens(value)
-            connection_names = connection_names | tokens if connection_names else tokens
-            if b"close" in tokens:
-                close = True
-            elif b"keep-alive" in tokens and version == b"HTTP/1.0":
-                close = False
-    return content_length, chunked, close, connection_names
-
-
-def _fields_by_line(
-    lines: list[bytes], version: bytes,
-) -> tuple[list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]]:
-    """The header fields of a head's lines (status line excluded), their
-    lower-cased names, and the framing fields (lower-case name, value) as
-    their first line gives them: the reader for every head, which
-    ``_fields_at_once`` is held equal to.  Errors come in the order of the
-    lines (a bad framing field before a bad line is the one reported)."""
-    headers: list[tuple[bytes, bytes]] = []
-    lnames: list[bytes] = []
-    framing: list[tuple[bytes, bytes]] = []
-    for line in lines:
-        if line[0] in (32, 9):  # obs-fold; no line is empty (the head ends at the first)
-            if not headers:
-                raise ResponseError("continuation line before any header")
-            name, value = headers[-1]
-            headers[-1] = (name, value + b" " + line.strip())
-            continue
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name[-1] in (32, 9):
-            _framing(framing, version)
-            raise ResponseError(f"bad header line {line[:80]!r}")
-        value = value.strip()
-        lname = name.lower()
-        if lname in _FRAMING_HEADERS:  # decided on this line alone, before any fold
-            framing.append((lname, value))
-        headers.append((name, value))
-        lnames.append(lname)
-    return headers, lnames, framing
-
-
-def _fields_at_once(
-    head: bytes, count: int,
-) -> tuple[list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]] | None:
-    """What ``_fields_by_line`` gives for a head of ``count`` field lines,
-    in one regular-expression pass, when every line has the common shape;
-    else None."""
-    headers = _FIELD.findall(head)
-    if len(headers) != count:
-        return None
-    lnames = [name.lower() for name, _ in headers]
-    if _FRAMING_HEADERS.isdisjoint(lnames):
-        return headers, lnames, []
-    return headers, lnames, [(n, v[1]) for n, v in zip(lnames, headers, strict=True) if n in _FRAMING_HEADERS]
-
-
 def _parse_head(head: bytes, method: bytes, upgrade: bool, interim: bool = False) -> Head | Interim | None:
     """One head block (without its blank line); an Interim for a 1xx to
     pass on (``interim``), None for a skipped one."""
@@ -440,9 +350,50 @@ def _parse_head(head: bytes, method: bytes, upgrade: bool, interim: bool = False
         raise ResponseError("bare CR or LF in a response header")
     if 0 in head:  # a NUL; an int is one memchr (b"\x00" in head took 8x as long)
         raise ResponseError("NUL in a response header")
-    fields = _fields_at_once(head, crlf) or _fields_by_line(lines[1:], version)
-    headers, lnames, framing_fields = fields
-    content_length, chunked, close, connection_names = _framing(framing_fields, version)
+    headers: list[tuple[bytes, bytes]] = []
+    lnames: list[bytes] = []
+    content_length: int | None = None
+    chunked = False
+    close = version == b"HTTP/1.0"
+    connection_names: frozenset[bytes] = frozenset()
+    for line in lines[1:]:
+        if line[0] in (32, 9):  # obs-fold; no line is empty (the head ends at the first)
+            if not headers:
+                raise ResponseError("continuation line before any header")
+            name, value = headers[-1]
+            headers[-1] = (name, value + b" " + line.strip())
+            continue
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1] in (32, 9):
+            raise ResponseError(f"bad header line {line[:80]!r}")
+        value = value.strip()
+        lname = name.lower()
+        if lname in _FRAMING_HEADERS:  # decided on this line alone, before any fold
+            if lname == b"content-length":
+                # 1*DIGIT (RFC 9110 8.6): int() also takes "+5" and "1_1".
+                if not value.isdigit():
+                    raise ResponseError(f"bad Content-Length {value[:40]!r}")
+                try:
+                    length = int(value)
+                except ValueError:  # more digits than int() converts
+                    raise ResponseError(f"bad Content-Length {value[:40]!r}") from None
+                if content_length is not None and content_length != length:
+                    raise ResponseError("conflicting Content-Length")
+                content_length = length
+            elif lname == b"transfer-encoding":
+                if value.split(b",")[-1].strip().lower() == b"chunked":
+                    chunked = True
+                else:
+                    raise ResponseError(f"unsupported Transfer-Encoding {value[:40]!r}")
+            else:
+                tokens = _connection_tokens(value)
+                connection_names = connection_names | tokens if connection_names else tokens
+                if b"close" in tokens:
+                    close = True
+                elif b"keep-alive" in tokens and version == b"HTTP/1.0":
+                    close = False
+        headers.append((name, value))
+        lnames.append(lname)
     if informational:
         return Interim(code, phrase, [pair for pair, lname in zip(headers, lnames, strict=True)
                                       if lname not in connection_names and lname not in _HOP])
