@@ -696,6 +696,11 @@ def plan_head(
         if part is not None:
             code, phrase, headers, span = part
             mode = Mode.RANGE
+    if not rewrite:  # the rewrite's fields keep their defaults
+        return HeadPlan(
+            mode, code, phrase, codings=codings, unknown_coding=unknown, coding=choice, tap=tap,
+            headers=headers, stored=stored, span=span,
+        )
     return HeadPlan(
         mode, code, phrase, rewrite=rewrite, codings=codings, decode=decode, unknown_coding=unknown,
         only=only, rules_run=rules_run, skipped=skipped, coding=choice, tap=tap,

@@ -53,6 +53,10 @@ __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
+#: Host values whose site a process remembers (``ProxyResource.site_for``);
+#: past them the memo starts afresh, so a client inventing names costs a
+#: lookup each, never memory.
+SITE_MEMO = 1024
 #: Distinct coding labels of prexy_unknown_coding_total: past them, an
 #: upstream inventing codings is counted as "other" (and logged once).
 UNKNOWN_CODING_LABELS = 64
@@ -93,6 +97,26 @@ class ProxyResource(Resource):
         #: Sites whose upstream bodies' trailing garbage was logged.
         self.garbage_sites: set[str] = set()
         self._coding_labels: set[str] = set()
+        #: Host value -> its site, for ``runtime`` (a reload replaces it).
+        self._sites: dict[bytes | None, SiteRuntime] = {}
+        self._sites_of: Runtime | None = None
+
+    def site_for(self, host: bytes | None) -> SiteRuntime:
+        """The site a Host value selects (``Runtime.select``), looked up
+        once per value: the lookup decodes, lower-cases and splits the
+        value, the same few values on every request."""
+        runtime = self.runtime
+        sites = self._sites
+        if self._sites_of is not runtime:
+            sites.clear()
+            self._sites_of = runtime
+        site = sites.get(host)
+        if site is None:
+            site = runtime.select(host)  # (compiles its rules the first time: they stay so)
+            if len(sites) >= SITE_MEMO:
+                sites.clear()
+            sites[host] = site
+        return site
 
     def coding_not_decoded(self, site: SiteRuntime, coding: bytes, uri: bytes) -> None:
         """A response the site's rules would rewrite came in a coding the
@@ -142,7 +166,7 @@ class ProxyResource(Resource):
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
         host = host_values[0] if host_values else None
-        site = self.runtime.select(host)
+        site = self.site_for(host)
         target = _origin_form(request.uri)
         if target is None:
             error_answer(request, 400, site.config.error_pages, site)

@@ -341,17 +341,10 @@ class UpstreamProtocol(Protocol):
         assert isinstance(head, http1.Head)
         self._cancel_timer()
         self.state = _State.HEADERS_DONE
+        # Positional, in the class's field order: half the cost of keywords.
         response = UpstreamResponse(
-            code=head.code,
-            phrase=head.phrase,
-            version=head.version,
-            headers=head.headers,
-            lnames=head.lnames,
-            connection_names=head.connection_names,
-            length=head.length,
-            connect_seconds=self._connect_seconds,
-            first_byte_seconds=self._clock.seconds() - self._sent_at,
-            protocol=self,
+            head.code, head.phrase, head.version, head.headers, head.lnames, head.connection_names, head.length,
+            self._connect_seconds, self._clock.seconds() - self._sent_at, self,
         )
         # Body bytes that came with the head wait for a consumer.
         self._queued = events[1:]
