@@ -167,8 +167,12 @@ class UpstreamResponse:
     def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
         """Headers that may be forwarded: without hop-by-hop ones, those named
         in Connection, and ``drop`` (lower-case names)."""
-        if self.connection_names:
-            drop = drop | self.connection_names
+        named = self.connection_names
+        if named:  # (no union of the two sets built per response)
+            return [
+                pair for pair, lname in zip(self.headers, self.lnames, strict=True)
+                if lname not in drop and lname not in named
+            ]
         return [pair for pair, lname in zip(self.headers, self.lnames, strict=True) if lname not in drop]
 
     @property
