@@ -174,40 +174,45 @@ class Exchange:
             return
         if plan.unknown_coding is not None:
             resource.coding_not_decoded(site, plan.unknown_coding, request.uri)
-        if plan.skipped:
-            resource.metrics.count("prexy_rewrite_skipped_total")
-        self.rules_run = plan.rules_run
-        out_coding = plan.coding.coding
-        encoder = None
-        if plan.encodes and out_coding is not None:
-            encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
-        tap = self._tap if plan.tap else None
-        self.tapped = tap is not None
-        transducer = Transducer(rules, only=plan.only) if plan.transduce and rules is not None else None
+        transducer = None
         whole: bytes | None = None
         after_head: bytes | None = None
-        if mode in (Mode.WHOLE_FIRST, Mode.HEAD_FIRST):
-            # The whole body came with the head and is a millisecond of work
-            # at most: it is rewritten in one piece, not in slices.  Where
-            # the answer can end with trailers, the head leaves first and
-            # the client reads it while the body is rewritten; elsewhere
-            # the rewrite comes first and its time goes in the head
-            # (measured side by side: bench/README.md).
-            body = response.take_body()
-            if body is not None:
-                resource.metrics.bytes_in += len(body)
-                self.pipeline = BodyPipeline(transducer, None, encoder)
-                if mode is Mode.HEAD_FIRST:
-                    after_head = body
-                else:
-                    whole = self._feed(body, True)
-                    if whole is None:
-                        return  # the rewrite failed: the client got a 5xx
-        if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(transducer, decoder_for(plan.codings) if plan.decode else None, encoder, tap)
-        elif encoder is not None and transducer is None:
-            self.pipeline = BodyPipeline(None, None, encoder, tap)
-        elif transducer is None and body_in_hand and self.storing is None and mode is not Mode.RANGE:
+        if plan.rewrite or plan.coding.coding is not None:
+            # The body goes through the pipeline: rewritten, compressed, or both.
+            if plan.skipped:
+                resource.metrics.count("prexy_rewrite_skipped_total")
+            self.rules_run = plan.rules_run
+            out_coding = plan.coding.coding
+            encoder = None
+            if plan.encodes and out_coding is not None:
+                encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
+            tap = self._tap if plan.tap else None
+            self.tapped = tap is not None
+            if plan.transduce and rules is not None:
+                transducer = Transducer(rules, only=plan.only)
+            if mode is Mode.WHOLE_FIRST or mode is Mode.HEAD_FIRST:
+                # The whole body came with the head and is a millisecond of
+                # work at most: it is rewritten in one piece, not in slices.
+                # Where the answer can end with trailers, the head leaves
+                # first and the client reads it while the body is rewritten;
+                # elsewhere the rewrite comes first and its time goes in the
+                # head (measured side by side: bench/README.md).
+                body = response.take_body()
+                if body is not None:
+                    resource.metrics.bytes_in += len(body)
+                    self.pipeline = BodyPipeline(transducer, None, encoder)
+                    if mode is Mode.HEAD_FIRST:
+                        after_head = body
+                    else:
+                        whole = self._feed(body, True)
+                        if whole is None:
+                            return  # the rewrite failed: the client got a 5xx
+            if transducer is not None and self.pipeline is None:
+                decoder = decoder_for(plan.codings) if plan.decode else None
+                self.pipeline = BodyPipeline(transducer, decoder, encoder, tap)
+            elif encoder is not None and transducer is None:
+                self.pipeline = BodyPipeline(None, None, encoder, tap)
+        if self.pipeline is None and body_in_hand and self.storing is None and mode is not Mode.RANGE:
             # Passed as it came, and all of it is here (or there is none):
             # the answer is written and finished at once, not streamed
             # through bodyData and bodyDone.
