@@ -129,7 +129,8 @@ class RequestHeaders:
         self.raw[_name(name).lower()] = [_value(v) for v in values]
 
     def getRawHeaders(self, name: bytes | str, default: Any = None) -> Any:  # noqa: N802
-        return self.raw.get(_name(name).lower(), default)
+        key = name.lower() if type(name) is bytes else _name(name).lower()  # (read three times per request)
+        return self.raw.get(key, default)
 
     def get(self, name: bytes) -> list[bytes] | None:
         """The values of a lower-case ``name`` (``prexy.headervars.HeaderLookup``)."""
