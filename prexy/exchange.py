@@ -347,6 +347,11 @@ class ClientCoding:
 
 
 NO_CODING = ClientCoding()
+#: The choices for an answer that varies on Accept-Encoding, made once
+#: (frozen values; one per compressible answer otherwise).
+_NEGOTIATED: dict[bytes | None, ClientCoding] = {
+    coding: ClientCoding(coding, True) for coding in (None, b"gzip", b"br", b"zstd")
+}
 
 
 def choose_client_coding(
@@ -371,7 +376,8 @@ def choose_client_coding(
         return NO_CODING
     if head.length is not None and b"content-encoding" not in head.lnames and head.length < compression.min_length:
         return NO_CODING
-    return ClientCoding(negotiate(accept_encoding), True)
+    coding = negotiate(accept_encoding)
+    return _NEGOTIATED.get(coding) or ClientCoding(coding, True)
 
 
 def merge_vary(headers: list[tuple[bytes, bytes]], name: bytes = b"Accept-Encoding") -> list[tuple[bytes, bytes]]:

@@ -103,8 +103,18 @@ class Exchange:
         self.life = Lifecycle(detached=request.detached)
         if ctx is not None and resource.cache is not None:
             self.storing = Storing(resource.cache, site, ctx)
-        #: What has arrived of the body and waits to be rewritten.
-        self.backlog = Backlog()
+
+    _backlog: Backlog | None = None
+
+    @property
+    def backlog(self) -> Backlog:
+        """What has arrived of the body and waits to be rewritten or
+        compressed: made when first asked for (an answer passed as it
+        comes never has one)."""
+        backlog = self._backlog
+        if backlog is None:
+            backlog = self._backlog = Backlog()
+        return backlog
 
     # -- the upstream head -------------------------------------------------------
 
