@@ -73,6 +73,7 @@ __all__ = [
     "coding_etag",
     "derived_etag",
     "plan_head",
+    "plan_passed",
     "plan_response",
     "rewrite_timing",
     "server_timing",
@@ -440,36 +441,47 @@ def plan_response(
     it); the rewrite's Server-Timing goes in a trailer when it is known
     only at the end (``timing_in_trailer``).  Cache-Status, Via and
     Server-Timing are added by the caller."""
+    if not rewrite or rules is None:
+        return ResponsePlan(*_passed_fields(head, out_coding, negotiated))
     headers = head.end_to_end(RESPONSE_DROP)
     has_length = False
     length = head.length
-    if rewrite and rules is not None:
-        if decode or negotiated:
-            headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
-            if out_coding is not None:
-                headers.append((b"Content-Encoding", out_coding))
-            headers = merge_vary(headers) if b"vary" in head.lnames else [*headers, _VARY_AE]
-        drop_modified = not rules.keep_last_modified and head.header(b"last-modified") is not None
-        if drop_modified or head.header(b"etag") is not None:
-            digest = rules.digest
-            kept = []
-            for name, value in headers:
-                lname = name.lower()
-                if lname == b"etag":
-                    value = derived_etag(value, digest)
-                    if negotiated and out_coding is not None:
-                        value = coding_etag(value, out_coding)
-                elif drop_modified and lname == b"last-modified":
-                    continue
-                kept.append((name, value))
-            headers = kept
-        if transduce and timing_in_trailer:
-            headers.append((b"Trailer", b"Server-Timing"))
-        elif skipped and length is not None and out_coding is None:
-            headers.append((b"Content-Length", b"%d" % length))
-            has_length = True
-    elif negotiated:
-        # Passed through, and compressed here for clients that take it.
+    if decode or negotiated:
+        headers = [(n, v) for n, v in headers if n.lower() != b"content-encoding"]
+        if out_coding is not None:
+            headers.append((b"Content-Encoding", out_coding))
+        headers = merge_vary(headers) if b"vary" in head.lnames else [*headers, _VARY_AE]
+    drop_modified = not rules.keep_last_modified and head.header(b"last-modified") is not None
+    if drop_modified or head.header(b"etag") is not None:
+        digest = rules.digest
+        kept = []
+        for name, value in headers:
+            lname = name.lower()
+            if lname == b"etag":
+                value = derived_etag(value, digest)
+                if negotiated and out_coding is not None:
+                    value = coding_etag(value, out_coding)
+            elif drop_modified and lname == b"last-modified":
+                continue
+            kept.append((name, value))
+        headers = kept
+    if transduce and timing_in_trailer:
+        headers.append((b"Trailer", b"Server-Timing"))
+    elif skipped and length is not None and out_coding is None:
+        headers.append((b"Content-Length", b"%d" % length))
+        has_length = True
+    return ResponsePlan(headers, has_length)
+
+
+def _passed_fields(
+    head: Head, out_coding: bytes | None, negotiated: bool,
+) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """``plan_response``'s fields and has_length for an answer passed as
+    it came (not rewritten): perhaps compressed for this client."""
+    headers = head.end_to_end(RESPONSE_DROP)
+    length = head.length
+    if negotiated:
+        has_length = False
         if out_coding is not None:
             headers = [(n, coding_etag(v, out_coding) if n.lower() == b"etag" else v) for n, v in headers]
             headers.append((b"Content-Encoding", out_coding))
@@ -480,10 +492,11 @@ def plan_response(
             headers = merge_vary(headers)
         else:
             headers.append(_VARY_AE)  # the common case: nothing to merge
-    elif length is not None and head.code not in (204, 304):
+        return headers, has_length
+    if length is not None and head.code not in (204, 304):
         headers.append((b"Content-Length", b"%d" % length))
-        has_length = True
-    return ResponsePlan(headers, has_length)
+        return headers, True
+    return headers, False
 
 
 #: Upstream statuses for which a stale copy is served instead (RFC 5861 4).
@@ -714,6 +727,33 @@ def plan_head(
         timing_extra=SKIPPED_TIMING if skipped else b"",
         timing_in_trailer=mode is not Mode.WHOLE_FIRST and trailers and transduce,
     )
+
+
+def plan_passed(
+    head: Head, *, method: bytes, accept_encoding: Sequence[bytes] | None, compression: Compression,
+) -> HeadPlan:
+    """``plan_head``'s plan for a site with no rules and no fields
+    targeted at it, an exchange without a cache context, and an answer
+    without a field the site's header rules change: passed as it came, or
+    compressed for this client.  The same plan, without asking what only
+    those features need (``tests/test_exchange_passed.py`` holds the two
+    equal)."""
+    code = head.code
+    if code == 101:
+        return HeadPlan(Mode.TUNNEL, code, None)
+    choice = choose_client_coding(
+        head, method=method, compression=compression, accept_encoding=accept_encoding,
+        encoded=b"content-encoding" in head.lnames and has_own_coding(head),
+    )
+    out_coding = choice.coding
+    if method == b"HEAD" or head.length == 0 or code in (204, 304):
+        mode = Mode.NO_BODY
+    elif out_coding is not None:
+        mode = Mode.COMPRESS
+    else:
+        mode = Mode.PASS
+    headers, _ = _passed_fields(head, out_coding, choice.varies)
+    return HeadPlan(mode, code, head.phrase, coding=choice, headers=headers)
 
 
 def finish_head(

@@ -42,6 +42,7 @@ from prexy.exchange import (
     PipelineError,
     State,
     plan_head,
+    plan_passed,
     resource_key,
     rewrite_timing,
     server_timing,
@@ -153,25 +154,33 @@ class Exchange:
             if not resource.rewriting.busy:
                 whole_max = whole_limit(self.backlog.slice)
         body_in_hand = response.body_in_hand
-        plan = self.plan = plan_head(
-            response,
-            method=method,
-            trailers=trailers,
-            accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
-            rules=rules,
-            compression=site.config.compression,
-            applicable=self._applicable,
-            cached=ctx is not None,
-            revalidating=ctx is not None and ctx.revalidating,
-            stale_usable=self._stale_usable,
-            whole_max=whole_max,
-            body_in_hand=body_in_hand,
-            range_pairs=ctx.pairs if ctx is not None else (),
-            targeted=site.targeted,
-            header_names=site.header_names,
-            rewrite_headers=self._rewrite_headers,
-            rules_count=len(rules.rules) if rules is not None else 0,
-        )
+        accept_encoding = request.requestHeaders.getRawHeaders(b"accept-encoding")
+        if rules is None and ctx is None and not site.targeted and site.header_names.isdisjoint(response.lnames):
+            # Nothing to rewrite, no field a header rule changes, no cache
+            # here: passed as it came, or compressed for this client.
+            plan = self.plan = plan_passed(
+                response, method=method, accept_encoding=accept_encoding, compression=site.config.compression,
+            )
+        else:
+            plan = self.plan = plan_head(
+                response,
+                method=method,
+                trailers=trailers,
+                accept_encoding=accept_encoding,
+                rules=rules,
+                compression=site.config.compression,
+                applicable=self._applicable,
+                cached=ctx is not None,
+                revalidating=ctx is not None and ctx.revalidating,
+                stale_usable=self._stale_usable,
+                whole_max=whole_max,
+                body_in_hand=body_in_hand,
+                range_pairs=ctx.pairs if ctx is not None else (),
+                targeted=site.targeted,
+                header_names=site.header_names,
+                rewrite_headers=self._rewrite_headers,
+                rules_count=len(rules.rules) if rules is not None else 0,
+            )
         mode = plan.mode
         if mode is Mode.TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
