@@ -11,6 +11,7 @@ without the protocol).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Protocol
 
 import attrs
@@ -137,6 +138,13 @@ class IConnectionOwner(Interface):
         """``protocol`` lost its connection: never hand it out again."""
 
 
+#: Head shapes whose passing positions are remembered (``end_to_end``);
+#: past them the memo starts afresh (an origin inventing shapes costs a
+#: scan each, never memory).
+SHAPES = 256
+_PICKS: dict[tuple[frozenset[bytes], frozenset[bytes], tuple[bytes, ...]], tuple[Any, bool]] = {}
+
+
 @attrs.define(eq=False)
 class UpstreamResponse:
     """Status line and headers of an upstream response; the body follows via
@@ -166,14 +174,25 @@ class UpstreamResponse:
 
     def end_to_end(self, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
         """Headers that may be forwarded: without hop-by-hop ones, those named
-        in Connection, and ``drop`` (lower-case names)."""
-        named = self.connection_names
-        if named:  # (no union of the two sets built per response)
-            return [
-                pair for pair, lname in zip(self.headers, self.lnames, strict=True)
-                if lname not in drop and lname not in named
-            ]
-        return [pair for pair, lname in zip(self.headers, self.lnames, strict=True) if lname not in drop]
+        in Connection, and ``drop`` (lower-case names).
+
+        Which positions pass depends only on the head's shape (``drop``,
+        Connection's names, the names in order), and an origin sends the
+        same few shapes on every answer: the positions are worked out once
+        per shape (at most ``SHAPES`` remembered) and picked in C."""
+        key = (drop, self.connection_names, tuple(self.lnames))
+        pick = _PICKS.get(key)
+        if pick is None:
+            named = self.connection_names
+            kept = [i for i, lname in enumerate(self.lnames) if lname not in drop and lname not in named]
+            pick = (itemgetter(*kept), len(kept) > 1) if kept else (None, False)
+            if len(_PICKS) >= SHAPES:
+                _PICKS.clear()
+            _PICKS[key] = pick
+        getter, several = pick
+        if getter is None:
+            return []
+        return list(getter(self.headers)) if several else [getter(self.headers)]
 
     @property
     def body_in_hand(self) -> bool:
