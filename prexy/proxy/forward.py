@@ -66,6 +66,13 @@ from prexy.upgrade import tunnel_head
 
 log = Logger()
 
+# What each answer reads, as globals: Python 3.11 reads a member off an
+# Enum class through EnumType's __getattr__ hook, about 100 ns a read
+# against 10 for a global (timeit).
+_TUNNEL, _REFRESH, _STALE, _RANGE, _NO_BODY = Mode.TUNNEL, Mode.REFRESH, Mode.STALE, Mode.RANGE, Mode.NO_BODY
+_WHOLE_FIRST, _HEAD_FIRST = Mode.WHOLE_FIRST, Mode.HEAD_FIRST
+_ON_HEAD, _ON_COMPLETE = Event.HEAD, Event.COMPLETE
+
 @implementer(IBodyConsumer)
 class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
@@ -182,13 +189,13 @@ class Exchange:
                 rules_count=len(rules.rules) if rules is not None else 0,
             )
         mode = plan.mode
-        if mode is Mode.TUNNEL:  # asked for (else the reader made it a 502)
+        if mode is _TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
             return
-        if mode is Mode.REFRESH:
+        if mode is _REFRESH:
             self._serve_revalidated(response)
             return
-        if mode is Mode.STALE:
+        if mode is _STALE:
             self._serve_stale(response)
             return
         if plan.unknown_coding is not None:
@@ -209,7 +216,7 @@ class Exchange:
             self.tapped = tap is not None
             if plan.transduce and rules is not None:
                 transducer = Transducer(rules, only=plan.only)
-            if mode is Mode.WHOLE_FIRST or mode is Mode.HEAD_FIRST:
+            if mode is _WHOLE_FIRST or mode is _HEAD_FIRST:
                 # The whole body came with the head and is a millisecond of
                 # work at most: it is rewritten in one piece, not in slices.
                 # Where the answer can end with trailers, the head leaves
@@ -220,7 +227,7 @@ class Exchange:
                 if body is not None:
                     resource.metrics.bytes_in += len(body)
                     self.pipeline = BodyPipeline(transducer, None, encoder)
-                    if mode is Mode.HEAD_FIRST:
+                    if mode is _HEAD_FIRST:
                         after_head = body
                     else:
                         whole = self._feed(body, True)
@@ -231,7 +238,7 @@ class Exchange:
                 self.pipeline = BodyPipeline(transducer, decoder, encoder, tap)
             elif encoder is not None and transducer is None:
                 self.pipeline = BodyPipeline(None, None, encoder, tap)
-        if self.pipeline is None and body_in_hand and self.storing is None and mode is not Mode.RANGE:
+        if self.pipeline is None and body_in_hand and self.storing is None and mode is not _RANGE:
             # Passed as it came, and all of it is here (or there is none):
             # the answer is written and finished at once, not streamed
             # through bodyData and bodyDone.
@@ -274,8 +281,8 @@ class Exchange:
             self.stash = whole
             self._complete()
             return
-        self.life.on(Event.HEAD)
-        if mode is Mode.NO_BODY:
+        self.life.on(_ON_HEAD)
+        if mode is _NO_BODY:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.pipeline is not None:
@@ -468,7 +475,7 @@ class Exchange:
                 if self.plan is not None and self.plan.timing_in_trailer:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
-        self.life.on(Event.COMPLETE)
+        self.life.on(_ON_COMPLETE)
         self._cache_done(True)
         request.finish(tail)
         # After the last bytes left: the client does not wait for this.
