@@ -74,7 +74,7 @@ class ResponseHeaders:
         return values if values else default
 
     def hasHeader(self, name: bytes | str) -> bool:  # noqa: N802
-        low = _name(name).lower()
+        low = name.lower() if type(name) is bytes else _name(name).lower()
         for n, _ in self.pairs:
             if n.lower() == low:
                 return True
