@@ -138,10 +138,11 @@ class IConnectionOwner(Interface):
         """``protocol`` lost its connection: never hand it out again."""
 
 
-#: Head shapes whose passing positions are remembered (``end_to_end``);
-#: past them the memo starts afresh (an origin inventing shapes costs a
-#: scan each, never memory).
-SHAPES = 256
+#: Head shapes whose passing positions are remembered (``end_to_end``):
+#: a site's origin sends a few dozen, a process fronting many sites more;
+#: past this many the memo starts afresh (an origin inventing shapes costs
+#: a scan each, never memory: about 300 bytes an entry).
+SHAPES = 1024
 _PICKS: dict[tuple[frozenset[bytes], frozenset[bytes], tuple[bytes, ...]], tuple[Any, bool]] = {}
 
 
