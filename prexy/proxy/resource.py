@@ -53,10 +53,11 @@ __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
-#: Host values whose site a process remembers (``ProxyResource.site_for``);
-#: past them the memo starts afresh, so a client inventing names costs a
-#: lookup each, never memory.
-SITE_MEMO = 1024
+#: Host values whose site a process remembers (``ProxyResource.site_for``:
+#: a node with thousands of sites sees thousands); past them the memo
+#: starts afresh, so a client inventing names costs a lookup each, never
+#: memory (about 100 bytes an entry).
+SITE_MEMO = 4096
 #: Distinct coding labels of prexy_unknown_coding_total: past them, an
 #: upstream inventing codings is counted as "other" (and logged once).
 UNKNOWN_CODING_LABELS = 64
