@@ -103,10 +103,11 @@ class UpstreamURL:
         return f"{self.scheme}://{self.host_header}{self.path}"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class OriginKey:
     """Where a pooled upstream connection goes (and, for https, which CA
-    file to trust instead of the system's)."""
+    file to trust instead of the system's).  Its hash is kept: the pool
+    looks it up twice per request."""
 
     scheme: str
     host: str

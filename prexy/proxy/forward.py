@@ -42,6 +42,7 @@ from prexy.exchange import (
     PipelineError,
     State,
     plan_head,
+    plan_passed,
     resource_key,
     rewrite_timing,
     server_timing,
@@ -65,12 +66,39 @@ from prexy.upgrade import tunnel_head
 
 log = Logger()
 
+# What each answer reads, as globals: Python 3.11 reads a member off an
+# Enum class through EnumType's __getattr__ hook, about 100 ns a read
+# against 10 for a global (timeit).
+_TUNNEL, _REFRESH, _STALE, _RANGE, _NO_BODY = Mode.TUNNEL, Mode.REFRESH, Mode.STALE, Mode.RANGE, Mode.NO_BODY
+_WHOLE_FIRST, _HEAD_FIRST = Mode.WHOLE_FIRST, Mode.HEAD_FIRST
+_ON_HEAD, _ON_COMPLETE = Event.HEAD, Event.COMPLETE
+
 @implementer(IBodyConsumer)
 class Exchange:
     """One forwarded request, from the upstream's head to the last byte.
 
     Also the upstream body's consumer (``bodyData``, ``bodyDone``,
-    ``bodyFailed``)."""
+    ``bodyFailed``).  What most exchanges never set (a cache's part, a
+    pipeline, a range) is a class default, not stored per exchange."""
+
+    pending: PendingRequest | None = None
+    response: UpstreamResponse | None = None
+    #: The cache's part while the exchange has one (a cache context).
+    storing: Storing | None = None
+    upstream_target: bytes | None = None
+    pipeline: BodyPipeline | None = None
+    #: What plan_head decided on the upstream's head.
+    plan: HeadPlan | None = None
+    task: Any = None
+    #: The transducer's last output, sent with the end of the response.
+    stash = b""
+    resource_key: ResourceKey | None = None
+    rules_run = 0
+    producer_registered = False
+    #: The cache gets the body before it is compressed for the client.
+    tapped = False
+    #: The client's range of a miss, cut from the body as it streams.
+    cut: Cut | None = None
 
     def __init__(
         self, resource: ExchangeHost, request: IClient, site: SiteRuntime, started: float,
@@ -81,28 +109,20 @@ class Exchange:
         self.site = site
         self.started = started
         self.life = Lifecycle(detached=request.detached)
-        self.pending: PendingRequest | None = None
-        self.response: UpstreamResponse | None = None
-        #: The cache's part while the exchange has one (a cache context).
-        self.storing: Storing | None = None
         if ctx is not None and resource.cache is not None:
             self.storing = Storing(resource.cache, site, ctx)
-        self.upstream_target: bytes | None = None
-        self.pipeline: BodyPipeline | None = None
-        #: What plan_head decided on the upstream's head.
-        self.plan: HeadPlan | None = None
-        #: What has arrived of the body and waits to be rewritten.
-        self.backlog = Backlog()
-        self.task: Any = None
-        #: The transducer's last output, sent with the end of the response.
-        self.stash = b""
-        self.resource_key: ResourceKey | None = None
-        self.rules_run = 0
-        self.producer_registered = False
-        #: The cache gets the body before it is compressed for the client.
-        self.tapped = False
-        #: The client's range of a miss, cut from the body as it streams.
-        self.cut: Cut | None = None
+
+    _backlog: Backlog | None = None
+
+    @property
+    def backlog(self) -> Backlog:
+        """What has arrived of the body and waits to be rewritten or
+        compressed: made when first asked for (an answer passed as it
+        comes never has one)."""
+        backlog = self._backlog
+        if backlog is None:
+            backlog = self._backlog = Backlog()
+        return backlog
 
     # -- the upstream head -------------------------------------------------------
 
@@ -141,70 +161,90 @@ class Exchange:
             if not resource.rewriting.busy:
                 whole_max = whole_limit(self.backlog.slice)
         body_in_hand = response.body_in_hand
-        plan = self.plan = plan_head(
-            response,
-            method=method,
-            trailers=trailers,
-            accept_encoding=request.requestHeaders.getRawHeaders(b"accept-encoding"),
-            rules=rules,
-            compression=site.config.compression,
-            applicable=self._applicable,
-            cached=ctx is not None,
-            revalidating=ctx is not None and ctx.revalidating,
-            stale_usable=self._stale_usable,
-            whole_max=whole_max,
-            body_in_hand=body_in_hand,
-            range_pairs=ctx.pairs if ctx is not None else (),
-            targeted=site.targeted,
-            header_names=site.header_names,
-            rewrite_headers=self._rewrite_headers,
-            rules_count=len(rules.rules) if rules is not None else 0,
-        )
+        accept_encoding = request.requestHeaders.getRawHeaders(b"accept-encoding")
+        if rules is None and ctx is None and not site.targeted and site.header_names.isdisjoint(response.lnames):
+            # Nothing to rewrite, no field a header rule changes, no cache
+            # here: passed as it came, or compressed for this client.
+            plan = self.plan = plan_passed(
+                response, method=method, accept_encoding=accept_encoding, compression=site.config.compression,
+            )
+        else:
+            plan = self.plan = plan_head(
+                response,
+                method=method,
+                trailers=trailers,
+                accept_encoding=accept_encoding,
+                rules=rules,
+                compression=site.config.compression,
+                applicable=self._applicable,
+                cached=ctx is not None,
+                revalidating=ctx is not None and ctx.revalidating,
+                stale_usable=self._stale_usable,
+                whole_max=whole_max,
+                body_in_hand=body_in_hand,
+                range_pairs=ctx.pairs if ctx is not None else (),
+                targeted=site.targeted,
+                header_names=site.header_names,
+                rewrite_headers=self._rewrite_headers,
+                rules_count=len(rules.rules) if rules is not None else 0,
+            )
         mode = plan.mode
-        if mode is Mode.TUNNEL:  # asked for (else the reader made it a 502)
+        if mode is _TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
             return
-        if mode is Mode.REFRESH:
+        if mode is _REFRESH:
             self._serve_revalidated(response)
             return
-        if mode is Mode.STALE:
+        if mode is _STALE:
             self._serve_stale(response)
             return
         if plan.unknown_coding is not None:
             resource.coding_not_decoded(site, plan.unknown_coding, request.uri)
-        if plan.skipped:
-            resource.metrics.count("prexy_rewrite_skipped_total")
-        self.rules_run = plan.rules_run
-        out_coding = plan.coding.coding
-        encoder = None
-        if plan.encodes and out_coding is not None:
-            encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
-        tap = self._tap if plan.tap else None
-        self.tapped = tap is not None
-        transducer = Transducer(rules, only=plan.only) if plan.transduce and rules is not None else None
+        transducer = None
         whole: bytes | None = None
         after_head: bytes | None = None
-        if mode in (Mode.WHOLE_FIRST, Mode.HEAD_FIRST):
-            # The whole body came with the head and is a millisecond of work
-            # at most: it is rewritten in one piece, not in slices.  Where
-            # the answer can end with trailers, the head leaves first and
-            # the client reads it while the body is rewritten; elsewhere
-            # the rewrite comes first and its time goes in the head
-            # (measured side by side: bench/README.md).
-            body = response.take_body()
-            if body is not None:
-                resource.metrics.bytes_in += len(body)
-                self.pipeline = BodyPipeline(transducer, None, encoder)
-                if mode is Mode.HEAD_FIRST:
-                    after_head = body
-                else:
-                    whole = self._feed(body, True)
-                    if whole is None:
-                        return  # the rewrite failed: the client got a 5xx
-        if transducer is not None and self.pipeline is None:
-            self.pipeline = BodyPipeline(transducer, decoder_for(plan.codings) if plan.decode else None, encoder, tap)
-        elif encoder is not None and transducer is None:
-            self.pipeline = BodyPipeline(None, None, encoder, tap)
+        if plan.rewrite or plan.coding.coding is not None:
+            # The body goes through the pipeline: rewritten, compressed, or both.
+            if plan.skipped:
+                resource.metrics.count("prexy_rewrite_skipped_total")
+            self.rules_run = plan.rules_run
+            out_coding = plan.coding.coding
+            encoder = None
+            if plan.encodes and out_coding is not None:
+                encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
+            tap = self._tap if plan.tap else None
+            self.tapped = tap is not None
+            if plan.transduce and rules is not None:
+                transducer = Transducer(rules, only=plan.only)
+            if mode is _WHOLE_FIRST or mode is _HEAD_FIRST:
+                # The whole body came with the head and is a millisecond of
+                # work at most: it is rewritten in one piece, not in slices.
+                # Where the answer can end with trailers, the head leaves
+                # first and the client reads it while the body is rewritten;
+                # elsewhere the rewrite comes first and its time goes in the
+                # head (measured side by side: bench/README.md).
+                body = response.take_body()
+                if body is not None:
+                    resource.metrics.bytes_in += len(body)
+                    self.pipeline = BodyPipeline(transducer, None, encoder)
+                    if mode is _HEAD_FIRST:
+                        after_head = body
+                    else:
+                        whole = self._feed(body, True)
+                        if whole is None:
+                            return  # the rewrite failed: the client got a 5xx
+            if transducer is not None and self.pipeline is None:
+                decoder = decoder_for(plan.codings) if plan.decode else None
+                self.pipeline = BodyPipeline(transducer, decoder, encoder, tap)
+            elif encoder is not None and transducer is None:
+                self.pipeline = BodyPipeline(None, None, encoder, tap)
+        if self.pipeline is None and body_in_hand and self.storing is None and mode is not _RANGE:
+            # Passed as it came, and all of it is here (or there is none):
+            # the answer is written and finished at once, not streamed
+            # through bodyData and bodyDone.
+            whole = response.take_body()
+            if whole is not None:
+                resource.metrics.bytes_in += len(whole)
         cache_status = None
         if self.storing is not None:
             assert plan.stored is not None
@@ -241,8 +281,8 @@ class Exchange:
             self.stash = whole
             self._complete()
             return
-        self.life.on(Event.HEAD)
-        if mode is Mode.NO_BODY:
+        self.life.on(_ON_HEAD)
+        if mode is _NO_BODY:
             response.deliverBody(self)  # nothing to stream: finishes at once
             return
         if self.pipeline is not None:
@@ -411,7 +451,7 @@ class Exchange:
         where the plan puts it there)."""
         request = self.request
         pipeline = self.pipeline
-        tail = b""
+        tail, self.stash = self.stash, b""
         if pipeline is not None:
             try:
                 end = pipeline.finish()
@@ -424,7 +464,7 @@ class Exchange:
                 self._out(end)
                 if self.life.over:
                     return  # the last follower left with it, and nothing is stored
-            tail, self.stash = self.stash + end, b""
+            tail += end
             transducer = pipeline.transducer
             metrics = self.resource.metrics
             if transducer is not None:
@@ -435,7 +475,7 @@ class Exchange:
                 if self.plan is not None and self.plan.timing_in_trailer:
                     request.add_trailer(b"Server-Timing", rewrite_timing(transducer, self.rules_run))
         self._unregister()
-        self.life.on(Event.COMPLETE)
+        self.life.on(_ON_COMPLETE)
         self._cache_done(True)
         request.finish(tail)
         # After the last bytes left: the client does not wait for this.

@@ -53,6 +53,11 @@ class ResponseHeaders:
     def addRawHeader(self, name: bytes | str, value: bytes | str) -> None:  # noqa: N802 (twisted's name)
         self.pairs.append((_name(name), _value(value)))
 
+    def extend(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add fields already in bytes, in order (an answer's whole head at
+        once: nothing to convert)."""
+        self.pairs.extend(pairs)
+
     def setRawHeaders(self, name: bytes | str, values: Sequence[bytes | str]) -> None:  # noqa: N802
         """Replace the fields named ``name``: the new values take the place
         of the first one (or go last)."""
@@ -69,8 +74,11 @@ class ResponseHeaders:
         return values if values else default
 
     def hasHeader(self, name: bytes | str) -> bool:  # noqa: N802
-        low = _name(name).lower()
-        return any(n.lower() == low for n, _ in self.pairs)
+        low = name.lower() if type(name) is bytes else _name(name).lower()
+        for n, _ in self.pairs:
+            if n.lower() == low:
+                return True
+        return False
 
     def removeHeader(self, name: bytes | str) -> None:  # noqa: N802
         low = _name(name).lower()
@@ -121,7 +129,8 @@ class RequestHeaders:
         self.raw[_name(name).lower()] = [_value(v) for v in values]
 
     def getRawHeaders(self, name: bytes | str, default: Any = None) -> Any:  # noqa: N802
-        return self.raw.get(_name(name).lower(), default)
+        key = name.lower() if type(name) is bytes else _name(name).lower()  # (read three times per request)
+        return self.raw.get(key, default)
 
     def get(self, name: bytes) -> list[bytes] | None:
         """The values of a lower-case ``name`` (``prexy.headervars.HeaderLookup``)."""

@@ -92,6 +92,12 @@ class _ProtocolFactory(Factory):
 class PendingRequest:
     """One request on its way to an upstream, until its response head."""
 
+    protocol: UpstreamProtocol | None = None
+    connecting: defer.Deferred[UpstreamProtocol] | None = None
+    reused = False
+    may_retry = False
+    cancelled = False
+
     def __init__(
         self,
         pool: UpstreamPool,
@@ -115,11 +121,6 @@ class PendingRequest:
         self.body_length = body_length
         self.on_head = on_head
         self.on_error = on_error
-        self.protocol: UpstreamProtocol | None = None
-        self.connecting: defer.Deferred[UpstreamProtocol] | None = None
-        self.reused = False
-        self.may_retry = False
-        self.cancelled = False
 
     def attempt(self, allow_retry: bool) -> None:
         pool = self.pool

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import io
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
+from twisted.web.http import NO_BODY_CODES, datetimeToString, toChunk
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import INonQueuedRequestFactory
 from zope.interface import implementer, provider
@@ -43,7 +45,11 @@ SPOOL_IN_MEMORY = 1024 * 1024
 def start_response(request: IClient, code: int, phrase: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> None:
     """Set the status and the header pairs (in order, repeated names kept)."""
     request.setResponseCode(code, phrase or None)
-    add = request.responseHeaders.addRawHeader
+    fields = request.responseHeaders
+    if type(fields) is ResponseHeaders:
+        fields.extend(headers)
+        return
+    add = fields.addRawHeader
     for name, value in headers:
         add(name, value)
 
@@ -136,6 +142,8 @@ class SiteOfRequest(Protocol):
 
     def served(self, channel: Any) -> None: ...
 
+    def log(self, request: Any) -> None: ...
+
 
 @implementer(IClient)
 @provider(INonQueuedRequestFactory)
@@ -165,6 +173,8 @@ class ProxyRequest(server.Request):
     #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
     has_body = False
+    #: The head went out and no body follows it (HEAD, 204, 304).
+    _no_body = False
     site: Any  # the ProxySite (prexy.proxy.site), which imports this module
     #: The connection or stream (None once the connection is lost); twisted.web
     #: says an HTTPChannel, which an HTTP/2 stream is not.
@@ -172,7 +182,19 @@ class ProxyRequest(server.Request):
 
     def __init__(self, channel: Any, queued: object = None) -> None:
         # ``queued``: what twisted.web's HTTP/2 stream passes (always False).
-        super().__init__(channel)
+        # The state twisted.web's Request.__init__ sets (and Componentized's),
+        # without the two Headers tables it would build only to have them
+        # replaced here, and without its form parsing (never done).
+        self.notifications: list[Any] = []
+        self.channel = channel
+        self.client = channel.getPeer()
+        self.host = channel.getHost()
+        self.transport = channel.transport
+        self.queued = False
+        self._parsePOSTFormSubmission = False
+        self._adapterCache: dict[str, Any] = {}
+        self.received_cookies: dict[bytes, bytes] = {}
+        self.cookies: list[bytes] = []
         self.responseHeaders = ResponseHeaders()  # type: ignore[assignment]
         #: Filled by the channel (the HTTP/1.x one sets a table built from
         #: the parsed head at once).
@@ -335,6 +357,48 @@ class ProxyRequest(server.Request):
         self._trailers = []
         self.setResponseCode(200)
 
+    def write(self, data: bytes) -> None:
+        """twisted.web's ``Request.write`` in one step: the first write
+        sends the head (chunked framing for an HTTP/1.1 answer with a body
+        and no Content-Length), then ``data``.  twisted.web goes through
+        ``server.Request.write`` (a default Content-Type, which the proxy
+        never sets, and a content encoder it never has) and reads the
+        header table three times; the fields are asked for once here."""
+        if self._no_body:
+            return  # a HEAD's answer, a 204 or 304: the head is all
+        if self.finished:
+            raise RuntimeError("Request.write called on a request after Request.finish was called.")
+        if self._disconnected:
+            return  # the client left: twisted.web drops it too (finish raises)
+        if not self.startedWriting:
+            self.startedWriting = 1
+            version = self.clientproto
+            code = self.code
+            headers = self.responseHeaders
+            bodiless = self.method == b"HEAD" or code in NO_BODY_CODES
+            if version == b"HTTP/1.1" and not bodiless and not headers.hasHeader(b"content-length"):
+                headers.setRawHeaders(b"Transfer-Encoding", [b"chunked"])
+                self.chunked = 1
+            if self.lastModified is not None:
+                if headers.hasHeader(b"Last-Modified"):
+                    _log.info("Warning: last-modified specified both in header list and lastModified attribute.")
+                else:
+                    headers.setRawHeaders(b"Last-Modified", [datetimeToString(self.lastModified)])
+            if self.etag is not None:
+                headers.setRawHeaders(b"ETag", [self.etag])
+            if self.cookies:
+                headers.setRawHeaders(b"Set-Cookie", self.cookies)
+            self.channel.writeHeaders(version, b"%d" % code, self.code_message, headers)
+            if bodiless:
+                self._no_body = True
+                return
+        self.sentLength += len(data)
+        if data:
+            if self.chunked:
+                self.channel.writeSequence(toChunk(data))
+            else:
+                self.channel.write(data)
+
     def finish(self, last: bytes = b"") -> None:
         """End the response; ``last``: its last body bytes, which go out
         in the same write as the end of a chunked body."""
@@ -360,11 +424,28 @@ class ProxyRequest(server.Request):
         elif last:
             self.write(last)  # (after the client left: twisted.web drops it)
         self.exchange = None
-        self.proxy_site.served(self.channel)
-        metrics = self.proxy_site.metrics
+        channel = self.channel
+        site = self.proxy_site
+        site.served(channel)
+        metrics = site.metrics
         metrics.count_answer(self.code, self.clientproto)
         self._uncount()
-        super().finish()
+        # twisted.web's Request.finish (server.Request's adds only its
+        # content encoder, which the proxy never has).
+        if self._disconnected:
+            raise RuntimeError(
+                "Request.finish called on a request after its connection was lost; "
+                "use Request.notifyFinish to keep track of this."
+            )
+        if self.finished:
+            warnings.warn("Warning! request.finish called twice.", stacklevel=2)
+            return
+        if self.chunked:
+            channel.write(b"0\r\n\r\n")  # the last chunk and the end
+        site.log(self)  # the access log (twisted.web: the channel's factory, the same site)
+        self.finished = 1
+        if not self.queued:
+            self._cleanup()
 
 
 @implementer(IClient)

@@ -53,6 +53,11 @@ __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
 #: Resource versions the applicability memory keeps per process.
 APPLICABILITY_ENTRIES = 50_000
+#: Host values whose site a process remembers (``ProxyResource.site_for``:
+#: a node with thousands of sites sees thousands); past them the memo
+#: starts afresh, so a client inventing names costs a lookup each, never
+#: memory (about 100 bytes an entry).
+SITE_MEMO = 4096
 #: Distinct coding labels of prexy_unknown_coding_total: past them, an
 #: upstream inventing codings is counted as "other" (and logged once).
 UNKNOWN_CODING_LABELS = 64
@@ -93,6 +98,26 @@ class ProxyResource(Resource):
         #: Sites whose upstream bodies' trailing garbage was logged.
         self.garbage_sites: set[str] = set()
         self._coding_labels: set[str] = set()
+        #: Host value -> its site, for ``runtime`` (a reload replaces it).
+        self._sites: dict[bytes | None, SiteRuntime] = {}
+        self._sites_of: Runtime | None = None
+
+    def site_for(self, host: bytes | None) -> SiteRuntime:
+        """The site a Host value selects (``Runtime.select``), looked up
+        once per value: the lookup decodes, lower-cases and splits the
+        value, the same few values on every request."""
+        runtime = self.runtime
+        sites = self._sites
+        if self._sites_of is not runtime:
+            sites.clear()
+            self._sites_of = runtime
+        site = sites.get(host)
+        if site is None:
+            site = runtime.select(host)  # (compiles its rules the first time: they stay so)
+            if len(sites) >= SITE_MEMO:
+                sites.clear()
+            sites[host] = site
+        return site
 
     def coding_not_decoded(self, site: SiteRuntime, coding: bytes, uri: bytes) -> None:
         """A response the site's rules would rewrite came in a coding the
@@ -142,7 +167,7 @@ class ProxyResource(Resource):
         raw = raw_header_dict(request.requestHeaders)
         host_values = raw.get(b"host")
         host = host_values[0] if host_values else None
-        site = self.runtime.select(host)
+        site = self.site_for(host)
         target = _origin_form(request.uri)
         if target is None:
             error_answer(request, 400, site.config.error_pages, site)
@@ -334,7 +359,7 @@ def _origin_form(uri: bytes) -> bytes | None:
 
 def _request_body(request: IClient) -> tuple[IO[bytes] | None, int]:
     content = request.content
-    if content is None:
+    if content is None or not request.has_body:
         return None, 0
     content.seek(0, 2)
     length = content.tell()
