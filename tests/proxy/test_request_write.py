@@ -15,16 +15,9 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web import server
 
+from prexy.metrics import Metrics
 from prexy.proxy.headers import ResponseHeaders
 from prexy.proxy.request import ProxyRequest
-
-
-class _Metrics:
-    def count_status(self, code: int) -> None:
-        pass
-
-    def count_protocol(self, protocol: bytes) -> None:
-        pass
 
 
 class _Site:
@@ -32,7 +25,7 @@ class _Site:
 
     _parsePOSTFormSubmission = False
     max_request_body = 1 << 20
-    metrics = _Metrics()
+    metrics = Metrics()
     active_requests = 0
 
     def served(self, channel: Any) -> None:
