@@ -280,6 +280,10 @@ class IClientConnection(Interface):
     HTTP/1.x ``ProxyChannel``, the HTTP/2 ``H2ServerProtocol``."""
 
     transport = Attribute("The connection's transport; None before it is made.")
+    served = Attribute(
+        "Whether it has answered a request (an HTTP/2 connection counts as served from the start: "
+        "it has no first request to wait for when draining)."
+    )
 
     def drain(fresh: bool) -> None:
         """Graceful stop: what is in flight finishes, then the connection

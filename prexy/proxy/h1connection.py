@@ -126,6 +126,9 @@ class ProxyChannel(Protocol, TimeoutMixin):
     _answered = False
     #: Its answer says ``Connection: close`` (``answer_head``).
     _say_close = False
+    #: Has answered a request (graceful shutdown closes it once idle;
+    #: one that has not may still be sending its first).
+    served = False
     _reader: RequestReader | None = None
     _out: SendNow | None = None
     _head_timer: Any = None
@@ -233,7 +236,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
         if hits is not None:
             looked = hits.answer(self, event, headers)
             if looked is True:
-                self._answered = True
+                self._answered = self.served = True
                 return
         request = self.request = self.requestFactory(self)
         if looked:
@@ -274,6 +277,7 @@ class ProxyChannel(Protocol, TimeoutMixin):
     def requestDone(self, request: Any) -> None:
         """The answer is complete (``Request.finish``)."""
         self.request = None
+        self.served = True
         self._handling = False
         if self._tunnel is not None:
             return

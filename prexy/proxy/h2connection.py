@@ -203,6 +203,8 @@ class H2ServerProtocol(Protocol):
     """One client connection speaking HTTP/2 (after ALPN ``h2``, or a
     cleartext connection that began with the preface)."""
 
+    #: (``IClientConnection``: no first request to wait for when draining.)
+    served = True
     paused = False
     _closing = False
     _handling = False

@@ -118,7 +118,6 @@ class HitPath:
             metrics = self.resource.metrics
             metrics.count_cache("hit")
             proxy_site = channel.site
-            proxy_site.served(channel)
             metrics.count_answer(record.code, record.clientproto)
             proxy_site.log(record)
         except Exception:

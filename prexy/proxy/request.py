@@ -140,8 +140,6 @@ class SiteOfRequest(Protocol):
     resource: Any
     timeouts: Timeouts
 
-    def served(self, channel: Any) -> None: ...
-
     def log(self, request: Any) -> None: ...
 
 
@@ -426,7 +424,6 @@ class ProxyRequest(server.Request):
         self.exchange = None
         channel = self.channel
         site = self.proxy_site
-        site.served(channel)
         metrics = site.metrics
         metrics.count_answer(self.code, self.clientproto)
         self._uncount()

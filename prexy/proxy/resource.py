@@ -282,7 +282,6 @@ class ProxyResource(Resource):
         request.sentLength = tunnel.bytes_down
         site = request.proxy_site
         site.log(request)
-        site.served(channel)
         log.info(
             "tunnel {uri} closed by {by}{how} after {seconds:.1f} s: {up} bytes up, {down} bytes down",
             uri=request.uri.decode("latin-1"), by=tunnel.ended_by,

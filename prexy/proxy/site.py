@@ -60,8 +60,9 @@ class ProxySite(server.Site):
         #: Fresh cache hits answered on the HTTP/1.x connection (None: off).
         self.hits: HitPath | None = HitPath(resource)
         self.active_requests = 0
-        #: channel -> [accepted at, has answered a request]
-        self._channels: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        #: connection -> when it was accepted (an HTTP/1.x channel says
+        #: itself whether it has answered a request: ``served``)
+        self._channels: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
     #: The limits of HTTP/2 connections (``[http2]``; a reload replaces them).
     h2_settings = H2Settings()
@@ -73,7 +74,7 @@ class ProxySite(server.Site):
 
     def http1_channel(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
-        self._channels[protocol] = [self.reactor.seconds(), False]
+        self._channels[protocol] = self.reactor.seconds()
         return protocol
 
     def http2_connection(self) -> Any:
@@ -81,7 +82,7 @@ class ProxySite(server.Site):
         from prexy.proxy.http2 import http2_connection
 
         connection = http2_connection(self)
-        self._channels[connection] = [self.reactor.seconds(), True]
+        self._channels[connection] = self.reactor.seconds()
         return connection
 
     def refused(self, channel: Any, refusal: Refusal) -> None:
@@ -105,12 +106,6 @@ class ProxySite(server.Site):
         pages: ErrorPages = self.resource.runtime.default.config.error_pages
         return pages
 
-    def served(self, channel: Any) -> None:
-        """A response on ``channel`` is complete."""
-        entry = self._channels.get(channel)
-        if entry is not None:
-            entry[1] = True
-
     def open_connections(self) -> int:
         """Client connections still open."""
         return sum(1 for channel in list(self._channels) if getattr(channel.transport, "connected", False))
@@ -120,8 +115,8 @@ class ProxySite(server.Site):
         response, close idle keep-alive ones, and give connections accepted
         moments ago ``fresh_grace`` seconds to send their first request."""
         now = self.reactor.seconds()
-        for channel, (created, served) in list(self._channels.items()):
+        for channel, created in list(self._channels.items()):
             transport = channel.transport
             if transport is None:
                 continue
-            channel.drain(not served and now - created < fresh_grace)
+            channel.drain(not channel.served and now - created < fresh_grace)

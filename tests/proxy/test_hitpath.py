@@ -223,3 +223,20 @@ class ConnectionCloseTests(SynchronousTestCase):
         _, client = h.send(REQUESTS["Connection: close"])
         self.assertTrue(client.value().startswith(b"HTTP/1.1 200 OK\r\nconnection: close\r\n"), client.value()[:80])
         self.assertTrue(client.disconnecting)
+
+
+class GracefulStopTests(SynchronousTestCase):
+    def test_a_connection_answered_by_a_hit_counts_as_served(self) -> None:
+        """A graceful stop closes at once an idle connection whose only
+        answer was a hit, as it does one the general path answered (a
+        connection that has answered nothing gets a grace for its first
+        request)."""
+        h = test_rfc_cache.harness(CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        seen = answered_by_hits(h)
+        _, client = h.send(GET + b"\r\n")
+        _, fresh = h.client()
+        self.assertEqual(seen, [True])
+        h.site.close_idle_connections(fresh_grace=2.0)
+        self.assertEqual((client.disconnecting, fresh.disconnecting), (True, False))
