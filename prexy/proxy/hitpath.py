@@ -41,9 +41,10 @@ __all__ = ["HitPath"]
 _log = Logger("prexy")
 
 _GET, _HEAD = b"GET", b"HEAD"
-#: Request fields that change a hit's answer (a 304, a range): such
-#: requests get theirs made each time.
-_SHAPING = frozenset((b"if-none-match", b"if-modified-since", b"if-match", b"if-unmodified-since", b"if-range", b"range"))
+#: Request fields that change a hit's answer beyond what an answer made
+#: once is kept by (a 304, a range against a validator): such requests get
+#: theirs made each time.  A Range alone is part of the key.
+_SHAPING = frozenset((b"if-none-match", b"if-modified-since", b"if-match", b"if-unmodified-since", b"if-range"))
 #: Where a remembered head takes each hit's Age and Cache-Status (bytes no
 #: field value holds: a parsed field never has a NUL).
 _AGE_MARK, _STATUS_MARK = b"\0age\0", b"\0cache-status\0"
@@ -92,7 +93,7 @@ class HitPath:
         self.resource = resource
         #: The answers made last, by what they depend on besides the object
         #: (its key, the method, the version, whether the connection closes,
-        #: Accept-Encoding); each is used only for the very object the store
+        #: Accept-Encoding, Range); each is used only for the very object the store
         #: gives now (``Ready.obj``), so nothing here needs invalidating.
         self.ready: Memo[tuple[Any, ...], Ready] = Memo(ready_budget)
 
@@ -171,7 +172,10 @@ class HitPath:
         # An answer that depends only on the object and these: made once.
         ready_key = None
         if not edits.responds and _SHAPING.isdisjoint(raw):
-            ready_key = (key, method, version, channel.says_close, tuple(accept_encoding or ()))
+            ranges = raw.get(b"range")
+            ready_key = (
+                key, method, version, channel.says_close, tuple(accept_encoding or ()), tuple(ranges) if ranges else (),
+            )
             ready = self.ready.get(ready_key)
             if ready is not None and ready.obj is obj:
                 age, status = hit_marks(obj, now)
