@@ -57,6 +57,7 @@ from prexy.substitution.byteclass import NEWLINE, NONE, WORD
 if TYPE_CHECKING:
     from prexy.substitution.matches import Found
     from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.scanner import BodyScan
 
 __all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer", "warm"]
 
@@ -125,6 +126,9 @@ class Transducer:
         self.rules_matched: set[int] = set()
         self.scan_seconds = 0.0
         self._scanner = ruleset.scanner
+        # Both cursors of each buffer, made with what the body's buffers
+        # share (built at the first scan).
+        self._body: BodyScan | None = None
         rules = ruleset.rules
         self._single = len(rules) == 1
         # Per-rule facts, computed once per rule set (see RuleSet.rule_facts).
@@ -331,15 +335,17 @@ class Transducer:
         ended_at_end = self._tail_match and pos == n
         self._tail_match = False
         try:
-            cursor = scanner.cursor(buf, timeout, self._active)
+            body = self._body
+            if body is None:
+                body = self._body = scanner.body_scan(self._active, timeout)
+            cursor, holds = body.cursors(buf, pos, final)
             find = cursor.find
             # Below ``floor`` no match can run off the end of the buffer, so
             # the hold-back probe only runs for matches starting at or above it.
-            if final:
+            if holds is None:
                 floor = n + 1
                 hold_point = None
             else:
-                holds = scanner.hold_cursor(buf, pos, timeout, self._active, cursor)
                 floor = holds.floor
                 hold_point = holds.hold_point
             fast_stop = min(floor, n)
