@@ -598,6 +598,8 @@ class MatchIndex:
         self._filter: HyperscanFilter | None = None
         if self.others:
             self._filter = HyperscanFilter([parsed[r] for r in self.others])
+        self._united: HyperscanDatabase | None = None
+        self._unite()
         #: The bounded-width rules' hold-back question.
         self.tail = TailTrie(short)
         # Unbounded rules that cannot match empty: when they are few
@@ -638,9 +640,129 @@ class MatchIndex:
                     first = bytes(heads[0]) if len(heads[0]) == 1 else None
                     self._cut_heads[rule] = (len(heads), _cut_pattern(heads), first)
 
+    def _unite(self) -> None:
+        """Compile the literal windows', the exact rules' and the
+        prefilter's patterns as one database (:meth:`events`' one scan),
+        and drop the three apart; keep them when there are not two to
+        unite or Hyperscan does not compile them together."""
+        parts = [self._window, self._exact]
+        filt = self._filter.db if self._filter is not None else None
+        if filt is not None:
+            parts.append(filt)
+        if sum(1 for d in parts if d.db is not None) < 2:
+            return
+        exprs = [e for d in parts for e in d.exprs]
+        flags = [f for d in parts for f in d.flags]
+        try:
+            self._united = HyperscanDatabase(exprs, [(0,)] * len(exprs), flags, strict=True)
+        except _hs.error:  # pragma: no cover - each part compiled alone
+            return
+        #: Pattern ids of the one scan: the windows' from 0, the exact
+        #: rules' from _at_exact, the prefilter's from _at_filter.
+        self._at_exact = len(self._window.exprs)
+        self._at_filter = self._at_exact + len(self._exact.exprs)
+        others = self.others
+        #: Per prefilter pattern: (rule, its head's length or None).
+        self._filter_facts: list[tuple[int, int | None]] = (
+            [(others[local], length) for local, length in filt.facts] if filt is not None else []
+        )
+        #: Rules the prefilter always reports (global indexes).
+        self._always = tuple(others[local] for local in self._filter.always) if self._filter is not None else ()
+        for d in parts:
+            d.release()
+
     def events(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
         """The reports of ``buf[pos:]`` for the rules marked in ``active``
         (None: all rules)."""
+        if self._united is not None:
+            return self._events_united(buf, pos, active)
+        return self._events_apart(buf, pos, active)
+
+    def _events_united(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
+        """:meth:`events` with one Hyperscan scan of the buffer for the
+        literal windows, the exact rules and the prefilter together (one
+        callback): a buffer costs one scan call and one automaton over its
+        bytes instead of up to three.  (Measured: see bench/README.md,
+        "Issue 34: the transducer's cost per feed".)  All of ``buf`` is
+        scanned when ``pos`` is at most WHOLE_SCAN_POS and reports before
+        ``pos`` are dropped; a rule the prefilter looks for whole (one
+        report) then counts as a candidate even if its match lies before
+        ``pos``, which costs only its own scan.  From further on,
+        ``buf[pos:]``.
+        """
+        united = self._united
+        assert united is not None
+        n = len(buf)
+        off = 0 if pos <= WHOLE_SCAN_POS else pos
+        exact: list[Report] = []
+        add = exact.append
+        spans: dict[int, tuple[int, int]] = dict.fromkeys(self._always, (pos, n))
+        sure = self._sure_count
+        rules = self._sure_rules
+        lengths = self._sure_lengths
+        one_key = self._one
+        many = self._window_facts
+        reports = self._reports
+        at_exact = self._at_exact
+        at_filter = self._at_filter
+        efacts = self._exact_facts
+        ffacts = self._filter_facts
+
+        def on_match(i: int, _s: int, e: int, _f: int, _c: object) -> None:
+            e += off
+            if i < at_exact:
+                if i < sure:
+                    s = e - lengths[i]
+                    if s >= pos and (active is None or active[rules[i]]):
+                        add((s, rules[i], e, 0))
+                    return
+                one = one_key[i]
+                if one is not None:
+                    reach, rule, length, check = one
+                    s = e - reach
+                    if s >= pos and (active is None or active[rule]):
+                        add((s, rule, s + length, check))
+                    return
+                if active is None:
+                    for rule, reach, key, caseless in many[i]:  # type: ignore[union-attr]
+                        s = e - reach
+                        if s >= pos and (
+                            buf[s : s + len(key)].lower() == key if caseless else buf.startswith(key, s)
+                        ):
+                            add((s, rule, s + len(key), 0))
+                    return
+                for reach, rule, length, check in reports[i]:
+                    s = e - reach
+                    if s >= pos and active[rule]:
+                        add((s, rule, s + length, check))
+                return
+            if i < at_filter:
+                rule, width = efacts[i - at_exact]
+                s = e - width
+                if s >= pos and (active is None or active[rule]):
+                    add((s, rule, e, 0))
+                return
+            head, head_length = ffacts[i - at_filter]
+            if active is not None and not active[head]:
+                return
+            if head_length is None:
+                spans[head] = (pos, n)
+                return
+            at = e - head_length
+            if at < pos:
+                return
+            had = spans.get(head)
+            spans[head] = (at, at) if had is None else (had[0], at)
+
+        if pos < n:
+            united.scan(buf[off:] if off else buf, on_match)
+        exact.sort()
+        candidates = {rule: first for rule, (first, _last) in spans.items()}
+        lasts = {rule: last for rule, (_first, last) in spans.items()}
+        return Events(exact, candidates, lasts)
+
+    def _events_apart(self, buf: bytes, pos: int, active: Sequence[bool] | None) -> Events:
+        """:meth:`events` with the databases scanned one by one."""
         data = buf[pos:] if pos else buf
         exact: list[Report] = []
         add = exact.append

@@ -427,7 +427,11 @@ class HyperscanDatabase:
     to share between threads: each thread scans with its own scratch.
     """
 
-    def __init__(self, exprs: list[bytes], facts: list[Any], flags: int | list[int]) -> None:
+    def __init__(
+        self, exprs: list[bytes], facts: list[Any], flags: int | list[int], strict: bool = False
+    ) -> None:
+        """``strict``: raise Hyperscan's error when the patterns do not
+        compile together, instead of leaving out those it refuses."""
         #: Per pattern id: what the caller needs (the rule first).
         self.facts: list[Any] = []
         if isinstance(flags, int):
@@ -439,6 +443,8 @@ class HyperscanDatabase:
             try:
                 self.db = self._compile(exprs, flags)
             except _hs.error:
+                if strict:
+                    raise
                 good = []
                 for i, expr in enumerate(exprs):
                     try:
@@ -450,6 +456,9 @@ class HyperscanDatabase:
                 good = [i for i in good if facts[i][0] not in self.refused]
                 self.db = self._compile([exprs[i] for i in good], [flags[i] for i in good]) if good else None
         self.facts = [facts[i] for i in good]
+        #: The patterns compiled, and their flags (per pattern id).
+        self.exprs = [exprs[i] for i in good]
+        self.flags = [flags[i] for i in good]
         self._local = threading.local()
         if self.db is not None:
             self._local.scratch = _hs.Scratch(self.db)
@@ -459,6 +468,12 @@ class HyperscanDatabase:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
         return db
+
+    def release(self) -> None:
+        """Drop the compiled database (its patterns now scan as part of
+        another one): ``db`` becomes None."""
+        self.db = None
+        self._local = threading.local()
 
     def scan(self, data: bytes, handler: Any) -> None:
         """Scan ``data``, calling ``handler(id, from, to, flags, context)`` per match."""
@@ -500,6 +515,9 @@ class HyperscanFilter:
         self._db = HyperscanDatabase(
             exprs, facts, [flags | (_hs.HS_FLAG_SINGLEMATCH if length is None else 0) for _, length in facts]
         )
+        #: The compiled patterns, for a scan shared with other patterns
+        #: (``MatchIndex``): see :meth:`spans` for their reports.
+        self.db = self._db
         # Rules whose pattern Hyperscan refuses always run.
         self.always = frozenset(always | self._db.refused)
         for rule in self._db.refused:
