@@ -186,3 +186,105 @@ class FeedCostTests(SynchronousTestCase):
             buf = head + tail
             s = min(start, len(buf))
             assert reach.reach_from(r, buf, s, None) == reach.reach_from(plain, buf, s, None), buf
+
+
+PRICE = 5  # the data-price rule's index
+
+
+def priced_page(paragraphs: int) -> bytes:
+    """A page whose every paragraph carries ``data-price="..."``: the rule
+    begins in every feed."""
+    body = b"".join(
+        b'<p class="item" data-price="%d">Item %d, see <a href="https://www.origin.com/i/%d">it</a>.</p>\n'
+        % (100 + k, k, k)
+        for k in range(paragraphs)
+    )
+    return b"<html><head></head><body>\n" + body + b"</body></html>\n"
+
+
+class BelowFloorTests(SynchronousTestCase):
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
+
+    def test_a_rule_begun_far_from_the_end_builds_no_rule_by_rule_cursor(self) -> None:
+        """A page with data-price="..." in every paragraph, fed in pieces cut
+        between lines: the rule's last start in each feed lies below its
+        floor, so no feed builds a rule-by-rule hold cursor for it; the
+        output is the whole body's."""
+        rs = ruleset()
+        assert rs.scanner is not None and rs.scanner.index is not None
+        assert PRICE in rs.scanner.index.unbounded
+        cursor_rules: list[list[int]] = []
+        original = holdcursors.RuleHoldCursor.__init__
+
+        def counting_init(self: holdcursors.RuleHoldCursor, *args: object) -> None:
+            cursor_rules.append(list(args[4]))  # type: ignore[call-overload]
+            original(self, *args)  # type: ignore[arg-type]
+
+        self.patch(holdcursors.RuleHoldCursor, "__init__", counting_init)
+        body = priced_page(300)
+        whole = Transducer(rs, timeout=None).finish(body)
+        assert whole.count(b'data-price="$') == 300
+        lines = body.splitlines(keepends=True)
+        t = Transducer(rs, timeout=None)
+        out = b"".join(t.feed(b"".join(lines[i : i + 7])) for i in range(0, len(lines), 7)) + t.finish()
+        assert out == whole
+        assert not any(PRICE in rules for rules in cursor_rules), cursor_rules
+
+    def test_a_rule_begun_near_the_end_is_asked(self) -> None:
+        """Cut inside the price, the match is held back and completed by
+        the next feed."""
+        rs = ruleset()
+        item = b'<p data-price="1234">x</p>\n'
+        for cut in range(1, len(item)):
+            t = Transducer(rs, timeout=None)
+            out = t.feed(b"<p>a</p>\n" + item[:cut])
+            out += t.finish(item[cut:])
+            assert out == b'<p>a</p>\n<p data-price="$1234">x</p>\n', (cut, out)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.sampled_from([b'data-price="', b"12", b'"', b"<title>", b"x</title>", b"<", b" ", b"\n",
+                                 b'<meta property="og:url" content="', b"https://a/"]),
+                st.binary(max_size=3),
+            ),
+            max_size=16,
+        ),
+        st.integers(0, 40),
+    )
+    def test_a_dropped_rule_has_no_path_from_its_starts(self, parts: list[bytes], pos: int) -> None:
+        """When below_floor drops a rule, the rule-by-rule cursor finds no
+        path that reaches the end from any of its starts (at or before its
+        last one)."""
+        rs = ruleset()
+        scanner = rs.scanner
+        assert scanner is not None and scanner.index is not None
+        buf = b"".join(parts)
+        pos = min(pos, len(buf))
+        events = scanner.index.events(buf, pos, None)
+        rules = scanner.index.unbounded + scanner.index.long_rules
+        kept = holdcursors.below_floor(buf, pos, events.candidates, events.lasts, rules, scanner.reaches)
+        for rule in set(events.candidates) - set(kept):
+            hold = holdcursors.RuleHoldCursor(buf, pos, None, scanner, [rule]).hold_point(pos, None)
+            assert hold is None or hold > events.lasts[rule], (rule, hold, events.lasts[rule])
+
+    def test_the_body_plan_is_made_once_per_rule_subset(self) -> None:
+        """What a feed's cursors need of the active rules (mask, the
+        index's rule lists) is made once per rule subset, not per feed."""
+        rs = ruleset()
+        assert rs.scanner is not None
+        made: list[object] = []
+        original = holdcursors.IndexPlan.__init__
+
+        def counting(self: holdcursors.IndexPlan, *args: object) -> None:
+            made.append(args)
+            original(self, *args)  # type: ignore[arg-type]
+
+        self.patch(holdcursors.IndexPlan, "__init__", counting)
+        body = priced_page(60)
+        for only in (None, None, [0, 5, 6, 7], [0, 5, 6, 7]):
+            t = Transducer(rs, timeout=None, only=only)
+            out = b"".join(t.feed(body[i : i + 512]) for i in range(0, len(body), 512)) + t.finish()
+            assert out == Transducer(rs, timeout=None, only=only).finish(body)
+        assert len(made) == 2, made

@@ -320,3 +320,74 @@ class HsindexTests(SynchronousTestCase):
             t = Transducer(rs, timeout=None)
             outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
         assert outs[0] == outs[1]
+
+
+@expand
+class OneScanTests(SynchronousTestCase):
+    """The index scans a buffer once: the literal windows, the exact rules
+    and the prefilter of the other rules are one Hyperscan database, whose
+    reports are those of the three scanned apart."""
+
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        specs,
+        bodies,
+        st.integers(0, 80),
+        st.integers(0, 100),
+        st.lists(st.booleans(), min_size=16, max_size=16) | st.none(),
+    )
+    def test_one_scan_reports_as_the_three_apart(
+        self, rule_specs: list[tuple[str, str, str]], body: bytes, pad: int, pos: int, mask: list[bool] | None
+    ) -> None:
+        """Every report of the exact rules, confirmed or not, is the same;
+        every rule the prefilter names apart is named, from the same place,
+        with the same last start.  (Only a rule it looks for whole may be
+        named as well, from a scan start within WHOLE_SCAN_POS.)"""
+        rules = compile_all(rule_specs)
+        parsed = [r.parsed for r in rules]
+        body = b"x-" * pad + body
+        pos = min(pos, len(body))
+        active = None if mask is None else mask[: len(parsed)] + [True] * max(0, len(parsed) - len(mask))
+        united = hsindex.MatchIndex(parsed)
+        self.patch(hsindex.MatchIndex, "_unite", lambda self: None)
+        apart = hsindex.MatchIndex(parsed)
+        assert apart._united is None
+        one = united.events(body, pos, active)
+        three = apart.events(body, pos, active)
+        assert one.exact == three.exact
+        whole = set()
+        if united._filter is not None:
+            whole = {united.others[local] for local, length in united._filter.db.facts if length is None}
+        for rule, first in three.candidates.items():
+            assert one.candidates.get(rule) == first, (rule, one.candidates, three.candidates)
+            assert one.lasts[rule] == three.lasts[rule]
+        extra = set(one.candidates) - set(three.candidates)
+        assert extra <= whole and (not extra or pos <= hsindex.WHOLE_SCAN_POS), extra
+
+    def test_a_buffer_costs_one_scan(self) -> None:
+        """With literal keys, exact rules and others, events() makes one
+        Hyperscan scan call."""
+        rules = [
+            compile_rule(b"www\\.shop\\.com", b"X", b"gi"),
+            compile_rule(b"(https?://)m\\.shop\\.com", b"${1}m", b"g"),
+            compile_rule(b"(UA-)\\d+-\\d+", b"${1}1", b"g"),
+            compile_rule(b'data-price="(\\d+)"', b"$1", b"g"),
+        ]
+        index = hsindex.MatchIndex([r.parsed for r in rules])
+        scans = []
+        original = hsindex.HyperscanDatabase.scan
+
+        def counting(db: hsindex.HyperscanDatabase, data: bytes, handler: object) -> None:
+            scans.append(db)
+            original(db, data, handler)
+
+        self.patch(hsindex.HyperscanDatabase, "scan", counting)
+        body = b'x www.SHOP.com https://m.shop.com UA-1-2 data-price="3" ' * 4
+        for pos in (0, 1, 100):
+            scans.clear()
+            events = index.events(body, pos, None)
+            assert len(scans) == 1, scans
+            assert {r for _, r, _ in index.matches(body, events)} == {0, 1}
+            assert set(events.candidates) == {2, 3}
