@@ -362,13 +362,9 @@ def below_floor(
         if last is None or rule not in candidates:
             continue
         r = reaches[rule]
-        other = r.other
-        if other is None or r.width is not None:
+        if r.other is None or r.width is not None:
             continue
-        k = r.bounded + 1
-        # No timeout: a byte set without repeats (see the .reach module).
-        marks = itertools.islice(other.finditer(buf, max(pos, last + 1), n), k, k + 1)
-        if next(marks, None) is None:
+        if r.floor_mark(buf, max(pos, last + 1), n) < 0:
             continue  # the floor is at or below the last start
         if kept is None:
             kept = dict(candidates)
