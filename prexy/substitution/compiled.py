@@ -164,6 +164,12 @@ class CompiledRules:
         return self._ngroups
 
     @property
+    def empty_ok(self) -> list[bool]:
+        """Per rule: whether it may match the empty string (an assertion
+        counts as empty), or runs on the sregex-order VM."""
+        return self._empty_ok
+
+    @property
     def loops(self) -> list[frozenset[int]]:
         """Per rule: its groups inside repeats that can match empty."""
         return self._loops

@@ -162,13 +162,17 @@ class BodyScan:
     ``cursor`` and ``hold_cursor``.
     """
 
-    __slots__ = ("_scanner", "_timeout", "_active", "_plan")
+    __slots__ = ("_scanner", "_timeout", "_active", "_plan", "empty_ok")
 
     def __init__(self, scanner: RegexScanner, active: Sequence[int], timeout: float | None) -> None:
         self._scanner = scanner
         self._timeout = timeout
         self._active = active
         self._plan = scanner.index_plan(active)
+        empty = scanner.empty_ok
+        #: Whether some active rule may match the empty string: otherwise
+        #: nothing matches at the end of a body once every byte is out.
+        self.empty_ok = any(empty[r] for r in active)
 
     def cursors(self, buf: bytes, pos: int, final: bool) -> tuple[Cursor, HoldCursor | None]:
         """The match cursor over ``buf`` and, unless ``final``, the

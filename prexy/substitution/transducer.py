@@ -334,10 +334,15 @@ class Transducer:
         # while nothing has come since.
         ended_at_end = self._tail_match and pos == n
         self._tail_match = False
+        body = self._body
+        if body is None:
+            body = self._body = scanner.body_scan(self._active, timeout)
+        if final and pos >= n and not body.empty_ok:
+            # The end of the body with every byte out: only an empty match
+            # could be made there (the restart rule's too), and no rule
+            # makes one.  (A body fed in pieces then ends without a scan.)
+            return n
         try:
-            body = self._body
-            if body is None:
-                body = self._body = scanner.body_scan(self._active, timeout)
             cursor, holds = body.cursors(buf, pos, final)
             find = cursor.find
             # Below ``floor`` no match can run off the end of the buffer, so

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.substitution import holdcursors, hsindex, reach
+from prexy.substitution import holdcursors, hsindex, reach, scanner
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
@@ -288,3 +288,35 @@ class BelowFloorTests(SynchronousTestCase):
             out = b"".join(t.feed(body[i : i + 512]) for i in range(0, len(body), 512)) + t.finish()
             assert out == Transducer(rs, timeout=None, only=only).finish(body)
         assert len(made) == 2, made
+
+
+class FinishTests(SynchronousTestCase):
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
+
+    def test_finish_with_nothing_held_scans_nothing(self) -> None:
+        """With no rule that can match the empty string, a body fed in
+        pieces that ends with nothing held finishes without building a
+        cursor; with one that can (``$``), the end is still scanned."""
+        rs = ruleset()
+        assert rs.scanner is not None
+        body = page(20)
+        whole = Transducer(rs, timeout=None).finish(body)
+        t = Transducer(rs, timeout=None)
+        out = t.feed(body)
+        assert t.held == 0
+        built: list[object] = []
+        original = scanner.BodyScan.cursors
+
+        def counting(body_scan: scanner.BodyScan, *args: object) -> object:
+            built.append(args)
+            return original(body_scan, *args)  # type: ignore[arg-type]
+
+        self.patch(scanner.BodyScan, "cursors", counting)
+        assert out + t.finish() == whole
+        assert built == []
+        end = RuleSet.build([compile_rule(b"x", b"Y", b"g"), compile_rule(b"\\z", b"<end>", b"")], engine="hyperscan")
+        t = Transducer(end, timeout=None)
+        out = t.feed(b"ab\n")
+        assert t.held == 0
+        assert out + t.finish() == Transducer(end, timeout=None).finish(b"ab\n") == b"ab\n<end>"
+        assert built
