@@ -12,6 +12,7 @@ the whole body and as with the rule-by-rule scanner.
 
 from __future__ import annotations
 
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
@@ -290,7 +291,10 @@ class BelowFloorTests(SynchronousTestCase):
         assert len(made) == 2, made
 
 
-class FinishTests(SynchronousTestCase):
+class EndTests(SynchronousTestCase):
+    """What the end of a feed or of the body asks: nothing when nothing can
+    match there, one search when no head is cut by it."""
+
     skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
 
     def test_finish_with_nothing_held_scans_nothing(self) -> None:
@@ -320,3 +324,35 @@ class FinishTests(SynchronousTestCase):
         assert t.held == 0
         assert out + t.finish() == Transducer(end, timeout=None).finish(b"ab\n") == b"ab\n<end>"
         assert built
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.sampled_from([b"<", b"<me", b"<META PROP", b'<link rel="can', b"<ti", b"d", b"data-pr", b"U",
+                                 b"UA-", b'data-price="', b"x"]),
+                st.binary(max_size=3),
+            ),
+            max_size=8,
+        ),
+        st.integers(0, 30),
+    )
+    def test_one_search_for_cut_heads_answers_as_each_rule(self, parts: list[bytes], pos: int) -> None:
+        """MatchIndex.begun with its one search for any head cut by the end
+        gives what it gives asking rule by rule."""
+        rs = ruleset()
+        assert rs.scanner is not None and rs.scanner.index is not None
+        index = rs.scanner.index
+        one = index._any_cut
+        assert one is not None
+        buf = b"".join(parts)
+        pos = min(pos, len(buf))
+        rules = index.unbounded + index.long_rules
+        for candidates in ({}, index.events(buf, pos, None).candidates):
+            fast = index.begun(buf, pos, candidates, rules)
+            index._any_cut = regex.compile(b"")  # always "some head may be cut": rule by rule
+            try:
+                slow = index.begun(buf, pos, candidates, rules)
+            finally:
+                index._any_cut = one
+            assert fast == slow, (buf, pos, fast, slow)
