@@ -764,6 +764,8 @@ class MatchIndex:
         if pos < n:
             united.scan(buf[off:] if off else buf, on_match)
         exact.sort()
+        if not spans:
+            return Events(exact, {}, {})
         candidates = {rule: first for rule, (first, _last) in spans.items()}
         lasts = {rule: last for rule, (_first, last) in spans.items()}
         return Events(exact, candidates, lasts)

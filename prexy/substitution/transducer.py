@@ -202,12 +202,13 @@ class Transducer:
         The work done is proportional to ``len(data)`` (and the matches in
         it): feed large bodies in slices, e.g. with :meth:`feed_slices`.
         """
-        if self.state is State.FINISHED:
+        state = self.state
+        if state is State.FINISHED:
             raise RuntimeError("feed() after finish()")
-        if self.state is State.PASSING_THROUGH and not self.held:
+        held = len(self._buf) - self._pos + self._deferred_len
+        if state is State.PASSING_THROUGH and not held:
             return bytes(data)
         data = bytes(data)
-        held = self.held
         if (
             self._defer_cap
             and held >= DEFER_MIN
@@ -263,7 +264,7 @@ class Transducer:
         out: list[bytes] = []
         self._pending = 0
         self._defer_cap = 0
-        was_held = self._pos if self.held and self._candidate is not None else -1
+        was_held = self._pos if self._candidate is not None and self.held else -1
         self._candidate = None
         pos = self._scan(buf, self._pos, final, out)
         limit = self.ruleset.max_buffered_size
