@@ -572,9 +572,7 @@ class MatchIndex:
             reports[i].append((len(part) + at, rule, len(key), len(self.checks)))
             self.checks.append((key, caseless))
         lit_facts: list[Any] = [*sure, *((f[0][0], f) for f in window_facts)]
-        self._window = HyperscanDatabase(lit_exprs, lit_facts, lit_flags)
-        if self._window.refused:  # pragma: no cover - plain bytes always compile
-            raise RuntimeError(f"Hyperscan refused literal windows of rules {sorted(self._window.refused)}")
+        self._window = HyperscanDatabase(lit_exprs, lit_facts, lit_flags, lazy=True)
         #: Pattern ids below this are whole keys (their rule and length).
         self._sure_count = len(sure)
         self._sure_rules = tuple(rule for rule, _ in sure)
@@ -597,9 +595,11 @@ class MatchIndex:
         self.others = tuple(sorted(set(others)))
         self._filter: HyperscanFilter | None = None
         if self.others:
-            self._filter = HyperscanFilter([parsed[r] for r in self.others])
+            self._filter = HyperscanFilter([parsed[r] for r in self.others], lazy=True)
         self._united: HyperscanDatabase | None = None
         self._unite()
+        if self._window.refused:  # pragma: no cover - plain bytes always compile
+            raise RuntimeError(f"Hyperscan refused literal windows of rules {sorted(self._window.refused)}")
         #: The bounded-width rules' hold-back question.
         self.tail = TailTrie(short)
         # Unbounded rules that cannot match empty: when they are few
@@ -649,20 +649,27 @@ class MatchIndex:
 
     def _unite(self) -> None:
         """Compile the literal windows', the exact rules' and the
-        prefilter's patterns as one database (:meth:`events`' one scan),
-        and drop the three apart; keep them when there are not two to
-        unite or Hyperscan does not compile them together."""
+        prefilter's patterns as one database (:meth:`events`' one scan);
+        the windows and the prefilter are then never compiled apart.
+        Apart when there are not two parts to unite, or when Hyperscan
+        does not compile them together (then each part leaves out what it
+        refuses).  (The exact rules compile first, alone: a rule Hyperscan
+        refuses there goes to the prefilter.)"""
         parts = [self._window, self._exact]
         filt = self._filter.db if self._filter is not None else None
         if filt is not None:
             parts.append(filt)
-        if sum(1 for d in parts if d.db is not None) < 2:
-            return
-        exprs = [e for d in parts for e in d.exprs]
-        flags = [f for d in parts for f in d.flags]
-        try:
-            self._united = HyperscanDatabase(exprs, [(0,)] * len(exprs), flags, strict=True)
-        except _hs.error:  # pragma: no cover - each part compiled alone
+        if sum(1 for d in parts if d.exprs) >= 2:
+            exprs = [e for d in parts for e in d.exprs]
+            flags = [f for d in parts for f in d.flags]
+            try:
+                self._united = HyperscanDatabase(exprs, [(0,)] * len(exprs), flags, strict=True)
+            except _hs.error:
+                self._united = None
+        if self._united is None:
+            self._window.compile()
+            if self._filter is not None:
+                self._filter.settle()
             return
         #: Pattern ids of the one scan: the windows' from 0, the exact
         #: rules' from _at_exact, the prefilter's from _at_filter.

@@ -391,3 +391,42 @@ class OneScanTests(SynchronousTestCase):
             assert len(scans) == 1, scans
             assert {r for _, r, _ in index.matches(body, events)} == {0, 1}
             assert set(events.candidates) == {2, 3}
+
+    def test_parts_compile_apart_when_hyperscan_refuses_them_together(self) -> None:
+        """When the one database does not compile, the three parts compile
+        and scan apart, reporting the same; when it does, the windows and
+        the prefilter are never compiled apart."""
+        rules = [
+            compile_rule(b"www\\.shop\\.com", b"X", b"gi"),
+            compile_rule(b"(https?://)m\\.shop\\.com", b"${1}m", b"g"),
+            compile_rule(b"(UA-)\\d+-\\d+", b"${1}1", b"g"),
+            compile_rule(b"<t>[^<]*</t>", b"T", b"g"),
+        ]
+        parsed = [r.parsed for r in rules]
+        compiled: list[int] = []
+        original = hsindex.HyperscanDatabase._compile
+
+        def counting(exprs: list[bytes], flags: list[int]) -> object:
+            compiled.append(len(exprs))
+            return original(exprs, flags)
+
+        self.patch(hsindex.HyperscanDatabase, "_compile", staticmethod(counting))
+        united = hsindex.MatchIndex(parsed)
+        assert united._united is not None
+        # The one database (three literal keys, the two others' heads),
+        # then the tail scan of the two unbounded rules: nothing else.
+        assert compiled == [len(united._united.exprs), 2] == [5, 2], compiled
+
+        class Refusing(hsindex.HyperscanDatabase):
+            def __init__(self, *args: object, strict: bool = False, **kwargs: object) -> None:
+                if strict:
+                    raise hsindex._hs.error("too big together")
+                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+        self.patch(hsindex, "HyperscanDatabase", Refusing)
+        apart = hsindex.MatchIndex(parsed)
+        assert apart._united is None
+        body = b"<t>x</t> https://m.shop.com WWW.shop.com UA-12-3 <t>y" * 3
+        for pos in (0, 1, 70):
+            one, three = united.events(body, pos, None), apart.events(body, pos, None)
+            assert one.exact == three.exact and one.candidates == three.candidates and one.lasts == three.lasts
