@@ -404,13 +404,15 @@ class OneScanTests(SynchronousTestCase):
         ]
         parsed = [r.parsed for r in rules]
         compiled: list[int] = []
-        original = hsindex.HyperscanDatabase._compile
+        # (A staticmethod: put back the descriptor itself, not the function.)
+        original = hsindex.HyperscanDatabase.__dict__["_compile"]
 
         def counting(exprs: list[bytes], flags: list[int]) -> object:
             compiled.append(len(exprs))
-            return original(exprs, flags)
+            return original.__func__(exprs, flags)
 
-        self.patch(hsindex.HyperscanDatabase, "_compile", staticmethod(counting))
+        hsindex.HyperscanDatabase._compile = staticmethod(counting)  # type: ignore[method-assign]
+        self.addCleanup(setattr, hsindex.HyperscanDatabase, "_compile", original)
         united = hsindex.MatchIndex(parsed)
         assert united._united is not None
         # The one database (three literal keys, the two others' heads),
