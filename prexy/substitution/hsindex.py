@@ -722,22 +722,28 @@ class MatchIndex:
         efacts = self._exact_facts
         ffacts = self._filter_facts
 
-        def on_match(i: int, _s: int, e: int, _f: int, _c: object) -> None:
-            e += off
-            if i < at_exact:
-                if i < sure:
-                    s = e - lengths[i]
-                    if s >= pos and (active is None or active[rules[i]]):
-                        add((s, rules[i], e, 0))
-                    return
-                one = one_key[i]
-                if one is not None:
-                    reach, rule, length, check = one
-                    s = e - reach
-                    if s >= pos and (active is None or active[rule]):
-                        add((s, rule, s + length, check))
-                    return
-                if active is None:
+        if pos >= n:
+            pass  # nothing to scan
+        elif active is None and not off:
+
+            def on_match(i: int, _s: int, e: int, _f: int, _c: object) -> None:
+                # All rules, all of buf (the whole body, and a feed's buffer
+                # from its byte of left context): no mask to read, no offset
+                # to add.  (The general handler's checks cost 8% on the
+                # realistic 1.7 MB page at 10 rules: 13,000 reports.)
+                if i < at_exact:
+                    if i < sure:
+                        s = e - lengths[i]
+                        if s >= pos:
+                            add((s, rules[i], e, 0))
+                        return
+                    one = one_key[i]
+                    if one is not None:
+                        reach, rule, length, check = one
+                        s = e - reach
+                        if s >= pos:
+                            add((s, rule, s + length, check))
+                        return
                     for rule, reach, key, caseless in many[i]:  # type: ignore[union-attr]
                         s = e - reach
                         if s >= pos and (
@@ -745,31 +751,64 @@ class MatchIndex:
                         ):
                             add((s, rule, s + len(key), 0))
                     return
-                for reach, rule, length, check in reports[i]:
-                    s = e - reach
-                    if s >= pos and active[rule]:
-                        add((s, rule, s + length, check))
-                return
-            if i < at_filter:
-                rule, width = efacts[i - at_exact]
-                s = e - width
-                if s >= pos and (active is None or active[rule]):
-                    add((s, rule, e, 0))
-                return
-            head, head_length = ffacts[i - at_filter]
-            if active is not None and not active[head]:
-                return
-            if head_length is None:
-                spans[head] = (pos, n)
-                return
-            at = e - head_length
-            if at < pos:
-                return
-            had = spans.get(head)
-            spans[head] = (at, at) if had is None else (had[0], at)
+                if i < at_filter:
+                    rule, width = efacts[i - at_exact]
+                    s = e - width
+                    if s >= pos:
+                        add((s, rule, e, 0))
+                    return
+                head, head_length = ffacts[i - at_filter]
+                if head_length is None:
+                    spans[head] = (pos, n)
+                    return
+                at = e - head_length
+                if at < pos:
+                    return
+                had = spans.get(head)
+                spans[head] = (at, at) if had is None else (had[0], at)
 
-        if pos < n:
-            united.scan(buf[off:] if off else buf, on_match)
+            united.scan(buf, on_match)
+        else:
+
+            def on_match_at(i: int, _s: int, e: int, _f: int, _c: object) -> None:
+                e += off
+                if i < at_exact:
+                    if i < sure:
+                        s = e - lengths[i]
+                        if s >= pos and (active is None or active[rules[i]]):
+                            add((s, rules[i], e, 0))
+                        return
+                    one = one_key[i]
+                    if one is not None:
+                        reach, rule, length, check = one
+                        s = e - reach
+                        if s >= pos and (active is None or active[rule]):
+                            add((s, rule, s + length, check))
+                        return
+                    for reach, rule, length, check in reports[i]:
+                        s = e - reach
+                        if s >= pos and (active is None or active[rule]):
+                            add((s, rule, s + length, check))
+                    return
+                if i < at_filter:
+                    rule, width = efacts[i - at_exact]
+                    s = e - width
+                    if s >= pos and (active is None or active[rule]):
+                        add((s, rule, e, 0))
+                    return
+                head, head_length = ffacts[i - at_filter]
+                if active is not None and not active[head]:
+                    return
+                if head_length is None:
+                    spans[head] = (pos, n)
+                    return
+                at = e - head_length
+                if at < pos:
+                    return
+                had = spans.get(head)
+                spans[head] = (at, at) if had is None else (had[0], at)
+
+            united.scan(buf[off:] if off else buf, on_match_at)
         exact.sort()
         if not spans:
             return Events(exact, {}, {})

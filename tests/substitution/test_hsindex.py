@@ -351,9 +351,16 @@ class OneScanTests(SynchronousTestCase):
         pos = min(pos, len(body))
         active = None if mask is None else mask[: len(parsed)] + [True] * max(0, len(parsed) - len(mask))
         united = hsindex.MatchIndex(parsed)
-        self.patch(hsindex.MatchIndex, "_unite", lambda self: None)
+
+        def apart_only(index: hsindex.MatchIndex) -> None:
+            index._window.compile()
+            if index._filter is not None:
+                index._filter.settle()
+
+        self.patch(hsindex.MatchIndex, "_unite", apart_only)
         apart = hsindex.MatchIndex(parsed)
         assert apart._united is None
+        assert (apart._window.db is not None) == bool(apart._window.exprs)
         one = united.events(body, pos, active)
         three = apart.events(body, pos, active)
         assert one.exact == three.exact
