@@ -356,3 +356,21 @@ class EndTests(SynchronousTestCase):
             finally:
                 index._any_cut = one
             assert fast == slow, (buf, pos, fast, slow)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.sampled_from([SOCIAL[0][0], b'data-price="(\\d+)"', b"<a [^<>]*>", b"(<title>)([^<]*)(</title>)",
+                         b"x[a-c]*y[0-9]*z"]),
+        st.lists(st.sampled_from([b'"', b"<", b">", b"1", b"a", b"xyz", b"b" * 300, b'"' * 40]), max_size=30),
+        st.integers(0, 400),
+    )
+    def test_floor_mark_is_the_walk_to_the_floor(self, pattern: bytes, parts: list[bytes], lo: int) -> None:
+        """Reach.floor_mark finds the bounded+2-th byte from the end that the
+        rule's repeats do not eat, as a backward walk byte by byte does."""
+        r = reach.Reach(compile_rule(pattern, b"X", b"g").parsed)
+        assert r.other is not None
+        buf = b"".join(parts)
+        lo = min(lo, len(buf))
+        want = [m.start() for m in r.other.finditer(buf, lo, len(buf))]
+        k = r.bounded + 1
+        assert r.floor_mark(buf, lo, len(buf)) == (want[k] if k < len(want) else -1)
