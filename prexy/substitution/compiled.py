@@ -211,7 +211,7 @@ class CompiledRules:
         if plan is not None:
             return plan
         walk_index: dict[frozenset[int], int] = {}
-        walks: list[tuple[regex.Pattern[bytes], int]] = []
+        walks: list[tuple[Reach, int]] = []
         groups: dict[tuple[Where, bytes | frozenset[int] | None], list[int]] = {}
         for rule in key:
             r = self.reaches[rule]
@@ -224,7 +224,7 @@ class CompiledRules:
                 j = walk_index.get(r.eaten)
                 if j is None:
                     j = walk_index[r.eaten] = len(walks)
-                    walks.append((r.other, 0))
+                    walks.append((r, 0))
                 k = r.bounded + 1
                 other, need = walks[j]
                 walks[j] = (other, max(need, k + 1))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
-import itertools
 from collections.abc import Mapping, Sequence
 
 from prexy.substitution.compiled import CompiledRules
@@ -70,9 +69,8 @@ class RuleHoldCursor:
         # timeout, whose CPU-clock reads cost more than such a search;
         # see the .reach module.)
         all_marks: list[list[int]] = []
-        for other, need in plan.walks:
-            found = other.finditer(buf, pos, n)
-            all_marks.append([m.start() for m in itertools.islice(found, need)])
+        for walker, need in plan.walks:
+            all_marks.append(walker.marks(buf, pos, n, need))
 
         def floor_of(where: Where) -> int:
             kind, a, b = where

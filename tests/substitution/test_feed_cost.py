@@ -374,3 +374,19 @@ class EndTests(SynchronousTestCase):
         want = [m.start() for m in r.other.finditer(buf, lo, len(buf))]
         k = r.bounded + 1
         assert r.floor_mark(buf, lo, len(buf)) == (want[k] if k < len(want) else -1)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.sampled_from([SOCIAL[0][0], b'data-price="(\\d+)"', b"<a [^<>]*>", b"x[a-c]*y[0-9]*z"]),
+        st.lists(st.sampled_from([b'"', b"<", b">", b"1", b"a", b"xyz", b"b" * 300, b'"' * 40]), max_size=30),
+        st.integers(0, 400),
+        st.integers(1, 60),
+    )
+    def test_marks_are_the_backward_walk(self, pattern: bytes, parts: list[bytes], lo: int, need: int) -> None:
+        """Reach.marks gives the places a backward search byte by byte gives."""
+        r = reach.Reach(compile_rule(pattern, b"X", b"g").parsed)
+        assert r.other is not None
+        buf = b"".join(parts)
+        lo = min(lo, len(buf))
+        want = [m.start() for m in r.other.finditer(buf, lo, len(buf))][:need]
+        assert r.marks(buf, lo, len(buf), need) == want
