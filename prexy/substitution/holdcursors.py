@@ -350,8 +350,9 @@ def below_floor(
     head cut by the end, as one that has not begun (``MatchIndex.begun``),
     instead of by a rule-by-rule cursor built for the buffer.  (A page
     whose paragraphs carry ``data-price="..."`` begins that rule in every
-    feed; measured: see bench/README.md, "Issue 34: the transducer's cost
-    per feed".)
+    feed: 16 KiB feeds of the othersite pages at 100 rules built one such
+    cursor per feed, 25 us each, and now none; 16 KiB feeds / whole
+    1.64-1.99x -> 1.53-1.79x there.)
     """
     n = len(buf)
     kept: dict[int, int] | None = None

@@ -696,8 +696,10 @@ class MatchIndex:
         """:meth:`events` with one Hyperscan scan of the buffer for the
         literal windows, the exact rules and the prefilter together (one
         callback): a buffer costs one scan call and one automaton over its
-        bytes instead of up to three.  (Measured: see bench/README.md,
-        "Issue 34: the transducer's cost per feed".)  All of ``buf`` is
+        bytes instead of up to three.  (Measured, one scan of 16 KiB: the
+        nettle manual at 10 othersite rules 8.9 us apart, 6.1 united;
+        Bootstrap's CSS at 10 realistic rules 5.9 against 4.4; whole
+        bodies up to 20% faster.)  All of ``buf`` is
         scanned when ``pos`` is at most WHOLE_SCAN_POS and reports before
         ``pos`` are dropped; a rule the prefilter looks for whole (one
         report) then counts as a candidate even if its match lies before
@@ -950,8 +952,8 @@ class MatchIndex:
         any_cut = self._any_cut
         if any_cut is None or any_cut.search(buf, max(pos, n - self._cut_longest + 1), n) is None:
             # The end of the buffer cuts no head: one search instead of one
-            # per rule.  (Measured: see bench/README.md, "Issue 34: the
-            # transducer's cost per feed".)
+            # per rule (the 5 unbounded rules of the othersite 100-rule set,
+            # a plain feed: 2.4 -> 1.3 us).
             for rule in rules:
                 if rule in candidates or rule not in cut:
                     kept.append(rule)
