@@ -164,6 +164,12 @@ class CompiledRules:
         return self._ngroups
 
     @property
+    def empty_ok(self) -> list[bool]:
+        """Per rule: whether it may match the empty string (an assertion
+        counts as empty), or runs on the sregex-order VM."""
+        return self._empty_ok
+
+    @property
     def loops(self) -> list[frozenset[int]]:
         """Per rule: its groups inside repeats that can match empty."""
         return self._loops
@@ -205,7 +211,7 @@ class CompiledRules:
         if plan is not None:
             return plan
         walk_index: dict[frozenset[int], int] = {}
-        walks: list[tuple[regex.Pattern[bytes], int]] = []
+        walks: list[tuple[Reach, int]] = []
         groups: dict[tuple[Where, bytes | frozenset[int] | None], list[int]] = {}
         for rule in key:
             r = self.reaches[rule]
@@ -218,7 +224,7 @@ class CompiledRules:
                 j = walk_index.get(r.eaten)
                 if j is None:
                     j = walk_index[r.eaten] = len(walks)
-                    walks.append((r.other, 0))
+                    walks.append((r, 0))
                 k = r.bounded + 1
                 other, need = walks[j]
                 walks[j] = (other, max(need, k + 1))

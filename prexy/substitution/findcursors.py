@@ -195,16 +195,21 @@ class EventCursor:
 
     __slots__ = (
         "_scanner", "_buf", "_timeout", "_mask", "_exact", "_i", "_heap", "_streams", "_started", "_confirm",
-        "_checks", "_candidates",
+        "_checks", "_candidates", "_lasts",
     )
 
     def __init__(
-        self, scanner: CompiledRules, buf: bytes, timeout: float | None, active: Sequence[int]
+        self,
+        scanner: CompiledRules,
+        buf: bytes,
+        timeout: float | None,
+        mask: Sequence[bool] | None,
     ) -> None:
+        """``mask``: per rule, whether it is active (None: all are)."""
         self._scanner = scanner
         self._buf = buf
         self._timeout = timeout
-        self._mask = None if len(active) == len(scanner.patterns) else scanner.mask(active)
+        self._mask = mask
         self._exact: list[hsindex.Report] = []
         self._i = 0
         self._confirm: Callable[[bytes, int, int], bool] | None = None
@@ -212,6 +217,7 @@ class EventCursor:
         self._heap: list[tuple[int, int, regex.Match[bytes]]] = []
         self._streams: dict[int, RuleStream] = {}
         self._candidates: Mapping[int, int] = {}
+        self._lasts: Mapping[int, int] = {}
         self._started = False
 
     def candidates(self, pos: int) -> Mapping[int, int]:
@@ -224,6 +230,13 @@ class EventCursor:
             self._start(pos)
         return self._candidates
 
+    def lasts(self, pos: int) -> Mapping[int, int]:
+        """Per rule of :meth:`candidates`: a position after which none of
+        its matches starts (:attr:`.hsindex.Events.lasts`)."""
+        if not self._started:
+            self._start(pos)
+        return self._lasts
+
     def _start(self, pos: int) -> None:
         self._started = True
         sc = self._scanner
@@ -233,6 +246,7 @@ class EventCursor:
         timeout = self._timeout
         events = index.events(buf, pos, self._mask)
         self._candidates = events.candidates
+        self._lasts = events.lasts
         self._exact = events.exact
         self._confirm = index.confirm
         self._checks = index.checks

@@ -427,18 +427,46 @@ class HyperscanDatabase:
     to share between threads: each thread scans with its own scratch.
     """
 
-    def __init__(self, exprs: list[bytes], facts: list[Any], flags: int | list[int]) -> None:
-        #: Per pattern id: what the caller needs (the rule first).
-        self.facts: list[Any] = []
+    def __init__(
+        self,
+        exprs: list[bytes],
+        facts: list[Any],
+        flags: int | list[int],
+        strict: bool = False,
+        lazy: bool = False,
+    ) -> None:
+        """``strict``: raise Hyperscan's error when the patterns do not
+        compile together, instead of leaving out those it refuses.
+        ``lazy``: compile only when :meth:`compile` is called (a caller
+        that may compile the patterns with others instead); until then
+        ``db`` is None and ``exprs``, ``facts``, ``flags`` are all given."""
         if isinstance(flags, int):
             flags = [flags] * len(exprs)
+        #: Per pattern id: what the caller needs (the rule first).
+        self.facts: list[Any] = list(facts)
+        #: The patterns compiled (or to compile), and their flags.
+        self.exprs = list(exprs)
+        self.flags = list(flags)
         self.refused: set[int] = set()  # rules of patterns Hyperscan refused
         self.db: Any = None
+        self._local = threading.local()
+        self._pending = True
+        if not lazy:
+            self.compile(strict)
+
+    def compile(self, strict: bool = False) -> None:
+        """Compile the patterns (once; see ``lazy``)."""
+        if not self._pending:
+            return
+        self._pending = False
+        exprs, facts, flags = self.exprs, self.facts, self.flags
         good = list(range(len(exprs)))
         if exprs:
             try:
                 self.db = self._compile(exprs, flags)
             except _hs.error:
+                if strict:
+                    raise
                 good = []
                 for i, expr in enumerate(exprs):
                     try:
@@ -450,7 +478,8 @@ class HyperscanDatabase:
                 good = [i for i in good if facts[i][0] not in self.refused]
                 self.db = self._compile([exprs[i] for i in good], [flags[i] for i in good]) if good else None
         self.facts = [facts[i] for i in good]
-        self._local = threading.local()
+        self.exprs = [exprs[i] for i in good]
+        self.flags = [flags[i] for i in good]
         if self.db is not None:
             self._local.scratch = _hs.Scratch(self.db)
 
@@ -459,6 +488,13 @@ class HyperscanDatabase:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
         return db
+
+    def release(self) -> None:
+        """Drop the compiled database, or never compile it (its patterns
+        now scan as part of another one): ``db`` stays None."""
+        self._pending = False
+        self.db = None
+        self._local = threading.local()
 
     def scan(self, data: bytes, handler: Any) -> None:
         """Scan ``data``, calling ``handler(id, from, to, flags, context)`` per match."""
@@ -478,7 +514,9 @@ class HyperscanFilter:
     Safe to share between threads (each thread scans with its own scratch).
     """
 
-    def __init__(self, parsed: Sequence[ParsedRegex]) -> None:
+    def __init__(self, parsed: Sequence[ParsedRegex], lazy: bool = False) -> None:
+        """``lazy``: compile only on :meth:`settle` (see
+        ``HyperscanDatabase``'s ``lazy``)."""
         if _hs is None:
             raise RuntimeError("the hyperscan package is not installed")
         always = {rule for rule, p in enumerate(parsed) if can_match_empty(p.tree)}
@@ -498,10 +536,23 @@ class HyperscanFilter:
                 self.heads[rule] = tuple(head_sets(parsed[rule]))
         flags = _hs.HS_FLAG_DOTALL | _hs.HS_FLAG_PREFILTER
         self._db = HyperscanDatabase(
-            exprs, facts, [flags | (_hs.HS_FLAG_SINGLEMATCH if length is None else 0) for _, length in facts]
+            exprs, facts, [flags | (_hs.HS_FLAG_SINGLEMATCH if length is None else 0) for _, length in facts],
+            lazy=True,
         )
+        #: The patterns, for a scan shared with other patterns
+        #: (``MatchIndex``): see :meth:`spans` for their reports.
+        self.db = self._db
         # Rules whose pattern Hyperscan refuses always run.
-        self.always = frozenset(always | self._db.refused)
+        self.always = frozenset(always)
+        self._always = always
+        if not lazy:
+            self.settle()
+
+    def settle(self) -> None:
+        """Compile the patterns (once), leaving out the rules Hyperscan
+        refuses: they always run."""
+        self._db.compile()
+        self.always = frozenset(self._always | self._db.refused)
         for rule in self._db.refused:
             self.heads.pop(rule, None)
 

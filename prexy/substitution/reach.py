@@ -8,9 +8,9 @@ before any real match there, runs off the end of the buffer.
 :class:`FloorPlan` groups rules by how their floor is found.
 
 Patterns made of byte sets without repeats (a rule's head gate, the cut
-heads of ``MatchIndex.begun``, the hold cursors' backward walks and tail
-tests) run in time linear in the bytes they cross, so they are called
-without ``timeout=``: ``regex`` reads the process's CPU clock for it, which
+heads of ``MatchIndex.begun``, the hold cursors' tail tests) run in time
+linear in the bytes they cross, so they are called without ``timeout=``
+(the backward walks to a floor use no pattern: see ``Reach.marks``): ``regex`` reads the process's CPU clock for it, which
 cost 3-8 us per call against 0.5-0.9 us without on the development VM
 (where that clock is a system call), more than such a search.  The rules'
 own patterns and probes always pass the timeout.
@@ -51,7 +51,7 @@ class Reach:
 
     __slots__ = (
         "_source", "_probe", "prefix", "width", "bounded", "eaten", "key", "other", "seqs", "longest",
-        "linear", "_tail", "gate",
+        "linear", "_tail", "gate", "_floor_mark",
     )
 
     def __init__(self, parsed: ParsedRegex, exact: bool = False, linear: bool = False) -> None:
@@ -87,9 +87,69 @@ class Reach:
         self.key = (self.width, self.bounded, self.eaten)
         # Finds, backwards, a byte that no unbounded repeat of the rule eats.
         self.other: regex.Pattern[bytes] | None = None
+        self._floor_mark: tuple[bytes, bytes | None] | None = None
         if self.width is None and len(self.eaten) < 256:
             other = set_source(frozenset(range(256)) - self.eaten)
             self.other = regex.compile(("(?r)" + other).encode("latin-1"), FLAGS)
+
+    def _marking(self) -> tuple[bytes, bytes | None]:
+        """The byte the walks look for, or a translation marking the bytes
+        (``b"\\x01"``) that the rule's unbounded repeats do not eat."""
+        marks = self._floor_mark
+        if marks is None:
+            x = bytes(sorted(frozenset(range(256)) - self.eaten))
+            table = None if len(x) == 1 else bytes(1 if b in x else 0 for b in range(256))
+            marks = self._floor_mark = (x if table is None else b"\x01", table)
+        return marks
+
+    def _window(self, buf: bytes, lo: int, n: int, need: int) -> tuple[int, bytes, bytes]:
+        """The shortest of the windows ``buf[n - 256 * 4**i : n]`` (or
+        ``buf[lo:n]``) that holds ``need`` marks: (its start, its bytes,
+        marked, the mark)."""
+        sep, table = self._marking()
+        size = 256
+        while True:
+            start = max(lo, n - size)
+            if table is None:
+                if buf.count(sep, start, n) >= need or start == lo:
+                    return start, buf[start:n], sep
+            else:
+                window = buf[start:n].translate(table)
+                if window.count(sep) >= need or start == lo:
+                    return start, window, sep
+            size *= 4
+
+    def floor_mark(self, buf: bytes, lo: int, n: int) -> int:
+        """For a rule with ``other``: the place of the ``bounded + 2``-th
+        byte from ``n`` back that its unbounded repeats do not eat, within
+        ``buf[lo:n]``, or -1 when there are fewer (the walk of
+        :class:`~.holdcursors.RuleHoldCursor` to its floor).
+
+        In time linear in the bytes crossed, in C: windows that grow from
+        the end (those bytes marked with ``translate`` unless there is one),
+        counted, then cut with ``rsplit``.  (``regex`` searches backwards
+        byte by byte: its ``(?r)`` finditer crossed 16 KiB with five ``"``
+        in 236 us, a counted backward pattern in 682 us; this in 1.3 us.)
+        """
+        need = self.bounded + 2
+        start, window, sep = self._window(buf, lo, n, need)
+        if window.count(sep) < need:
+            return -1
+        # The need-th mark from the end ends the first piece.
+        return start + len(window.rsplit(sep, need)[0])
+
+    def marks(self, buf: bytes, lo: int, n: int, need: int) -> list[int]:
+        """The places of the last ``need`` bytes of ``buf[lo:n]`` that the
+        rule's unbounded repeats do not eat, from the end back (fewer when
+        there are fewer); see :meth:`floor_mark`."""
+        start, window, sep = self._window(buf, lo, n, need)
+        pieces = window.rsplit(sep, need)
+        out: list[int] = []
+        at = start + len(window)
+        for piece in reversed(pieces[1:]):
+            at -= len(piece) + 1
+            out.append(at)
+        return out
 
     @property
     def tail(self) -> LinearPattern:
@@ -134,14 +194,15 @@ class FloorPlan:
     reach past the end from before the end: None, always probe; bytes, a
     literal prefix every match starts with; a set, the bytes a match can
     start with.  ``walks``: per set of bytes that unbounded repeats eat,
-    the backward pattern for the other bytes and how many of them to find.
+    a rule with that set (its ``Reach.marks`` walks back over the other
+    bytes) and how many of them to find.
     """
 
     __slots__ = ("walks", "literal", "literal_order", "others", "trie", "lowest", "lowest_literal")
 
     def __init__(
         self,
-        walks: list[tuple[regex.Pattern[bytes], int]],
+        walks: list[tuple[Reach, int]],
         groups: dict[tuple[Where, bytes | frozenset[int] | None], list[int]],
     ) -> None:
         self.walks = walks

@@ -57,6 +57,7 @@ from prexy.substitution.byteclass import NEWLINE, NONE, WORD
 if TYPE_CHECKING:
     from prexy.substitution.matches import Found
     from prexy.substitution.ruleset import RuleSet
+    from prexy.substitution.scanner import BodyScan
 
 __all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer", "warm"]
 
@@ -125,6 +126,9 @@ class Transducer:
         self.rules_matched: set[int] = set()
         self.scan_seconds = 0.0
         self._scanner = ruleset.scanner
+        # Both cursors of each buffer, made with what the body's buffers
+        # share (built at the first scan).
+        self._body: BodyScan | None = None
         rules = ruleset.rules
         self._single = len(rules) == 1
         # Per-rule facts, computed once per rule set (see RuleSet.rule_facts).
@@ -198,12 +202,13 @@ class Transducer:
         The work done is proportional to ``len(data)`` (and the matches in
         it): feed large bodies in slices, e.g. with :meth:`feed_slices`.
         """
-        if self.state is State.FINISHED:
+        state = self.state
+        if state is State.FINISHED:
             raise RuntimeError("feed() after finish()")
-        if self.state is State.PASSING_THROUGH and not self.held:
+        held = len(self._buf) - self._pos + self._deferred_len
+        if state is State.PASSING_THROUGH and not held:
             return bytes(data)
         data = bytes(data)
-        held = self.held
         if (
             self._defer_cap
             and held >= DEFER_MIN
@@ -259,7 +264,7 @@ class Transducer:
         out: list[bytes] = []
         self._pending = 0
         self._defer_cap = 0
-        was_held = self._pos if self.held and self._candidate is not None else -1
+        was_held = self._pos if self._candidate is not None and self.held else -1
         self._candidate = None
         pos = self._scan(buf, self._pos, final, out)
         limit = self.ruleset.max_buffered_size
@@ -330,16 +335,23 @@ class Transducer:
         # while nothing has come since.
         ended_at_end = self._tail_match and pos == n
         self._tail_match = False
+        body = self._body
+        if body is None:
+            body = self._body = scanner.body_scan(self._active, timeout)
+        if final and pos >= n and not body.empty_ok:
+            # The end of the body with every byte out: only an empty match
+            # could be made there (the restart rule's too), and no rule
+            # makes one.  (A body fed in pieces then ends without a scan.)
+            return n
         try:
-            cursor = scanner.cursor(buf, timeout, self._active)
+            cursor, holds = body.cursors(buf, pos, final)
             find = cursor.find
             # Below ``floor`` no match can run off the end of the buffer, so
             # the hold-back probe only runs for matches starting at or above it.
-            if final:
+            if holds is None:
                 floor = n + 1
                 hold_point = None
             else:
-                holds = scanner.hold_cursor(buf, pos, timeout, self._active, cursor)
                 floor = holds.floor
                 hold_point = holds.hold_point
             fast_stop = min(floor, n)

@@ -320,3 +320,122 @@ class HsindexTests(SynchronousTestCase):
             t = Transducer(rs, timeout=None)
             outs.append((b"".join(t.feed(p) for p in pieces) + t.finish(), t.bailed_out))
         assert outs[0] == outs[1]
+
+
+@expand
+class OneScanTests(SynchronousTestCase):
+    """The index scans a buffer once: the literal windows, the exact rules
+    and the prefilter of the other rules are one Hyperscan database, whose
+    reports are those of the three scanned apart."""
+
+    skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        specs,
+        bodies,
+        st.integers(0, 80),
+        st.integers(0, 100),
+        st.lists(st.booleans(), min_size=16, max_size=16) | st.none(),
+    )
+    def test_one_scan_reports_as_the_three_apart(
+        self, rule_specs: list[tuple[str, str, str]], body: bytes, pad: int, pos: int, mask: list[bool] | None
+    ) -> None:
+        """Every report of the exact rules, confirmed or not, is the same;
+        every rule the prefilter names apart is named, from the same place,
+        with the same last start.  (Only a rule it looks for whole may be
+        named as well, from a scan start within WHOLE_SCAN_POS.)"""
+        rules = compile_all(rule_specs)
+        parsed = [r.parsed for r in rules]
+        body = b"x-" * pad + body
+        pos = min(pos, len(body))
+        active = None if mask is None else mask[: len(parsed)] + [True] * max(0, len(parsed) - len(mask))
+        united = hsindex.MatchIndex(parsed)
+
+        def apart_only(index: hsindex.MatchIndex) -> None:
+            index._window.compile()
+            if index._filter is not None:
+                index._filter.settle()
+
+        self.patch(hsindex.MatchIndex, "_unite", apart_only)
+        apart = hsindex.MatchIndex(parsed)
+        assert apart._united is None
+        assert (apart._window.db is not None) == bool(apart._window.exprs)
+        one = united.events(body, pos, active)
+        three = apart.events(body, pos, active)
+        assert one.exact == three.exact
+        whole = set()
+        if united._filter is not None:
+            whole = {united.others[local] for local, length in united._filter.db.facts if length is None}
+        for rule, first in three.candidates.items():
+            assert one.candidates.get(rule) == first, (rule, one.candidates, three.candidates)
+            assert one.lasts[rule] == three.lasts[rule]
+        extra = set(one.candidates) - set(three.candidates)
+        assert extra <= whole and (not extra or pos <= hsindex.WHOLE_SCAN_POS), extra
+
+    def test_a_buffer_costs_one_scan(self) -> None:
+        """With literal keys, exact rules and others, events() makes one
+        Hyperscan scan call."""
+        rules = [
+            compile_rule(b"www\\.shop\\.com", b"X", b"gi"),
+            compile_rule(b"(https?://)m\\.shop\\.com", b"${1}m", b"g"),
+            compile_rule(b"(UA-)\\d+-\\d+", b"${1}1", b"g"),
+            compile_rule(b'data-price="(\\d+)"', b"$1", b"g"),
+        ]
+        index = hsindex.MatchIndex([r.parsed for r in rules])
+        scans = []
+        original = hsindex.HyperscanDatabase.scan
+
+        def counting(db: hsindex.HyperscanDatabase, data: bytes, handler: object) -> None:
+            scans.append(db)
+            original(db, data, handler)
+
+        self.patch(hsindex.HyperscanDatabase, "scan", counting)
+        body = b'x www.SHOP.com https://m.shop.com UA-1-2 data-price="3" ' * 4
+        for pos in (0, 1, 100):
+            scans.clear()
+            events = index.events(body, pos, None)
+            assert len(scans) == 1, scans
+            assert {r for _, r, _ in index.matches(body, events)} == {0, 1}
+            assert set(events.candidates) == {2, 3}
+
+    def test_parts_compile_apart_when_hyperscan_refuses_them_together(self) -> None:
+        """When the one database does not compile, the three parts compile
+        and scan apart, reporting the same; when it does, the windows and
+        the prefilter are never compiled apart."""
+        rules = [
+            compile_rule(b"www\\.shop\\.com", b"X", b"gi"),
+            compile_rule(b"(https?://)m\\.shop\\.com", b"${1}m", b"g"),
+            compile_rule(b"(UA-)\\d+-\\d+", b"${1}1", b"g"),
+            compile_rule(b"<t>[^<]*</t>", b"T", b"g"),
+        ]
+        parsed = [r.parsed for r in rules]
+        compiled: list[int] = []
+        # (A staticmethod: put back the descriptor itself, not the function.)
+        original = hsindex.HyperscanDatabase.__dict__["_compile"]
+
+        def counting(exprs: list[bytes], flags: list[int]) -> object:
+            compiled.append(len(exprs))
+            return original.__func__(exprs, flags)
+
+        hsindex.HyperscanDatabase._compile = staticmethod(counting)  # type: ignore[method-assign]
+        self.addCleanup(setattr, hsindex.HyperscanDatabase, "_compile", original)
+        united = hsindex.MatchIndex(parsed)
+        assert united._united is not None
+        # The one database (three literal keys, the two others' heads),
+        # then the tail scan of the two unbounded rules: nothing else.
+        assert compiled == [len(united._united.exprs), 2] == [5, 2], compiled
+
+        class Refusing(hsindex.HyperscanDatabase):
+            def __init__(self, *args: object, strict: bool = False, **kwargs: object) -> None:
+                if strict:
+                    raise hsindex._hs.error("too big together")
+                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+        self.patch(hsindex, "HyperscanDatabase", Refusing)
+        apart = hsindex.MatchIndex(parsed)
+        assert apart._united is None
+        body = b"<t>x</t> https://m.shop.com WWW.shop.com UA-12-3 <t>y" * 3
+        for pos in (0, 1, 70):
+            one, three = united.events(body, pos, None), apart.events(body, pos, None)
+            assert one.exact == three.exact and one.candidates == three.candidates and one.lasts == three.lasts
