@@ -74,12 +74,14 @@ class HitRecord:
 class Ready:
     """A hit's answer made once: the head cut around its Age and
     Cache-Status values (``head``: before, between, after), the body sent,
-    the status, and the object it was made from."""
+    the status, and the object and the site (its settings at the time: a
+    reload replaces it) it was made from."""
 
-    __slots__ = ("body", "code", "head", "obj")
+    __slots__ = ("body", "code", "head", "obj", "site")
 
-    def __init__(self, obj: Any, head: tuple[bytes, bytes, bytes], body: bytes, code: int) -> None:
+    def __init__(self, obj: Any, site: Any, head: tuple[bytes, bytes, bytes], body: bytes, code: int) -> None:
         self.obj = obj
+        self.site = site
         self.head = head
         self.body = body
         self.code = code
@@ -94,7 +96,8 @@ class HitPath:
         #: The answers made last, by what they depend on besides the object
         #: (its key, the method, the version, whether the connection closes,
         #: Accept-Encoding, Range); each is used only for the very object the store
-        #: gives now (``Ready.obj``), so nothing here needs invalidating.
+        #: gives now (``Ready.obj``) and the site as it is now (``Ready.site``:
+        #: a reload replaces it), so nothing here needs invalidating.
         self.ready: Memo[tuple[Any, ...], Ready] = Memo(ready_budget)
 
     def answer(self, channel: Any, event: Request, headers: RequestHeaders) -> bool | Looked:
@@ -177,7 +180,7 @@ class HitPath:
                 key, method, version, channel.says_close, tuple(accept_encoding or ()), tuple(ranges) if ranges else (),
             )
             ready = self.ready.get(ready_key)
-            if ready is not None and ready.obj is obj:
+            if ready is not None and ready.obj is obj and ready.site is site:
                 age, status = hit_marks(obj, now)
                 out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
                 if ready.body:
@@ -197,12 +200,12 @@ class HitPath:
         else:
             out.append(body)
         if ready_key is not None:
-            self._remember(ready_key, obj, channel, version, code, reason, answer, body)
+            self._remember(ready_key, obj, site, channel, version, code, reason, answer, body)
         return out, HitRecord(channel.getPeer(), method, target, version, headers, code, len(body))
 
     def _remember(
-        self, ready_key: tuple[Any, ...], obj: Any, channel: Any, version: bytes, code: int, reason: bytes,
-        answer: Any, body: bytes,
+        self, ready_key: tuple[Any, ...], obj: Any, site: SiteRuntime, channel: Any, version: bytes, code: int,
+        reason: bytes, answer: Any, body: bytes,
     ) -> None:
         """Keep the answer just made for ``ready_key``'s next hits: its head
         made the same way with marks for Age and Cache-Status, cut there."""
@@ -212,7 +215,7 @@ class HitPath:
         middle, mark2, after = rest.partition(_STATUS_MARK)
         if not mark or not mark2 or _AGE_MARK in after or _STATUS_MARK in after:
             return
-        self.ready.put(ready_key, Ready(obj, (before, middle, after), body, code), len(body) + len(head))
+        self.ready.put(ready_key, Ready(obj, site, (before, middle, after), body, code), len(body) + len(head))
 
     @staticmethod
     def _vars(

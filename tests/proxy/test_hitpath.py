@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.accesslog import combined_line
@@ -16,7 +17,7 @@ from prexy.codec import Compression
 from tests.cases import expand, parametrize
 
 from . import test_compress, test_header_rules, test_rfc_cache
-from .support import Harness
+from .support import Harness, site_runtime
 
 PAGE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nETag: \"v1\"\r\nLast-Modified: Tue, 01 Dec 2026 10:00:00 GMT\r\n"
         b"X-Powered-By: PHP\r\ncontent-language: en\r\nLink: </a.css>\r\nLink: </b.js>\r\n"
@@ -240,3 +241,30 @@ class GracefulStopTests(SynchronousTestCase):
         self.assertEqual(seen, [True])
         h.site.close_idle_connections(fresh_grace=2.0)
         self.assertEqual((client.disconnecting, fresh.disconnecting), (True, False))
+
+
+@expand
+class ReloadTests(SynchronousTestCase):
+    @parametrize("fast", [True, False])
+    def test_a_reload_is_obeyed_by_made_answers(self, fast: bool) -> None:
+        """An answer made once is not used after a reload replaced its
+        site: a site that stops compressing answers identity at once,
+        as the general path does."""
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        if not fast:
+            h.site.hits = None
+        gzip = GET + b"Accept-Encoding: gzip\r\n\r\n"
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        for _ in range(3):
+            _, client = h.send(gzip)
+            h.settle()
+            self.assertIn(b"Content-Encoding: gzip", client.value())
+        config = h.config
+        off = attrs.evolve(config, sites=(attrs.evolve(config.sites[0], compression=Compression(enabled=False)),))
+        h.resource.runtime = site_runtime(off, s={"rules": h.runtime.select(b"clone.test").rules})
+        _, client = h.send(gzip)
+        h.settle()
+        self.assertIn(b"200 OK", client.value())
+        self.assertNotIn(b"Content-Encoding: gzip", client.value())
