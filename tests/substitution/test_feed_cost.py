@@ -56,6 +56,20 @@ def page(paragraphs: int) -> bytes:
     return b"<html><head><meta charset=\"utf-8\"></head><body>\n" + body + b"</body></html>\n"
 
 
+
+def record_hold_cursors(case: SynchronousTestCase) -> list[list[int]]:
+    """The rules of each rule-by-rule hold cursor built while ``case``
+    runs, one list per cursor."""
+    cursor_rules: list[list[int]] = []
+    original = holdcursors.RuleHoldCursor.__init__
+
+    def counting_init(self: holdcursors.RuleHoldCursor, *args: object) -> None:
+        cursor_rules.append(list(args[4]))  # type: ignore[call-overload]
+        original(self, *args)  # type: ignore[arg-type]
+
+    case.patch(holdcursors.RuleHoldCursor, "__init__", counting_init)
+    return cursor_rules
+
 class FeedCostTests(SynchronousTestCase):
     skip = None if hsindex.AVAILABLE else "hyperscan is not installed"
 
@@ -74,14 +88,7 @@ class FeedCostTests(SynchronousTestCase):
         rule-by-rule hold cursor for them and never runs their probes."""
         rs = ruleset()
         assert rs.scanner is not None
-        cursor_rules: list[list[int]] = []
-        original = holdcursors.RuleHoldCursor.__init__
-
-        def counting_init(self: holdcursors.RuleHoldCursor, *args: object) -> None:
-            cursor_rules.append(list(args[4]))  # type: ignore[call-overload]
-            original(self, *args)  # type: ignore[arg-type]
-
-        self.patch(holdcursors.RuleHoldCursor, "__init__", counting_init)
+        cursor_rules = record_hold_cursors(self)
         probed: list[int] = []
         original_reach = reach.reach_from
 
@@ -214,14 +221,7 @@ class BelowFloorTests(SynchronousTestCase):
         rs = ruleset()
         assert rs.scanner is not None and rs.scanner.index is not None
         assert PRICE in rs.scanner.index.unbounded
-        cursor_rules: list[list[int]] = []
-        original = holdcursors.RuleHoldCursor.__init__
-
-        def counting_init(self: holdcursors.RuleHoldCursor, *args: object) -> None:
-            cursor_rules.append(list(args[4]))  # type: ignore[call-overload]
-            original(self, *args)  # type: ignore[arg-type]
-
-        self.patch(holdcursors.RuleHoldCursor, "__init__", counting_init)
+        cursor_rules = record_hold_cursors(self)
         body = priced_page(300)
         whole = Transducer(rs, timeout=None).finish(body)
         assert whole.count(b'data-price="$') == 300
