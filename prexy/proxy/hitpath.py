@@ -71,6 +71,14 @@ class HitRecord:
         return self.client
 
 
+def _sent_body(answer: Any, method: bytes) -> bytes:
+    """The body a hit's answer sends: none for HEAD or a bodiless status."""
+    body: bytes = answer.body
+    if not body or method == _HEAD or answer.code in NO_BODY_CODES:
+        return b""
+    return body
+
+
 class Ready:
     """A hit's answer made once: the head cut around its Age and
     Cache-Status values (``head``: before, between, after), the body sent,
@@ -153,7 +161,7 @@ class HitPath:
         else:
             hosts = raw.get(b"host")
             host = hosts[0] if hosts else None
-        site: SiteRuntime = resource.runtime.select(host)
+        site: SiteRuntime = resource.site_for(host)
         if site.cache_policy is None or site.urlmap is not None:
             return None
         looked = cache.look(site, method, target, host, raw)
@@ -180,7 +188,11 @@ class HitPath:
                 key, method, version, channel.says_close, tuple(accept_encoding or ()), tuple(ranges) if ranges else (),
             )
             ready = self.ready.get(ready_key)
-            if ready is not None and ready.obj is obj and ready.site is site:
+            if ready is None or ready.obj is not obj or ready.site is not site:
+                ready = self._make(obj, site, channel, now, method, raw, accept_encoding, key, version)
+                if ready is not None:
+                    self.ready.put(ready_key, ready, len(ready.body) + sum(map(len, ready.head)))
+            if ready is not None:
                 age, status = hit_marks(obj, now)
                 out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
                 if ready.body:
@@ -194,28 +206,29 @@ class HitPath:
             fields = edits.respond(fields, code, self._vars(channel, site, method, target, version, headers), False)
         reason = answer.phrase or RESPONSES.get(code, b"Unknown Status")
         out = [channel.answer_head(version, b"%d" % code, reason, fields)]
-        body = answer.body
-        if not body or method == _HEAD or code in NO_BODY_CODES:
-            body = b""
-        else:
+        body = _sent_body(answer, method)
+        if body:
             out.append(body)
-        if ready_key is not None:
-            self._remember(ready_key, obj, site, channel, version, code, reason, answer, body)
         return out, HitRecord(channel.getPeer(), method, target, version, headers, code, len(body))
 
-    def _remember(
-        self, ready_key: tuple[Any, ...], obj: Any, site: SiteRuntime, channel: Any, version: bytes, code: int,
-        reason: bytes, answer: Any, body: bytes,
-    ) -> None:
-        """Keep the answer just made for ``ready_key``'s next hits: its head
-        made the same way with marks for Age and Cache-Status, cut there."""
+    def _make(
+        self, obj: Any, site: SiteRuntime, channel: Any, now: float, method: bytes, raw: dict[bytes, list[bytes]],
+        accept_encoding: list[bytes] | None, key: bytes, version: bytes,
+    ) -> Ready | None:
+        """The answer ``obj`` gives this request shape, made once: its head
+        made with marks where each hit's Age and Cache-Status go, cut
+        there; None if the marks are not found once each."""
+        pairs = [(n, v) for n, vs in raw.items() for v in vs]
+        answer = self.resource.cache.hit(obj, now, method, pairs, accept_encoding, key=key, site=site)
+        code = answer.code
         fields = finish_head(answer.headers, age=_AGE_MARK, cache_status=_STATUS_MARK)
+        reason = answer.phrase or RESPONSES.get(code, b"Unknown Status")
         head = channel.answer_head(version, b"%d" % code, reason, fields)
         before, mark, rest = head.partition(_AGE_MARK)
         middle, mark2, after = rest.partition(_STATUS_MARK)
         if not mark or not mark2 or _AGE_MARK in after or _STATUS_MARK in after:
-            return
-        self.ready.put(ready_key, Ready(obj, site, (before, middle, after), body, code), len(body) + len(head))
+            return None
+        return Ready(obj, site, (before, middle, after), _sent_body(answer, method), code)
 
     @staticmethod
     def _vars(
