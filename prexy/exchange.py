@@ -73,6 +73,7 @@ __all__ = [
     "coding_etag",
     "derived_etag",
     "plan_head",
+    "passes_as_it_came",
     "plan_passed",
     "plan_response",
     "rewrite_timing",
@@ -734,6 +735,17 @@ def plan_head(
         timing_extra=SKIPPED_TIMING if skipped else b"",
         timing_in_trailer=mode is not Mode.WHOLE_FIRST and trailers and transduce,
     )
+
+
+def passes_as_it_came(
+    rules: object | None, cached: bool, targeted: frozenset[bytes], header_names: frozenset[bytes],
+    lnames: Sequence[bytes],
+) -> bool:
+    """Whether ``plan_passed`` makes an answer's plan: a site without
+    rules and without fields targeted at it, an exchange without a cache
+    context, and no field of the answer (``lnames``) a header rule of the
+    site changes (``header_names``)."""
+    return rules is None and not cached and not targeted and header_names.isdisjoint(lnames)
 
 
 def plan_passed(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.codec import Compression
-from prexy.exchange import Mode, plan_head, plan_passed
+from prexy.exchange import Mode, passes_as_it_came, plan_head, plan_passed
 
 from .test_exchange import FakeHead
 
@@ -84,3 +84,13 @@ class PlanPassed(SynchronousTestCase):
         self.assertEqual((plan.mode, plan.coding.coding), (Mode.COMPRESS, b"gzip"))
         plan = plan_passed(page, method=b"HEAD", accept_encoding=[b"gzip"], compression=Compression())
         self.assertIs(plan.mode, Mode.NO_BODY)
+
+    def test_when_it_applies(self) -> None:
+        """Only a site without rules or targeted fields, outside the cache,
+        on an answer with no field a header rule changes."""
+        lnames = [b"content-type", b"location"]
+        self.assertTrue(passes_as_it_came(None, False, frozenset(), frozenset({b"refresh"}), lnames))
+        self.assertFalse(passes_as_it_came(object(), False, frozenset(), frozenset(), lnames))
+        self.assertFalse(passes_as_it_came(None, True, frozenset(), frozenset(), lnames))
+        self.assertFalse(passes_as_it_came(None, False, frozenset({b"cdn-cache-control"}), frozenset(), lnames))
+        self.assertFalse(passes_as_it_came(None, False, frozenset(), frozenset({b"location"}), lnames))

@@ -41,6 +41,7 @@ from prexy.exchange import (
     Mode,
     PipelineError,
     State,
+    passes_as_it_came,
     plan_head,
     plan_passed,
     resource_key,
@@ -162,9 +163,7 @@ class Exchange:
                 whole_max = whole_limit(self.backlog.slice)
         body_in_hand = response.body_in_hand
         accept_encoding = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if rules is None and ctx is None and not site.targeted and site.header_names.isdisjoint(response.lnames):
-            # Nothing to rewrite, no field a header rule changes, no cache
-            # here: passed as it came, or compressed for this client.
+        if passes_as_it_came(rules, ctx is not None, site.targeted, site.header_names, response.lnames):
             plan = self.plan = plan_passed(
                 response, method=method, accept_encoding=accept_encoding, compression=site.config.compression,
             )
