@@ -153,40 +153,9 @@ class Exchange:
         if ctx is not None and ctx.invalidate is not None and response.code != 101:
             assert self.storing is not None
             self.storing.cache.answered(site, ctx, response.code, response.headers)
-        rules = site.rules
         method = request.method
-        trailers = request.trailers
-        whole_max = 0
-        if rules is not None:
-            self.backlog.slice = resource.slices.get(rules.digest, FIRST_SLICE)
-            if not resource.rewriting.busy:
-                whole_max = whole_limit(self.backlog.slice)
         body_in_hand = response.body_in_hand
-        accept_encoding = request.requestHeaders.getRawHeaders(b"accept-encoding")
-        if passes_as_it_came(rules, ctx is not None, site.targeted, site.header_names, response.lnames):
-            plan = self.plan = plan_passed(
-                response, method=method, accept_encoding=accept_encoding, compression=site.config.compression,
-            )
-        else:
-            plan = self.plan = plan_head(
-                response,
-                method=method,
-                trailers=trailers,
-                accept_encoding=accept_encoding,
-                rules=rules,
-                compression=site.config.compression,
-                applicable=self._applicable,
-                cached=ctx is not None,
-                revalidating=ctx is not None and ctx.revalidating,
-                stale_usable=self._stale_usable,
-                whole_max=whole_max,
-                body_in_hand=body_in_hand,
-                range_pairs=ctx.pairs if ctx is not None else (),
-                targeted=site.targeted,
-                header_names=site.header_names,
-                rewrite_headers=self._rewrite_headers,
-                rules_count=len(rules.rules) if rules is not None else 0,
-            )
+        plan = self.plan = self._plan(response)
         mode = plan.mode
         if mode is _TUNNEL:  # asked for (else the reader made it a 502)
             self._open_tunnel(response)
@@ -204,39 +173,10 @@ class Exchange:
         after_head: bytes | None = None
         if plan.rewrite or plan.coding.coding is not None:
             # The body goes through the pipeline: rewritten, compressed, or both.
-            if plan.skipped:
-                resource.metrics.count("prexy_rewrite_skipped_total")
-            self.rules_run = plan.rules_run
-            out_coding = plan.coding.coding
-            encoder = None
-            if plan.encodes and out_coding is not None:
-                encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
-            tap = self._tap if plan.tap else None
-            self.tapped = tap is not None
-            if plan.transduce and rules is not None:
-                transducer = Transducer(rules, only=plan.only)
-            if mode is _WHOLE_FIRST or mode is _HEAD_FIRST:
-                # The whole body came with the head and is a millisecond of
-                # work at most: it is rewritten in one piece, not in slices.
-                # Where the answer can end with trailers, the head leaves
-                # first and the client reads it while the body is rewritten;
-                # elsewhere the rewrite comes first and its time goes in the
-                # head (measured side by side: bench/README.md).
-                body = response.take_body()
-                if body is not None:
-                    resource.metrics.bytes_in += len(body)
-                    self.pipeline = BodyPipeline(transducer, None, encoder)
-                    if mode is _HEAD_FIRST:
-                        after_head = body
-                    else:
-                        whole = self._feed(body, True)
-                        if whole is None:
-                            return  # the rewrite failed: the client got a 5xx
-            if transducer is not None and self.pipeline is None:
-                decoder = decoder_for(plan.codings) if plan.decode else None
-                self.pipeline = BodyPipeline(transducer, decoder, encoder, tap)
-            elif encoder is not None and transducer is None:
-                self.pipeline = BodyPipeline(None, None, encoder, tap)
+            started = self._start_pipeline(plan, response)
+            if started is None:
+                return  # the rewrite failed: the client got a 5xx
+            transducer, whole, after_head = started
         if self.pipeline is None and body_in_hand and self.storing is None and mode is not _RANGE:
             # Passed as it came, and all of it is here (or there is none):
             # the answer is written and finished at once, not streamed
@@ -292,6 +232,92 @@ class Exchange:
             request.registerProducer(_ClientProducer(self, response.producer), True)
             self.producer_registered = True
         response.deliverBody(self)
+
+    def _plan(self, response: UpstreamResponse) -> HeadPlan:
+        """What to do with the upstream's head (``plan_passed`` where it
+        applies, else ``plan_head``)."""
+        request, resource, site, ctx = self.request, self.resource, self.site, self.ctx
+        rules = site.rules
+        method = request.method
+        trailers = request.trailers
+        whole_max = 0
+        if rules is not None:
+            self.backlog.slice = resource.slices.get(rules.digest, FIRST_SLICE)
+            if not resource.rewriting.busy:
+                whole_max = whole_limit(self.backlog.slice)
+        body_in_hand = response.body_in_hand
+        accept_encoding = request.requestHeaders.getRawHeaders(b"accept-encoding")
+        if passes_as_it_came(rules, ctx is not None, site.targeted, site.header_names, response.lnames):
+            return plan_passed(
+                response, method=method, accept_encoding=accept_encoding, compression=site.config.compression,
+            )
+        return plan_head(
+            response,
+            method=method,
+            trailers=trailers,
+            accept_encoding=accept_encoding,
+            rules=rules,
+            compression=site.config.compression,
+            applicable=self._applicable,
+            cached=ctx is not None,
+            revalidating=ctx is not None and ctx.revalidating,
+            stale_usable=self._stale_usable,
+            whole_max=whole_max,
+            body_in_hand=body_in_hand,
+            range_pairs=ctx.pairs if ctx is not None else (),
+            targeted=site.targeted,
+            header_names=site.header_names,
+            rewrite_headers=self._rewrite_headers,
+            rules_count=len(rules.rules) if rules is not None else 0,
+        )
+
+    def _start_pipeline(
+        self, plan: HeadPlan, response: UpstreamResponse,
+    ) -> tuple[Transducer | None, bytes | None, bytes | None] | None:
+        """Set up the body's pipeline (rewrite, compression) the plan asks
+        for: its transducer, and the whole body done now when it came with
+        the head (``whole``), or to be done after the head leaves
+        (``after_head``); None if that rewrite failed (the client got a
+        5xx)."""
+        resource, site, mode = self.resource, self.site, plan.mode
+        rules = site.rules
+        transducer = None
+        whole: bytes | None = None
+        after_head: bytes | None = None
+        if plan.skipped:
+            resource.metrics.count("prexy_rewrite_skipped_total")
+        self.rules_run = plan.rules_run
+        out_coding = plan.coding.coding
+        encoder = None
+        if plan.encodes and out_coding is not None:
+            encoder = encoder_for(out_coding, site.config.compression.level(out_coding))
+        tap = self._tap if plan.tap else None
+        self.tapped = tap is not None
+        if plan.transduce and rules is not None:
+            transducer = Transducer(rules, only=plan.only)
+        if mode is _WHOLE_FIRST or mode is _HEAD_FIRST:
+            # The whole body came with the head and is a millisecond of
+            # work at most: it is rewritten in one piece, not in slices.
+            # Where the answer can end with trailers, the head leaves
+            # first and the client reads it while the body is rewritten;
+            # elsewhere the rewrite comes first and its time goes in the
+            # head (measured side by side: bench/README.md).
+            body = response.take_body()
+            if body is not None:
+                resource.metrics.bytes_in += len(body)
+                self.pipeline = BodyPipeline(transducer, None, encoder)
+                if mode is _HEAD_FIRST:
+                    after_head = body
+                else:
+                    whole = self._feed(body, True)
+                    if whole is None:
+                        return None  # the rewrite failed: the client got a 5xx
+        if transducer is not None and self.pipeline is None:
+            decoder = decoder_for(plan.codings) if plan.decode else None
+            self.pipeline = BodyPipeline(transducer, decoder, encoder, tap)
+        elif encoder is not None and transducer is None:
+            self.pipeline = BodyPipeline(None, None, encoder, tap)
+        return transducer, whole, after_head
 
     def _applicable(self) -> Any:
         """The rules to run on this version of the resource (None: all),
