@@ -405,6 +405,16 @@ def _wrk_script() -> Path:
     return path
 
 
+#: wrk Lua that numbers the threads: each gets ``tid`` (0, 1, ...) for
+#: its ``init`` to read.
+LUA_THREAD_IDS = """local threads = 0
+setup = function(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+"""
+
+
 def wrk_script(name: str, body: str) -> Path:
     """Write ``bench/.work/NAME.lua``: ``body`` (``setup``/``init``/``request``
     functions of wrk's Lua API) followed by the ``done`` hook that reports

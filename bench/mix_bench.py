@@ -170,12 +170,7 @@ def lua_script(site: Site) -> Path:
 local listing = [[
 {listing}
 ]]
-local threads = 0
-setup = function(thread)
-  thread:set("tid", threads)
-  threads = threads + 1
-end
-init = function(args)
+{harness.LUA_THREAD_IDS}init = function(args)
   run = args[1] or "0"
   local round = tonumber(args[2] or "0")
   hits_only = args[3] == "hits"
