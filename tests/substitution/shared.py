@@ -64,3 +64,14 @@ TRIM_CASES = [
         b"[  ]hello, world[  ]\nblah yeah\nhello[  ]\n[   ]baby!\n[     \n]abc[\n]",
     ),
 ]
+
+
+def cut(body: bytes, sizes: list[int]) -> list[bytes]:
+    """``body`` in pieces of ``sizes``, taken in turn, the last cut short."""
+    pieces = []
+    at = k = 0
+    while at < len(body):
+        pieces.append(body[at : at + sizes[k % len(sizes)]])
+        at += sizes[k % len(sizes)]
+        k += 1
+    return pieces

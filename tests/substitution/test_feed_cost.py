@@ -21,6 +21,7 @@ from prexy.substitution import holdcursors, hsindex, reach, scanner
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
+from tests.substitution.shared import cut as cut_in
 
 #: A clone's once rules on tags a page may not carry, case-insensitive and
 #: unbounded (``[^"]*``), more of them than the index's own scan bounds
@@ -170,12 +171,7 @@ class FeedCostTests(SynchronousTestCase):
         pieces: the same bytes as the whole body, and as the scanner
         without an index."""
         body = b"".join(parts)
-        pieces = []
-        at = k = 0
-        while at < len(body):
-            pieces.append(body[at : at + sizes[k % len(sizes)]])
-            at += sizes[k % len(sizes)]
-            k += 1
+        pieces = cut_in(body, sizes)
         outs = []
         for rs in (ruleset(), ruleset("none")):
             t = Transducer(rs, timeout=None)

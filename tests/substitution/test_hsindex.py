@@ -26,6 +26,7 @@ from prexy.substitution.rules import compile_rule
 from prexy.substitution.scanner import RegexScanner
 from prexy.substitution.transducer import Transducer
 from tests.cases import expand, parametrize
+from tests.substitution.shared import cut
 from tests.substitution.test_prefilter import bodies, compile_all, specs
 
 #: Host names sharing a base domain, and the forms a clone's rules swap
@@ -261,12 +262,7 @@ class HsindexTests(SynchronousTestCase):
         if word_rule:
             rules.append(compile_rule(b"\\bshop[0-9]*", b"Z", b"g"))
         body = b"".join(parts)
-        pieces = []
-        at = k = 0
-        while at < len(body):
-            pieces.append(body[at : at + sizes[k % len(sizes)]])
-            at += sizes[k % len(sizes)]
-            k += 1
+        pieces = cut(body, sizes)
         chosen = [r for r in range(len(rules)) if only[r]] or [0]
         fast = RuleSet.build(rules, engine="hyperscan")
         slow = RuleSet.build(rules, engine="none")
