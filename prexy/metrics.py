@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prexy.observe.stats import Aggregate
 
 #: Upper bounds (seconds) of the upstream latency histogram buckets.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -37,6 +40,56 @@ HELP = {
     "prexy_cluster_queued_total": "Invalidations made while Redis was unreachable (published when it returns).",
     "prexy_cluster_outages_total": "Times this node lost Redis (one per outage, not per attempt).",
     "prexy_cluster_flushes_total": "Stores emptied because entries this node never read were trimmed.",
+    "prexy_bytes_in_total": "Response body bytes received from upstreams.",
+    "prexy_upstream_seconds": "Time to the upstream's response head (connect and first byte).",
+    "prexy_cache_total": "Requests by what the cache did (hit, miss, pass, grace, collapsed, hit-for-miss,"
+    " stale-if-error).",
+    "prexy_requests_by_protocol_total": "Responses sent, by the client's protocol.",
+    "prexy_rewrite_skipped_total": "Responses the rules would rewrite that passed untouched: no rule can match"
+    " this version of the resource (the applicability memory).",
+    "prexy_interim_responses_total": "1xx heads passed to clients, by status.",
+    "prexy_tunnels_total": "Upgraded connections (WebSocket...) tunnelled to the upstream.",
+    "prexy_tunnels_closed_total": "Tunnels ended, by who ended them.",
+    "prexy_tunnel_bytes_total": "Bytes carried by tunnels, by direction.",
+    "prexy_cache_compressed_total": "Cached objects stored compressed, by coding.",
+    "prexy_cache_not_stored_total": "Answers not stored in the cache, by reason.",
+    "prexy_cache_invalidations_total": "URLs invalidated by an unsafe method's answer.",
+    "prexy_cache_purges_total": "PURGE requests that removed objects.",
+    "prexy_cache_evictions_total": "Objects evicted from the cache store to make room (least recently used).",
+    "prexy_cache_fetch_without_client_total": "Fetches that went on for the cache after their client left.",
+    "prexy_cache_objects": "Objects in the cache store (shared by the workers).",
+    "prexy_cache_bytes": "Bytes the cache store's pages use (what [cache] size bounds).",
+    "prexy_cache_max_bytes": "The cache store's bound in bytes ([cache] size).",
+    "prexy_open_connections": "Client connections open.",
+    "prexy_active_requests": "Requests being answered.",
+    "prexy_workers": "Worker processes serving.",
+    "prexy_worker_generation": "Generations of workers started (each reload that restarts them adds one).",
+    "prexy_cluster_up": "1 when this node is linked to the cluster's Redis, else 0.",
+    "prexy_cluster_queued": "Invalidations waiting for Redis to come back.",
+    "prexy_cluster_dropped": "Invalidations dropped because the queue for Redis was full.",
+    "prexy_site_requests_total": "Requests by site (the most requested sites; the rest as site=\"other\").",
+    "prexy_site_responses_total": "Responses by site and status class.",
+    "prexy_site_bytes_out_total": "Response body bytes sent to clients, by site.",
+    "prexy_site_bytes_in_total": "Response body bytes received from upstreams, by site.",
+    "prexy_site_cache_total": "Requests by site and what the cache did (hit, miss, pass, other).",
+    "prexy_site_upstream_seconds_total": "Time to the upstreams' response heads, summed, by site.",
+    "prexy_site_rewrite_seconds_total": "Time the rules took, summed, by site.",
+    "prexy_site_rewritten_total": "Responses the site's rules ran on, by site.",
+    "prexy_site_errors_total": "Error answers by site and class (4xx, 5xx; upstream: a 502 or 504 for a failed"
+    " upstream).",
+    "prexy_request_seconds": "Time from a request's head to its answer's last byte, by what the cache did"
+    " (hit: from the cache; miss: fetched for it; pass: fetched, not cached).",
+    "prexy_rewrite_seconds": "Time the rules took per rewritten response.",
+    "prexy_rule_matches_total": "Substitutions made by each rule (numbered from 1 in its site's rule set).",
+    "prexy_rule_responses_total": "Rewritten responses in which each rule fired.",
+    "prexy_rule_bytes_changed_total": "Bytes of upstream bodies each rule's substitutions replaced.",
+    "prexy_rule_bailouts_total": "Responses whose substitution stopped at max_buffered_size while this rule was"
+    " matching.",
+    "prexy_rule_timeouts_total": "Responses whose scan timed out on this rule.",
+    "prexy_rule_last_fired_timestamp_seconds": "When each rule last fired (UNIX time; 0: never).",
+    "prexy_process_cpu_seconds_total": "CPU time of each Prexy process (user and system).",
+    "prexy_process_resident_memory_bytes": "Resident memory of each Prexy process.",
+    "prexy_process_open_fds": "Open file descriptors of each Prexy process.",
 }
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -52,6 +105,8 @@ class Metrics:
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.latency_count = 0
+        #: Levels this process reports (open connections...): summed over processes.
+        self.gauges: dict[str, float] = {}
         # The label keys of the counters every request bumps, made once.
         self._status_keys: dict[int, LabelKey] = {}
         self._protocol_keys: dict[bytes, LabelKey] = {}
@@ -97,6 +152,7 @@ class Metrics:
             "latency_buckets": list(self.latency_buckets),
             "latency_sum": self.latency_sum,
             "latency_count": self.latency_count,
+            "gauges": dict(self.gauges),
         }
 
     def merge(self, snapshot: Mapping[str, object]) -> None:
@@ -110,40 +166,205 @@ class Metrics:
             self.latency_buckets[i] += v
         self.latency_sum += float(snap["latency_sum"])
         self.latency_count += int(snap["latency_count"])
+        for name, value in snap.get("gauges", {}).items():
+            self.gauges[name] = self.gauges.get(name, 0.0) + value
 
 
-def render(metrics: Iterable[Metrics], extra: Mapping[str, float] | None = None) -> bytes:
-    """Prometheus text exposition of the sum of ``metrics``."""
+def render(
+    metrics: Iterable[Metrics],
+    extra: Mapping[str, float] | None = None,
+    observed: Aggregate | None = None,
+    top_sites: int = 20,
+    processes: Sequence[tuple[str, int | None]] = (),
+) -> bytes:
+    """Prometheus text exposition of the sum of ``metrics``, the gauges
+    ``extra``, the per-site and per-rule counters of ``observed`` (the
+    ``top_sites`` most requested sites by name, the rest as ``other``), and
+    the resource use of ``processes`` ((role, pid): the master's, the
+    workers'), through ``prometheus_client``'s exposition."""
+    from prometheus_client.exposition import generate_latest
+
+    return generate_latest(_Collected(_families(metrics, extra, observed, top_sites, processes)))
+
+
+class _Collected:
+    """Families made already, as a registry gives them to the exposition."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
+
+
+def _counter_name(name: str) -> str:
+    """A counter family's name without ``_total`` (the exposition adds it)."""
+    return name[: -len("_total")] if name.endswith("_total") else name
+
+
+def _families(
+    metrics: Iterable[Metrics], extra: Mapping[str, float] | None, observed: Aggregate | None, top_sites: int,
+    processes: Sequence[tuple[str, int | None]],
+) -> list[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    from prexy import __version__
+
     total = Metrics()
     for m in metrics:
         total.merge(m.snapshot())
-    lines: list[str] = []
+    families: list[Any] = []
+    info = GaugeMetricFamily("prexy_build_info", "Prexy's version (always 1).", labels=["version"])
+    info.add_metric([__version__], 1)
+    families.append(info)
     by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], int]]] = {}
     for (name, labels), value in sorted(total.counters.items()):
         by_name.setdefault(name, []).append((labels, value))
     for name, rows in by_name.items():
-        lines.append(f"# HELP {name} {HELP.get(name, name)}")
-        lines.append(f"# TYPE {name} counter")
+        family = CounterMetricFamily(_counter_name(name), HELP.get(name, name), labels=[k for k, _ in rows[0][0]])
         for labels, value in rows:
-            label_text = ",".join(f'{k}="{v}"' for k, v in labels)
-            lines.append(f"{name}{{{label_text}}} {value}" if label_text else f"{name} {value}")
-    lines.append(f"# HELP prexy_bytes_out_total {HELP['prexy_bytes_out_total']}")
-    lines.append("# TYPE prexy_bytes_out_total counter")
-    lines.append(f"prexy_bytes_out_total {total.bytes_out}")
-    lines.append("# HELP prexy_bytes_in_total Response body bytes received from upstreams.")
-    lines.append("# TYPE prexy_bytes_in_total counter")
-    lines.append(f"prexy_bytes_in_total {total.bytes_in}")
-    lines.append("# HELP prexy_upstream_seconds Time to the upstream's response head.")
-    lines.append("# TYPE prexy_upstream_seconds histogram")
-    cumulative = 0
-    for bound, count in zip(LATENCY_BUCKETS, total.latency_buckets[:-1], strict=True):
-        cumulative += count
-        lines.append(f'prexy_upstream_seconds_bucket{{le="{bound}"}} {cumulative}')
-    cumulative += total.latency_buckets[-1]
-    lines.append(f'prexy_upstream_seconds_bucket{{le="+Inf"}} {cumulative}')
-    lines.append(f"prexy_upstream_seconds_sum {total.latency_sum}")
-    lines.append(f"prexy_upstream_seconds_count {total.latency_count}")
-    for gauge, amount in (extra or {}).items():
-        lines.append(f"# TYPE {gauge} gauge")
-        lines.append(f"{gauge} {amount}")
-    return ("\n".join(lines) + "\n").encode("utf-8")
+            family.add_metric([v for _, v in labels], value)
+        families.append(family)
+    families.append(CounterMetricFamily("prexy_bytes_out", HELP["prexy_bytes_out_total"], value=total.bytes_out))
+    families.append(CounterMetricFamily("prexy_bytes_in", HELP["prexy_bytes_in_total"], value=total.bytes_in))
+    families.append(_histogram(
+        HistogramMetricFamily, "prexy_upstream_seconds", HELP["prexy_upstream_seconds"], [],
+        [([], LATENCY_BUCKETS, total.latency_buckets, total.latency_sum)],
+    ))
+    for gauge, amount in sorted({**total.gauges, **(extra or {})}.items()):
+        families.append(GaugeMetricFamily(gauge, HELP.get(gauge, gauge), value=amount))
+    if observed is not None:
+        families.extend(_observed_families(observed, top_sites))
+    if processes:
+        families.extend(_process_families(processes))
+    return families
+
+
+def _histogram(
+    kind: Any, name: str, help_text: str, label_names: list[str],
+    rows: Iterable[tuple[list[str], Sequence[float], Sequence[int], float]],
+) -> Any:
+    family = kind(name, help_text, labels=label_names)
+    for labels, bounds, counts, total in rows:
+        buckets: list[tuple[str, float]] = []
+        cumulative = 0
+        for bound, count in zip(bounds, counts, strict=False):
+            cumulative += count
+            buckets.append((repr(float(bound)), cumulative))
+        cumulative += counts[-1]
+        buckets.append(("+Inf", cumulative))
+        family.add_metric(labels, buckets, total)
+    return family
+
+
+def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
+    """Per-site families (the top sites, the rest as ``other``), the
+    total-time and rewrite-time histograms, and per-rule families of the
+    top sites."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    from prexy.observe.stats import CACHE_RESULTS, LATENCY_BOUNDS, LATENCY_CLASSES
+
+    head, other = observed.top_sites(top_sites)
+    rows = head + ([("other", other)] if other is not None else [])
+    requests = CounterMetricFamily("prexy_site_requests", HELP["prexy_site_requests_total"], labels=["site"])
+    responses = CounterMetricFamily(
+        "prexy_site_responses", HELP["prexy_site_responses_total"], labels=["site", "class"],
+    )
+    sent = CounterMetricFamily("prexy_site_bytes_out", HELP["prexy_site_bytes_out_total"], labels=["site"])
+    received = CounterMetricFamily("prexy_site_bytes_in", HELP["prexy_site_bytes_in_total"], labels=["site"])
+    cache = CounterMetricFamily("prexy_site_cache", HELP["prexy_site_cache_total"], labels=["site", "result"])
+    upstream = CounterMetricFamily(
+        "prexy_site_upstream_seconds", HELP["prexy_site_upstream_seconds_total"], labels=["site"],
+    )
+    rewrite = CounterMetricFamily(
+        "prexy_site_rewrite_seconds", HELP["prexy_site_rewrite_seconds_total"], labels=["site"],
+    )
+    rewritten = CounterMetricFamily("prexy_site_rewritten", HELP["prexy_site_rewritten_total"], labels=["site"])
+    errors = CounterMetricFamily("prexy_site_errors", HELP["prexy_site_errors_total"], labels=["site", "class"])
+    for name, t in rows:
+        requests.add_metric([name], t[0])
+        for k in range(1, 6):
+            responses.add_metric([name, f"{k}xx"], t[7][k])
+        sent.add_metric([name], t[2])
+        received.add_metric([name], t[3])
+        counts = t[8]
+        for result in CACHE_RESULTS:
+            cache.add_metric([name, result], counts.get(result, 0))
+        cache.add_metric([name, "other"], sum(v for k, v in counts.items() if k not in CACHE_RESULTS))
+        upstream.add_metric([name], t[4])
+        rewrite.add_metric([name], t[6])
+        rewritten.add_metric([name], t[1])
+        errors.add_metric([name, "4xx"], t[7][4])
+        errors.add_metric([name, "5xx"], t[7][5])
+        errors.add_metric([name, "upstream"], t[11])
+    families: list[Any] = [requests, responses, sent, received, cache, upstream, rewrite, rewritten, errors]
+    everything = observed.all_sites()
+    families.append(_histogram(
+        HistogramMetricFamily, "prexy_request_seconds", HELP["prexy_request_seconds"], ["cache"],
+        [([cls], LATENCY_BOUNDS, everything[9][i], everything[13][i]) for i, cls in enumerate(LATENCY_CLASSES)],
+    ))
+    families.append(_histogram(
+        HistogramMetricFamily, "prexy_rewrite_seconds", HELP["prexy_rewrite_seconds"], [],
+        [([], LATENCY_BOUNDS, everything[12], everything[6])],
+    ))
+    matches = CounterMetricFamily("prexy_rule_matches", HELP["prexy_rule_matches_total"], labels=["site", "rule"])
+    fired = CounterMetricFamily("prexy_rule_responses", HELP["prexy_rule_responses_total"], labels=["site", "rule"])
+    changed = CounterMetricFamily(
+        "prexy_rule_bytes_changed", HELP["prexy_rule_bytes_changed_total"], labels=["site", "rule"],
+    )
+    bailouts = CounterMetricFamily("prexy_rule_bailouts", HELP["prexy_rule_bailouts_total"], labels=["site", "rule"])
+    timeouts = CounterMetricFamily("prexy_rule_timeouts", HELP["prexy_rule_timeouts_total"], labels=["site", "rule"])
+    last = GaugeMetricFamily(
+        "prexy_rule_last_fired_timestamp_seconds", HELP["prexy_rule_last_fired_timestamp_seconds"],
+        labels=["site", "rule"],
+    )
+    for site, number, _label, summed, i in observed.rule_rows(name for name, _ in head):
+        labels = [site, str(number)]
+        matches.add_metric(labels, summed["matches"][i])
+        fired.add_metric(labels, summed["responses"][i])
+        changed.add_metric(labels, summed["bytes"][i])
+        bailouts.add_metric(labels, summed["bailouts"][i])
+        timeouts.add_metric(labels, summed["timeouts"][i])
+        last.add_metric(labels, summed["last"][i])
+    families.extend([matches, fired, changed, bailouts, timeouts, last])
+    return families
+
+
+def _process_families(processes: Sequence[tuple[str, int | None]]) -> list[Any]:
+    """CPU, memory, descriptors and start time of each process, from
+    ``/proc`` (nothing where there is none)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    cpu = CounterMetricFamily("prexy_process_cpu_seconds", HELP["prexy_process_cpu_seconds_total"], labels=["process"])
+    rss = GaugeMetricFamily(
+        "prexy_process_resident_memory_bytes", HELP["prexy_process_resident_memory_bytes"], labels=["process"],
+    )
+    fds = GaugeMetricFamily("prexy_process_open_fds", HELP["prexy_process_open_fds"], labels=["process"])
+    for role, pid in processes:
+        if pid is None:
+            continue
+        used = process_usage(pid)
+        if used is None:
+            continue
+        cpu.add_metric([role], used[0])
+        rss.add_metric([role], used[1])
+        fds.add_metric([role], used[2])
+    return [cpu, rss, fds]
+
+
+def process_usage(pid: int) -> tuple[float, int, int] | None:
+    """(CPU seconds, resident bytes, open descriptors) of ``pid``, from
+    ``/proc``; None when it cannot be read."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        page = os.sysconf("SC_PAGE_SIZE")
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError, IndexError):
+        return None
+    # After the command: state is field 3, utime 14, stime 15, rss 24 (man 5 proc).
+    return (int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * page, fds
