@@ -16,7 +16,8 @@ transducer (:mod:`.transducer`).  Typical use::
             write(t.feed(chunk))
         write(t.finish())
         # t.bailed_out, t.timed_out, t.match_count, t.rules_matched,
-        # t.scan_seconds: for logs, metrics and Server-Timing
+        # t.scan_seconds: for logs, metrics and Server-Timing; per rule
+        # index t.rule_counts, t.rule_bytes, and t.stopped_by, t.max_held
 
 ``ruleset.digest`` identifies everything that decides the output (derived
 ETags, cache keys); ``ruleset.keep_last_modified`` and

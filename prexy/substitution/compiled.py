@@ -181,7 +181,7 @@ class CompiledRules:
         before ``start`` nor after ``last``)."""
         return RuleStream(
             buf, timeout, self.patterns[rule], self._empty_ok[rule], start, self._finds[rule], self._leads[rule],
-            len(buf) if last is None else last,
+            len(buf) if last is None else last, rule,
         )
 
     def mask(self, active: Sequence[int]) -> list[bool]:

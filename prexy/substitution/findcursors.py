@@ -21,7 +21,7 @@ import regex
 
 from prexy.substitution import hsindex
 from prexy.substitution.compiled import CompiledRules
-from prexy.substitution.matches import Found, LiteralMatch, SpanMatch
+from prexy.substitution.matches import Found, LiteralMatch, RuleTimeout, SpanMatch
 from prexy.substitution.rulestream import RuleStream, advance, split_run, stops_after
 
 
@@ -41,7 +41,7 @@ class SingleCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        counts: list[int], sizes: list[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
         stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: one ``finditer`` loop, no merging."""
@@ -55,22 +55,29 @@ class SingleCursor:
         if self._word is not None and stops is None:
             pos, count = split_run(buf, pos, stop, self._word, literal, emit)
             if count:
-                matched.add(self._rule)
+                counts[self._rule] += count
+                sizes[self._rule] += count * len(self._word)
             return pos, count
         count = 0
-        for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
-            start = m.start()
-            if start >= stop:
-                break
-            if start > pos:
-                emit(buf[pos:start])
-            emit(literal)
-            pos = m.end()
-            count += 1
-            if stops is not None and stops_after(buf, pos, stops):
-                break
+        replaced = 0
+        try:
+            for m in stream.pattern.finditer(buf, pos, timeout=stream.timeout):
+                start = m.start()
+                if start >= stop:
+                    break
+                if start > pos:
+                    emit(buf[pos:start])
+                emit(literal)
+                pos = m.end()
+                count += 1
+                replaced += pos - start
+                if stops is not None and stops_after(buf, pos, stops):
+                    break
+        except TimeoutError as exc:
+            raise RuleTimeout(self._rule) from exc
         if count:
-            matched.add(self._rule)
+            counts[self._rule] += count
+            sizes[self._rule] += replaced
         return pos, count
 
     def find(self, pos: int) -> Found | None:
@@ -121,7 +128,7 @@ class HeapCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        counts: list[int], sizes: list[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
         stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: the merge of :meth:`find`
@@ -163,12 +170,15 @@ class HeapCursor:
                 bound = max(bound, start + 1)
                 pos, taken = split_run(m.string, start, bound, word, literal, emit)
                 count += taken
+                counts[rule] += taken
+                sizes[rule] += taken * len(word)
                 streams[rule].forget()
             else:
                 emit(literal)
                 pos = end
                 count += 1
-            matched.add(rule)
+                counts[rule] += 1
+                sizes[rule] += end - start
             if stops is not None and stops_after(m.string, pos, stops):
                 break
         return pos, count
@@ -305,7 +315,7 @@ class EventCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        counts: list[int], sizes: list[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
         stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """See :meth:`Cursor.literal_runs`: exact rules' matches also by
@@ -352,7 +362,8 @@ class EventCursor:
                 emit(literal)
                 pos = end
                 count += 1
-                matched.add(rule)
+                counts[rule] += 1
+                sizes[rule] += end - start
                 i += 1
                 if stops is not None and (pos >= n or buf[pos] in stops):  # stops_after, inlined
                     self._i = i
@@ -372,7 +383,8 @@ class EventCursor:
             emit(literal)
             pos = end
             count += 1
-            matched.add(rule)
+            counts[rule] += 1
+            sizes[rule] += end - start
             if stops is not None and stops_after(buf, pos, stops):
                 return pos, count
 
@@ -395,7 +407,7 @@ class SetCursor:
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        counts: list[int], sizes: list[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
         stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """No fast run: :meth:`find` takes every match."""

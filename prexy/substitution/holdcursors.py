@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 
 from prexy.substitution.compiled import CompiledRules
-from prexy.substitution.matches import Found
+from prexy.substitution.matches import Found, RuleTimeout
 from prexy.substitution.pikevm import PikeProbe
 from prexy.substitution.reach import Reach, Where, reach_from
 
@@ -177,7 +177,10 @@ class RuleHoldCursor:
 
     def _rule_reach(self, rule: int, start: int) -> int | None:
         """Leftmost position ``>= start`` where rule ``rule`` runs off the end."""
-        return reach_from(self._reach[rule], self._buf, max(start, self._floors[rule]), self._timeout)
+        try:
+            return reach_from(self._reach[rule], self._buf, max(start, self._floors[rule]), self._timeout)
+        except TimeoutError as exc:
+            raise RuleTimeout(rule) from exc
 
     def _settle(self, lo: int) -> None:
         """Make the first heap entry exact and at or after ``lo``."""

@@ -16,6 +16,14 @@ from typing import Protocol
 import regex
 
 
+class RuleTimeout(TimeoutError):
+    """A scan of one rule that ran past its time limit (``rule``: its index)."""
+
+    def __init__(self, rule: int) -> None:
+        super().__init__(f"rule {rule}: scan timed out")
+        self.rule = rule
+
+
 class Found:
     """A match: span, the rule that made it, and a way to read its groups."""
 
@@ -85,16 +93,17 @@ class Cursor(Protocol):
 
     def literal_runs(
         self, pos: int, stop: int, literals: Sequence[bytes | None], emit: Callable[[bytes], object],
-        matched: set[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
+        counts: list[int], sizes: list[int], memo: Mapping[tuple[int, bytes], bytes] | None = None,
         stops: frozenset[int] | None = None, stop_rule: int = -1,
     ) -> tuple[int, int]:
         """Replace, from ``pos``, the matches that start before ``stop`` as
         long as each is non-empty and its rule has a fixed global
         replacement (``literals[rule]``, or for a match whose span the
         cursor knows, ``memo[(rule, matched bytes)]`` when present: global
-        rules only); stop at the first that is not.  Adds the rules that
-        matched to ``matched``; returns the new position and the number of
-        matches.
+        rules only); stop at the first that is not.  Adds one to
+        ``counts[rule]`` and the match's length to ``sizes[rule]`` for each
+        replacement (list items: no object per match); returns the new
+        position and the number of matches.
 
         With ``stops`` (see ``Transducer``'s restart rule), the run also
         stops right after any match followed by one of the bytes in

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import regex
 
 from prexy.substitution import prefilter
-from prexy.substitution.matches import LiteralMatch
+from prexy.substitution.matches import LiteralMatch, RuleTimeout
 
 #: A rule whose matches all start with fixed bytes (``UA-`` in ``UA-\d+``)
 #: finds its next possible start by the rarest of those bytes (a ``memchr``,
@@ -89,7 +89,9 @@ class RuleStream:
     the two matches of ``UA-\\d+-\\d+``, ``bytes.find`` of its ``U`` 0.6 µs.
     """
 
-    __slots__ = ("buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead", "last")
+    __slots__ = (
+        "buf", "timeout", "pattern", "_iter", "_last_end", "empty_ok", "start", "word", "lead", "last", "rule",
+    )
 
     def __init__(
         self,
@@ -101,7 +103,10 @@ class RuleStream:
         word: bytes | None = None,
         lead: Lead | None = None,
         last: int | None = None,
+        rule: int = -1,
     ) -> None:
+        #: The rule's index, named by the RuleTimeout of a scan past its limit.
+        self.rule = rule
         self.word = word
         self.lead = lead
         self.buf = buf
@@ -120,47 +125,52 @@ class RuleStream:
 
     def next_from(self, pos: int) -> regex.Match[bytes] | None:
         """The leftmost match starting at or after ``pos``."""
-        if pos < self.start:
-            pos = self.start
-        elif pos > self.last:
-            return None
-        word = self.word
-        if word is not None:
-            at = self.buf.find(word, pos)
-            return None if at < 0 else LiteralMatch(self.buf, at, at + len(word))
-        if self.empty_ok:
-            return self.pattern.search(self.buf, pos, timeout=self.timeout)
-        it = self._iter
-        lead = self.lead
-        if lead is not None:
-            buf = self.buf
-            if it is not None and self._last_end <= pos:
-                # Going on with the running scan: worth it unless no match
-                # can start in the next SKIP_GAP bytes it would cross.
-                resume = self._last_end + lead.offset
-                if buf.find(lead.byte, resume, resume + SKIP_GAP) < 0:
-                    at = lead.next_start(buf, max(pos, self._last_end + SKIP_GAP))
+        try:
+            if pos < self.start:
+                pos = self.start
+            elif pos > self.last:
+                return None
+            word = self.word
+            if word is not None:
+                at = self.buf.find(word, pos)
+                return None if at < 0 else LiteralMatch(self.buf, at, at + len(word))
+            if self.empty_ok:
+                return self.pattern.search(self.buf, pos, timeout=self.timeout)
+            it = self._iter
+            lead = self.lead
+            if lead is not None:
+                buf = self.buf
+                if it is not None and self._last_end <= pos:
+                    # Going on with the running scan: worth it unless no match
+                    # can start in the next SKIP_GAP bytes it would cross.
+                    resume = self._last_end + lead.offset
+                    if buf.find(lead.byte, resume, resume + SKIP_GAP) < 0:
+                        at = lead.next_start(buf, max(pos, self._last_end + SKIP_GAP))
+                        if at < 0:
+                            return None
+                        it = None
+                        pos = at
+                else:
+                    at = lead.next_start(buf, pos)
                     if at < 0:
                         return None
-                    it = None
                     pos = at
-            else:
-                at = lead.next_start(buf, pos)
-                if at < 0:
+            if it is not None and self._last_end <= pos:
+                m = next(it, None)
+                if m is None:
+                    self._last_end = len(self.buf) + 1
                     return None
-                pos = at
-        if it is not None and self._last_end <= pos:
+                if m.start() >= pos:
+                    self._last_end = m.end()
+                    return m
+            it = self._iter = self.pattern.finditer(self.buf, pos, timeout=self.timeout)
             m = next(it, None)
-            if m is None:
-                self._last_end = len(self.buf) + 1
-                return None
-            if m.start() >= pos:
-                self._last_end = m.end()
-                return m
-        it = self._iter = self.pattern.finditer(self.buf, pos, timeout=self.timeout)
-        m = next(it, None)
-        self._last_end = m.end() if m is not None else len(self.buf) + 1
-        return m
+            self._last_end = m.end() if m is not None else len(self.buf) + 1
+            return m
+        except TimeoutError as exc:
+            if self.rule < 0 or isinstance(exc, RuleTimeout):
+                raise
+            raise RuleTimeout(self.rule) from exc
 
 
 def stops_after(buf: bytes, pos: int, stops: frozenset[int]) -> bool:

@@ -49,6 +49,8 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from prexy.substitution.byteclass import CLASS as _CLASS
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.scanner import BodyScan
 
-__all__ = ["DEFER_MIN", "HOLD_SLACK", "State", "Transducer", "warm"]
+__all__ = ["DEFER_MIN", "HOLD_SLACK", "RulesMatched", "State", "Transducer", "warm"]
 
 #: The module counts against ``max_buffered_size`` the bytes it holds at the
 #: end of each buffer, less the best match found so far when no replacement
@@ -94,6 +96,30 @@ class State(enum.Enum):
     FINISHED = "finished"  # finish() was called
 
 
+class RulesMatched(AbstractSet[int]):
+    """The indexes of the rules with a substitution: a read-only set over a
+    transducer's ``rule_counts`` (membership, size and order from the
+    counts themselves; nothing is kept per match)."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, counts: list[int]) -> None:
+        self._counts = counts
+
+    def __contains__(self, rule: object) -> bool:
+        counts = self._counts
+        return isinstance(rule, int) and 0 <= rule < len(counts) and counts[rule] > 0
+
+    def __iter__(self) -> Iterator[int]:
+        return compress(range(len(self._counts)), self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts) - self._counts.count(0)
+
+    def __repr__(self) -> str:
+        return f"RulesMatched({sorted(self)!r})"
+
+
 class Transducer:
     """Rewrites one body: ``Transducer(ruleset)``, one per response.
 
@@ -106,9 +132,23 @@ class Transducer:
 
     Attributes for the caller: ``state``, ``bailed_out`` (the buffer limit
     stopped substitution), ``timed_out`` (a scan hit its time limit),
-    ``match_count``, ``rules_matched`` (indexes into ``ruleset.rules``),
+    ``match_count`` (every match, a fired once-rule's unchanged ones too),
     ``scan_seconds`` (time spent in feed/finish) and ``held`` (bytes waiting
-    for more data).
+    for more data), and per rule, for the operator's counters:
+
+    * ``rule_counts[i]``: the substitutions rule ``i`` made (a match of a
+      once-rule that already fired is emitted unchanged and not counted);
+    * ``rule_bytes[i]``: the input bytes those substitutions replaced;
+    * ``rules_matched``: the indexes with a count (a set-like view);
+    * ``stopped_by``: the rule whose match in progress made the body bail
+      out, or whose scan timed out, when known (else None);
+    * ``max_held``: the most bytes held back between calls.
+
+    The counts are list items added to where each replacement is emitted
+    (no object per match); they never depend on how the body was cut,
+    except where the buffer limit fires.  A scan that times out inside a
+    run of fixed replacements gives the run's bytes unchanged, but the
+    run's replacements stay counted.
     """
 
     def __init__(
@@ -122,8 +162,12 @@ class Transducer:
         self.timeout = timeout
         self.bailed_out = False
         self.timed_out = False
-        self.match_count = 0
-        self.rules_matched: set[int] = set()
+        # Matches of a fired once-rule, given unchanged (see match_count).
+        self._unchanged = 0
+        self.rule_counts = [0] * len(ruleset.rules)
+        self.rule_bytes = [0] * len(ruleset.rules)
+        self.stopped_by: int | None = None
+        self.max_held = 0
         self.scan_seconds = 0.0
         self._scanner = ruleset.scanner
         # Both cursors of each buffer, made with what the body's buffers
@@ -187,6 +231,18 @@ class Transducer:
         return self.state is State.FINISHED
 
     @property
+    def match_count(self) -> int:
+        """Every match made: the substitutions, and the matches of a fired
+        once-rule given unchanged."""
+        return sum(self.rule_counts) + self._unchanged
+
+    @property
+    def rules_matched(self) -> RulesMatched:
+        """The indexes of the rules that made a substitution (a live view
+        of ``rule_counts``)."""
+        return RulesMatched(self.rule_counts)
+
+    @property
     def active_rules(self) -> tuple[int, ...]:
         """The rules this transducer runs (all, or those given as ``only``)."""
         return self._active
@@ -219,6 +275,8 @@ class Transducer:
             # bytes are, and no limit can be crossed before the cap.
             self._deferred.append(data)
             self._deferred_len += len(data)
+            if held + len(data) > self.max_held:
+                self.max_held = held + len(data)
             return b""
         return self._run(self._take_deferred(data), final=False)
 
@@ -281,6 +339,7 @@ class Transducer:
                 out.append(buf[end:])
             else:
                 out.append(buf[pos:])
+            self.stopped_by = self._holding_rule(buf, pos)
             pos = len(buf)
             self.bailed_out = True
             self._stop_substituting()
@@ -289,6 +348,8 @@ class Transducer:
         keep_from = pos - 1 if pos > 0 else 0
         self._buf = buf[keep_from:]
         self._pos = pos - keep_from
+        if len(buf) - pos > self.max_held:
+            self.max_held = len(buf) - pos
         self.scan_seconds += time.perf_counter() - started
         return b"".join(out)
 
@@ -327,7 +388,8 @@ class Transducer:
         literals = self._literal
         disabled = self._disabled
         once = self._once
-        rules_matched = self.rules_matched
+        counts = self.rule_counts
+        sizes = self.rule_bytes
         mark = -1  # len(out) while a run of replacements is in progress
         # Whether the last thing done was a non-empty match ending at n: the
         # module makes no empty match at the end of the body right after one
@@ -385,10 +447,9 @@ class Transducer:
                     # times out within.)
                     mark = len(out)
                     pos, count = cursor.literal_runs(
-                        pos, fast_stop, global_literals, emit, rules_matched, memo, stops, stop_rule
+                        pos, fast_stop, global_literals, emit, counts, sizes, memo, stops, stop_rule
                     )
                     mark = -1
-                    self.match_count += count
                     if count:
                         ended_at_end = pos == n  # the run's last match ends at n
                     if count and stops is not None:
@@ -447,16 +508,18 @@ class Transducer:
                 if start > pos:
                     emit(buf[pos:start])
                 rule = found.rule
-                self.match_count += 1
                 self._last_rule = rule
-                rules_matched.add(rule)
                 literal = literals[rule]
                 if disabled[rule]:
+                    self._unchanged += 1
                     emit(buf[start:end])
-                elif literal is not None and not once[rule]:
-                    emit(literal)
                 else:
-                    emit(self._replacement(found))
+                    counts[rule] += 1
+                    sizes[rule] += end - start
+                    if literal is not None and not once[rule]:
+                        emit(literal)
+                    else:
+                        emit(self._replacement(found))
                 if end == start:
                     ended_at_end = False
                     if rule == 0 and stops is not None and start != restart_at and start > 0:
@@ -475,9 +538,13 @@ class Transducer:
                 if self.state is not State.SCANNING:
                     emit(buf[pos:])
                     return n
-        except TimeoutError:
+        except TimeoutError as exc:
             if mark >= 0:
+                # (The counts of the run's replacements stay: the cursor
+                # added them as it went, and undoing them would cost the
+                # fast runs a record per match.)
                 del out[mark:]
+            self.stopped_by = getattr(exc, "rule", None)
             self.timed_out = True
             self._stop_substituting()
             emit(buf[pos:])
@@ -506,7 +573,7 @@ class Transducer:
         if fixed is None:
             wanted = self._last0
         else:
-            wanted = fixed if 0 in self.rules_matched else NONE
+            wanted = fixed if self.rule_counts[0] else NONE
         real = _CLASS[buf[r - 1]]
         differs = ("bol" in kinds and (wanted == NEWLINE) != (real == NEWLINE)) or (
             ("b" in kinds or "B" in kinds) and (wanted == WORD) != (real == WORD)
@@ -543,17 +610,19 @@ class Transducer:
         position, the next restart position or -1)."""
         length = found.end - found.start
         rule = found.rule
-        self.match_count += 1
         self._last_rule = rule
-        self.rules_matched.add(rule)
         end = r + length
         literal = self._literal[rule]
         if self._disabled[rule]:
+            self._unchanged += 1
             emit(buf[r:end])
-        elif literal is not None and not self._once[rule]:
-            emit(literal)
         else:
-            emit(self._replacement(found))
+            self.rule_counts[rule] += 1
+            self.rule_bytes[rule] += length
+            if literal is not None and not self._once[rule]:
+                emit(literal)
+            else:
+                emit(self._replacement(found))
         if length == 0:
             if r < len(buf):
                 emit(buf[r : r + 1])
@@ -561,6 +630,26 @@ class Transducer:
         if rule == 0:
             self._last0 = _CLASS[buf[end - 1]]
         return end, end
+
+    def _holding_rule(self, buf: bytes, pos: int) -> int | None:
+        """The first active rule with a path from ``pos`` that runs off the
+        end of ``buf``: the match in progress that held the bytes the
+        buffer limit flushed (None if no rule's probe says so, as after a
+        restart whose register differs from the real byte).  Asked once,
+        at the bail-out."""
+        from prexy.substitution.reach import reach_from
+
+        scanner = self._scanner
+        if scanner is None:
+            return None
+        reaches = scanner.reaches
+        try:
+            for rule in self._active:
+                if reach_from(reaches[rule], buf, pos, self.timeout) == pos:
+                    return rule
+        except TimeoutError:
+            pass
+        return None
 
     def _bail_replacement(self) -> bytes:
         """What the module emits for the kept-apart match at a bail-out:
