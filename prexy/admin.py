@@ -1,7 +1,10 @@
-"""The admin endpoint: health, Prometheus metrics and reload.
+"""The admin endpoint: health, Prometheus metrics, reload, bans, and the
+operator's view (:mod:`prexy.adminviews`: ``/sites/NAME``, ``/stats.json``,
+``/log``, dry runs).
 
 Bound separately from the proxy ports (loopback by default) so it is never
-reachable through a site.
+reachable through a site; with ``[server] admin_token`` set, every request
+must also carry ``Authorization: Bearer TOKEN`` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -30,30 +33,51 @@ def _still_open(request: server.Request) -> Callable[[], bool]:
     return lambda: not request.finished and not lost
 
 
+def authorized(request: server.Request, token: str) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer token``
+    (compared in constant time)."""
+    import hmac
+
+    given = request.getHeader(b"authorization") or b""
+    scheme, _, value = given.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), token.encode("utf-8"))
+
+
 def admin_service(reactor: Any, endpoint: str, owner: Any) -> Any:
     """The service listening on ``endpoint`` with the admin resource of
     ``owner`` (a master or a single process); a port that cannot be had at
     start-up stops twistd with one line (``prexy.listen.ListenError``)."""
     from prexy.listen import listening_service
 
-    site = server.Site(AdminResource(owner))
+    site = server.Site(AdminResource(owner, lambda: owner.config.admin_token))
     site.log = lambda request: None  # type: ignore[method-assign]
     return listening_service(reactor, endpoint, site)
 
 
 class AdminResource(resource.Resource):
     """``GET /health``, ``GET /metrics``, ``POST /reload[?cluster=1]``,
-    ``POST /ban``."""
+    ``POST /ban``, and the operator's view (``prexy.adminviews``)."""
 
     isLeaf = True
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: Any, token: Callable[[], str | None] = lambda: None) -> None:
         super().__init__()
         self.owner = owner
+        #: The token in force (a reload may change it); None: none asked.
+        self.token = token
 
     def render(self, request: server.Request) -> bytes | int:
         path = request.path
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        token = self.token()
+        if token is not None and not authorized(request, token):
+            request.setResponseCode(401)
+            request.setHeader(b"www-authenticate", b'Bearer realm="prexy admin"')
+            return b"this admin endpoint wants Authorization: Bearer TOKEN ([server] admin_token)\n"
+        if path == b"/stats.json" or path == b"/log" or path == b"/sites" or path.startswith(b"/sites/"):
+            from prexy.adminviews import render_view
+
+            return render_view(self.owner, request)
         if path == b"/health":
             body = b"ok\n"
             cluster = getattr(self.owner, "cluster", None)
@@ -125,7 +149,10 @@ class AdminResource(resource.Resource):
         if path == b"/ban":
             return self._ban(request)
         request.setResponseCode(404)
-        return b"not found: try /health, /metrics, POST /reload, POST /ban?regex=RE[&host=NAME][&site=NAME]\n"
+        return (
+            b"not found: try /health, /metrics, /sites, /sites/NAME, /stats.json, /log, POST /reload,"
+            b" POST /ban?regex=RE[&host=NAME][&site=NAME]\n"
+        )
 
     def _ban(self, request: server.Request) -> bytes | int:
         """Remove every cached object whose path and query match ``regex``

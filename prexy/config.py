@@ -165,6 +165,18 @@ class Limits:
 
 
 @attrs.frozen
+class ObserveConfig:
+    """The ``[observe]`` table: the operator's view (``prexy.observe``)."""
+
+    #: Sites with their own label set in ``/metrics`` (the most requested;
+    #: the rest are summed under ``site="other"``).
+    top_sites: int = 20
+    #: Rules that fired in none of a site's last this many rewritten
+    #: responses are listed as never matching.
+    never_matched_window: int = 1000
+
+
+@attrs.frozen
 class MapConfig:
     """How a site uses a URL map."""
 
@@ -277,7 +289,13 @@ class Config:
     limits: Limits = Limits()
     max_request_body: int = 64 * 1024 * 1024
     access_log: str | None = "-"
+    #: The access log's lines: "combined", "json", or an nginx-style
+    #: format of ``$variables`` (``prexy.accesslog.FORMAT_VARIABLES``).
+    access_log_format: str = "combined"
     admin: str | None = None
+    #: A token every admin request must carry (``Authorization: Bearer``);
+    #: None: the admin endpoint's address is its only guard.
+    admin_token: str | None = None
     tls_certificate: str | None = None
     tls_key: str | None = None
     #: A TLS handshake with no server name, or one no site serves:
@@ -308,6 +326,8 @@ class Config:
     error_pages: ErrorPages = NO_PAGES
     #: The [acme] table; None: no automatic certificates.
     acme: AcmeConfig | None = None
+    #: The [observe] table.
+    observe: ObserveConfig = ObserveConfig()
 
     def acme_sites(self) -> dict[str, tuple[str, ...]]:
         """The ``tls = "acme"`` sites' hosts, by site name."""
@@ -568,6 +588,19 @@ def _access_log(value: str, ctx: _Load) -> str | None:
     return None if value in ("", "off") else (value if value == "-" else ctx.rel(value))
 
 
+def _log_format(value: Any, ctx: _Load, key: str) -> str:
+    from prexy.accesslog import FormatError, line_maker
+
+    value = check_type(value, str)
+    if not value.strip():
+        raise Invalid('must be "combined", "json" or a format of $variables')
+    try:
+        line_maker(value)
+    except FormatError as exc:
+        raise Invalid(str(exc)) from None
+    return value
+
+
 def _error_pages(value: Any, ctx: _Load, key: str) -> ErrorPages:
     def fail(entry: str | None, reason: str) -> NoReturn:
         if entry is None:
@@ -595,7 +628,10 @@ SERVER = Table("server", (
     Key("listen", _endpoints("must be a non-empty list of endpoint strings", empty=False),
         default=("tcp:8080:interface=127.0.0.1",)),
     Key("admin", _endpoint),
+    Key("admin_token", typed(str, lambda v: bool(v) and v.isprintable() and " " not in v,
+                             "must be a non-empty token of printable characters without spaces")),
     Key("access_log", typed(str, then=_access_log)),
+    Key("access_log_format", _log_format),
     Key("max_request_body", size()),
     Key("tls_certificate", _file),
     Key("tls_key", _file),
@@ -608,6 +644,11 @@ SERVER = Table("server", (
     Key("h2c_listen", _h2c),
     Key("error_pages", _error_pages),
 ), target=Config)
+
+OBSERVE = Table("observe", (
+    Key("top_sites", typed(int, lambda n: 1 <= n <= 10_000, "must be from 1 to 10000")),
+    Key("never_matched_window", typed(int, lambda n: 1 <= n <= 10**9, "must be from 1 to 1000000000")),
+), target=ObserveConfig)
 
 TIMEOUTS = Table("timeouts", tuple(Key(field.name, _SECONDS) for field in attrs.fields(Timeouts)), target=Timeouts)
 
@@ -813,6 +854,7 @@ TOP = Table("", (
     Key("cluster", Nested(CLUSTER, lambda fields, ctx, key: ClusterConfig(**fields))),
     Key("acme", Nested(ACME, lambda fields, ctx, key: AcmeConfig(**fields))),
     Key("compression", Nested(COMPRESSION, lambda fields, ctx, key: Compression(**fields))),
+    Key("observe", Nested(OBSERVE, lambda fields, ctx, key: ObserveConfig(**fields))),
     Key("include", _INCLUDE),
     Key("sites", Nested(SITE, lambda tables, ctx, key: ctx.sites(tables), each=True)),
 ))
@@ -870,7 +912,7 @@ class _Load:
         kwargs.update(server)
         self.server_pages = server.get("error_pages", NO_PAGES)
         kwargs["error_pages"] = self.server_pages
-        for name in ("http2", "timeouts", "limits"):  # (each one value of Config's)
+        for name in ("http2", "timeouts", "limits", "observe"):  # (each one value of Config's)
             kwargs[TOP.key(name).field] = self.table(data, name)
         kwargs.update(self.table(data, "cache"))
         self.cache_size = kwargs.get("cache_size", 0)

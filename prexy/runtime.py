@@ -225,6 +225,15 @@ class Runtime:
             compile_ruleset(rules)
         return site
 
+    def site_named(self, name: str) -> SiteRuntime | None:
+        """The site called ``name`` (its rule set compiled), or None."""
+        for site in self.sites:
+            if site.name == name:
+                if site.rules is not None and not site.rules.compiled:
+                    compile_ruleset(site.rules)
+                return site
+        return None
+
 
 RuleLoader = Callable[[tuple[str, ...]], "RuleSet"]
 MapLoader = Callable[[str], "UrlMap"]

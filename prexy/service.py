@@ -39,6 +39,8 @@ from prexy.listen import (
     split_endpoint,
     tls_files,
 )
+from prexy.observe.stats import Aggregate, Observer
+from prexy.observing import OperatorView, TapPump
 from prexy.runtime import Runtime, build_runtime
 
 if TYPE_CHECKING:
@@ -266,6 +268,21 @@ class ConfigLoader:
         return Validated(config, self.files.snapshot(), tls)
 
 
+def cache_gauges(store: Any) -> dict[str, float]:
+    """The cache store's levels for ``/metrics`` (none without a store)."""
+    if store is None:
+        return {}
+    try:
+        stats = store.stats()
+    except Exception:  # closed, or its directory went away: said in the log elsewhere
+        return {}
+    return {
+        "prexy_cache_objects": float(stats["count"]),
+        "prexy_cache_bytes": float(stats["bytes"]),
+        "prexy_cache_max_bytes": float(stats["max_bytes"]),
+    }
+
+
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
@@ -363,9 +380,17 @@ class ProxyService(service.MultiService):
         self.reactor = reactor
         self.config = config
         self.metrics = Metrics()
+        #: Per-site and per-rule counters (prexy.observe), the live log's
+        #: tap, and, for the admin endpoint of a process alone, their sums
+        #: and the log's readers (a worker's master has those).
+        self.observer = Observer()
+        self.pump = TapPump(reactor, self.observer, self._log_records)
+        self.view = OperatorView(self.pump.set_filters, config.observe.never_matched_window)
         self.pool = UpstreamPool(reactor, config.timeouts, limits=config.limits)
         runtime.compile_ahead(COMPILE_AHEAD)
-        self.resource = ProxyResource(reactor, self.pool, runtime, self.metrics, timer=time.perf_counter)
+        self.resource = ProxyResource(
+            reactor, self.pool, runtime, self.metrics, timer=time.perf_counter, observer=self.observer,
+        )
         self.site = ProxySite(
             self.resource, config.max_request_body, self.metrics, reactor=reactor,
             limits=config.limits, timeouts=config.timeouts,
@@ -377,7 +402,7 @@ class ProxyService(service.MultiService):
         else:
             from prexy.accesslog import AccessLog
 
-            self.access_log = AccessLog(reactor, config.access_log)
+            self.access_log = AccessLog(reactor, config.access_log, config.access_log_format)
             self.site.log = self.access_log.log  # type: ignore[method-assign]
         from prexy.sni import ServerCertificates
 
@@ -542,6 +567,11 @@ class ProxyService(service.MultiService):
             return False
         self.config = config
         self.resource.runtime = runtime
+        self.view.aggregate.window = config.observe.never_matched_window
+        if self.access_log is not None:
+            from prexy.accesslog import line_maker
+
+            self.access_log.make = line_maker(config.access_log_format)
         if self.acme is not None:
             self.acme.update(config.acme_sites())
         self.site.max_request_body = config.max_request_body
@@ -590,6 +620,63 @@ class ProxyService(service.MultiService):
         # A worker (inherited sockets) reloads on its master's command only.
         signals.install(self.reactor, self.reopen_logs, None if self.worker else self.reload)
 
+    def _log_records(self, records: list[dict[str, Any]], dropped: int) -> None:
+        self.view.hub.deliver(records, dropped)
+
+    def observed(self) -> Aggregate:
+        """This process's counters, summed for the admin endpoint."""
+        self.view.aggregate.update("self", self.observer.report())
+        return self.view.aggregate
+
+    def report_levels(self) -> None:
+        """Set this process's gauges (open connections, requests being
+        answered, cache evictions) in its metrics, for the report or
+        ``/metrics``."""
+        gauges = self.metrics.gauges
+        gauges["prexy_open_connections"] = float(self.site.open_connections())
+        gauges["prexy_active_requests"] = float(self.site.active_requests)
+        cache = self.resource.cache
+        if cache is not None:
+            self.metrics.counters[("prexy_cache_evictions_total", ())] = cache.store.evicted
+
+    def collect_metrics(self) -> bytes:
+        """``/metrics`` of a process alone."""
+        from prexy.metrics import render
+
+        self.report_levels()
+        extra: dict[str, float] = {}
+        if self.cluster is not None:
+            extra.update(self.cluster.gauges())
+        extra.update(cache_gauges(self.cache_store()))
+        text = render(
+            [self.metrics], extra, observed=self.observed(), top_sites=self.config.observe.top_sites,
+            processes=[("self", os.getpid())],
+        )
+        if self.acme is not None:
+            text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")
+        return text
+
+    def dry_run(self, site_name: str, draft: bytes, file_name: str, count: int) -> Any:
+        """Compare ``draft`` (a rules file's bytes, named ``file_name`` in
+        errors) with the site's rules on its ``count`` most requested pages
+        (``prexy.dryrunning``): a Deferred of (HTTP status, report)."""
+        from twisted.internet import defer
+
+        from prexy.dryrunning import dry_run
+        from prexy.substitution.dryrun import load_draft
+        from prexy.substitution.rules import RulesError
+
+        site = self.resource.runtime.site_named(site_name)
+        if site is None:
+            return defer.succeed((404, {"error": f"no site named {site_name!r}"}))
+        try:
+            ruleset = load_draft(draft, file_name)
+        except RulesError as exc:
+            return defer.succeed((400, {"error": str(exc)}))
+        urls = [url for url, _ in self.observer.top_urls(site_name, count)] or ["/"]
+        d = dry_run(self.pool, site, urls, ruleset)
+        return d.addCallback(lambda report: (200, report))
+
     def reopen_logs(self) -> None:
         """Reopen the access log, if any (after logrotate moved it)."""
         if self.access_log is not None:
@@ -631,6 +718,7 @@ class ProxyService(service.MultiService):
         from twisted.internet import defer
 
         d = super().stopService()
+        self.pump.stop()
         if self.resource.cache is not None:
             self.resource.cache.events.stop()
         closed = self.pool.stop()

@@ -150,13 +150,27 @@ def worker_main(spec_json: str) -> None:
             reactor.callFromThread(lambda: svc.drain_and_stop(0))
 
     def report() -> None:
-        send({"metrics": svc.metrics.snapshot()})
+        svc.report_levels()
+        send({"metrics": svc.metrics.snapshot(), "observed": svc.observer.report()})
+
+    # The live log's records go to the master, which has the readers.
+    svc.pump.deliver = lambda records, dropped: send({"log": records, "dropped": dropped})
 
     def command(message: dict[str, Any], payload: bytes) -> None:
         if isinstance(message.get("certificate"), str):  # the master stored it (prexy.acme)
             svc.certificate_stored(message["certificate"])
         if isinstance(message.get("no_certificate"), str):  # none for a handshake waiting (prexy.ondemand)
             svc.no_certificate(message["no_certificate"])
+        if "log_filters" in message:  # the live log's readers changed (prexy.observe.tap)
+            from prexy.observe.tap import LogFilter
+
+            svc.pump.set_filters([LogFilter.from_dict(f) for f in message["log_filters"]])
+        if "dry_run" in message:
+            number = message["dry_run"]
+            d = svc.dry_run(str(message.get("site")), payload, str(message.get("file") or "draft.rules"),
+                            int(message.get("count") or 50))
+            d.addCallback(lambda answer: send({"dry_run_done": number, "status": answer[0], "report": answer[1]}))
+            d.addErrback(lambda f: send({"dry_run_done": number, "status": 500, "report": {"error": f.getErrorMessage()}}))
         if "reload" in message:
             try:
                 files = Snapshot.decode(payload)

@@ -52,6 +52,9 @@ from prexy.control import JsonLines, encode
 from prexy.files import Snapshot
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, render
+from prexy.observe.stats import Aggregate
+from prexy.observe.tap import LogFilter
+from prexy.observing import OperatorView
 from prexy.runtime import reloads_in_place
 
 log = Logger()
@@ -128,6 +131,12 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.master.worker_ready(self)
             if "metrics" in message:
                 self.metrics = message["metrics"]
+            if "observed" in message:  # per-site and per-rule counters (prexy.observe)
+                self.master.view.aggregate.update(self.pid, message["observed"])
+            if "log" in message:  # the live log's records
+                self.master.view.hub.deliver(message["log"], int(message.get("dropped", 0)))
+            if "dry_run_done" in message:
+                self.master.dry_run_done(message)
             if "reloaded" in message:
                 self.master.worker_reloaded(self, message)
             if isinstance(message.get("obtain"), str):  # a handshake waits for a certificate (prexy.ondemand)
@@ -212,6 +221,12 @@ class MasterService(service.MultiService):
         self.sockets: list[tuple[ListenSpec, socket.socket]] = []
         self.metrics = Metrics()
         self.retired_metrics = Metrics()
+        #: The workers' per-site and per-rule counters summed, and the live
+        #: log's readers (prexy.observe).
+        self.view = OperatorView(self._log_filters, config.observe.never_matched_window)
+        #: Dry runs a worker carries out, by number (``dry_run``).
+        self._dry_runs: dict[int, defer.Deferred[tuple[int, dict[str, Any]]]] = {}
+        self._dry_run_number = 0
         self.stopping = False
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
@@ -372,6 +387,9 @@ class MasterService(service.MultiService):
 
     def worker_ready(self, worker: _WorkerProcess) -> None:
         log.info("worker {pid} (generation {g}) ready", pid=worker.pid, g=worker.generation)
+        filters = self.view.hub.filters()
+        if filters:  # the live log has readers: this worker records for them too
+            worker.command({"log_filters": [f.as_dict() for f in filters]})
         current = [w for w in self.workers if w.generation == self.generation]
         if worker.generation == self.generation and all(w.ready for w in current):
             # A complete new generation: retire every older one.
@@ -398,6 +416,7 @@ class MasterService(service.MultiService):
             pending.gone(worker)
         if worker.metrics:
             self.retired_metrics.merge(worker.metrics)
+        self.view.aggregate.retire(worker.pid)
         if self.stopping or worker.retiring or worker.generation != self.generation:
             return
         lived = self.reactor.seconds() - worker.started_at
@@ -466,6 +485,7 @@ class MasterService(service.MultiService):
         if self.acme is not None:
             self.acme.update(config.acme_sites())
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
+        self.view.aggregate.window = config.observe.never_matched_window
         # Renewed certificates (the [server] one in the same files, or a
         # site's) are swapped in place by the workers, for the handshakes
         # that follow; certificates in other files are a changed [server]:
@@ -531,8 +551,47 @@ class MasterService(service.MultiService):
             self._store = Store.open(path, self.config.cache_size, clock=self.reactor.seconds)
         return self._store
 
+    def observed(self) -> Aggregate:
+        """The workers' counters, summed (as of their last reports)."""
+        return self.view.aggregate
+
+    def _log_filters(self, filters: list[LogFilter]) -> None:
+        """The live log's readers changed: every worker records for them
+        (none: nothing is recorded)."""
+        message = {"log_filters": [f.as_dict() for f in filters]}
+        for w in self.workers:
+            if w.ready:
+                w.command(message)
+
+    def dry_run(self, site: str, draft: bytes, name: str, count: int) -> defer.Deferred[tuple[int, dict[str, Any]]]:
+        """A worker's dry run of ``draft`` on ``site`` (``ProxyService.dry_run``):
+        fires with (HTTP status, report)."""
+        ready = [w for w in self.workers if w.ready and not w.retiring]
+        if not ready:
+            return defer.succeed((503, {"error": "no worker is serving"}))
+        self._dry_run_number += 1
+        number = self._dry_run_number
+        d: defer.Deferred[tuple[int, dict[str, Any]]] = defer.Deferred()
+        self._dry_runs[number] = d
+        worker = ready[number % len(ready)]
+        worker.command({"dry_run": number, "site": site, "file": name, "count": count}, draft)
+
+        def gone(_: object) -> None:
+            if number in self._dry_runs:
+                self._dry_runs.pop(number).callback((503, {"error": "the worker ended during the dry run"}))
+
+        worker.ended.addCallback(gone)
+        return d
+
+    def dry_run_done(self, message: dict[str, Any]) -> None:
+        d = self._dry_runs.pop(message.get("dry_run_done", -1), None)
+        if d is not None:
+            d.callback((int(message.get("status", 500)), message.get("report") or {}))
+
     def collect_metrics(self) -> bytes:
         """Prometheus text summed over the master, live and ended workers."""
+        from prexy.service import cache_gauges
+
         parts = [self.metrics, self.retired_metrics]
         for w in self.workers:
             if w.metrics:
@@ -545,7 +604,11 @@ class MasterService(service.MultiService):
         }
         if self.cluster is not None:
             extra.update(self.cluster.gauges())
-        text = render(parts, extra)
+        extra.update(cache_gauges(self.cache_store()))
+        processes = [("master", os.getpid())] + [(f"worker-{w.slot}", w.pid) for w in self.workers]
+        text = render(
+            parts, extra, observed=self.view.aggregate, top_sites=self.config.observe.top_sites, processes=processes,
+        )
         if self.acme is not None:
             text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")
         return text

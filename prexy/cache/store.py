@@ -64,7 +64,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import lmdb
-from zope.interface import Interface, implementer
+from zope.interface import Attribute, Interface, implementer
 
 from prexy.cache.bans import Ban
 from prexy.cache.memo import Memo, body_size
@@ -294,6 +294,8 @@ class ICacheStore(Interface):
     it: lookups, streamed and bodiless writes, fetch leases and purges.
     Lifecycle, bans, expiry and statistics are :class:`Store`'s own."""
 
+    evicted = Attribute("int: objects this process evicted to make room (for ``/metrics``).")
+
     def lookup(
         site: str,
         method_class: bytes,
@@ -362,6 +364,8 @@ class Store:
         #: reads 32 bytes of the store instead of decoding and copying the
         #: object again.
         self._decoded: Memo[bytes, tuple[bytes, CachedObject]] = Memo(DECODED_BUDGET)
+        #: Objects this process evicted to make room (for ``/metrics``).
+        self.evicted = 0
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -731,6 +735,7 @@ class Store:
                     return
                 key = bytes(cursor.key())[_TICK.size :]
             self._delete(txn, key)
+            self.evicted += 1
 
     def _next_tick(self, txn: lmdb.Transaction) -> int:
         raw = txn.get(b"tick", db=self._meta)

@@ -153,6 +153,7 @@ class CacheLayer:
         Way = flow.Route
         if way is Way.BYPASS:
             self.metrics.count_cache("pass")
+            request.cache_status = "pass"
             ctx = CacheContext(routed.fwd, routed.detail)
             if invalidate:
                 # An unsafe method: the URL's objects go once the upstream
@@ -162,9 +163,11 @@ class CacheLayer:
             return Forward(ctx)
         if way is Way.HIT_FOR_MISS:
             self.metrics.count_cache("hit-for-miss")
+            request.cache_status = "hit-for-miss"
             return Forward(CacheContext(routed.fwd, routed.detail))
         if way is Way.HIT:
             self.metrics.count_cache("hit")
+            request.cache_status = "hit"
             return Answered(self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site))
         ctx = CacheContext(routed.fwd)
         ctx.pairs = pairs
@@ -174,6 +177,7 @@ class CacheLayer:
         if way in (Way.GRACE, Way.GRACE_REFRESH):
             # Serve the stale object now; one background fetch refreshes it.
             self.metrics.count_cache("grace")
+            request.cache_status = "grace"
             answer = self.serve(request, routed.obj, now, pairs=pairs, key=key, site=site)
             if way is Way.GRACE_REFRESH and self.store.claim(key, self.holder, CLAIM_LEASE):
                 self.refreshing.add(key)
@@ -183,6 +187,7 @@ class CacheLayer:
         if way is Way.FOLLOW and self.inflight[key].attach(request, fetch):
             return Answered(server.NOT_DONE_YET)
         self.metrics.count_cache("miss")
+        request.cache_status = "miss"
         if way is Way.MISS_HEAD:
             return Forward(ctx)  # a HEAD answer has no body to store as the GET object
         if not self.store.claim(key, self.holder, CLAIM_LEASE):

@@ -139,6 +139,14 @@ class IClient(Interface):
     )
     sentLength = Attribute("int: body bytes sent, for the access log (a tunnel sets the bytes it carried).")
 
+    # -- what the request did, for the operator's view (prexy.observe) ----------------
+
+    site_name = Attribute('str: the name of the site the request was routed to ("-" until then).')
+    cache_status = Attribute('str: what the cache did ("hit", "miss", "pass"...; "-": no cache).')
+    upstream_seconds = Attribute("float: time to the upstream's answer head (connect and first byte); None: none.")
+    bytes_in = Attribute("int: upstream body bytes received for the answer.")
+    rewrite = Attribute("The transducer that rewrote the answer's body once it ended; None when none ran.")
+
     # -- the answer ------------------------------------------------------------------
 
     responseHeaders = Attribute("The answer's header fields so far (Headers), sent with the first write.")

@@ -166,6 +166,7 @@ class Flight:
         if not self.core.open:
             return False
         self.layer.metrics.count_cache("collapsed")
+        request.cache_status = "collapsed"
         request.exchange = follower
         if self.head is not None and not self._start(follower):
             return True

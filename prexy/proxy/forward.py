@@ -184,6 +184,7 @@ class Exchange:
             whole = response.take_body()
             if whole is not None:
                 resource.metrics.bytes_in += len(whole)
+                request.bytes_in = len(whole)
         cache_status = None
         if self.storing is not None:
             assert plan.stored is not None
@@ -192,6 +193,7 @@ class Exchange:
                 # Not to be shared: each follower fetches for itself.
                 resource.carry_out(waiter, fetch, Forward(CacheContext("miss", "not-storable")))
         upstream_time = response.connect_seconds + response.first_byte_seconds
+        request.upstream_seconds = upstream_time
         own = resource.reactor.seconds() - self.started - upstream_time
         extra = plan.timing_extra
         if whole is not None and transducer is not None:
@@ -284,8 +286,10 @@ class Exchange:
         transducer = None
         whole: bytes | None = None
         after_head: bytes | None = None
-        if plan.skipped:
+        if plan.skipped and rules is not None:
             resource.metrics.count("prexy_rewrite_skipped_total")
+            # The rules apply, and none can match: a response of theirs all the same.
+            resource.observer.rewritten(site.name, rules, None, resource.reactor.seconds())
         self.rules_run = plan.rules_run
         out_coding = plan.coding.coding
         encoder = None
@@ -305,6 +309,7 @@ class Exchange:
             body = response.take_body()
             if body is not None:
                 resource.metrics.bytes_in += len(body)
+                self.request.bytes_in = len(body)
                 self.pipeline = BodyPipeline(transducer, None, encoder)
                 if mode is _HEAD_FIRST:
                     after_head = body
@@ -401,6 +406,7 @@ class Exchange:
         if self.life.over or (self.storing is not None and self.storing.writer is None and self._unwanted()):
             return
         self.resource.metrics.bytes_in += len(data)
+        self.request.bytes_in += len(data)
         if self.pipeline is None:
             self._out(data)
             cut = self.cut
@@ -491,8 +497,11 @@ class Exchange:
                     return  # the last follower left with it, and nothing is stored
             tail += end
             transducer = pipeline.transducer
-            metrics = self.resource.metrics
+            resource = self.resource
+            metrics = resource.metrics
             if transducer is not None:
+                request.rewrite = transducer
+                resource.observer.rewritten(self.site.name, transducer.ruleset, transducer, resource.reactor.seconds())
                 if transducer.bailed_out:
                     metrics.count("prexy_rewrite_bailouts_total")
                 if transducer.timed_out:
@@ -547,6 +556,7 @@ class Exchange:
         stale = storing.ctx.stale
         response.deliverBody(_Discard())
         self.resource.metrics.count_cache("stale-if-error")
+        self.request.cache_status = "stale-if-error"
         self._cache_done(False)  # waiters get the stale copy too; nothing is stored
         self.life.on(Event.ANSWERED)
         storing.cache.serve(self.request, stale, self.resource.reactor.seconds(), stale_reason="stale-if-error",

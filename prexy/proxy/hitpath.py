@@ -54,11 +54,20 @@ _ACME = b"/.well-known/acme-challenge/"
 
 
 class HitRecord:
-    """What the access log reads of an answered hit (``combined_line``)."""
+    """What the access log and the operator's view (``prexy.observe``) read
+    of an answered hit."""
 
-    __slots__ = ("client", "clientproto", "code", "method", "requestHeaders", "sentLength", "uri")
+    __slots__ = ("client", "clientproto", "code", "method", "requestHeaders", "sentLength", "site_name", "started", "uri")
 
-    def __init__(self, client: Any, method: bytes, uri: bytes, proto: bytes, fields: RequestHeaders, code: int, sent: int) -> None:
+    cache_status = "hit"
+    upstream_seconds = None
+    bytes_in = 0
+    rewrite = None
+
+    def __init__(
+        self, client: Any, method: bytes, uri: bytes, proto: bytes, fields: RequestHeaders, code: int, sent: int,
+        site_name: str, started: float,
+    ) -> None:
         self.client = client
         self.method = method
         self.uri = uri
@@ -66,6 +75,8 @@ class HitRecord:
         self.requestHeaders = fields
         self.code = code
         self.sentLength = sent
+        self.site_name = site_name
+        self.started = started
 
     def getClientAddress(self) -> Any:  # noqa: N802
         return self.client
@@ -132,6 +143,7 @@ class HitPath:
             proxy_site = channel.site
             metrics.count_answer(record.code, record.clientproto)
             proxy_site.log(record)
+            proxy_site.observer.answered(record, self.resource.reactor.seconds())
         except Exception:
             _log.failure("hit path: after answering {uri}", uri=record.uri.decode("latin-1"))
         return True
@@ -197,7 +209,9 @@ class HitPath:
                 out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
                 if ready.body:
                     out.append(ready.body)
-                return out, HitRecord(channel.getPeer(), method, target, version, headers, ready.code, len(ready.body))
+                return out, HitRecord(
+                    channel.getPeer(), method, target, version, headers, ready.code, len(ready.body), site.name, now,
+                )
         pairs = [(n, v) for n, vs in raw.items() for v in vs]
         answer = cache.hit(obj, now, method, pairs, accept_encoding, key=key, site=site)
         code = answer.code
@@ -209,7 +223,7 @@ class HitPath:
         body = _sent_body(answer, method)
         if body:
             out.append(body)
-        return out, HitRecord(channel.getPeer(), method, target, version, headers, code, len(body))
+        return out, HitRecord(channel.getPeer(), method, target, version, headers, code, len(body), site.name, now)
 
     def _make(
         self, obj: Any, site: SiteRuntime, channel: Any, now: float, method: bytes, raw: dict[bytes, list[bytes]],

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
     from prexy.metrics import Metrics
+    from prexy.observe.stats import Observer
     from prexy.proxy.caching import CacheLayer
     from prexy.proxy.client import IClient
     from prexy.proxy.rewriting import Rewriting
@@ -31,6 +32,8 @@ class ExchangeHost(RouteCarrier, Protocol):
 
     reactor: IReactorTime
     metrics: Metrics
+    #: Per-site and per-rule counters (prexy.observe).
+    observer: Observer
     #: The worker's cache; an exchange reaches it only for a request the
     #: cache routed (one with a cache context), so only when there is one.
     cache: CacheLayer | None

@@ -32,6 +32,7 @@ from prexy.errorpages import ErrorPages, phrase
 from prexy.errorpages import error_answer as error_page
 from prexy.headervars import HeaderLookup, RequestVars
 from prexy.metrics import Metrics
+from prexy.observe.stats import Observer
 from prexy.proxy.client import NONE, IClient, IClientChannel
 from prexy.proxy.headers import RequestHeaders, ResponseHeaders
 from prexy.requesthead import Head
@@ -136,6 +137,7 @@ class SiteOfRequest(Protocol):
     max_request_body: int
     reactor: Any
     metrics: Metrics
+    observer: Observer
     active_requests: int
     resource: Any
     timeouts: Timeouts
@@ -170,6 +172,13 @@ class ProxyRequest(server.Request):
     looked: Any = None
     #: What the HTTP/1.x channel's head check found (``prexy.requesthead``).
     head: Head | None = None
+    # What the request did (IClient's, for prexy.observe), and when it began.
+    site_name = "-"
+    cache_status = "-"
+    upstream_seconds: float | None = None
+    bytes_in = 0
+    rewrite: Any = None
+    started = 0.0
     has_body = False
     #: The head went out and no body follows it (HEAD, 204, 304).
     _no_body = False
@@ -273,6 +282,7 @@ class ProxyRequest(server.Request):
         site = self.proxy_site
         site.active_requests += 1
         self._counted = True
+        self.started = site.reactor.seconds()
         self.site = site
         self.prepath = []
         self.postpath = []
@@ -440,6 +450,7 @@ class ProxyRequest(server.Request):
         if self.chunked:
             channel.write(b"0\r\n\r\n")  # the last chunk and the end
         site.log(self)  # the access log (twisted.web: the channel's factory, the same site)
+        site.observer.answered(self, site.reactor.seconds())
         self.finished = 1
         if not self.queued:
             self._cleanup()
@@ -473,6 +484,11 @@ class DetachedRequest:
     looked: Any = None
     sentLength = 0
     code = 200
+    site_name = "-"
+    cache_status = "-"
+    upstream_seconds: float | None = None
+    bytes_in = 0
+    rewrite: Any = None
 
     def __init__(self, original: Any) -> None:
         self.uri: bytes = original.uri

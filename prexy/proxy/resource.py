@@ -28,6 +28,7 @@ from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.fetch import Fetch
 from prexy.metrics import Metrics
+from prexy.observe.stats import Observer
 from prexy.proxy.caching import CacheLayer
 from prexy.proxy.client import IClient
 from prexy.proxy.flight import CacheContext
@@ -75,13 +76,15 @@ class ProxyResource(Resource):
 
     def __init__(
         self, reactor: Any, pool: IUpstreamPool, runtime: Runtime, metrics: Metrics, cache: CacheLayer | None = None,
-        timer: Callable[[], float] | None = None,
+        timer: Callable[[], float] | None = None, observer: Observer | None = None,
     ) -> None:
         super().__init__()
         self.reactor = reactor
         self.pool = pool
         self.runtime = runtime
         self.metrics = metrics
+        #: Per-site and per-rule counters, and the live log (prexy.observe).
+        self.observer = observer if observer is not None else Observer()
         #: The worker's cache when a cache store is configured.
         self.cache = cache
         #: The ACME challenge answers (prexy.acme.challenges.ChallengeRegistry)
@@ -168,6 +171,7 @@ class ProxyResource(Resource):
         host_values = raw.get(b"host")
         host = host_values[0] if host_values else None
         site = self.site_for(host)
+        request.site_name = site.name
         target = _origin_form(request.uri)
         if target is None:
             error_answer(request, 400, site.config.error_pages, site)
@@ -202,6 +206,7 @@ class ProxyResource(Resource):
         if site.cache_policy is not None and self.cache is not None:
             if request.has_body:
                 # Not looked up nor stored; an unsafe method still invalidates.
+                request.cache_status = "pass"
                 return self.carry_out(request, fetch, self.cache.invalidating(fetch))
             return self.carry_out(request, fetch, self.cache.on_request(request, fetch))
         if request.method == b"PURGE":
@@ -282,6 +287,7 @@ class ProxyResource(Resource):
         request.sentLength = tunnel.bytes_down
         site = request.proxy_site
         site.log(request)
+        site.observer.answered(request, self.reactor.seconds())
         log.info(
             "tunnel {uri} closed by {by}{how} after {seconds:.1f} s: {up} bytes up, {down} bytes down",
             uri=request.uri.decode("latin-1"), by=tunnel.ended_by,

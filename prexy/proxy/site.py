@@ -17,6 +17,7 @@ from prexy.config import Limits, Timeouts
 from prexy.errorpages import ErrorPages
 from prexy.h2settings import H2Settings
 from prexy.metrics import Metrics
+from prexy.observe.stats import Observer
 from prexy.proxy.h1connection import ProxyChannel, refusal_answer
 from prexy.proxy.hitpath import HitPath
 from prexy.proxy.request import ProxyRequest
@@ -48,10 +49,13 @@ class ProxySite(server.Site):
         timeout: float = 75.0,
         limits: Limits = Limits(),
         timeouts: Timeouts = Timeouts(),
+        observer: Observer | None = None,
     ) -> None:
         super().__init__(resource, logPath=log_path, timeout=timeout, reactor=reactor)
         self.max_request_body = max_request_body
         self.metrics = metrics
+        #: Per-site and per-rule counters, and the live log (prexy.observe).
+        self.observer: Observer = observer if observer is not None else resource.observer
         #: Head sizes and client deadlines for new connections (a reload
         #: replaces them).
         self.limits = limits

@@ -9,7 +9,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.metrics import Metrics, render
-from prexy.observe.stats import LATENCY_BOUNDS, LAST_ERRORS, TOP_URLS, Aggregate, Observer, rule_labels
+from prexy.observe.stats import (
+    LAST_ERRORS,
+    LATENCY_BOUNDS,
+    TOP_URLS,
+    Aggregate,
+    Observer,
+    rule_labels,
+)
 from prexy.substitution.rules import parse_rules
 
 

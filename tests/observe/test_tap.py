@@ -9,7 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.observe.tap import FilterError, LogFilter, LogHub, Reader, Tap, parse_filter, parse_duration, record_of
+from prexy.observe.tap import (
+    FilterError,
+    LogFilter,
+    LogHub,
+    Reader,
+    Tap,
+    parse_duration,
+    parse_filter,
+    record_of,
+)
 
 
 class Address:

@@ -12,10 +12,12 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web import server
 
 from prexy.metrics import Metrics
+from prexy.observe.stats import Observer
 from prexy.proxy.headers import ResponseHeaders
 from prexy.proxy.request import ProxyRequest
 
@@ -26,6 +28,8 @@ class _Site:
     _parsePOSTFormSubmission = False
     max_request_body = 1 << 20
     metrics = Metrics()
+    observer = Observer()
+    reactor = Clock()
     active_requests = 0
 
     def served(self, channel: Any) -> None:
