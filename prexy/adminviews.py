@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
+from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web import server
@@ -200,12 +201,21 @@ def _log(owner: Any, request: server.Request) -> bytes | int:
             return _text(request, 404, f"/log: no site named {log_filter.site!r}: see /sites")
     request.setHeader(b"content-type", b"application/x-ndjson")
     request.setHeader(b"cache-control", b"no-store")
-    request.write(b"")  # the head now: the reader waits for records
     pressure = _Backpressure()
     request.registerProducer(pressure, True)
     reader = Reader(log_filter, request.write, lambda: pressure.paused)
     hub = owner.view.hub
-    hub.attach(reader)
-    request.notifyFinish().addBoth(lambda _: hub.detach(reader))
+    gone: list[bool] = []
+
+    def left(_: object) -> None:
+        gone.append(True)
+        hub.detach(reader)
+
+    request.notifyFinish().addBoth(left)
+    # The head once every process records for this reader: from then on
+    # no request it asks for is missed.
+    in_force = defer.maybeDeferred(hub.attach, reader)
+    in_force.addCallback(lambda _: gone or request.write(b""))
+    in_force.addErrback(lambda f: log.failure("live log reader", f))
     return server.NOT_DONE_YET
 

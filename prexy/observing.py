@@ -64,9 +64,10 @@ class TapPump:
 
 class OperatorView:
     """The counters summed over processes and the live log's readers, for
-    the admin endpoint.  ``set_filters(filters)`` reaches the processes
-    (a master sends them to its workers; a process alone taps itself)."""
+    the admin endpoint.  ``set_filters(filters)`` reaches the processes (a
+    master sends them to its workers; a process alone taps itself) and
+    may return a Deferred that fires once they all record with them."""
 
-    def __init__(self, set_filters: Callable[[list[LogFilter]], object], window: int) -> None:
+    def __init__(self, set_filters: Callable[[list[LogFilter]], Any], window: int) -> None:
         self.aggregate = Aggregate(window)
         self.hub = LogHub(set_filters)

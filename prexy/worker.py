@@ -165,6 +165,7 @@ def worker_main(spec_json: str) -> None:
             from prexy.observe.tap import LogFilter
 
             svc.pump.set_filters([LogFilter.from_dict(f) for f in message["log_filters"]])
+            send({"log_filters_set": message.get("number")})
         if "dry_run" in message:
             number = message["dry_run"]
             d = svc.dry_run(str(message.get("site")), payload, str(message.get("file") or "draft.rules"),

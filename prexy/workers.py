@@ -133,6 +133,8 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.metrics = message["metrics"]
             if "observed" in message:  # per-site and per-rule counters (prexy.observe)
                 self.master.view.aggregate.update(self.pid, message["observed"])
+            if "log_filters_set" in message:
+                self.master._filters_settled(self, message["log_filters_set"])
             if "log" in message:  # the live log's records
                 self.master.view.hub.deliver(message["log"], int(message.get("dropped", 0)))
             if "dry_run_done" in message:
@@ -224,6 +226,11 @@ class MasterService(service.MultiService):
         #: The workers' per-site and per-rule counters summed, and the live
         #: log's readers (prexy.observe).
         self.view = OperatorView(self._log_filters, config.observe.never_matched_window)
+        #: The live log's filters sent last (their number), the workers that
+        #: have not said they record with them yet, and who waits for that.
+        self._filters_sent = 0
+        self._filters_pending: set[_WorkerProcess] = set()
+        self._filters_waiting: list[defer.Deferred[None]] = []
         #: Dry runs a worker carries out, by number (``dry_run``).
         self._dry_runs: dict[int, defer.Deferred[tuple[int, dict[str, Any]]]] = {}
         self._dry_run_number = 0
@@ -417,6 +424,7 @@ class MasterService(service.MultiService):
         if worker.metrics:
             self.retired_metrics.merge(worker.metrics)
         self.view.aggregate.retire(worker.pid)
+        self._filters_settled(worker)
         if self.stopping or worker.retiring or worker.generation != self.generation:
             return
         lived = self.reactor.seconds() - worker.started_at
@@ -555,13 +563,29 @@ class MasterService(service.MultiService):
         """The workers' counters, summed (as of their last reports)."""
         return self.view.aggregate
 
-    def _log_filters(self, filters: list[LogFilter]) -> None:
+    def _log_filters(self, filters: list[LogFilter]) -> defer.Deferred[None]:
         """The live log's readers changed: every worker records for them
-        (none: nothing is recorded)."""
-        message = {"log_filters": [f.as_dict() for f in filters]}
-        for w in self.workers:
-            if w.ready:
-                w.command(message)
+        (none: nothing is recorded).  Fires once every serving worker said
+        it does (a reader's stream starts then: nothing it asked for is
+        missed after its head)."""
+        self._filters_sent += 1
+        message = {"log_filters": [f.as_dict() for f in filters], "number": self._filters_sent}
+        self._filters_pending = {w for w in self.workers if w.ready}
+        for w in self._filters_pending:
+            w.command(message)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._filters_waiting.append(d)
+        self._filters_settled(None)
+        return d
+
+    def _filters_settled(self, worker: _WorkerProcess | None, number: int | None = None) -> None:
+        """``worker`` records with the filters ``number`` (or ended)."""
+        if worker is not None and (number is None or number == self._filters_sent):
+            self._filters_pending.discard(worker)
+        if not self._filters_pending:
+            waiting, self._filters_waiting = self._filters_waiting, []
+            for d in waiting:
+                d.callback(None)
 
     def dry_run(self, site: str, draft: bytes, name: str, count: int) -> defer.Deferred[tuple[int, dict[str, Any]]]:
         """A worker's dry run of ``draft`` on ``site`` (``ProxyService.dry_run``):

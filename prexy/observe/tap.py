@@ -234,16 +234,18 @@ class LogHub:
     is told the readers' filters whenever one comes or goes (none: nobody
     reads, nothing need be recorded)."""
 
-    def __init__(self, filters_changed: Callable[[list[LogFilter]], object]) -> None:
+    def __init__(self, filters_changed: Callable[[list[LogFilter]], Any]) -> None:
         self.readers: list[Reader] = []
         self.filters_changed = filters_changed
 
     def filters(self) -> list[LogFilter]:
         return [r.filter for r in self.readers]
 
-    def attach(self, reader: Reader) -> None:
+    def attach(self, reader: Reader) -> Any:
+        """Add ``reader``; what ``filters_changed`` answers (the owner's
+        word that every process records for it)."""
         self.readers.append(reader)
-        self.filters_changed(self.filters())
+        return self.filters_changed(self.filters())
 
     def detach(self, reader: Reader) -> None:
         if reader in self.readers:

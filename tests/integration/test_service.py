@@ -71,18 +71,25 @@ def connect(port: int, client: RawClient) -> defer.Deferred[Any]:
 
 @defer.inlineCallbacks
 def metrics_showing(admin: int, line: str, seconds: float = 10) -> Any:
-    """The master's /metrics page once it shows ``line``.  The workers'
-    reports reach the master on their own timer (``prexy.worker``), with no
-    event outside the processes: the page is asked again, for at most
-    ``seconds``, each time after a report interval has passed."""
+    """The master's /metrics page once it shows the sample ``line``
+    (``name{labels} value``, compared as parsed samples: 30 is 30.0).  The
+    workers' reports reach the master on their own timer
+    (``prexy.worker``), with no event outside the processes: the page is
+    asked again, for at most ``seconds``, each time after a report interval
+    has passed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from prexy.worker import METRICS_INTERVAL
 
+    (wanted,) = next(iter(text_string_to_metric_families(line + "\n"))).samples
     give_up = reactor.seconds() + seconds
     while True:
         client = RawClient(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         yield connect(admin, client)
         text = bytes(client.data).decode()
-        if line in text:
+        body = text.partition("\r\n\r\n")[2]
+        samples = [s for f in text_string_to_metric_families(body) for s in f.samples]
+        if any((s.name, s.labels, s.value) == (wanted.name, wanted.labels, wanted.value) for s in samples):
             return text
         if reactor.seconds() > give_up:
             raise AssertionError(f"no {line!r} in /metrics after {seconds} s:\n{text}")
