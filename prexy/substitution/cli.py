@@ -70,11 +70,13 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from prexy.substitution.rules import RulesError, load_rules
-from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
+
+if TYPE_CHECKING:
+    from prexy.substitution.ruleset import RuleSet
 
 __all__ = ["Tally", "main", "rewrite_stream"]
 

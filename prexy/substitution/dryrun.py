@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prexy.substitution.rules import RulesError, parse_rules, tokenize
-from prexy.substitution.ruleset import CompileError, RuleSet
 from prexy.substitution.transducer import Transducer
+
+if TYPE_CHECKING:
+    from prexy.substitution.ruleset import RuleSet
 
 __all__ = ["ENCODING", "LINE_WIDTH", "compare", "load_draft", "render_report"]
 
@@ -70,6 +72,8 @@ def load_draft(text: bytes, name: str = "draft.rules") -> RuleSet:
     (``name:line:column: reason``) when it does not load, as ``--check``
     refuses it: syntax, unknown directives, bad regexes and templates,
     and patterns the dialect takes but their engine will not compile."""
+    from prexy.substitution.ruleset import CompileError
+
     ruleset = parse_rules(text, name, lazy=True)
     try:
         ruleset.check_compiles()
