@@ -217,6 +217,7 @@ CORES = (
     "prexy.cache.bans",
     "prexy.substitution.transducer",
     "prexy.substitution.cli",
+    "prexy.substitution.dryrun",
     "prexy.urlmap.index",
     "prexy.urlmap.loader",
     "prexy.h2server",

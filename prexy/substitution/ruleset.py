@@ -76,6 +76,18 @@ class Rule:
     origin: str = field(default="", compare=False)
 
     @property
+    def file(self) -> str:
+        """The file the rule was written in (from ``origin``; ``<rules>`` if unknown)."""
+        where, sep, line = self.origin.rpartition(":")
+        return where if sep and line.isdigit() else (self.origin or "<rules>")
+
+    @property
+    def line(self) -> int | None:
+        """The rule's line in :attr:`file` (from ``origin``), if known."""
+        _, sep, line = self.origin.rpartition(":")
+        return int(line) if sep and line.isdigit() else None
+
+    @property
     def flags(self) -> str:
         """The flags as written in canonical order (``g``, ``i``)."""
         return ("" if self.once else "g") + ("i" if self.caseless else "")
@@ -295,11 +307,12 @@ class RuleSet:
         return linear, refused
 
     def explain(self) -> list[str]:
-        """One line per rule: where it was written, its pattern, its engine
-        and why (``python -m prexy rewrite --explain``)."""
+        """One line per rule: its number (index + 1, as every view names
+        rules), where it was written, its pattern, its engine and why
+        (``python -m prexy rewrite --explain``)."""
         return [
-            f"{rule.origin or '<rules>'}: '{rule.pattern.decode('latin-1')}' {rule.flags or '-'}: {engine}: {why}"
-            for rule, engine, why in self.engines()
+            f"{k} {rule.origin or '<rules>'}: '{rule.pattern.decode('latin-1')}' {rule.flags or '-'}: {engine}: {why}"
+            for k, (rule, engine, why) in enumerate(self.engines(), 1)
         ]
 
     @property

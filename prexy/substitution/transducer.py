@@ -148,7 +148,8 @@ class Transducer:
     (no object per match); they never depend on how the body was cut,
     except where the buffer limit fires.  A scan that times out inside a
     run of fixed replacements gives the run's bytes unchanged, but the
-    run's replacements stay counted.
+    run's replacements stay counted; the module's stand-in replacement of
+    a kept-apart match at a bail-out (see ``_run``) is not counted.
     """
 
     def __init__(

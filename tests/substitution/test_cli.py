@@ -113,7 +113,7 @@ class CliTests(SynchronousTestCase):
         assert proc.returncode == 0
 
     def test_explain_names_each_rules_engine(self) -> None:
-        """--explain prints, per rule, its file:line, the engine and why; a rule
+        """--explain prints, per rule, its number, file:line, the engine and why; a rule
         ``regex`` cannot bound is on RE2, not refused."""
         tmp_path = self.tmp_path
         path = tmp_path / "mixed.rules"
@@ -121,12 +121,12 @@ class CliTests(SynchronousTestCase):
             b"replace_filter 'www\\.example\\.com' 'www.example.nl' g;\n"
             b"replace_filter '\"(\\\\\\\\.|[^\"])*\"' 'S' g;\n"
         )
-        status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
+        status, out = run_main(["--rules", str(path), "--explain"], b"")
         assert status == 0
         lines = out.decode().splitlines()
         assert len(lines) == 2
-        assert lines[0].startswith(f"{path}:1: 'www\\.example\\.com' g: regex: ")
-        assert lines[1].startswith(f"{path}:2: '\"(\\\\.|[^\"])*\"' g: re2: regex could backtrack: ")
+        assert lines[0].startswith(f"1 {path}:1: 'www\\.example\\.com' g: regex: ")
+        assert lines[1].startswith(f"2 {path}:2: '\"(\\\\.|[^\"])*\"' g: re2: regex could backtrack: ")
         status, out = run_main(["--rules", str(path)], b'a "x\\"y" b')
         assert (status, out) == (0, b"a S b")
 
@@ -135,9 +135,9 @@ class CliTests(SynchronousTestCase):
         sregex-order VM, says why, and rewrites as the module does."""
         path = self.tmp_path / "trim.rules"
         path.write_bytes(b"replace_filter '^\\s+|\\s+$' '[$&]' g;\n")
-        status, out = run_main(["--rules", str(path), "--explain"], b"ignored")
+        status, out = run_main(["--rules", str(path), "--explain"], b"")
         assert status == 0
-        assert out.decode().startswith(f"{path}:1: '^\\s+|\\s+$' g: sregex-vm: sregex's thread order: ")
+        assert out.decode().startswith(f"1 {path}:1: '^\\s+|\\s+$' g: sregex-vm: sregex's thread order: ")
         status, out = run_main(["--rules", str(path)], b"baby!\n     \nabc\n")
         assert (status, out) == (0, b"baby!\n[     \n]abc[\n]")
 
