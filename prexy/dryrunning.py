@@ -53,9 +53,9 @@ class _Collect:
         self.done.errback(reason)
 
 
-def fetch_page(pool: Any, site: SiteRuntime, url: str) -> defer.Deferred[tuple[int, bytes]]:
+def fetch_page(pool: Any, site: SiteRuntime, url: str) -> defer.Deferred[tuple[int, bytes, str | None]]:
     """GET ``url`` (path and query) from ``site``'s upstream: (status, body
-    decoded of its content codings)."""
+    decoded of its content codings, Content-Type)."""
     config = site.config
     target = url.encode("latin-1")
     path = config.upstream.path
@@ -67,7 +67,7 @@ def fetch_page(pool: Any, site: SiteRuntime, url: str) -> defer.Deferred[tuple[i
         raw, host_header=config.upstream_host_header(client_host), client_host=client_host,
         client_ip=b"127.0.0.1", secure=False, rules_digest=None,
     )
-    done: defer.Deferred[tuple[int, bytes]] = defer.Deferred()
+    done: defer.Deferred[tuple[int, bytes, str | None]] = defer.Deferred()
 
     def on_head(response: UpstreamResponse) -> None:
         codings = parse_codings(response.values(b"content-encoding"))
@@ -78,13 +78,15 @@ def fetch_page(pool: Any, site: SiteRuntime, url: str) -> defer.Deferred[tuple[i
         else:
             response.deliverBody(_Collect(response, body))
 
-        def decoded(data: bytes) -> tuple[int, bytes]:
+        content_type = response.header(b"content-type")
+
+        def decoded(data: bytes) -> tuple[int, bytes, str | None]:
             if codings:
                 if any(c not in DECODABLE for c in codings):
                     raise UpstreamError(f"content coding {b','.join(codings).decode('latin-1')} cannot be decoded")
                 decoder = decoder_for(codings)
                 data = decoder.feed(data) + decoder.finish()
-            return response.code, data
+            return response.code, data, content_type.decode("latin-1") if content_type is not None else None
 
         body.addCallback(decoded).chainDeferred(done)
 
@@ -102,6 +104,7 @@ def dry_run(pool: Any, site: SiteRuntime, urls: Sequence[str], draft: Any) -> An
     from prexy.substitution.dryrun import compare
 
     pages: list[tuple[str, bytes]] = []
+    types: list[str | None] = []
     failed: list[dict[str, str]] = []
     for start in range(0, len(urls), PARALLEL):
         batch = urls[start : start + PARALLEL]
@@ -115,7 +118,8 @@ def dry_run(pool: Any, site: SiteRuntime, urls: Sequence[str], draft: Any) -> An
                 failed.append({"url": url, "error": f"status {result[0]}"})
             else:
                 pages.append((url, result[1]))
-    report = compare(site.rules, draft, pages)
+                types.append(result[2])
+    report = compare(site.rules, draft, pages, content_types=types)
     out = {"site": site.name, "pages": len(urls), "fetched": len(pages), "failed": failed}
     out.update(report)
     return out

@@ -68,6 +68,7 @@ class OperatorView:
     master sends them to its workers; a process alone taps itself) and
     may return a Deferred that fires once they all record with them."""
 
-    def __init__(self, set_filters: Callable[[list[LogFilter]], Any], window: int) -> None:
+    def __init__(self, set_filters: Callable[[list[LogFilter]], Any], window: int, started: float) -> None:
         self.aggregate = Aggregate(window)
+        self.aggregate.started = started
         self.hub = LogHub(set_filters)

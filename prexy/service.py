@@ -385,7 +385,7 @@ class ProxyService(service.MultiService):
         #: and the log's readers (a worker's master has those).
         self.observer = Observer()
         self.pump = TapPump(reactor, self.observer, self._log_records)
-        self.view = OperatorView(self.pump.set_filters, config.observe.never_matched_window)
+        self.view = OperatorView(self.pump.set_filters, config.observe.never_matched_window, reactor.seconds())
         self.pool = UpstreamPool(reactor, config.timeouts, limits=config.limits)
         runtime.compile_ahead(COMPILE_AHEAD)
         self.resource = ProxyResource(
@@ -656,10 +656,13 @@ class ProxyService(service.MultiService):
             text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")
         return text
 
-    def dry_run(self, site_name: str, draft: bytes, file_name: str, count: int) -> Any:
+    def dry_run(
+        self, site_name: str, draft: bytes, file_name: str, count: int, urls: Sequence[str] | None = None,
+    ) -> Any:
         """Compare ``draft`` (a rules file's bytes, named ``file_name`` in
-        errors) with the site's rules on its ``count`` most requested pages
-        (``prexy.dryrunning``): a Deferred of (HTTP status, report)."""
+        errors) with the site's rules on ``urls``, by default its ``count``
+        most requested pages here (``prexy.dryrunning``): a Deferred of
+        (HTTP status, report)."""
         from twisted.internet import defer
 
         from prexy.dryrunning import dry_run
@@ -673,7 +676,9 @@ class ProxyService(service.MultiService):
             ruleset = load_draft(draft, file_name)
         except RulesError as exc:
             return defer.succeed((400, {"error": str(exc)}))
-        urls = [url for url, _ in self.observer.top_urls(site_name, count)] or ["/"]
+        if urls is None:
+            urls = [url for url, _ in self.observer.top_urls(site_name, count)]
+        urls = list(urls) or ["/"]
         d = dry_run(self.pool, site, urls, ruleset)
         return d.addCallback(lambda report: (200, report))
 

@@ -166,12 +166,16 @@ def worker_main(spec_json: str) -> None:
 
             svc.pump.set_filters([LogFilter.from_dict(f) for f in message["log_filters"]])
             send({"log_filters_set": message.get("number")})
-        if "dry_run" in message:
-            number = message["dry_run"]
-            d = svc.dry_run(str(message.get("site")), payload, str(message.get("file") or "draft.rules"),
-                            int(message.get("count") or 50))
-            d.addCallback(lambda answer: send({"dry_run_done": number, "status": answer[0], "report": answer[1]}))
-            d.addErrback(lambda f: send({"dry_run_done": number, "status": 500, "report": {"error": f.getErrorMessage()}}))
+        if "ask" in message:  # the master's question, answered with its number
+            number = message["ask"]
+            if "top_urls" in message:
+                urls = svc.observer.top_urls(str(message["top_urls"]), int(message.get("count") or 50))
+                send({"answer": number, "urls": urls})
+            elif "dry_run" in message:
+                d = svc.dry_run(str(message["dry_run"]), payload, str(message.get("file") or "draft.rules"),
+                                int(message.get("count") or 50), message.get("urls"))
+                d.addCallback(lambda done: send({"answer": number, "status": done[0], "report": done[1]}))
+                d.addErrback(lambda f: send({"answer": number, "status": 500, "report": {"error": f.getErrorMessage()}}))
         if "reload" in message:
             try:
                 files = Snapshot.decode(payload)

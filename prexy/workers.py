@@ -137,8 +137,8 @@ class _WorkerProcess(protocol.ProcessProtocol):
                 self.master._filters_settled(self, message["log_filters_set"])
             if "log" in message:  # the live log's records
                 self.master.view.hub.deliver(message["log"], int(message.get("dropped", 0)))
-            if "dry_run_done" in message:
-                self.master.dry_run_done(message)
+            if "answer" in message:  # to the master's question (``MasterService.ask``)
+                self.master.answered(message)
             if "reloaded" in message:
                 self.master.worker_reloaded(self, message)
             if isinstance(message.get("obtain"), str):  # a handshake waits for a certificate (prexy.ondemand)
@@ -225,15 +225,15 @@ class MasterService(service.MultiService):
         self.retired_metrics = Metrics()
         #: The workers' per-site and per-rule counters summed, and the live
         #: log's readers (prexy.observe).
-        self.view = OperatorView(self._log_filters, config.observe.never_matched_window)
+        self.view = OperatorView(self._log_filters, config.observe.never_matched_window, reactor.seconds())
         #: The live log's filters sent last (their number), the workers that
         #: have not said they record with them yet, and who waits for that.
         self._filters_sent = 0
         self._filters_pending: set[_WorkerProcess] = set()
         self._filters_waiting: list[defer.Deferred[None]] = []
-        #: Dry runs a worker carries out, by number (``dry_run``).
-        self._dry_runs: dict[int, defer.Deferred[tuple[int, dict[str, Any]]]] = {}
-        self._dry_run_number = 0
+        #: Questions to workers waiting for their answer, by number (``ask``).
+        self._asked: dict[int, defer.Deferred[dict[str, Any]]] = {}
+        self._ask_number = 0
         self.stopping = False
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
@@ -587,30 +587,48 @@ class MasterService(service.MultiService):
             for d in waiting:
                 d.callback(None)
 
-    def dry_run(self, site: str, draft: bytes, name: str, count: int) -> defer.Deferred[tuple[int, dict[str, Any]]]:
-        """A worker's dry run of ``draft`` on ``site`` (``ProxyService.dry_run``):
-        fires with (HTTP status, report)."""
-        ready = [w for w in self.workers if w.ready and not w.retiring]
-        if not ready:
-            return defer.succeed((503, {"error": "no worker is serving"}))
-        self._dry_run_number += 1
-        number = self._dry_run_number
-        d: defer.Deferred[tuple[int, dict[str, Any]]] = defer.Deferred()
-        self._dry_runs[number] = d
-        worker = ready[number % len(ready)]
-        worker.command({"dry_run": number, "site": site, "file": name, "count": count}, draft)
+    def ask(self, worker: _WorkerProcess, message: dict[str, Any], payload: bytes | None = None) -> Any:
+        """Ask ``worker`` something it answers with ``{"answer": N, ...}``
+        (``prexy.worker``): a Deferred of that answer; ``{"error": ...}``
+        if the worker ends first."""
+        self._ask_number += 1
+        number = self._ask_number
+        d: defer.Deferred[dict[str, Any]] = defer.Deferred()
+        self._asked[number] = d
+        worker.command({**message, "ask": number}, payload)
 
         def gone(_: object) -> None:
-            if number in self._dry_runs:
-                self._dry_runs.pop(number).callback((503, {"error": "the worker ended during the dry run"}))
+            if number in self._asked:
+                self._asked.pop(number).callback({"error": "the worker ended before it answered"})
 
         worker.ended.addCallback(gone)
         return d
 
-    def dry_run_done(self, message: dict[str, Any]) -> None:
-        d = self._dry_runs.pop(message.get("dry_run_done", -1), None)
+    def answered(self, message: dict[str, Any]) -> None:
+        d = self._asked.pop(message.get("answer", -1), None)
         if d is not None:
-            d.callback((int(message.get("status", 500)), message.get("report") or {}))
+            d.callback(message)
+
+    @defer.inlineCallbacks
+    def dry_run(self, site: str, draft: bytes, name: str, count: int) -> Any:
+        """A dry run of ``draft`` on ``site`` (``ProxyService.dry_run``) on
+        the pages its workers counted most requested, carried out by one of
+        them: fires with (HTTP status, report)."""
+        ready = [w for w in self.workers if w.ready and not w.retiring]
+        if not ready:
+            return 503, {"error": "no worker is serving"}
+        answers = yield defer.gatherResults([self.ask(w, {"top_urls": site, "count": count}) for w in ready])
+        counts: dict[str, int] = {}
+        for answer in answers:
+            for url, n in answer.get("urls", ()):
+                counts[url] = counts.get(url, 0) + n
+        urls = [url for url, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:count]]
+        answer = yield self.ask(
+            ready[self._ask_number % len(ready)], {"dry_run": site, "file": name, "count": count, "urls": urls}, draft,
+        )
+        if "error" in answer and "status" not in answer:
+            return 503, {"error": answer["error"]}
+        return int(answer["status"]), answer["report"]
 
     def collect_metrics(self) -> bytes:
         """Prometheus text summed over the master, live and ended workers."""

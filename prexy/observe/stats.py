@@ -534,6 +534,7 @@ class Aggregate:
         cache = totals[8]
         return {
             "time": round(now, 3),
+            "started": round(self.started, 3) if self.started is not None else None,
             "requests": totals[0],
             "by_class": {f"{k}xx": totals[7][k] for k in range(1, 6)},
             "cache": {
