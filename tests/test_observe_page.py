@@ -450,7 +450,7 @@ class FormatTests(SynchronousTestCase):
         self.assertEqual(text(by_id(root, "stat-rewritten")), "Rewritten41,73086.6 % of requests")
         self.assertEqual(text(by_id(root, "stat-hit-rate")), "Cache hit rate62.4 %30,100 hits of 48,211")
         self.assertEqual(text(by_id(root, "stat-upstream")), "Upstream time20 min 34 s25.6 ms mean per request")
-        self.assertEqual(text(by_id(root, "stat-errors")), "Errors3374xx 311 · 5xx 17 · upstream 9")
+        self.assertEqual(text(by_id(root, "stat-errors")), "Error answers3284xx 311 · 5xx 17 · upstream 9")
 
 
 class IndexTests(SynchronousTestCase):

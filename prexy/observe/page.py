@@ -59,7 +59,7 @@ a{color:var(--hit)}
 .muted,.generated{color:var(--muted)}
 code,.mono{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:13px}
 code{overflow-wrap:anywhere}
-.stats{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:10px;margin:14px 0 0}
+.stats{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:10px;margin:14px 0 0}
 .stat{background:var(--panel);border:1px solid var(--line);border-radius:6px;padding:8px 12px}
 .stat .label{display:block;color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .stat .value{display:block;font-size:22px;font-variant-numeric:tabular-nums}
@@ -291,7 +291,11 @@ def _summary(report: Mapping[str, Any]) -> str:
     upstream = report.get("upstream_seconds")
     rewrite = report.get("rewrite_seconds")
     errors = _map(report.get("errors_by_class"))
-    error_total = sum(n for n in (_num(v) for v in errors.values()) if n is not None)
+    # Answers with an error status; the other classes (an upstream
+    # failure, answered with a 5xx too) are listed beside, not added.
+    error_total = sum(
+        n for n in (_num(v) for k, v in errors.items() if str(k).endswith("xx")) if n is not None
+    )
     mean_upstream = _ratio(upstream, requests)
     mean_rewrite = _ratio(rewrite, rewritten)
     rewritten_share = _ratio(rewritten, requests)
@@ -317,7 +321,7 @@ def _summary(report: Mapping[str, Any]) -> str:
             "rewrite", "Rewrite time", esc(duration(rewrite)),
             f"{esc(duration(mean_rewrite))} mean per rewritten response" if mean_rewrite is not None else "",
         ),
-        _stat("errors", "Errors", esc(count(error_total)), error_parts),
+        _stat("errors", "Error answers", esc(count(error_total)), error_parts),
     ]
     return '<section id="summary" class="stats">\n' + "".join(cells) + "</section>\n"
 
