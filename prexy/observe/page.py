@@ -62,7 +62,7 @@ code{overflow-wrap:anywhere}
 .stats{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:10px;margin:14px 0 0}
 .stat{background:var(--panel);border:1px solid var(--line);border-radius:6px;padding:8px 12px}
 .stat .label{display:block;color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
-.stat .value{display:block;font-size:22px;font-variant-numeric:tabular-nums}
+.stat .value{display:block;font-size:20px;white-space:nowrap;font-variant-numeric:tabular-nums}
 .stat .sub{display:block;color:var(--muted);font-size:12px}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
@@ -266,6 +266,7 @@ def _document(title: str, body: Iterable[str]) -> bytes:
         '<meta charset="utf-8" />\n'
         f'<meta http-equiv="Content-Security-Policy" content="{esc(_META_POLICY)}" />\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1" />\n'
+        '<meta name="color-scheme" content="light dark" />\n'
         '<meta name="referrer" content="no-referrer" />\n'
         '<link rel="icon" href="data:," />\n'
         f"<title>{esc(title)}</title>\n"
