@@ -285,6 +285,14 @@ class RulesTests(SynchronousTestCase):
         (when,) = rows["1"].iter(X + "time")
         self.assertEqual(when.get("datetime"), "2025-12-05T02:51:40.100Z")
 
+    def test_time_beyond_calendar(self) -> None:
+        """A time no calendar holds shows as its number, not a failure."""
+        report = busy_report()
+        report["rules"][0]["last_fired"] = 1e300
+        report["last_errors"][0]["time"] = -1e20
+        root = parse(site_page(report))
+        self.assertEqual(cell(rule_rows(root)["1"], "last-fired"), "1e+300")
+
     def test_trouble_flagged(self) -> None:
         """Bail-outs and timeouts above zero stand out."""
         rows = rule_rows(parse(site_page(busy_report())))

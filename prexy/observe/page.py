@@ -233,7 +233,10 @@ def _when(t: Any, now: float | None, never: str = "never") -> str:
     t = _num(t)
     if t is None:
         return f'<span class="muted">{esc(never)}</span>'
-    stamp = datetime.fromtimestamp(t, UTC)
+    try:
+        stamp = datetime.fromtimestamp(t, UTC)
+    except (OverflowError, OSError, ValueError):  # beyond the calendar: show the number
+        return f'<span class="muted">{esc(t)}</span>'
     iso = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     full = absolute(t)
     if now is None:
