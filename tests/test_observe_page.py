@@ -12,6 +12,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from prexy.observe import page
@@ -292,6 +294,9 @@ class RulesTests(SynchronousTestCase):
         report["last_errors"][0]["time"] = -1e20
         root = parse(site_page(report))
         self.assertEqual(cell(rule_rows(root)["1"], "last-fired"), "1e+300")
+        report["generated"] = -62135596801  # a second before year 1
+        root = parse(site_page(report))
+        self.assertEqual(cell(rule_rows(root)["4"], "last-fired"), "2025-12-05 02:50:25 UTC")
 
     def test_trouble_flagged(self) -> None:
         """Bail-outs and timeouts above zero stand out."""
@@ -481,8 +486,52 @@ class IndexTests(SynchronousTestCase):
         self.assertIn("No sites have had requests yet.", text(by_id(root, "sites")))
 
 
+#: Any JSON value (text with every code point, surrogates included).
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(codec=None)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def report_with(changes: dict[str, Any]) -> dict[str, Any]:
+    report = busy_report()
+    report.update(changes)
+    return report
+
+
 class InputTests(SynchronousTestCase):
-    """The report is read, never changed."""
+    """The report is read, never changed; a report of the wrong shape
+    makes a page or a ValueError, nothing else."""
+
+    @given(st.dictionaries(
+        st.sampled_from(["site", "generated", "rules", "never_matched", "window", "requests", "rewritten",
+                         "bytes_out", "upstream_seconds", "rewrite_seconds", "errors_by_class", "cache",
+                         "latency", "last_errors", "rule_sets"]),
+        json_values,
+    ))
+    def test_any_shape(self, changes: dict[str, Any]) -> None:
+        try:
+            document = site_page(report_with(changes))
+        except ValueError:
+            self.assertIn("latency", changes)
+            return
+        parse(document)
+
+    @given(st.lists(st.dictionaries(st.sampled_from(["site", "requests", "hit", "miss", "errors", "bytes_out"]),
+                                    json_values), max_size=3))
+    def test_any_index(self, sites: list[dict[str, Any]]) -> None:
+        parse(sites_index(sites))
+
+    @given(st.sampled_from(["rules", "last_errors"]), st.lists(json_values, max_size=3))
+    def test_any_rows(self, key: str, rows: list[Any]) -> None:
+        parse(site_page(report_with({key: rows})))
+
+    @given(st.dictionaries(st.sampled_from(["number", "file", "line", "pattern", "flags", "matches",
+                                            "responses", "bytes_changed", "last_fired", "bailouts",
+                                            "timeouts"]), json_values))
+    def test_any_rule(self, rule: dict[str, Any]) -> None:
+        parse(site_page(report_with({"rules": [rule], "never_matched": [rule.get("number")]})))
 
     def test_report_untouched(self) -> None:
         report: dict[str, Any] = busy_report()

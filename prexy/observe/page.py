@@ -227,21 +227,29 @@ def ago(t: float, now: float) -> str:
     return f"{int(d // 86400):,} d ago"
 
 
+def _utc(t: float) -> datetime | None:
+    """``t`` as a UTC datetime, or None when no calendar holds it."""
+    try:
+        return datetime.fromtimestamp(t, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _when(t: Any, now: float | None, never: str = "never") -> str:
     """A ``<time>``: relative to ``now`` with the absolute time below it
     (only the time of day when it is the same day as ``now``)."""
     t = _num(t)
     if t is None:
         return f'<span class="muted">{esc(never)}</span>'
-    try:
-        stamp = datetime.fromtimestamp(t, UTC)
-    except (OverflowError, OSError, ValueError):  # beyond the calendar: show the number
+    stamp = _utc(t)
+    if stamp is None:  # beyond the calendar: show the number
         return f'<span class="muted">{esc(t)}</span>'
     iso = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     full = absolute(t)
-    if now is None:
+    today = _utc(now) if now is not None else None
+    if now is None or today is None:
         return f'<time datetime="{iso}">{esc(full)}</time>'
-    same_day = datetime.fromtimestamp(now, UTC).date() == stamp.date()
+    same_day = today.date() == stamp.date()
     short = stamp.strftime("%H:%M:%S UTC") if same_day else full
     return f'<time datetime="{iso}" title="{esc(full)}">{esc(ago(t, now))}<small>{esc(short)}</small></time>'
 
@@ -383,7 +391,7 @@ def _rules(report: Mapping[str, Any], now: float | None) -> str:
     for rule in rules:
         number = rule.get("number")
         origin = f"{rule.get('file', '?')}:{rule.get('line', '?')}"
-        is_never = number in never
+        is_never = _num(number) is not None and number in never
         classes = "rule never-matched" if is_never else "rule"
         badge = (
             f'<br /><span class="badge never" title="no match in {esc(window_words)}">{esc(badge_words)}</span>'
