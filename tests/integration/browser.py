@@ -32,7 +32,7 @@ import signal
 import struct
 import subprocess
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
@@ -76,6 +76,12 @@ FLAGS = (
 _CONSOLE = re.compile(r'^\[[^\]]*:CONSOLE(?::\d+|\(\d+\))\] "(?P<text>.*)", source: (?P<source>.*) \((?P<line>\d+)\)$')
 
 
+#: Chromium's line for a page it could not load (``net::ERR_CONNECTION_REFUSED``;
+#: ``net::ERR_UNSAFE_PORT`` for the ports browsers refuse, such as 6000 or
+#: 10080, which free_port's range and the kernel's ephemeral ports avoid).
+_LOAD_FAILED = re.compile(r"Page load failed: (?P<reason>\S+)")
+
+
 def find_chromium() -> str | None:
     """The Chromium binary to run, or None when there is none."""
     for candidate in (os.environ.get("PREXY_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium"):
@@ -111,11 +117,14 @@ class BrowserError(AssertionError):
 
 def render(
     url: str, screenshot: bool = False, window: tuple[int, int] = (1200, 1600),
-    timeout: float = 60, binary: str | None = None,
+    timeout: float = 60, binary: str | None = None, extra: Sequence[str] = (),
 ) -> Rendered:
     """Loads ``url`` in one headless Chromium launch; returns its DOM, its
     console messages and, with ``screenshot``, a ``window``-sized PNG.
-    Blocks: from a reactor thread use :func:`rendered`."""
+    ``extra`` flags go to Chromium after :data:`FLAGS`.  Blocks: from the
+    reactor's thread use :func:`rendered`.  A page that fails to load (no
+    server, a refused connection) raises :class:`BrowserError`; an HTTP
+    error status does not (its body is the DOM)."""
     binary = binary or find_chromium()
     if binary is None:
         raise BrowserError("no chromium binary (install Debian's chromium, or set PREXY_CHROMIUM)")
@@ -125,7 +134,7 @@ def render(
         tmp = os.path.join(home, "tmp")
         os.mkdir(tmp)
         shot = os.path.join(home, "screenshot.png")
-        args = [binary, *FLAGS, f"--user-data-dir={profile}", "--dump-dom"]
+        args = [binary, *FLAGS, *extra, f"--user-data-dir={profile}", "--dump-dom"]
         if screenshot:
             args += [f"--screenshot={shot}", f"--window-size={window[0]},{window[1]}"]
         env = dict(os.environ, HOME=home, TMPDIR=tmp, XDG_CONFIG_HOME=os.path.join(home, ".config"),
@@ -148,6 +157,9 @@ def render(
         log = err.decode("utf-8", "replace")
         if process.returncode != 0:
             raise BrowserError(f"chromium exited {process.returncode} on {url}; its log:\n{log}")
+        failed = _LOAD_FAILED.search(log)
+        if failed:  # refused, reset, an unsafe port...: exit status 0 and an empty DOM
+            raise BrowserError(f"chromium could not load {url}: {failed['reason']}; its log:\n{log}")
         image = None
         if screenshot:
             if not os.path.exists(shot):
