@@ -348,7 +348,7 @@ def _cache_total(cache: Mapping[str, Any]) -> int:
 def _spark(value: Any, top: float) -> str:
     """A small bar of ``value`` against ``top``, beside a count."""
     n = _num(value) or 0
-    width = 0.0 if top <= 0 else max(1.0, 48 * n / top) if n > 0 else 0.0
+    width = max(1.0, 48 * n / top) if n > 0 and top > 0 else 0.0  # one match still shows
     return (
         '<svg class="spark" xmlns="http://www.w3.org/2000/svg" width="48" height="6" '
         'viewBox="0 0 48 6" aria-hidden="true">'
@@ -361,7 +361,7 @@ def _rules(report: Mapping[str, Any], now: float | None) -> str:
     rules = [r for r in _list(report.get("rules")) if isinstance(r, Mapping)]
     never = {n for n in _list(report.get("never_matched")) if _num(n) is not None}
     window = report.get("window")
-    files = [f for f in _list(report.get("rule_sets"))]
+    files = _list(report.get("rule_sets"))
     window_words = f"the last {count(window)} rewritten responses" if _num(window) is not None else "the window"
     badge_words = f"never matched in the last {count(window)}" if _num(window) is not None else "never matched"
     top = max((_num(r.get("matches")) or 0 for r in rules), default=0)
