@@ -8,8 +8,14 @@ loads and script errors show there), and, when asked, a screenshot taken
 in the same launch.  :func:`rendered` is the same in a thread, for a test
 whose server runs in the reactor (a blocking call would keep the server
 from answering).  :func:`parse_dom` makes the dumped HTML a small tree to
-query; :func:`read_png` decodes a screenshot's pixels (no imaging library
-needed).
+query, :func:`site_view` reads the admin's site page from that tree, and
+:func:`read_png` decodes a screenshot's pixels (no imaging library
+needed)::
+
+    shown = yield rendered(f"{admin}/sites/shop", screenshot=True)
+    view = site_view(parse_dom(shown.dom))
+    assert view.rules[3].matches == 12 and view.rules[2].never_matched
+    assert shown.console == []
 
 Chromium comes from ``$PREXY_CHROMIUM``, ``chromium`` on ``$PATH`` or
 ``/usr/bin/chromium`` (Debian's package; ``.ci/run`` installs it);
@@ -277,6 +283,73 @@ def parse_dom(html: str) -> Node:
     builder.feed(html)
     builder.close()
     return builder.root
+
+
+# -- the admin's site page, as shown ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    """One row of the site page's rules table, as shown."""
+
+    number: int
+    origin: str
+    pattern: str
+    matches: int
+    responses: int
+    never_matched: bool
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the latency histogram."""
+
+    series: str
+    bucket: int
+    count: int
+    height: float
+
+
+@dataclass(frozen=True)
+class SiteView:
+    """What the site page (``prexy.observe.page.site_page``) shows: its
+    site, its rules by number, the histogram's bars and the last errors'
+    rows (their cells' text)."""
+
+    site: str
+    rules: dict[int, RuleRow]
+    bars: list[Bar]
+    errors: list[list[str]]
+
+
+def _shown_count(text: str) -> int:
+    return int(text.strip().replace(",", ""))
+
+
+def site_view(dom: Node) -> SiteView:
+    """Reads a rendered site page by its ids and classes (``table#rules``,
+    ``tr.rule[data-number]``, ``tr.never-matched``, ``svg#latency``,
+    ``table#errors``)."""
+    rules = {}
+    for row in dom.one("table", id="rules").select("tr", cls="rule"):
+        number = int(row.attrs["data-number"])
+        rules[number] = RuleRow(
+            number=number,
+            origin=row.one("td", "origin").text().strip(),
+            pattern=row.one("td", "pattern").one("code").text(),
+            matches=_shown_count(row.one("td", "matches").text()),
+            responses=_shown_count(row.one("td", "responses").text()),
+            never_matched="never-matched" in row.classes,
+        )
+    bars = [
+        Bar(r.attrs["data-series"], int(r.attrs["data-bucket"]), int(r.attrs["data-count"]), float(r.attrs["height"]))
+        for r in dom.one("svg", id="latency").select("rect", cls="bar")
+    ]
+    errors = [
+        [td.text().strip() for td in row.select("td")]
+        for row in dom.one("table", id="errors").select("tr", cls="error")
+    ]
+    return SiteView(dom.one(id="site-name").text(), rules, bars, errors)
 
 
 # -- screenshots --------------------------------------------------------------------

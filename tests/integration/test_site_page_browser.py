@@ -28,7 +28,7 @@ from twisted.web import resource, server
 from prexy.observe.page import CONTENT_SECURITY_POLICY, site_page, sites_index
 from tests.sitereports import busy_report
 
-from .browser import Node, Rendered, find_chromium, parse_dom, read_png, rendered
+from .browser import Node, Rendered, find_chromium, parse_dom, read_png, rendered, site_view
 
 SITES = [
     {"site": "shop", "requests": 48_211, "hit": 30_100, "miss": 12_900, "errors": 328, "bytes_out": 2_413_337_112},
@@ -117,7 +117,26 @@ def test_rules_table(shown: Shown) -> None:
         assert cell(row, "responses") == f"{rule['responses']:,}"
     assert cell(rows["1"], "matches") == "1,234,567"
     assert cell(rows["3"], "bailouts") == "2"
-    assert shown.dom.one(id="site-name").text() == "shop"
+
+
+def test_site_view(shown: Shown) -> None:
+    """The harness's reading of the page (what a test through the admin
+    endpoint compares with its own counts) agrees with the report."""
+    view = site_view(shown.dom)
+    report = busy_report()
+    assert view.site == "shop"
+    assert {n: (r.origin, r.pattern, r.matches, r.responses, r.never_matched) for n, r in view.rules.items()} == {
+        rule["number"]: (
+            f"{rule['file']}:{rule['line']}", rule["pattern"].replace("\u202e", "\\u202e"),
+            rule["matches"], rule["responses"], rule["number"] in report["never_matched"],
+        )
+        for rule in report["rules"]
+    }
+    assert sorted((b.series, b.bucket, b.count) for b in view.bars) == sorted(
+        (series, i, n) for series in ("hit", "miss", "pass") for i, n in enumerate(report["latency"][series])
+    )
+    assert [row[1:4] for row in view.errors] == [["502", "upstream", "miss"], ["404", "4xx", "pass"]]
+    assert view.errors[0][4] == '/cart?id=<b>1</b>&x="y"'
 
 
 def test_never_matched_marked(shown: Shown) -> None:
