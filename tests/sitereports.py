@@ -13,7 +13,7 @@ from typing import Any
 
 #: The bounds of the latency histogram, seconds (log-spaced, as the
 #: observe core gives them); each series has one count more (+Inf).
-BOUNDS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+BOUNDS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 #: When the busy report was made (2025-12-05 02:51:40 UTC).
 GENERATED = 1764903100.5
@@ -48,20 +48,21 @@ def busy_report() -> dict[str, Any]:
         "requests": 48_211,
         "rewritten": 41_730,
         "bytes_out": 2_413_337_112,
+        "bytes_in": 2_101_002_004,
         "upstream_seconds": 1_234.5,
         "rewrite_seconds": 61.25,
         "errors_by_class": {"4xx": 311, "5xx": 17, "upstream": 9},
-        "cache": {"hit": 30_100, "miss": 12_900, "pass": 5_211, "other": 0, "hit_rate": 0.6243},
+        "cache": {"hit": 30_100, "miss": 12_900, "pass": 5_211, "other": 0, "hit_rate": 0.7},
         "latency": {
             "bounds": BOUNDS,
-            "hit": [9_000, 12_000, 6_000, 2_500, 450, 100, 30, 10, 5, 3, 1, 1, 0, 0, 0],
-            "miss": [0, 0, 50, 900, 3_500, 4_800, 2_400, 900, 250, 70, 20, 6, 3, 1, 0],
-            "pass": [0, 0, 0, 200, 1_400, 2_100, 1_000, 400, 80, 20, 8, 2, 1, 0, 0],
+            "hit": [1_500, 4_000, 3_500, 12_000, 6_000, 2_500, 450, 100, 30, 10, 5, 3, 1, 1, 0, 0, 0],
+            "miss": [0, 0, 0, 0, 50, 900, 3_500, 4_800, 2_400, 900, 250, 70, 20, 6, 3, 1, 0],
+            "pass": [0, 0, 0, 0, 0, 200, 1_400, 2_100, 1_000, 400, 80, 20, 8, 2, 1, 0, 0],
         },
-        "last_errors": [
+        "last_errors": [  # oldest first, as the observe core keeps them
+            {"time": GENERATED - 300, "status": 503, "url": "/missing", "cache": "pass", "kind": "status"},
             {"time": GENERATED - 5, "status": 502, "url": "/cart?id=<b>1</b>&x=\"y\"",
              "cache": "miss", "kind": "upstream"},
-            {"time": GENERATED - 300, "status": 404, "url": "/missing", "cache": "pass", "kind": "4xx"},
         ],
     }
 
@@ -83,10 +84,11 @@ def quiet_report() -> dict[str, Any]:
         "requests": 0,
         "rewritten": 0,
         "bytes_out": 0,
+        "bytes_in": 0,
         "upstream_seconds": 0.0,
         "rewrite_seconds": 0.0,
         "errors_by_class": {"4xx": 0, "5xx": 0, "upstream": 0},
         "cache": {"hit": 0, "miss": 0, "pass": 0, "other": 0, "hit_rate": None},
-        "latency": {"bounds": BOUNDS, "hit": [0] * 15, "miss": [0] * 15, "pass": [0] * 15},
+        "latency": {"bounds": BOUNDS, "hit": [0] * 17, "miss": [0] * 17, "pass": [0] * 17},
         "last_errors": [],
     }

@@ -196,7 +196,7 @@ class EscapingTests(SynchronousTestCase):
         report["site"] = evil
         report["rule_sets"] = [evil]
         report["rules"][0].update(file=evil, flags=evil)
-        report["last_errors"][0].update(url=evil, kind=evil, cache=evil)
+        report["last_errors"][0].update(url=evil, kind=evil, cache=evil)  # the older: shown second
         report["errors_by_class"] = {evil: 1}
         document = site_page(report)
         root = parse(document)
@@ -205,9 +205,9 @@ class EscapingTests(SynchronousTestCase):
         self.assertEqual(cell(rule_rows(root)["1"], "origin"), f"{evil}:3")
         self.assertEqual(cell(rule_rows(root)["1"], "flags"), evil)
         self.assertEqual(rule_rows(root)["1"].get("data-origin"), f"{evil}:3")
-        (first_error, _) = [tr for tr in by_id(root, "errors").iter(X + "tr") if "error" in classes(tr)]
-        self.assertEqual(cell(first_error, "url"), evil)
-        self.assertEqual(cell(first_error, "kind"), evil)
+        (_, older) = [tr for tr in by_id(root, "errors").iter(X + "tr") if "error" in classes(tr)]
+        self.assertEqual(cell(older, "url"), evil)
+        self.assertEqual(cell(older, "kind"), evil)
         self.assertIn(evil, text(by_id(root, "stat-errors")))
         self.assertIn(evil, text(by_id(root, "site-name")))
         (title,) = root.iter(X + "title")
@@ -322,7 +322,7 @@ class QuietSiteTests(SynchronousTestCase):
     def test_summary(self) -> None:
         root = parse(site_page(quiet_report()))
         self.assertEqual(text(by_id(root, "stat-requests")), "Requests0")
-        self.assertEqual(text(by_id(root, "stat-hit-rate")), "Cache hit rate—0 hits of 0")
+        self.assertEqual(text(by_id(root, "stat-hit-rate")), "Cache hit rate—0 hits · 0 misses")
         self.assertEqual(text(by_id(root, "stat-upstream")), "Upstream time0 s")
         self.assertEqual(text(by_id(root, "stat-rewritten")), "Rewritten0")
 
@@ -352,8 +352,8 @@ class QuietSiteTests(SynchronousTestCase):
         """Latency lists that do not fit the bounds are a clear error, not
         a page drawn wrong."""
         for change, words in (
-            ({"hit": [1, 2]}, "latency.hit must hold 15 counts"),
-            ({"miss": [-1] * 15}, "latency.miss must hold 15 counts"),
+            ({"hit": [1, 2]}, "latency.hit must hold 17 counts"),
+            ({"miss": [-1] * 17}, "latency.miss must hold 17 counts"),
             ({"bounds": [0.1, 0.05]}, "latency.bounds do not increase"),
             ({"bounds": ["fast"]}, "not a number"),
         ):
@@ -382,9 +382,9 @@ class HistogramTests(SynchronousTestCase):
             n = report["latency"][series][i]
             self.assertEqual(h > 0, n > 0, (series, i, n, h))
         # Proportional: the tallest bar is 12,000 hits; 6,000 is half as high.
-        self.assertAlmostEqual(heights[("hit", 2)] * 2, heights[("hit", 1)], delta=0.2)
+        self.assertAlmostEqual(heights[("hit", 4)] * 2, heights[("hit", 3)], delta=0.2)
         # One request still shows.
-        self.assertGreaterEqual(heights[("hit", 10)], 1.0)
+        self.assertGreaterEqual(heights[("hit", 12)], 1.0)
 
     def test_bound_labels(self) -> None:
         """The bucket edges, in ms below a second, from 0 to infinity."""
@@ -392,7 +392,8 @@ class HistogramTests(SynchronousTestCase):
         labels = [t.text for t in by_id(root, "latency").iter(S + "text") if "bound" in classes(t)]
         self.assertEqual(
             labels,
-            ["0", "0.5", "1", "2.5", "5", "10", "25", "50", "100", "250", "500", "1 s", "2.5 s", "5 s", "10 s", "∞"],
+            ["0", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "25", "50", "100", "250", "500", "1 s", "2.5 s", "5 s",
+             "10 s", "∞"],
         )
 
     def test_quantiles(self) -> None:
@@ -454,14 +455,14 @@ class FormatTests(SynchronousTestCase):
         report["rules"][0]["matches"] = 98_765_432_109
         root = parse(site_page(report))
         self.assertEqual(text(by_id(root, "stat-requests")), "Requests12,345,678,901")
-        self.assertEqual(text(by_id(root, "stat-bytes-out")), "Bytes out898 TiB")
+        self.assertEqual(text(by_id(root, "stat-bytes-out")), "Bytes out898 TiB2.0 GiB in from upstream")
         self.assertEqual(by_id(root, "stat-bytes-out").get("title"), "987,654,321,098,765 bytes")
         self.assertEqual(cell(rule_rows(root)["1"], "matches").strip(), "98,765,432,109")
 
     def test_summary(self) -> None:
         root = parse(site_page(busy_report()))
         self.assertEqual(text(by_id(root, "stat-rewritten")), "Rewritten41,73086.6 % of requests")
-        self.assertEqual(text(by_id(root, "stat-hit-rate")), "Cache hit rate62.4 %30,100 hits of 48,211")
+        self.assertEqual(text(by_id(root, "stat-hit-rate")), "Cache hit rate70.0 %30,100 hits · 12,900 misses")
         self.assertEqual(text(by_id(root, "stat-upstream")), "Upstream time20 min 34 s25.6 ms mean per request")
         self.assertEqual(text(by_id(root, "stat-errors")), "Error answers3284xx 311 · 5xx 17 · upstream 9")
 
@@ -498,6 +499,19 @@ def report_with(changes: dict[str, Any]) -> dict[str, Any]:
     report = busy_report()
     report.update(changes)
     return report
+
+
+class ErrorsTests(SynchronousTestCase):
+    def test_newest_first(self) -> None:
+        """The last errors, kept oldest first, show newest first; one
+        without a time goes last."""
+        report = busy_report()
+        report["last_errors"].append({"status": 500, "url": "/timeless", "cache": "-", "kind": "status"})
+        root = parse(site_page(report))
+        rows = [tr for tr in by_id(root, "errors").iter(X + "tr") if "error" in classes(tr)]
+        self.assertEqual([cell(tr, "status") for tr in rows], ["502", "503", "500"])
+        self.assertEqual([cell(tr, "when") for tr in rows], ["5 s ago02:51:35 UTC", "5 min ago02:46:40 UTC", "—"])
+        self.assertEqual([classes(tr) for tr in rows], [{"error", "s5xx"}] * 3)
 
 
 class InputTests(SynchronousTestCase):

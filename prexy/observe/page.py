@@ -321,10 +321,13 @@ def _summary(report: Mapping[str, Any]) -> str:
         ),
         _stat(
             "hit-rate", "Cache hit rate", esc(percent(hit_rate)),
-            f"{esc(count(cache.get('hit')))} hits of {esc(count(_cache_total(cache)))}",
+            f"{esc(count(cache.get('hit')))} hits · {esc(count(cache.get('miss')))} misses",
         ),
-        _stat("bytes-out", "Bytes out", esc(size(report.get("bytes_out"))), "",
-              f"{count(report.get('bytes_out'))} bytes"),
+        _stat(
+            "bytes-out", "Bytes out", esc(size(report.get("bytes_out"))),
+            f"{esc(size(report.get('bytes_in')))} in from upstream" if "bytes_in" in report else "",
+            f"{count(report.get('bytes_out'))} bytes",
+        ),
         _stat(
             "upstream", "Upstream time", esc(duration(upstream)),
             f"{esc(duration(mean_upstream))} mean per request" if mean_upstream is not None else "",
@@ -620,7 +623,8 @@ def _cache(report: Mapping[str, Any]) -> str:
             x += share * 400
     rows.append(
         f'<tr class="total"><th>total</th><td class="n">{esc(count(total))}</td><td class="n"></td></tr>\n'
-        f'<tr class="hit-rate"><th>hit rate</th><td class="n" colspan="2">'
+        '<tr class="hit-rate"><th>hit rate <small class="muted">(hits / hits + misses)</small></th>'
+        f'<td class="n" colspan="2">'
         f'{esc(percent(_num(cache.get("hit_rate"))))}</td></tr>\n'
     )
     if not bar:
@@ -634,8 +638,15 @@ def _cache(report: Mapping[str, Any]) -> str:
     )
 
 
+def _newest_first(error: Mapping[str, Any]) -> tuple[bool, float]:
+    t = _num(error.get("time"))
+    return (t is None, -(t or 0))
+
+
 def _errors(report: Mapping[str, Any], now: float | None) -> str:
     errors = [e for e in _list(report.get("last_errors")) if isinstance(e, Mapping)]
+    # Newest first; those without a time last, in the order given.
+    errors.sort(key=_newest_first)
     out = [
         '<section id="errors-section">\n<h2>Last errors</h2>\n<table id="errors">\n'
         '<thead><tr><th>when</th><th class="n">status</th><th>kind</th><th>cache</th>'

@@ -135,7 +135,7 @@ def test_site_view(shown: Shown) -> None:
     assert sorted((b.series, b.bucket, b.count) for b in view.bars) == sorted(
         (series, i, n) for series in ("hit", "miss", "pass") for i, n in enumerate(report["latency"][series])
     )
-    assert [row[1:4] for row in view.errors] == [["502", "upstream", "miss"], ["404", "4xx", "pass"]]
+    assert [row[1:4] for row in view.errors] == [["502", "upstream", "miss"], ["503", "status", "pass"]]
     assert view.errors[0][4] == '/cart?id=<b>1</b>&x="y"'
 
 
@@ -168,7 +168,7 @@ def test_histogram(shown: Shown) -> None:
         assert int(bar.attrs["data-count"]) == n
         assert (float(bar.attrs["height"]) > 0) == (n > 0), (series, bucket, n, bar.attrs)
     labels = [t.text() for t in svg.select("text", cls="bound")]
-    assert labels[:4] == ["0", "0.5", "1", "2.5"] and labels[-1] == "∞"
+    assert labels[:5] == ["0", "0.1", "0.25", "0.5", "1"] and labels[-1] == "∞"
 
 
 def test_no_console_messages(shown: Shown) -> None:
