@@ -56,7 +56,10 @@ def _json(request: server.Request, value: Any, code: int = 200) -> bytes:
 def _html(request: server.Request, body: bytes) -> bytes:
     request.setHeader(b"content-type", b"text/html; charset=utf-8")
     request.setHeader(b"cache-control", b"no-store")
-    request.setHeader(b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+    from prexy.observe.page import CONTENT_SECURITY_POLICY
+
+    request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY.encode("ascii"))
+    request.setHeader(b"x-content-type-options", b"nosniff")
     return body
 
 

@@ -263,7 +263,7 @@ def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
     top sites."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-    from prexy.observe.stats import CACHE_RESULTS, LATENCY_BOUNDS, LATENCY_CLASSES
+    from prexy.observe.stats import LATENCY_BOUNDS, LATENCY_CLASSES, other_count, passed_count
 
     head, other = observed.top_sites(top_sites)
     rows = head + ([("other", other)] if other is not None else [])
@@ -289,9 +289,10 @@ def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
         sent.add_metric([name], t[2])
         received.add_metric([name], t[3])
         counts = t[8]
-        for result in CACHE_RESULTS:
-            cache.add_metric([name, result], counts.get(result, 0))
-        cache.add_metric([name, "other"], sum(v for k, v in counts.items() if k not in CACHE_RESULTS))
+        cache.add_metric([name, "hit"], counts.get("hit", 0))
+        cache.add_metric([name, "miss"], counts.get("miss", 0))
+        cache.add_metric([name, "pass"], passed_count(counts))
+        cache.add_metric([name, "other"], other_count(counts))
         upstream.add_metric([name], t[4])
         rewrite.add_metric([name], t[6])
         rewritten.add_metric([name], t[1])

@@ -52,6 +52,8 @@ NEVER_MATCHED_WINDOW = 1000
 LAST_ERRORS = 10
 #: The cache results counted apart; the rest are summed as "other".
 CACHE_RESULTS = ("hit", "miss", "pass")
+#: What counts as "pass": passed by the cache, or no cache at all ("-").
+_PASSED = ("pass", "-")
 #: Distinct URLs counted per site for its most requested ones (the dry
 #: run's pages); past this, the least requested half is forgotten.
 TOP_URLS = 256
@@ -284,6 +286,16 @@ class Observer:
         return sorted(s.urls.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
 
 
+def passed_count(cache: Mapping[str, int]) -> int:
+    """Requests fetched without the cache: passed by it, or no cache."""
+    return sum(cache.get(k, 0) for k in _PASSED)
+
+
+def other_count(cache: Mapping[str, int]) -> int:
+    """Requests the cache answered otherwise (grace, collapsed, ...)."""
+    return sum(v for k, v in cache.items() if k not in CACHE_RESULTS and k not in _PASSED)
+
+
 def _forget_half(urls: dict[str, int]) -> None:
     """Keep the more requested half of ``urls`` (a bound on memory: a URL
     requested often comes back soon enough)."""
@@ -468,7 +480,7 @@ class Aggregate:
         """``GET /sites/NAME.json`` (prexy/observe/README: the shape)."""
         t = self.site_total(name)
         cache = t[8]
-        hit, miss, passed = (cache.get(k, 0) for k in CACHE_RESULTS)
+        hit, miss, passed = cache.get("hit", 0), cache.get("miss", 0), passed_count(cache)
         looked = hit + miss
         report: dict[str, Any] = {
             "site": name,
@@ -485,8 +497,7 @@ class Aggregate:
             "rewrite_seconds": round(t[6], 6),
             "errors_by_class": {"4xx": t[7][4], "5xx": t[7][5], "upstream": t[11]},
             "cache": {
-                "hit": hit, "miss": miss, "pass": passed,
-                "other": sum(v for k, v in cache.items() if k not in CACHE_RESULTS),
+                "hit": hit, "miss": miss, "pass": passed, "other": other_count(cache),
                 "hit_rate": round(hit / looked, 4) if looked else None,
             },
             "latency": {"bounds": list(LATENCY_BOUNDS), **dict(zip(LATENCY_CLASSES, t[9], strict=True))},
@@ -538,8 +549,8 @@ class Aggregate:
             "requests": totals[0],
             "by_class": {f"{k}xx": totals[7][k] for k in range(1, 6)},
             "cache": {
-                "hit": cache.get("hit", 0), "miss": cache.get("miss", 0), "pass": cache.get("pass", 0),
-                "other": sum(v for k, v in cache.items() if k not in CACHE_RESULTS),
+                "hit": cache.get("hit", 0), "miss": cache.get("miss", 0), "pass": passed_count(cache),
+                "other": other_count(cache),
             },
             "bytes_out": totals[2],
             "upstream_errors": totals[11],

@@ -307,3 +307,30 @@ def test_admin_token_and_refusals(cleanup: Cleanups) -> Any:
     assert status == 200 and json.loads(body)["site"] == "shop"
     status, head, body = yield site.admin_get("/sites/shop")
     assert status == 200 and b"text/html" in head and b"<table" in body
+
+
+@pytest_twisted.inlineCallbacks
+def test_site_page_in_chromium(shop: Site) -> Any:
+    """The admin's ``/sites/shop`` through ``twistd prexy --workers 2``,
+    loaded by headless Chromium: its rules table with the counts the JSON
+    gives, the never-matching rule marked, and the histogram's bars."""
+    from .browser import find_chromium, parse_dom, rendered, site_view
+
+    if find_chromium() is None:
+        pytest.skip("no chromium binary (.ci/run installs Debian's; PREXY_CHROMIUM names another)")
+    yield shop.start()
+    sent = list(PAGES) * 2
+    yield defer.gatherResults([shop.get(path) for path in sent])
+    report = yield shop.report_with(len(sent))
+    page = yield rendered(f"http://127.0.0.1:{shop.admin}/sites/shop")
+    assert page.console == [], page.console
+    view = site_view(parse_dom(page.dom))
+    assert view.site == "shop"
+    assert {n: (r.matches, r.responses) for n, r in view.rules.items()} == {
+        r["number"]: (r["matches"], r["responses"]) for r in report["rules"]
+    }
+    assert [n for n, r in view.rules.items() if r.never_matched] == [5]
+    assert view.rules[1].origin == f"{shop.rules}:2"
+    shown = sum(bar.count for bar in view.bars if bar.series == "pass")
+    assert shown == len(sent)
+    assert all((bar.height > 0) == (bar.count > 0) for bar in view.bars)
