@@ -298,6 +298,36 @@ def marked(m: regex.Match[bytes] | LinearMatch) -> bool:
     return m.group(PROBE_GROUP) is not None
 
 
+def reaches_at(r: Reach, buf: bytes, pos: int, timeout: float | None, probe: bool = True) -> bool:
+    """Whether ``reach_from(r, buf, pos, timeout) == pos``: :func:`reach_from`'s
+    question at one position, without its search past it.  With ``probe``
+    false, only what the rule's leading bytes (or, for an exact rule, its
+    byte-set sequences) say: False means no, True maybe; the probe itself,
+    which may cross every byte to the end, is not run."""
+    n = len(buf)
+    if r.seqs is not None:
+        # Its paths are at most ``longest`` bytes long.
+        return pos > n - r.longest and reach_from(r, buf, pos, timeout) == pos
+    if pos >= n:
+        return reach_from(r, buf, pos, timeout) == pos
+    prefix = r.prefix
+    if prefix and not buf.startswith(prefix, pos) and not (n - pos < len(prefix) and prefix.startswith(buf[pos:])):
+        return False
+    gate = r.gate
+    if gate is not None and gate.match(buf, pos, n) is None:
+        return False
+    if not probe:
+        return True
+    if r.linear:
+        t = r.tail.search(buf, pos)
+        if t is None or t.start() != pos:
+            return False
+        m = r.probe.match(buf, pos)
+        return m is not None and marked(m)
+    m = r.probe.match(buf, pos, timeout=timeout)
+    return m is not None and marked(m)
+
+
 def reach_from(r: Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
     """Leftmost position ``>= start`` from which the rule's probe says one
     of its paths, tried before any real match there, runs off the end."""

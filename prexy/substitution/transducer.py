@@ -637,16 +637,22 @@ class Transducer:
         end of ``buf``: the match in progress that held the bytes the
         buffer limit flushed (None if no rule's probe says so, as after a
         restart whose register differs from the real byte).  Asked once,
-        at the bail-out."""
-        from prexy.substitution.reach import reach_from
+        at the bail-out: the rules' leading bytes rule most of them out,
+        and when one is left it is the one (its probe, which may cross
+        every held byte, runs only to choose among several)."""
+        from prexy.substitution.reach import reaches_at
 
         scanner = self._scanner
         if scanner is None:
             return None
         reaches = scanner.reaches
+        timeout = self.timeout
         try:
-            for rule in self._active:
-                if reach_from(reaches[rule], buf, pos, self.timeout) == pos:
+            maybe = [rule for rule in self._active if reaches_at(reaches[rule], buf, pos, timeout, probe=False)]
+            if len(maybe) == 1:
+                return maybe[0]
+            for rule in maybe:
+                if reaches_at(reaches[rule], buf, pos, timeout):
                     return rule
         except TimeoutError:
             pass

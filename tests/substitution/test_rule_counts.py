@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy.substitution.reach import reach_from, reaches_at
 from prexy.substitution.rules import compile_rule, parse_rules
 from prexy.substitution.ruleset import Rule, RuleSet
 from prexy.substitution.transducer import RulesMatched, Transducer
@@ -187,6 +188,37 @@ class RuleCountTests(SynchronousTestCase):
         t.feed(b"x<abc")
         t.feed(b"de")
         assert t.bailed_out and t.stopped_by == 1
+
+    @settings(max_examples=200, deadline=None)
+    @given(rule_specs, bodies, st.sampled_from(["auto", "all", "none"]))
+    def test_reaches_at_is_reach_from_at_one_position(self, specs: list[RuleSpec], body: bytes, linear: str) -> None:
+        """The bail-out's question (reaches_at) is reach_from's at each
+        position, on regex, RE2 and the sregex-order VM alike; without the
+        probe it never rules out a rule that reaches."""
+        ruleset = build(specs, "none", linear)
+        assert ruleset.scanner is not None
+        for reach in ruleset.scanner.reaches:
+            for pos in range(len(body) + 1):
+                exact = reach_from(reach, body, pos, None) == pos
+                assert reaches_at(reach, body, pos, None) == exact, pos
+                assert reaches_at(reach, body, pos, None, probe=False) or not exact, pos
+
+    def test_bail_out_is_named_cheaply_with_many_rules(self) -> None:
+        """With the realistic 1000-rule set, the rule that held a long
+        ``<title>`` is named; asking every rule costs little (each is
+        asked at the hold point only, not searched past it)."""
+        got = realistic(1000)
+        if got is None:
+            raise self.skipTest("python3.11-doc is not installed")
+        ruleset, page = got
+        body = page[:5000] + b"<title>" + b"x y z " * 5000
+        t = Transducer(ruleset)
+        for i in range(0, len(body), 4096):
+            t.feed(body[i : i + 4096])
+        t.finish()
+        assert t.bailed_out
+        assert t.stopped_by is not None
+        assert ruleset.rules[t.stopped_by].pattern == b"(<title>)([^<]*)(</title>)"
 
     def test_timeout_names_the_rule(self) -> None:
         """A scan past its time limit names its rule in stopped_by: in a
