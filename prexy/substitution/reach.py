@@ -318,14 +318,11 @@ def reaches_at(r: Reach, buf: bytes, pos: int, timeout: float | None, probe: boo
         return False
     if not probe:
         return True
-    if r.linear:
-        t = r.tail.search(buf, pos)
-        if t is None or t.start() != pos:
-            return False
-        m = r.probe.match(buf, pos)
-        return m is not None and marked(m)
-    m = r.probe.match(buf, pos, timeout=timeout)
-    return m is not None and marked(m)
+    # Past the cheap filters, reach_from's own answer: its search from
+    # ``pos`` decides ``pos`` first (a probe's match read alone can differ
+    # from the search's at the same place: an assertion at the end of the
+    # buffer), and only the few rules whose leading bytes fit get here.
+    return reach_from(r, buf, pos, timeout) == pos
 
 
 def reach_from(r: Reach, buf: bytes, start: int, timeout: float | None) -> int | None:
