@@ -268,8 +268,13 @@ def _reason(exc: BaseException) -> str:
 
 
 def refusal_text(status: int, body: bytes) -> str:
-    """What an answer other than 200 says: its JSON ``error``, else the first
-    line of its text, else the status."""
+    """What an answer other than 200 says: what to do about a token for 401
+    and 403, else its JSON ``error``, else the first line of its text, else
+    the status."""
+    if status == 401:
+        return "the admin endpoint wants a token (--token, PREXY_ADMIN_TOKEN or the configuration's admin_token)"
+    if status == 403:
+        return "the admin endpoint refused the token"
     text = body.decode("utf-8", "replace").strip()
     try:
         value = json.loads(text)
@@ -278,10 +283,6 @@ def refusal_text(status: int, body: bytes) -> str:
     if isinstance(value, dict) and isinstance(value.get("error"), str):
         return value["error"]
     first = text.splitlines()[0][:200] if text else ""
-    if status == 401:
-        return "the admin endpoint wants a token (--token, PREXY_ADMIN_TOKEN or the configuration's admin_token)"
-    if status == 403:
-        return "the admin endpoint refused the token"
     return f"{status} {first}".strip() if first else f"{status} {http.client.responses.get(status, '')}".strip()
 
 
