@@ -409,8 +409,8 @@ def render_hist(
     total = sum(totals)
     every = " ".join(f"p{int(p * 100)} {_percentile(totals, bounds, p)}" for p in (0.5, 0.9, 0.99))
     head = [
-        cut(f"prexy hist  {clean(source)}  {_clock(cur.get('time'), tz, ms=False)}  {since}: "
-            f"{int(total)} requests, {int(sum(hits))} hits |, {int(sum(misses))} misses and passes #", width),
+        f"prexy hist  {clean(source)}  {_clock(cur.get('time'), tz, ms=False)}  {since}: {int(total)} requests",
+        f"| {int(sum(hits))} hits   # {int(sum(misses))} misses and passes",
     ]
     rows = height - len(head) - 3  # the scale line, the axis and its labels
     if not bounds or rows < 2:
@@ -418,7 +418,8 @@ def render_hist(
         return [cut(line, width) for line in head][:max(height, 1)]
     peak = max(totals, default=0.0)
     scale = _nice_scale(peak, rows)
-    head.append(cut(f"one row = {scale} request{'s' if scale != 1 else ''}   {every}", width))
+    head.append(f"one row = {scale} request{'s' if scale != 1 else ''}   {every}")
+    head = [cut(line, width) for line in head]
 
     gutter = len(str(scale * rows)) + 1
     column = max(1, min(12, (width - gutter - 1) // n))
