@@ -175,8 +175,22 @@ class ViewTests(SynchronousTestCase):
         out = term.out.getvalue()
         self.assertNotIn("\x1b", out)
         self.assertIn("requests  120/s", out)
-        self.assertLessEqual(len(out.splitlines()), 30)
         self.assertLessEqual(max(map(len, out.splitlines())), 100)
+
+    def test_once_piped_lists_whole(self) -> None:
+        """``top --once`` into a pipe lists every site and rule, whatever
+        the terminal's height; on a terminal it fits it."""
+        for tty in (False, True):
+            client = FakeClient([snapshot(0), snapshot(1)])
+            term = FakeTerminal(client, tty=tty, columns=100, lines=24)
+            self.assertEqual(cli.top_main([*ADMIN, "--once"], term.console), 0)
+            lines = term.out.getvalue().splitlines()
+            shown = [line for line in lines if line[:4].strip().isdigit()]
+            if tty:
+                self.assertEqual(len(lines), 24)
+                self.assertLess(len(shown), 30)
+            else:
+                self.assertEqual(len(shown), 30)
 
     def test_hist_once(self) -> None:
         client = FakeClient([snapshot(0), snapshot(1)])

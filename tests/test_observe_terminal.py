@@ -222,6 +222,13 @@ class TopTests(SynchronousTestCase):
         shop = next(line for line in lines if line.startswith("shop "))
         self.assertEqual(shop.split(), ["shop", "100", "80.0%", "2", "1.2M", "4.1k"])
 
+    def test_uptime(self) -> None:
+        """A snapshot that says when the server started gives the uptime."""
+        cur = snapshot(1) | {"started": snapshot(1)["time"] - 2 * 86400 - 3723}
+        self.assertEqual(render_top(snapshot(0), cur, 80, 24, tz=UTC)[0], "prexy top    02:00:01  up 2d 01:02:03")
+        cur = snapshot(1) | {"started": snapshot(1)["time"] - 59}
+        self.assertIn("  up 00:00:59", render_top(snapshot(0), cur, 80, 24, tz=UTC)[0])
+
     def test_busiest_first(self) -> None:
         """Rules by matches per second: rule 30 (300/s) first; all 30 do
         not fit 24 rows, so the slowest are left out."""

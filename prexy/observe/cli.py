@@ -258,7 +258,13 @@ def _view_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _view(prog: str, render: Render, argv: Sequence[str] | None, console: Console, description: str) -> int:
+def _view(
+    prog: str, render: Render, argv: Sequence[str] | None, console: Console, description: str,
+    piped_rows: int | None = None,
+) -> int:
+    """Poll ``/stats.json`` and draw ``render``'s frames; ``piped_rows``:
+    the rows a ``--once`` frame may have when stdout is no terminal (its
+    lists whole for a script), instead of the terminal's height."""
     args = _parse(_view_parser(prog, description), argv)
     if isinstance(args, int):
         return args
@@ -272,7 +278,8 @@ def _view(prog: str, render: Render, argv: Sequence[str] | None, console: Consol
             console.sleep(args.interval)
             cur = client.get_json("/stats.json")
             size = console.size()
-            out.write("\n".join(render(prev, cur, size.columns, size.lines, source=source)) + "\n")
+            rows = piped_rows if piped_rows is not None and not console.tty else size.lines
+            out.write("\n".join(render(prev, cur, size.columns, rows, source=source)) + "\n")
             out.flush()
             return 0
     except AdminError as exc:
@@ -334,7 +341,7 @@ def top_main(argv: Sequence[str] | None = None, console: Console | None = None) 
     """``prexy top``: requests per second, hit rate, errors, and the busiest
     sites and rules, refreshed every interval."""
     return _view("prexy top", render_top, argv, console or Console(),
-                 "Live counters of a running Prexy: rates, hit rate, errors, top sites and rules.")
+                 "Live counters of a running Prexy: rates, hit rate, errors, top sites and rules.", piped_rows=1000)
 
 
 def hist_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:

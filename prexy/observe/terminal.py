@@ -262,17 +262,31 @@ def _delta_rate(row: Mapping[str, Any], old: Mapping[str, Any] | None, field: st
 # -- prexy top ---------------------------------------------------------------
 
 
+def _uptime(seconds: float) -> str:
+    """``3d 04:05:06``, ``04:05:06``."""
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
 def render_top(
     prev: Mapping[str, Any] | None, cur: Mapping[str, Any], width: int = 80, height: int = 24,
     source: str = "", interval: float | None = None, tz: tzinfo | None = None,
 ) -> list[str]:
-    """``prexy top``'s screen: totals and rates, then the sites by requests
-    per second and the rules by matches per second, as many of each as
-    ``height`` rows hold; no line longer than ``width``."""
+    """``prexy top``'s screen: totals and rates (the uptime too when the
+    snapshot says when the server ``started``; the hit rate is hits among
+    all cache outcomes, as the admin JSON's ``hit_rate``), then the sites by
+    requests per second and the rules by matches per second, as many of
+    each as ``height`` rows hold; no line longer than ``width``."""
     r = rates(prev, cur)
     every = f"  every {interval:g}s" if interval else ""
+    started = cur.get("started")
+    up = ""
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        up = f"  up {_uptime(_count(cur, 'time') - started)}"
     head = [
-        f"prexy top  {clean(source)}  {_clock(cur.get('time'), tz, ms=False)}{every}".rstrip(),
+        f"prexy top  {clean(source)}  {_clock(cur.get('time'), tz, ms=False)}{up}{every}".rstrip(),
         f"requests  {_rate(r.requests)}/s  total {_si(_count(cur, 'requests'))}"
         f"   hit rate {_percent(r.hit_rate)} (since start {_percent(_overall_hit_rate(cur))})",
         "cache/s   " + "  ".join(f"{k} {_rate(r.cache[k])}" for k in _CACHE),
