@@ -4,10 +4,11 @@ as real child processes against a small fake admin endpoint on loopback.
 The fake serves canned JSON in the shapes of the admin routes: a
 ``/stats.json`` whose counters grow with the reactor's clock at a known
 rate (250 requests a second, the snapshot's time quantised to whole
-requests, so every rate the client computes is exactly that), a ``/log``
-stream whose records the test releases one by one, and a dry run.  It
-listens on TCP and on a Unix socket, and wants a token.  Every wait fires
-on an event: a child's output (a ``ProcessProtocol``), its exit, or, for
+fours of requests, so every rate the client computes is exactly that and
+the hit rate exactly 3 in 4), a ``/log`` stream whose records the test
+releases one by one, and a dry run.  It listens on TCP and on a Unix
+socket, and wants a token.  Every wait fires on an event: a child's output
+(a ``ProcessProtocol``), its exit, a file inotify sees written, or, for
 ``prexy top`` inside tmux, the pane's text asked for through the reactor
 until a deadline.
 """
@@ -78,7 +79,7 @@ class FakeAdmin(resource.Resource):
         self.dry_runs: list[tuple[dict[str, list[str]], bytes]] = []
 
     def stats(self) -> dict[str, Any]:
-        n = int((reactor.seconds() - self.start) * RATE) + 1000
+        n = int((reactor.seconds() - self.start) * RATE) // 4 * 4 + 1000  # whole fours: hits are 3 in 4 exactly
         hits, misses = n * 3 // 4, n - n * 3 // 4
         return {
             "time": 1764900000 + n / RATE,
@@ -293,7 +294,7 @@ def test_top_and_hist_once(admin: AdminServer, cleanup: Any) -> Any:
     assert code == 0, err
     assert "\x1b" not in out
     assert f"requests  {RATE}/s" in out
-    assert "hit rate 75.0%" in out
+    assert "hit rate 75.0% (since start 75.0%)" in out
     assert "/etc/prexy/shop.rules:7" in out
     assert any(line.startswith("shop ") for line in out.splitlines())
     config = admin.config(f"unix:{admin.socket}")
