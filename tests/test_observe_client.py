@@ -234,16 +234,25 @@ class FakeConnection:
     """An ``http.client.HTTPConnection`` stand-in: records the request and
     answers with a canned response (or fails as a socket would)."""
 
-    def __init__(self, response: FakeResponse | None = None, error: BaseException | None = None) -> None:
+    def __init__(
+        self, response: FakeResponse | None = None, error: BaseException | None = None,
+        answer_error: BaseException | None = None,
+    ) -> None:
         self.response = response
+        #: Raised by connect() (a refusal) or by request() (after connecting).
         self.error = error
+        self.answer_error = answer_error
         self.requests: list[tuple[str, str, bytes | None, dict[str, str]]] = []
         self.sock = FakeSocket()
         self.closed = False
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: Any = None) -> None:
+    def connect(self) -> None:
         if self.error is not None:
             raise self.error
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: Any = None) -> None:
+        if self.answer_error is not None:
+            raise self.answer_error
         self.requests.append((method, path, body, dict(headers)))
 
     def getresponse(self) -> FakeResponse:
@@ -298,6 +307,21 @@ class ClientTests(SynchronousTestCase):
                              f"cannot reach the admin endpoint at http://127.0.0.1:9080/p: {reason}")
             self.assertEqual(caught.exception.status, 2)
             self.assertTrue(conn.closed)
+
+    def test_no_answer(self) -> None:
+        """Connected, but no answer in time (a dry run that hangs), or the
+        connection cut: said so, not "cannot reach"."""
+        client, _ = client_with(FakeConnection(answer_error=TimeoutError("timed out")))
+        with self.assertRaises(AdminError) as caught:
+            client.call("POST", "/sites/a/dry-run?count=5", b"x", {})
+        self.assertEqual(str(caught.exception),
+                         "the admin endpoint at http://127.0.0.1:9080/p did not answer POST /sites/a/dry-run within 5 s")
+        self.assertEqual(caught.exception.status, 1)
+        client, _ = client_with(FakeConnection(answer_error=ConnectionResetError(104, "Connection reset by peer")))
+        with self.assertRaises(AdminError) as caught:
+            client.get_json("/stats.json")
+        self.assertEqual(str(caught.exception),
+                         "the admin endpoint at http://127.0.0.1:9080/p broke off: connection reset by peer")
 
     def test_refusals(self) -> None:
         """A refusal's JSON error is the message; 401 says what to do."""

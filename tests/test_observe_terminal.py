@@ -152,6 +152,8 @@ class FilterTests(SynchronousTestCase):
         self.assertEqual(duration_param(parse_duration("1.5s")), "1500ms")
         self.assertEqual(duration_param(parse_duration("200ms")), "200ms")
         self.assertEqual(duration_param(parse_duration("500us")), "0.5ms")
+        self.assertEqual(duration_param(parse_duration("0.05us")), "0.00005ms")  # never 5e-05ms
+        self.assertEqual(duration_param(parse_duration("2m")), "120000ms")
 
     def test_statuses(self) -> None:
         self.assertEqual([parse_status(t) for t in ("5xx", "4XX", "404", " 200 ")], ["5xx", "4xx", "404", "200"])
@@ -182,7 +184,15 @@ class RatesTests(SynchronousTestCase):
         self.assertEqual(r.cache, {"hit": 90.0, "miss": 27.0, "pass": 3.0, "other": 0.0})
         self.assertEqual(r.bytes_out, 1_500_000.0)
         self.assertEqual(r.upstream_errors, 0.0)
-        self.assertEqual(r.hit_rate, 0.75)
+        self.assertEqual(r.hit_rate, 90 / 117)  # hits among lookups (hits and misses); passes are none
+
+    def test_no_lookups(self) -> None:
+        """Only passes and requests with no cache: no hit rate, not 0%."""
+        prev, cur = snapshot(0), snapshot(1)
+        for snap in (prev, cur):
+            snap["cache"] = {"hit": 0, "miss": 0, "pass": snap["requests"], "other": 0}
+        self.assertIsNone(rates(prev, cur).hit_rate)
+        self.assertIn("hit rate - (since start -)", render_top(prev, cur, 80, 24)[1])
 
     def test_no_previous(self) -> None:
         r = rates(None, snapshot(0))
@@ -215,7 +225,7 @@ class TopTests(SynchronousTestCase):
     def test_figures(self) -> None:
         lines = render_top(snapshot(0), snapshot(1), 80, 24, source="http://127.0.0.1:9080", interval=1, tz=UTC)
         self.assertEqual(lines[0], "prexy top  http://127.0.0.1:9080  02:00:01  every 1s")
-        self.assertEqual(lines[1], "requests  120/s  total 5.1k   hit rate 75.0% (since start 75.0%)")
+        self.assertEqual(lines[1], "requests  120/s  total 5.1k   hit rate 76.9% (since start 76.9%)")
         self.assertEqual(lines[2], "cache/s   hit 90  miss 27  pass 3  other 0")
         self.assertEqual(lines[3], "status/s  2xx 118  3xx 0  4xx 2  5xx 0  upstream errors 0")
         self.assertEqual(lines[4], "bytes out 1.5MB/s  total 124.5MB")

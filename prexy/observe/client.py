@@ -313,15 +313,23 @@ class AdminClient:
         all_headers.update(headers or {})
         conn = self._connect(self.target, self.timeout)
         try:
+            conn.connect()
+        except OSError as exc:
+            conn.close()
+            raise AdminError(f"cannot reach the admin endpoint at {self.target.describe()}: {_reason(exc)}") from None
+        try:
             conn.request(method, self.target.prefix + path, body=body, headers=all_headers)
             response = conn.getresponse()
+        except TimeoutError:
+            conn.close()
+            raise AdminError(
+                f"the admin endpoint at {self.target.describe()} did not answer {method} {path.split('?')[0]}"
+                f" within {self.timeout:g} s", status=1,
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            if isinstance(exc, http.client.HTTPException):
-                reason = f"bad answer ({type(exc).__name__})"
-            else:
-                reason = _reason(exc)
-            raise AdminError(f"cannot reach the admin endpoint at {self.target.describe()}: {reason}") from None
+            reason = f"a bad answer ({type(exc).__name__})" if isinstance(exc, http.client.HTTPException) else _reason(exc)
+            raise AdminError(f"the admin endpoint at {self.target.describe()} broke off: {reason}", status=1) from None
         if stream and conn.sock is not None:
             conn.sock.settimeout(None)
         return response

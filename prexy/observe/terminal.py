@@ -64,7 +64,7 @@ def parse_duration(text: str) -> float:
 
 def duration_param(seconds: float) -> str:
     """A duration as the admin endpoint's ``slower`` parameter: in ms."""
-    return f"{round(seconds * 1000, 6):g}ms"
+    return f"{seconds * 1000:.6f}".rstrip("0").rstrip(".") + "ms"
 
 
 _STATUS = re.compile(r"([1-5])xx|([1-5]\d\d)")
@@ -202,7 +202,9 @@ class Rates:
     cache: dict[str, float | None]
     bytes_out: float | None
     upstream_errors: float | None
-    #: Hits among the cache outcomes of the interval (None with none).
+    #: Hits among the interval's cache lookups, hits and misses (as the
+    #: admin JSON's ``hit_rate``; passes and requests with no cache are
+    #: not lookups); None without any.
     hit_rate: float | None
 
 
@@ -222,9 +224,8 @@ def rates(prev: Mapping[str, Any] | None, cur: Mapping[str, Any]) -> Rates:
         return delta / elapsed if delta >= 0 else None
 
     cache = {k: per_second("cache", k) for k in _CACHE}
-    known = [v for v in cache.values() if v is not None]
-    outcomes = sum(known)
-    hits = cache["hit"]
+    hits, misses = cache["hit"], cache["miss"]
+    looked = hits + misses if hits is not None and misses is not None else 0.0
     return Rates(
         elapsed,
         per_second("requests"),
@@ -232,13 +233,13 @@ def rates(prev: Mapping[str, Any] | None, cur: Mapping[str, Any]) -> Rates:
         cache,
         per_second("bytes_out"),
         per_second("upstream_errors"),
-        hits / outcomes if hits is not None and outcomes > 0 else None,
+        hits / looked if hits is not None and looked > 0 else None,
     )
 
 
 def _overall_hit_rate(cur: Mapping[str, Any]) -> float | None:
-    total = sum(_count(cur, "cache", k) for k in _CACHE)
-    return _count(cur, "cache", "hit") / total if total else None
+    looked = _count(cur, "cache", "hit") + _count(cur, "cache", "miss")
+    return _count(cur, "cache", "hit") / looked if looked else None
 
 
 def _percent(value: float | None) -> str:
@@ -276,7 +277,7 @@ def render_top(
 ) -> list[str]:
     """``prexy top``'s screen: totals and rates (the uptime too when the
     snapshot says when the server ``started``; the hit rate is hits among
-    all cache outcomes, as the admin JSON's ``hit_rate``), then the sites by
+    hits and misses, as the admin JSON's ``hit_rate``), then the sites by
     requests per second and the rules by matches per second, as many of
     each as ``height`` rows hold; no line longer than ``width``."""
     r = rates(prev, cur)
@@ -304,8 +305,10 @@ def render_top(
         old = prev_sites.get(row.get("site"))
         req = _delta_rate(row, old, "requests", r.elapsed)
         hit = None
-        if old is not None and req:
-            hit = (_count(row, "hit") - _count(old, "hit")) / (_count(row, "requests") - _count(old, "requests"))
+        if old is not None and req is not None:
+            hits = _count(row, "hit") - _count(old, "hit")
+            looked = hits + _count(row, "miss") - _count(old, "miss")
+            hit = hits / looked if looked > 0 and hits >= 0 else None
         sites.append((req, hit, _delta_rate(row, old, "errors", r.elapsed),
                       _delta_rate(row, old, "bytes_out", r.elapsed), row))
     sites.sort(key=lambda s: (s[0] is not None, s[0] or 0.0, _count(s[4], "requests")), reverse=True)
