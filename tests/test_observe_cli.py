@@ -238,7 +238,7 @@ class ViewTests(SynchronousTestCase):
         term = FakeTerminal(client, interrupt_after=3)
         self.assertEqual(cli.top_main([*ADMIN], term.console), 0)
         frames = term.out.getvalue().split("prexy top  ")[1:]
-        self.assertIn("connection refused (asking again every 1s)", frames[1])
+        self.assertIn("connection refused\n(asking again every 1s)", frames[1])
         self.assertIn("(rates after the next poll)", frames[2])
 
     def test_first_poll_fails(self) -> None:

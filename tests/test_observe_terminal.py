@@ -107,6 +107,8 @@ class RecordLineTests(SynchronousTestCase):
     def test_missing_keys(self) -> None:
         """A record with fields missing (another version of Prexy) still
         prints, ``-`` in their place."""
+        self.assertIn(" rules=- ", format_record(record(rules=None), tz=UTC))
+        self.assertIn(" rules=- ", format_record(record(rules=3), tz=UTC))
         line = format_record({"url": "/x"}, tz=UTC)
         self.assertEqual(line, "--:--:--.--- - - /x - - upstream=-ms rewrite=-ms total=-ms in=- out=- rules=- held=0")
 

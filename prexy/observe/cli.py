@@ -44,6 +44,7 @@ from prexy.observe.client import TOKEN_ENV, AdminClient, AdminError, AdminTarget
 from prexy.observe.terminal import (
     FilterError,
     check_regex,
+    cut,
     dropped_note,
     duration_param,
     format_record,
@@ -310,7 +311,8 @@ def _loop(
             if cur is not None:
                 lines = render(prev, cur, size.columns, size.lines, source=source)
             else:
-                lines = [f"{prog}  {source}", "", problem]
+                lines = [cut(f"{prog}  {source}", size.columns), "", cut(problem, size.columns),
+                         f"(asking again every {interval:g}s)"]
             if console.tty:
                 out.write(frame(lines[: size.lines]))
             else:
@@ -322,7 +324,7 @@ def _loop(
             try:
                 prev, cur = cur, client.get_json("/stats.json")
             except AdminError as exc:
-                prev, cur, problem = None, None, f"{exc} (asking again every {interval:g}s)"
+                prev, cur, problem = None, None, str(exc)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:

@@ -151,7 +151,8 @@ def format_record(record: Mapping[str, Any], tz: tzinfo | None = None) -> str:
 
     (one line; the marks at the end only when set).  ``tz``: the clock's
     zone (the local one by default)."""
-    rules = record.get("rules") or []
+    rules = record.get("rules")
+    rules = rules if isinstance(rules, list) else []
     parts = [
         _clock(record.get("time"), tz),
         clean(record.get("site", "-")),
