@@ -1,8 +1,11 @@
-"""``python -m prexy``: offline tools for operators.
+"""``prexy`` (``python -m prexy``): the operator's tools.
 
-``python -m prexy rewrite --rules FILE`` applies a rules file to stdin exactly
-as the proxy would; ``python -m prexy map-lookup --map FILE KEY...`` prints
-what a URL map gives for each key.  The proxy itself runs as ``twistd prexy``.
+Offline: ``rewrite --rules FILE`` applies a rules file to stdin exactly as
+the proxy would (``--explain`` numbers the rules and counts them on pages);
+``map-lookup --map FILE KEY...`` prints what a URL map gives for each key.
+Against a running Prexy (its admin endpoint, ``prexy.observe.cli``):
+``log``, ``top``, ``hist`` and ``rules diff``.  The proxy itself runs as
+``twistd prexy``.
 """
 
 from __future__ import annotations
@@ -10,11 +13,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: python -m prexy COMMAND [ARGS]
+USAGE = """usage: prexy COMMAND [ARGS]  (or python -m prexy COMMAND [ARGS])
 
 commands:
   rewrite      apply a rules file to stdin, write the result to stdout
+               (--explain: the rules numbered, and counted on pages)
   map-lookup   print what a map file gives for each key
+  log          print each request as a running Prexy completes it
+  top          live counters: rates, hit rate, errors, top sites and rules
+  hist         latency histogram, hits against misses
+  rules diff   what a draft rules file would change on a site's pages
+
+log, top, hist and rules find the running Prexy with --config FILE or --admin URL.
 
 The proxy itself runs as: twistd -n prexy --help
 """
@@ -35,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prexy.urlmap.cli import main as map_main
 
         return map_main(rest)
+    if command in ("log", "top", "hist", "rules"):
+        from prexy.observe import cli
+
+        run = {"log": cli.log_main, "top": cli.top_main, "hist": cli.hist_main, "rules": cli.rules_main}[command]
+        return run(rest)
     sys.stderr.write(f"prexy: unknown command {command!r}\n\n{USAGE}")
     return 2
 

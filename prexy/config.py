@@ -290,7 +290,7 @@ class Config:
     max_request_body: int = 64 * 1024 * 1024
     access_log: str | None = "-"
     #: The access log's lines: "combined", "json", or an nginx-style
-    #: format of ``$variables`` (``prexy.accesslog.FORMAT_VARIABLES``).
+    #: format of ``$variables`` (``prexy.logformat.FORMAT_VARIABLES``).
     access_log_format: str = "combined"
     admin: str | None = None
     #: A token every admin request must carry (``Authorization: Bearer``);
@@ -589,7 +589,7 @@ def _access_log(value: str, ctx: _Load) -> str | None:
 
 
 def _log_format(value: Any, ctx: _Load, key: str) -> str:
-    from prexy.accesslog import FormatError, line_maker
+    from prexy.logformat import FormatError, line_maker
 
     value = check_type(value, str)
     if not value.strip():

@@ -369,3 +369,18 @@ def process_usage(pid: int) -> tuple[float, int, int] | None:
         return None
     # After the command: state is field 3, utime 14, stime 15, rss 24 (man 5 proc).
     return (int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * page, fds
+
+
+def cache_gauges(store: Any) -> dict[str, float]:
+    """The cache store's levels for ``/metrics`` (none without a store)."""
+    if store is None:
+        return {}
+    try:
+        stats = store.stats()
+    except Exception:  # closed, or its directory went away: said in the log elsewhere
+        return {}
+    return {
+        "prexy_cache_objects": float(stats["count"]),
+        "prexy_cache_bytes": float(stats["bytes"]),
+        "prexy_cache_max_bytes": float(stats["max_bytes"]),
+    }

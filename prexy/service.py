@@ -268,21 +268,6 @@ class ConfigLoader:
         return Validated(config, self.files.snapshot(), tls)
 
 
-def cache_gauges(store: Any) -> dict[str, float]:
-    """The cache store's levels for ``/metrics`` (none without a store)."""
-    if store is None:
-        return {}
-    try:
-        stats = store.stats()
-    except Exception:  # closed, or its directory went away: said in the log elsewhere
-        return {}
-    return {
-        "prexy_cache_objects": float(stats["count"]),
-        "prexy_cache_bytes": float(stats["bytes"]),
-        "prexy_cache_max_bytes": float(stats["max_bytes"]),
-    }
-
-
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
     """The worker's view of the machine-wide cache store."""
     from prexy.cache import Store
@@ -569,7 +554,7 @@ class ProxyService(service.MultiService):
         self.resource.runtime = runtime
         self.view.aggregate.window = config.observe.never_matched_window
         if self.access_log is not None:
-            from prexy.accesslog import line_maker
+            from prexy.logformat import line_maker
 
             self.access_log.make = line_maker(config.access_log_format)
         if self.acme is not None:
@@ -641,7 +626,7 @@ class ProxyService(service.MultiService):
 
     def collect_metrics(self) -> bytes:
         """``/metrics`` of a process alone."""
-        from prexy.metrics import render
+        from prexy.metrics import cache_gauges, render
 
         self.report_levels()
         extra: dict[str, float] = {}
@@ -661,11 +646,11 @@ class ProxyService(service.MultiService):
     ) -> Any:
         """Compare ``draft`` (a rules file's bytes, named ``file_name`` in
         errors) with the site's rules on ``urls``, by default its ``count``
-        most requested pages here (``prexy.dryrunning``): a Deferred of
+        most requested pages here (``prexy.proxy.dryrun``): a Deferred of
         (HTTP status, report)."""
         from twisted.internet import defer
 
-        from prexy.dryrunning import dry_run
+        from prexy.proxy.dryrun import dry_run
         from prexy.substitution.dryrun import load_draft
         from prexy.substitution.rules import RulesError
 

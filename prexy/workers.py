@@ -51,7 +51,7 @@ from prexy.config import Config
 from prexy.control import JsonLines, encode
 from prexy.files import Snapshot
 from prexy.listen import ListenSpec, bind
-from prexy.metrics import Metrics, render
+from prexy.metrics import Metrics, cache_gauges, render
 from prexy.observe.stats import Aggregate
 from prexy.observe.tap import LogFilter
 from prexy.observing import OperatorView
@@ -632,8 +632,6 @@ class MasterService(service.MultiService):
 
     def collect_metrics(self) -> bytes:
         """Prometheus text summed over the master, live and ended workers."""
-        from prexy.service import cache_gauges
-
         parts = [self.metrics, self.retired_metrics]
         for w in self.workers:
             if w.metrics:

@@ -1,4 +1,4 @@
-"""The access log (``prexy.accesslog``): the combined format's line, byte
+"""The access log (``prexy.accesslog``, its lines ``prexy.logformat``): the combined format's line, byte
 for byte, and the buffered file with its reopen."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.accesslog import AccessLog, clf_time, combined_line, combined_record
+from prexy.accesslog import AccessLog
+from prexy.logformat import clf_time, combined_line, combined_record
 from prexy.proxy.headers import RequestHeaders
 from tests.cases import tmp_dir
 
@@ -90,7 +91,7 @@ class FormatTests(SynchronousTestCase):
         return Finished(**base)
 
     def test_nginx_variables(self) -> None:
-        from prexy.accesslog import compile_format
+        from prexy.logformat import compile_format
 
         line = compile_format(
             '$remote_addr [$time_local] $host $site "$request" $status $body_bytes_sent rt=$request_time'
@@ -108,7 +109,7 @@ class FormatTests(SynchronousTestCase):
         self.assertIn(b"uht=- cs=- rules=- rw=-", plain)
 
     def test_unknown_variable(self) -> None:
-        from prexy.accesslog import FormatError, compile_format
+        from prexy.logformat import FormatError, compile_format
 
         with self.assertRaises(FormatError) as caught:
             compile_format("$status $upstream_response_time")
@@ -117,7 +118,7 @@ class FormatTests(SynchronousTestCase):
     def test_json(self) -> None:
         import json
 
-        from prexy.accesslog import JSON_FIELDS, json_line
+        from prexy.logformat import JSON_FIELDS, json_line
 
         record = json.loads(json_line(self.finished(clientproto=b"HTTP/2"), 100.2505))
         self.assertEqual(tuple(record), JSON_FIELDS)

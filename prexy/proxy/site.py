@@ -12,10 +12,10 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.web import server
 
-from prexy.accesslog import LogBudget
 from prexy.config import Limits, Timeouts
 from prexy.errorpages import ErrorPages
 from prexy.h2settings import H2Settings
+from prexy.logformat import LogBudget
 from prexy.metrics import Metrics
 from prexy.observe.stats import Observer
 from prexy.proxy.h1connection import ProxyChannel, refusal_answer

@@ -13,8 +13,7 @@ upstream and hand them here with the site's current rule set and the draft:
   once (``Transducer.finish(body)``, as for a body whose end is known: no
   bail-out), and reports the pages whose output differs, each rule's
   occurrences (the transducer's own ``rule_counts``) and pages, the rules
-  that matched nothing, and the first differing lines of a few pages;
-* :func:`render_report` is that report as text for a terminal.
+  that matched nothing, and the first differing lines of a few pages.
 
 The report (the admin endpoint adds ``"site"``, ``"pages"``, ``"fetched"``
 and ``"failed"``)::
@@ -50,7 +49,7 @@ from prexy.substitution.transducer import Transducer
 if TYPE_CHECKING:
     from prexy.substitution.ruleset import RuleSet
 
-__all__ = ["ENCODING", "LINE_WIDTH", "compare", "load_draft", "render_report"]
+__all__ = ["ENCODING", "LINE_WIDTH", "compare", "load_draft"]
 
 #: Characters of a diff line kept (a longer line is cut around its change).
 LINE_WIDTH = 200
@@ -222,79 +221,3 @@ def _cut(line: bytes, other: bytes | None) -> str:
     begin = max(0, min(at - LEAD, len(text) - LINE_WIDTH))
     piece = text[begin : begin + LINE_WIDTH]
     return ("..." if begin else "") + piece + ("..." if begin + LINE_WIDTH < len(text) else "")
-
-
-def render_report(report: dict[str, Any]) -> str:
-    """The dry run's report as text: pages changed, per rule occurrences
-    current -> draft (rules paired by pattern and flags), the rules that
-    match nothing, the pages that timed out, and the diffs."""
-    lines: list[str] = []
-    site = report.get("site")
-    head = f"dry run of site {site}" if site else "dry run"
-    counts = []
-    if "pages" in report:
-        counts.append(f"{report['pages']} pages asked")
-    if "fetched" in report:
-        counts.append(f"{report['fetched']} fetched")
-    counts.append(f"{report['changed']} changed")
-    lines.append(f"{head}: {', '.join(counts)}")
-    for failure in report.get("failed", ()):
-        lines.append(f"failed: {failure.get('url')}: {failure.get('error')}")
-    lines.append("")
-    lines.append("occurrences per rule, current -> draft (pages in brackets):")
-    for cur, dra in _pair_rules(report["rules"]["current"], report["rules"]["draft"]):
-        rule = dra if dra is not None else cur
-        assert rule is not None
-        left = f"{cur['occurrences']} [{cur['pages']}]" if cur is not None else "-"
-        right = f"{dra['occurrences']} [{dra['pages']}]" if dra is not None else "-"
-        numbers = f"{cur['number'] if cur else '-'} -> {dra['number'] if dra else '-'}"
-        note = "  (new)" if cur is None else "  (removed)" if dra is None else ""
-        where = _where(rule)
-        flags = rule.get("flags") or "-"
-        lines.append(f"  {numbers:>9}  {left:>12} -> {right:<12} '{rule['pattern']}' {flags}  {where}{note}")
-    never = report["never_matching"]
-    lines.append("")
-    lines.append("matching nothing: current " + _numbers(never["current"]) + "; draft " + _numbers(never["draft"]))
-    timed_out = report.get("timed_out", {})
-    for side in ("current", "draft"):
-        for url in timed_out.get(side, ()):
-            lines.append(f"scan timed out with the {side} rules on {url}")
-    if report["diffs"]:
-        lines.append("")
-        lines.append(f"first differing lines (current -, draft +; decoded {report.get('encoding', ENCODING)}):")
-    for diff in report["diffs"]:
-        lines.append("")
-        lines.append(f"--- {diff['url']}")
-        lines.extend(diff["lines"])
-    return "\n".join(lines) + "\n"
-
-
-def _where(rule: dict[str, Any]) -> str:
-    return f"{rule['file']}:{rule['line']}" if rule.get("line") is not None else str(rule.get("file", ""))
-
-
-def _numbers(numbers: Sequence[int]) -> str:
-    return ", ".join(str(n) for n in numbers) if numbers else "none"
-
-
-def _pair_rules(
-    current: list[dict[str, Any]], draft: list[dict[str, Any]]
-) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
-    """The two sets' rules side by side: a draft rule faces the current rule
-    with its pattern and flags (the first not yet taken), in draft order;
-    current rules without one follow, as removed."""
-    waiting: dict[tuple[str, object], list[int]] = {}
-    for k in range(len(current) - 1, -1, -1):
-        waiting.setdefault((current[k]["pattern"], current[k].get("flags")), []).append(k)
-    taken: set[int] = set()
-    pairs: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
-    for rule in draft:
-        same = waiting.get((rule["pattern"], rule.get("flags")))
-        if same:
-            k = same.pop()
-            taken.add(k)
-            pairs.append((current[k], rule))
-        else:
-            pairs.append((None, rule))
-    pairs += [(c, None) for k, c in enumerate(current) if k not in taken]
-    return pairs

@@ -34,7 +34,7 @@ from .twistd_support import child_env, free_port, scratch_dir, when_written
 
 #: How the views are started: ``python -m prexy.observe.cli COMMAND``
 #: (``python -m prexy COMMAND`` dispatches to the same functions).
-CLI = ("-m", "prexy.observe.cli")
+CLI = ("-m", "prexy")
 
 TOKEN = "sekrit-token"
 RATE = 250

@@ -11,9 +11,9 @@ from typing import Any
 import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.accesslog import combined_line
 from prexy.cache.policy import CachePolicy
 from prexy.codec import Compression
+from prexy.logformat import combined_line
 from tests.cases import expand, parametrize
 
 from . import test_compress, test_header_rules, test_rfc_cache

@@ -29,9 +29,9 @@ from twisted.internet.error import ConnectionLost
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.accesslog import combined_line
 from prexy.config import Limits
 from prexy.h2server import PREFACE
+from prexy.logformat import combined_line
 from prexy.proxy.http2 import PriorKnowledgeFactory
 from tests.test_h2server import frames
 

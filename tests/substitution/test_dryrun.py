@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -22,7 +21,6 @@ from prexy.substitution.dryrun import (
     compare,
     first_differences,
     load_draft,
-    render_report,
 )
 from prexy.substitution.rules import RulesError, parse_rules
 from prexy.substitution.ruleset import CompileError, RuleSet
@@ -199,22 +197,3 @@ class DryRunTests(SynchronousTestCase):
         with self.assertRaises(RulesError) as caught:
             load_draft(CURRENT, "draft.rules")
         assert str(caught.exception) == "draft.rules:4:17: pattern '(UA-)\\d+-\\d+': pattern too large"
-
-    def test_render_report(self) -> None:
-        """The text report: the counts, rules side by side (new and removed
-        ones marked), the rules that match nothing, and the diffs."""
-        draft_text = DRAFT.replace(b"replace_filter 'old-cdn", b"replace_filter 'older-cdn") + b"replace_filter 'zzz' 'y' g;\n"
-        current, draft = load_draft(CURRENT, "shop.rules"), load_draft(draft_text, "draft.rules")
-        report: dict[str, Any] = compare(current, draft, news_pages(3))
-        report.update(site="shop", pages=4, fetched=4, failed=[{"url": "/gone", "error": "404"}])
-        text = render_report(report)
-        lines = text.splitlines()
-        assert lines[0] == "dry run of site shop: 4 pages asked, 4 fetched, 3 changed"
-        assert lines[1] == "failed: /gone: 404"
-        host = report["rules"]["current"][0]["occurrences"]
-        assert f"1 -> 1  {host:>8} [3] -> {host} [3]" in text
-        assert "'old-cdn\\.example\\.net' gi  shop.rules:6  (removed)" in text
-        assert "'older-cdn\\.example\\.net' gi  draft.rules:6  (new)" in text
-        assert "matching nothing: current 4; draft 4, 5" in text
-        assert "--- /news/1" in lines
-        assert text.count("\n--- ") == 3
