@@ -37,8 +37,11 @@ class FakeClient:
             raise value
         return value
 
-    def records(self, path: str) -> Iterator[Any]:
+    def records(self, path: str, opened: Any = None) -> Iterator[Any]:
         self.asked.append(("GET", path))
+        refused = bool(self.stream) and isinstance(self.stream[0], BaseException)
+        if opened is not None and not refused:  # the answer's head came
+            opened()
         for value in self.stream:
             if isinstance(value, BaseException):
                 raise value
@@ -132,7 +135,10 @@ class LogTests(SynchronousTestCase):
         self.assertEqual(len(lines), 2)
         self.assertIn(" shop GET /a?b=1 200 miss ", lines[0])
         self.assertIn(" /b ", lines[1])
-        self.assertEqual(term.err.getvalue(), "prexy log: 3 records dropped: this reader fell behind\n")
+        self.assertEqual(
+            term.err.getvalue(),
+            "prexy log: following http://127.0.0.1:9080\nprexy log: 3 records dropped: this reader fell behind\n",
+        )
 
     def test_json(self) -> None:
         status, _, term = self.run_log("--json", stream=[record(), {"dropped": 3}])

@@ -209,8 +209,16 @@ def log_main(argv: Sequence[str] | None = None, console: Console | None = None) 
         return args
     out, err = console.stdout, console.stderr
     try:
-        client = console.client(_target(args), 10.0)
-        for value in client.records(log_query(args)):
+        target = _target(args)
+        client = console.client(target, 10.0)
+
+        def following() -> None:
+            # On stderr, so that stdout is the records alone: from here on
+            # no request the filters pass is missed.
+            err.write(f"prexy log: following {target.describe()}\n")
+            err.flush()
+
+        for value in client.records(log_query(args), opened=following):
             note = dropped_note(value) if isinstance(value, Mapping) else None
             if note is not None:
                 err.write(f"prexy log: {note}\n")

@@ -363,13 +363,16 @@ class AdminClient:
             raise AdminError(f"{path}: {value['error']}", status=1)
         return value
 
-    def records(self, path: str, read_size: int = 65536) -> Iterator[Any]:
+    def records(self, path: str, read_size: int = 65536, opened: Callable[[], object] | None = None) -> Iterator[Any]:
         """The values of an ndjson stream, each as soon as its line is whole
         (never waiting for the whole answer); ends when the server ends the
-        stream."""
+        stream.  ``opened`` is called once the answer's head came (the live
+        log sends it when every worker records for the reader)."""
         response = self.open("GET", path, headers={"Accept": "application/x-ndjson"}, stream=True)
         if response.status != 200:
             raise AdminError(f"{path.split('?')[0]}: {refusal_text(response.status, self._read(response))}", status=1)
+        if opened is not None:
+            opened()
         reader = NdjsonReader()
         try:
             while True:

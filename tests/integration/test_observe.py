@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -334,3 +335,54 @@ def test_site_page_in_chromium(shop: Site) -> Any:
     shown = sum(bar.count for bar in view.bars if bar.series == "pass")
     assert shown == len(sent)
     assert all((bar.height > 0) == (bar.count > 0) for bar in view.bars)
+
+
+@pytest_twisted.inlineCallbacks
+def test_prexy_log_by_rule(shop: Site, cleanup: Cleanups) -> Any:
+    """``prexy log --rule 4`` prints exactly the requests in which rule 4
+    fired, from both workers, once it says it follows the server."""
+    from .test_observe_cli import Child
+
+    yield shop.start()
+    child = Child("log", "--config", os.path.join(shop.dir, "prexy.toml"), "--rule", "4")
+    cleanup(child.stop)
+    yield child.printed(lambda err: b"following" in err, stream="err")
+    paths = list(PAGES) * 2
+    yield defer.gatherResults([shop.get(path) for path in paths])
+    wanted = sorted(p for p in paths if b"checkout-v1" in PAGES[p])
+    yield child.printed(lambda out: out.count(b"\n") >= len(wanted))
+    lines = child.out.decode().splitlines()
+    assert sorted(line.split()[3] for line in lines) == wanted, lines
+    assert all(" shop GET " in line and " 200 " in line and "rules=" in line for line in lines)
+    assert all("4" in line.split("rules=")[1].split()[0].split(",") for line in lines)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest_twisted.inlineCallbacks
+def test_prexy_top_in_tmux(shop: Site, cleanup: Cleanups) -> Any:
+    """``prexy top`` in a terminal (tmux) shows the request rate of a
+    running ``twistd prexy --workers 2`` and its site and rules."""
+    from twisted.internet import utils
+
+    from .test_observe_cli import CLI, pane_shows
+
+    yield shop.start()
+    tmux = [shutil.which("tmux") or "tmux", "-S", os.path.join(shop.dir, "tmux.sock")]
+    env = child_env()
+    inner = " ".join([
+        "env", f"PYTHONPATH={env['PYTHONPATH']}", sys.executable, *CLI, "top", "--interval", "0.5",
+        "--config", os.path.join(shop.dir, "prexy.toml"),
+    ])
+    yield utils.getProcessOutput(tmux[0], [*tmux[1:], "-f", "/dev/null", "new-session", "-d", "-s", "view",
+                                           "-x", "140", "-y", "40", f"{inner}; sleep 600"],
+                                 env=dict(os.environ), errortoo=True)
+    cleanup(lambda: utils.getProcessOutput(tmux[0], [*tmux[1:], "kill-server"], env=dict(os.environ),
+                                           errortoo=True))
+    traffic = task.LoopingCall(lambda: shop.get("/p/3.html"))
+    traffic.start(0.02)
+    cleanup(lambda: traffic.running and traffic.stop())
+    shown = yield pane_shows(tmux, "shop.rules:5")
+    traffic.stop()
+    rate = next(line for line in shown.splitlines() if line.lstrip().startswith("requests"))
+    assert float(rate.split()[1].rstrip("/s")) > 0, shown
+    assert "shop" in shown

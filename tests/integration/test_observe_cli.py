@@ -158,41 +158,47 @@ def admin(cleanup: Any) -> AdminServer:
 
 
 class Child(protocol.ProcessProtocol):
-    """A view as a child process; its stdout is watched line by line."""
+    """A view as a child process; its stdout and stderr are watched."""
 
     def __init__(self, *args: str) -> None:
         self.out = b""
         self.err = b""
         self.exited: defer.Deferred[int] = defer.Deferred()
-        self._waits: list[tuple[Callable[[bytes], bool], defer.Deferred[None]]] = []
+        self._waits: list[tuple[str, Callable[[bytes], bool], defer.Deferred[None]]] = []
         argv = [sys.executable, *CLI, *args]
         self.transport = reactor.spawnProcess(self, argv[0], argv, env=child_env(), childFDs={0: "w", 1: "r", 2: "r"})
 
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
+    def _check(self) -> None:
         waiting, self._waits = self._waits, []
-        for condition, d in waiting:
-            if condition(self.out):
+        for stream, condition, d in waiting:
+            if condition(getattr(self, stream)):
                 d.callback(None)
             else:
-                self._waits.append((condition, d))
+                self._waits.append((stream, condition, d))
+
+    def outReceived(self, data: bytes) -> None:
+        self.out += data
+        self._check()
 
     def errReceived(self, data: bytes) -> None:
         self.err += data
+        self._check()
 
     def processEnded(self, reason: Any) -> None:
         code = reason.value.exitCode
         self.exited.callback(code if code is not None else -(reason.value.signal or 0))
-        for _, d in self._waits:
+        for _, _, d in self._waits:
             d.errback(AssertionError(f"the child exited; out={self.out!r} err={self.err!r}"))
         self._waits = []
 
-    def printed(self, condition: Callable[[bytes], bool], seconds: float = 20) -> defer.Deferred[None]:
+    def printed(self, condition: Callable[[bytes], bool], seconds: float = 20, stream: str = "out") -> Any:
+        """Fires once ``condition`` holds for what the child wrote on
+        ``stream`` ("out" or "err")."""
         d: defer.Deferred[None] = defer.Deferred()
-        if condition(self.out):
+        if condition(getattr(self, stream)):
             d.callback(None)
         else:
-            self._waits.append((condition, d))
+            self._waits.append((stream, condition, d))
         return d.addTimeout(seconds, reactor)
 
     def stop(self) -> None:
@@ -241,7 +247,9 @@ def test_log_prints_each_record_as_it_comes(admin: AdminServer, cleanup: Any) ->
     assert lines[1].endswith("BAILOUT")
     assert "rules=1,3 held=512" in lines[2] and lines[2].endswith("TIMEOUT")
     assert "upstream=12.3ms rewrite=2.10ms total=20.1ms in=20480 out=20511" in lines[0]
-    assert child.err.decode() == "prexy log: 7 records dropped: this reader fell behind\n"
+    assert child.err.decode() == (
+        f"prexy log: following {admin.url}\nprexy log: 7 records dropped: this reader fell behind\n"
+    )
 
 
 @pytest_twisted.inlineCallbacks
