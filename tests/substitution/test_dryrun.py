@@ -11,11 +11,9 @@ compared one by one.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from twisted.trial.unittest import SynchronousTestCase
 
+from bench import content, realistic
 from prexy.substitution.dryrun import (
     LINE_WIDTH,
     compare,
@@ -25,14 +23,6 @@ from prexy.substitution.dryrun import (
 from prexy.substitution.rules import RulesError, parse_rules
 from prexy.substitution.ruleset import CompileError, RuleSet
 from prexy.substitution.transducer import Transducer
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BENCH = REPO_ROOT / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import each other by top-level name
-    sys.path.append(str(BENCH))
-
-import content  # noqa: E402
-import realistic  # noqa: E402
 
 CURRENT = (
     b"# a clone of www.example.com\n"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from bench import content
 from prexy.substitution.rules import load_rules
 from prexy.substitution.transducer import Transducer
 from tests.cases import tmp_dir
@@ -24,11 +25,7 @@ from tests.cases import tmp_dir
 from .test_cli import run_main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BENCH = REPO_ROOT / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import each other by top-level name
-    sys.path.append(str(BENCH))
 
-import content  # noqa: E402
 
 RULES = (
     b"# a clone of www.example.com\n"
@@ -190,23 +187,14 @@ class ExplainTests(SynchronousTestCase):
     def test_through_the_process(self) -> None:
         """``python -m prexy rewrite --explain PAGE`` as a real process; with
         stdin empty and no PAGE, the plain listing."""
-        proc = subprocess.run(
-            [sys.executable, "-m", "prexy", "rewrite", *self.argv, str(self.pages[0])],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            cwd=REPO_ROOT,
-            check=False,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.decode().splitlines()[-1].startswith("total pages=1 matches=")
-        proc = subprocess.run(
-            [sys.executable, "-m", "prexy", "rewrite", *self.argv],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            cwd=REPO_ROOT,
-            check=False,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.decode().splitlines()[0].startswith(f"1 {self.rules}:3: ")
+
+        def run(*pages: str) -> str:
+            proc = subprocess.run(
+                [sys.executable, "-m", "prexy", "rewrite", *self.argv, *pages],
+                stdin=subprocess.DEVNULL, capture_output=True, cwd=REPO_ROOT, check=False, timeout=60,
+            )
+            assert proc.returncode == 0, proc.stderr
+            return proc.stdout.decode()
+
+        assert run(str(self.pages[0])).splitlines()[-1].startswith("total pages=1 matches=")
+        assert run().splitlines()[0].startswith(f"1 {self.rules}:3: ")
