@@ -52,6 +52,9 @@ TARGET_RATE = 5000.0
 #: Milliseconds each wrk connection waits between a response and its next
 #: request in the paced runs.
 PACE_MS = 2
+#: Seconds a reader stays after its run (Prexy's CPU is read when wrk
+#: ends): the records of the run's last tenth of a second reach it.
+HANDOVER_WAIT = 0.3
 #: Targets: CPU per request, the last commit against the baseline; with a
 #: reader against without; RSS growth through the long run.
 COUNTERS_LIMIT = 1.03
@@ -267,6 +270,8 @@ def _reader_rounds(bench: Bench, server: Server, admin_port: int, req: Request, 
             attached_reader = _Reader(admin_port, "observe-reader") if attached else None
             try:
                 result = _paced(server, req.path, s.seconds, connections)
+                if attached_reader:
+                    time.sleep(HANDOVER_WAIT)
             finally:
                 read = attached_reader.stop() if attached_reader else None
             mode = reader if attached else none
@@ -303,6 +308,7 @@ def _long_run(server: Server, admin_port: int, req: Request, connections: int,
     thread.start()
     try:
         result = _paced(server, req.path, seconds, connections)
+        time.sleep(HANDOVER_WAIT)
     finally:
         halt.set()
         thread.join(5)
