@@ -386,7 +386,8 @@ def _reader(bench: Bench, requests: list[Request], rounds: int, notes: list[str]
         f"{TARGET_RATE:,.0f} req/s by 1 s runs), {s.seconds:g} s per run, {rounds} rounds, no reader and a "
         "reader alternating (order swapped each round); the reader (bench/log_reader.py, a separate process "
         "whose CPU is not Prexy's) attaches to `GET /log` unfiltered before the run and reads everything. "
-        "'Records' counts what the readers received against the requests wrk completed in those runs."
+        "'Records read' counts what the readers received against the requests wrk counted in those runs "
+        "(wrk leaves out the answers in flight when it stops, which Prexy still logs)."
     )
     table = markdown_table(
         ["request", "paced conns", "req/s, no reader", "req/s, reader", "CPU µs/req, no reader",
