@@ -27,12 +27,39 @@ def _stop(_signum: int, _frame: object) -> None:
     raise _Stop
 
 
+class Counts:
+    """What a reader has read of the stream: records, the records Prexy
+    said it dropped (``{"dropped": N}`` lines, not records), bytes.
+    ``feed`` takes the stream's bytes as they come, cut anywhere."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.dropped = 0
+        self.bytes = 0
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.bytes += len(chunk)
+        data = self._tail + chunk
+        end = data.rfind(b"\n") + 1
+        whole, self._tail = data[:end], data[end:]
+        lines = whole.count(b"\n")
+        if b'{"dropped"' in whole:
+            for line in whole.splitlines():
+                if line.startswith(b'{"dropped"'):
+                    self.dropped += int(json.loads(line)["dropped"])
+                    lines -= 1
+        self.records += lines
+
+    def as_dict(self) -> dict[str, int]:
+        return {"records": self.records, "dropped": self.dropped, "bytes": self.bytes}
+
+
 def main(argv: list[str]) -> int:
     url = urllib.parse.urlsplit(argv[1])
     query = argv[2] if len(argv) > 2 else ""
     signal.signal(signal.SIGTERM, _stop)
-    records = dropped = size = 0
-    tail = b""
+    counts = Counts()
     conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=3600)
     try:
         conn.request("GET", "/log" + (f"?{query}" if query else ""))
@@ -45,22 +72,12 @@ def main(argv: list[str]) -> int:
             chunk = response.read1(65536)
             if not chunk:
                 break
-            size += len(chunk)
-            data = tail + chunk
-            end = data.rfind(b"\n") + 1
-            whole, tail = data[:end], data[end:]
-            lines = whole.count(b"\n")
-            if b'{"dropped"' in whole:
-                for line in whole.splitlines():
-                    if line.startswith(b'{"dropped"'):
-                        dropped += int(json.loads(line)["dropped"])
-                        lines -= 1
-            records += lines
+            counts.feed(chunk)
     except _Stop:
         pass
     finally:
         conn.close()
-        print("READER " + json.dumps({"records": records, "dropped": dropped, "bytes": size}), flush=True)
+        print("READER " + json.dumps(counts.as_dict()), flush=True)
     return 0
 
 
