@@ -12,6 +12,7 @@ import floor_bench
 import hits
 import http2_bench
 import mix_bench
+import observe_bench
 import scaling_bench
 import scenarios
 import sites_bench
@@ -37,6 +38,7 @@ SCENARIOS: dict[str, Callable[[scenarios.Bench], scenarios.Report]] = {
     "mix": mix_bench.scenario_mix,
     "scaling": scaling_bench.scenario_scaling,
     "floor": floor_bench.scenario_floor,
+    "observe": observe_bench.scenario_observe,
     "transducer": scenarios.script_scenario("bench_transducer.py"),
     "urlmap-index": scenarios.script_scenario("bench_urlmap.py", ("--sizes", "100,10000")),
     "cache-store": scenarios.script_scenario("bench_cache_store.py", ("--rounds", "1")),

@@ -10,8 +10,8 @@ markdown table per scenario.  Results also go to
 ``bench/.work/results-<scenario>.json`` and all tables of the run to
 ``bench/.work/results.md``.  Every child process is stopped at
 exit.  Scenarios: proxy, subs, first, stream, slowclient, workers, cache, urlmap, transducer,
-urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites, mix, scaling
-(see bench/README.md).
+urlmap-index, cache-store, compress, compress-hits, tunnel, http2, cluster, sites, mix, scaling,
+floor, observe (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 from catalog import SCENARIOS  # noqa: E402
+from observe_bench import DEFAULT_BASELINE  # noqa: E402
 from scenarios import Bench, Report, Settings  # noqa: E402
 
 DEFAULT_ORDER = ("proxy", "subs", "subs-synthetic", "first", "stream", "slowclient", "workers", "cache", "urlmap", "transducer", "urlmap-index",
@@ -54,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Prexy source tree to pip install (default: this repository)")
     parser.add_argument("--working-tree", action="store_true",
                         help="install the working tree with uncommitted changes (default: HEAD)")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, metavar="REV",
+                        help="the revision 'observe' compares the last commit with (default "
+                             f"{DEFAULT_BASELINE},"
+                             " main before the per-site and per-rule counters and the live log)")
     parser.add_argument("--no-reinstall", action="store_true",
                         help="reuse the Prexy already installed in bench/.work/venv")
     parser.add_argument("--no-install", action="store_true",
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         repo=args.repo.resolve(),
         reinstall=not args.no_reinstall,
         working_tree=args.working_tree,
+        baseline=args.baseline,
     )
     lock = harness.WORK / "run.lock"
     harness.WORK.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,8 @@ class Settings:
     repo: Path
     reinstall: bool
     working_tree: bool
+    #: The revision the 'observe' scenario compares the last commit with.
+    baseline: str = "2989410"
 
 
 @dataclass

@@ -215,44 +215,59 @@ def _copy_tree(repo: Path, dest: Path) -> None:
     shutil.copytree(repo, dest, ignore=ignore)
 
 
-def _export_head(repo: Path, dest: Path) -> str:
-    """Extract the committed tree (``git archive HEAD``); return the commit."""
+def resolve_revision(repo: Path, revision: str = "HEAD") -> str:
+    """The full commit name of ``revision`` in ``repo`` (fails on a name
+    git does not know)."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"no commit {revision!r} in {repo}")
+    return done.stdout.strip()
+
+
+def _export_head(repo: Path, dest: Path, revision: str = "HEAD") -> str:
+    """Extract a committed tree (``git archive REVISION``, the last commit
+    by default); return the commit's short name."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", f"{revision}^{{commit}}"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", "HEAD"],
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit],
                              capture_output=True, check=True, timeout=120).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
     return commit
 
 
-def install_prexy(repo: Path, *, reinstall: bool = True,
-                  working_tree: bool = False) -> PrexyInstall:
+def install_prexy(repo: Path, *, reinstall: bool = True, working_tree: bool = False,
+                  revision: str = "HEAD", name: str = "venv") -> PrexyInstall:
     """Create ``bench/.work/venv`` and ``pip install`` the repository into it.
 
     By default the last commit is installed (``git archive HEAD``), so the
     figures belong to a known revision; ``working_tree`` copies the files as
     they are instead (uncommitted changes included).  Either way the build
-    runs on a snapshot and never writes into the repository.
+    runs on a snapshot and never writes into the repository.  ``revision``
+    installs another commit and ``name`` another venv
+    (``bench/.work/NAME``, snapshot in ``bench/.work/NAME-src``), for a
+    scenario that runs two revisions side by side.
     """
-    venv_dir = WORK / "venv"
+    venv_dir = WORK / name
     python = venv_dir / "bin" / "python"
     if not python.exists():
         harness.log(f"creating {venv_dir}")
         venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
     twistd = venv_dir / "bin" / "twistd"
+    revision_file = WORK / "installed-revision.txt" if name == "venv" else venv_dir / "installed-revision.txt"
     if reinstall or not twistd.exists():
-        src = WORK / "src"
+        src = WORK / "src" if name == "venv" else WORK / f"{name}-src"
         if working_tree or not (repo / ".git").exists():
             _copy_tree(repo, src)
             what = "working tree"
         else:
-            what = "commit " + _export_head(repo, src)
-        harness.log(f"pip install {repo} ({what}, snapshot in {src})")
-        (WORK / "installed-revision.txt").write_text(what + "\n")
+            what = "commit " + _export_head(repo, src, revision)
+        harness.log(f"pip install {repo} ({what}, snapshot in {src}) into {venv_dir}")
+        revision_file.unlink(missing_ok=True)  # written once the install succeeded
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         # The production install: with the optional Hyperscan prefilter
         # (`fast` extra) where it has a wheel (x86_64); elsewhere the extra
@@ -260,6 +275,7 @@ def install_prexy(repo: Path, *, reinstall: bool = True,
         subprocess.run([*pip, f"{src}[fast]"], check=True, timeout=900)
         # Same version number as last time: force the fresh code in.
         subprocess.run([*pip, "--no-deps", "--force-reinstall", str(src)], check=True, timeout=900)
+        revision_file.write_text(what + "\n")
     help_run = subprocess.run(
         [str(twistd), "prexy", "--help"], capture_output=True, text=True, timeout=120,
         cwd=WORK,
@@ -268,7 +284,6 @@ def install_prexy(repo: Path, *, reinstall: bool = True,
     if help_run.returncode != 0:
         raise RuntimeError(f"`twistd prexy --help` failed:\n{text[-3000:]}")
     flags = frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", help_run.stdout))
-    revision_file = WORK / "installed-revision.txt"
     revision = revision_file.read_text().strip() if revision_file.exists() else "unknown"
     probe = subprocess.run([str(python), "-c", "import hyperscan"], capture_output=True, timeout=60)
     revision += "; prefilter " + ("Hyperscan (`fast` extra)" if probe.returncode == 0 else "pure regex (no Hyperscan)")
