@@ -21,7 +21,7 @@ from prexy.observe.tap import LogFilter, LogHub, Tap
 #: Seconds between two hand-overs of a process's tapped records.
 PUMP_INTERVAL = 0.1
 
-Deliver = Callable[[list[dict[str, Any]], int], object]
+Deliver = Callable[[list[list[Any]], int], object]
 
 
 class TapPump:

@@ -605,7 +605,7 @@ class ProxyService(service.MultiService):
         # A worker (inherited sockets) reloads on its master's command only.
         signals.install(self.reactor, self.reopen_logs, None if self.worker else self.reload)
 
-    def _log_records(self, records: list[dict[str, Any]], dropped: int) -> None:
+    def _log_records(self, records: list[list[Any]], dropped: int) -> None:
         self.view.hub.deliver(records, dropped)
 
     def observed(self) -> Aggregate:

@@ -3,9 +3,12 @@
 Nothing is recorded while nobody reads: a process's ``Observer.tap`` is
 None then.  While readers are attached, each process holds a
 :class:`Tap` with the union of their filters: a finished request that
-passes one of them becomes a record (a JSON-able dict, the shape
-``RECORD_FIELDS`` lists) in a bounded ring, which the process hands on
-every tenth of a second (a worker over its pipe to the master).  A ring
+passes one of them becomes an entry in a bounded ring: what the filters
+read of it (:func:`entry_of`), and its record as one JSON line (the
+fields ``RECORD_FIELDS`` lists, made by formatting, not by a JSON encoder:
+a record costs a few microseconds).  The process hands the ring on every
+tenth of a second (a worker over its pipe to the master, whose readers
+filter the entries again and write their lines).  A ring
 that fills drops the oldest records and counts them; so does a reader
 whose connection does not keep up (:class:`Reader`): memory never grows
 with a slow reader.
@@ -24,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FilterError", "LogFilter", "LogHub", "Reader", "Tap", "parse_filter", "record_of"]
+__all__ = ["FilterError", "LogFilter", "LogHub", "Reader", "Tap", "entry_of", "parse_filter", "record_of", "with_line"]
 
 #: Records a process holds between two hand-overs at most.
 RING = 2048
@@ -74,21 +77,22 @@ class LogFilter:
         return cls(d.get("site"), d.get("status_class"), d.get("status_code"), d.get("slower"),
                    bool(d.get("miss")), d.get("rule"), d.get("url"))
 
-    def matches(self, record: Mapping[str, Any]) -> bool:
-        if self.site is not None and record["site"] != self.site:
+    def matches(self, entry: Sequence[Any]) -> bool:
+        """Whether the record of ``entry`` (:func:`entry_of`) passes."""
+        if self.site is not None and entry[SITE] != self.site:
             return False
-        status = record["status"]
+        status = entry[STATUS]
         if self.status_class is not None and status // 100 != self.status_class:
             return False
         if self.status_code is not None and status != self.status_code:
             return False
-        if self.slower is not None and record["total"] < self.slower:
+        if self.slower is not None and entry[TOTAL] < self.slower:
             return False
-        if self.miss and record["cache"] != "miss":
+        if self.miss and entry[CACHE] != "miss":
             return False
-        if self.rule is not None and self.rule not in record["rules"]:
+        if self.rule is not None and self.rule not in entry[RULES]:
             return False
-        return not (self.url is not None and self.url.search(record["url"]) is None)
+        return not (self.url is not None and self.url.search(entry[URL]) is None)
 
 
 def parse_filter(query: Mapping[str, Sequence[str]]) -> LogFilter:
@@ -142,33 +146,53 @@ def parse_duration(text: str) -> float:
     return value / 1000 if m.group(2) == "ms" else value
 
 
-def record_of(request: Any, now: float) -> dict[str, Any]:
-    """The live log's record of a finished request (``RECORD_FIELDS``);
-    ``request`` gives what ``prexy.observe.stats.Answered`` lists, and
-    ``clientproto`` and ``getClientAddress()``."""
+#: An entry: what the filters read of a record, and the record's JSON line.
+SITE, STATUS, TOTAL, CACHE, RULES, URL, LINE = range(7)
+
+_string = json.encoder.encode_basestring_ascii
+_LINE = (
+    '{"time":%.3f,"site":%s,"method":%s,"url":%s,"status":%d,"protocol":%s,"client":%s,"cache":%s,'
+    '"upstream_first_byte":%s,"rewrite":%s,"total":%.6f,"bytes_in":%d,"bytes_out":%d,"rules":[%s],"held":%d,'
+    '"bailout":%s,"timeout":%s}'
+)
+
+
+def entry_of(request: Any, now: float) -> list[Any]:
+    """What the filters read of a finished request: [site, status, total
+    seconds, cache, rule numbers, url, None]; the record's line is made
+    (:func:`with_line`) only for an entry a filter passes.  ``request``
+    gives what ``prexy.observe.stats.Answered`` lists, and ``clientproto``
+    and ``getClientAddress()``."""
+    transducer = request.rewrite
+    return [
+        request.site_name, request.code, now - request.started, request.cache_status,
+        [i + 1 for i in transducer.rules_matched] if transducer is not None else [],
+        request.uri.decode("latin-1"), None,
+    ]
+
+
+def with_line(entry: list[Any], request: Any, now: float) -> list[Any]:
+    """``entry`` with its record's JSON line (``RECORD_FIELDS``, ASCII)."""
     transducer = request.rewrite
     upstream = request.upstream_seconds
     proto = request.clientproto
     client = getattr(request.getClientAddress(), "host", None)
-    return {
-        "time": round(now, 3),
-        "site": request.site_name,
-        "method": request.method.decode("latin-1"),
-        "url": request.uri.decode("latin-1"),
-        "status": request.code,
-        "protocol": "HTTP/2.0" if proto == b"HTTP/2" else proto.decode("latin-1"),
-        "client": client or "-",
-        "cache": request.cache_status,
-        "upstream_first_byte": round(upstream, 6) if upstream is not None else None,
-        "rewrite": round(transducer.scan_seconds, 6) if transducer is not None else None,
-        "total": round(now - request.started, 6),
-        "bytes_in": request.bytes_in,
-        "bytes_out": request.sentLength,
-        "rules": [i + 1 for i in sorted(transducer.rules_matched)] if transducer is not None else [],
-        "held": transducer.max_held if transducer is not None else 0,
-        "bailout": bool(transducer is not None and transducer.bailed_out),
-        "timeout": bool(transducer is not None and transducer.timed_out),
-    }
+    entry[LINE] = _LINE % (
+        now, _string(entry[SITE]), _string(request.method.decode("latin-1")), _string(entry[URL]), entry[STATUS],
+        '"HTTP/2.0"' if proto == b"HTTP/2" else _string(proto.decode("latin-1")), _string(client or "-"),
+        _string(entry[CACHE]), f"{upstream:.6f}" if upstream is not None else "null",
+        f"{transducer.scan_seconds:.6f}" if transducer is not None else "null", entry[TOTAL], request.bytes_in,
+        request.sentLength, ",".join(map(str, entry[RULES])), transducer.max_held if transducer is not None else 0,
+        "true" if transducer is not None and transducer.bailed_out else "false",
+        "true" if transducer is not None and transducer.timed_out else "false",
+    )
+    return entry
+
+
+def record_of(request: Any, now: float) -> dict[str, Any]:
+    """The live log's record of a finished request, as a reader gets it."""
+    record: dict[str, Any] = json.loads(with_line(entry_of(request, now), request, now)[LINE])
+    return record
 
 
 class Tap:
@@ -177,20 +201,20 @@ class Tap:
 
     def __init__(self, filters: Iterable[LogFilter], ring: int = RING) -> None:
         self.filters = list(filters)
-        self.records: deque[dict[str, Any]] = deque(maxlen=ring)
+        self.records: deque[list[Any]] = deque(maxlen=ring)
         self.dropped = 0
 
     def offer(self, request: Any, now: float) -> None:
-        record = record_of(request, now)
+        entry = entry_of(request, now)
         for f in self.filters:
-            if f.matches(record):
+            if f.matches(entry):
                 records = self.records
                 if len(records) == records.maxlen:
                     self.dropped += 1
-                records.append(record)
+                records.append(with_line(entry, request, now))
                 return
 
-    def take(self) -> tuple[list[dict[str, Any]], int]:
+    def take(self) -> tuple[list[list[Any]], int]:
         """The records held and how many were dropped since the last take."""
         records, self.records = list(self.records), deque(maxlen=self.records.maxlen)
         dropped, self.dropped = self.dropped, 0
@@ -209,14 +233,13 @@ class Reader:
         self._paused = paused
         self.dropped = 0
 
-    def deliver(self, records: Iterable[Mapping[str, Any]], dropped: int = 0) -> None:
-        """Send the records this reader wants (``dropped``: records lost
-        before they reached here that this reader might have wanted)."""
+    def deliver(self, entries: Iterable[Sequence[Any]], dropped: int = 0) -> None:
+        """Send the records this reader wants (``entries``: as ``Tap.take``
+        gives them; ``dropped``: records lost before they reached here that
+        this reader might have wanted)."""
         self.dropped += dropped
-        lines = []
-        for record in records:
-            if self.filter.matches(record):
-                lines.append(json.dumps(record, separators=(",", ":")))
+        matches = self.filter.matches
+        lines = [entry[LINE] for entry in entries if matches(entry)]
         if not lines and not self.dropped:
             return
         if self._paused():
@@ -252,6 +275,6 @@ class LogHub:
             self.readers.remove(reader)
             self.filters_changed(self.filters())
 
-    def deliver(self, records: Sequence[Mapping[str, Any]], dropped: int = 0) -> None:
+    def deliver(self, entries: Sequence[Sequence[Any]], dropped: int = 0) -> None:
         for reader in list(self.readers):
-            reader.deliver(records, dropped)
+            reader.deliver(entries, dropped)

@@ -15,9 +15,11 @@ from prexy.observe.tap import (
     LogHub,
     Reader,
     Tap,
+    entry_of,
     parse_duration,
     parse_filter,
     record_of,
+    with_line,
 )
 
 
@@ -54,6 +56,13 @@ def record(**kw: Any) -> dict[str, Any]:
     return record_of(Request(**kw), now)
 
 
+def entry(**kw: Any) -> list[Any]:
+    """What the filters read of a request, with its line."""
+    now = kw.pop("now", 10.25)
+    request = Request(**kw)
+    return with_line(entry_of(request, now), request, now)
+
+
 class FilterTests(SynchronousTestCase):
     def test_parse(self) -> None:
         f = parse_filter({"site": ["shop"], "status": ["5xx"], "slower": ["200ms"], "miss": ["1"], "rule": ["3"],
@@ -81,7 +90,7 @@ class FilterTests(SynchronousTestCase):
             self.assertIn(says, str(caught.exception))
 
     def test_matches(self) -> None:
-        r = record(rules={0, 2}, code=503, cache="miss")
+        r = entry(rules={0, 2}, code=503, cache="miss")
         self.assertTrue(parse_filter({}).matches(r))
         self.assertTrue(parse_filter({"rule": ["3"]}).matches(r))
         self.assertFalse(parse_filter({"rule": ["2"]}).matches(r))
@@ -91,13 +100,13 @@ class FilterTests(SynchronousTestCase):
         self.assertTrue(parse_filter({"slower": ["200ms"]}).matches(r))
         self.assertFalse(parse_filter({"slower": ["300ms"]}).matches(r))
         self.assertTrue(parse_filter({"miss": ["1"]}).matches(r))
-        self.assertFalse(parse_filter({"miss": ["1"]}).matches(record(cache="hit")))
+        self.assertFalse(parse_filter({"miss": ["1"]}).matches(entry(cache="hit")))
         self.assertTrue(parse_filter({"url": [r"b=\d"]}).matches(r))
         self.assertFalse(parse_filter({"site": ["other"]}).matches(r))
 
     @given(st.sampled_from(["5xx", "4xx", "404", "200"]), st.integers(100, 599))
     def test_status_filter(self, status: str, code: int) -> None:
-        matched = parse_filter({"status": [status]}).matches(record(code=code))
+        matched = parse_filter({"status": [status]}).matches(entry(code=code))
         expected = code // 100 == int(status[0]) if status.endswith("xx") else code == int(status)
         self.assertEqual(matched, expected)
 
@@ -122,7 +131,7 @@ class TapTests(SynchronousTestCase):
             tap.offer(Request(code=500, uri=b"/%d" % i), 11.0)
         tap.offer(Request(code=200), 11.0)  # no reader wants it
         records, dropped = tap.take()
-        self.assertEqual([r["url"] for r in records], ["/2", "/3", "/4"])
+        self.assertEqual([json.loads(r[-1])["url"] for r in records], ["/2", "/3", "/4"])
         self.assertEqual(dropped, 2)
         self.assertEqual(tap.take(), ([], 0))
 
@@ -132,11 +141,11 @@ class ReaderTests(SynchronousTestCase):
         written: list[bytes] = []
         paused = [False]
         reader = Reader(parse_filter({"site": ["shop"]}), written.append, lambda: paused[0])
-        reader.deliver([record(uri=b"/1"), record(site="other")])
+        reader.deliver([entry(uri=b"/1"), entry(site="other")])
         paused[0] = True
-        reader.deliver([record(uri=b"/2"), record(uri=b"/3")])
+        reader.deliver([entry(uri=b"/2"), entry(uri=b"/3")])
         paused[0] = False
-        reader.deliver([record(uri=b"/4")], dropped=1)
+        reader.deliver([entry(uri=b"/4")], dropped=1)
         lines = [json.loads(line) for chunk in written for line in chunk.splitlines()]
         self.assertEqual(lines[0]["url"], "/1")
         self.assertEqual(lines[1], {"dropped": 3})
