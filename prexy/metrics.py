@@ -71,7 +71,8 @@ HELP = {
     "prexy_site_responses_total": "Responses by site and status class.",
     "prexy_site_bytes_out_total": "Response body bytes sent to clients, by site.",
     "prexy_site_bytes_in_total": "Response body bytes received from upstreams, by site.",
-    "prexy_site_cache_total": "Requests by site and what the cache did (hit, miss, pass, other).",
+    "prexy_site_cache_total": "Requests by site and what they were answered from (hit: the cache, grace"
+    " included; miss: fetched for it; pass: fetched without it, or no cache).",
     "prexy_site_upstream_seconds_total": "Time to the upstreams' response heads, summed, by site.",
     "prexy_site_rewrite_seconds_total": "Time the rules took, summed, by site.",
     "prexy_site_rewritten_total": "Responses the site's rules ran on, by site.",
@@ -263,7 +264,7 @@ def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
     top sites."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-    from prexy.observe.stats import LATENCY_BOUNDS, LATENCY_CLASSES, other_count, passed_count
+    from prexy.observe.stats import LATENCY_BOUNDS, LATENCY_CLASSES
 
     head, other = observed.top_sites(top_sites)
     rows = head + ([("other", other)] if other is not None else [])
@@ -289,10 +290,8 @@ def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
         sent.add_metric([name], t[2])
         received.add_metric([name], t[3])
         counts = t[8]
-        cache.add_metric([name, "hit"], counts.get("hit", 0))
-        cache.add_metric([name, "miss"], counts.get("miss", 0))
-        cache.add_metric([name, "pass"], passed_count(counts))
-        cache.add_metric([name, "other"], other_count(counts))
+        for result in LATENCY_CLASSES:
+            cache.add_metric([name, result], counts.get(result, 0))
         upstream.add_metric([name], t[4])
         rewrite.add_metric([name], t[6])
         rewritten.add_metric([name], t[1])

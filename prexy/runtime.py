@@ -59,6 +59,8 @@ class SiteRuntime:
     targeted: frozenset[bytes] = attrs.field(
         default=attrs.Factory(lambda self: _targeted(self.config), takes_self=True), eq=False
     )
+    #: The site's name (read on every request: a field, not a property).
+    name: str = attrs.field(default=attrs.Factory(lambda self: self.config.name, takes_self=True), eq=False)
     #: The site's name as bytes (part of every rule-applicability key).
     name_bytes: bytes = attrs.field(
         default=attrs.Factory(lambda self: self.config.name.encode("utf-8", "surrogateescape"), takes_self=True),
@@ -84,10 +86,6 @@ class SiteRuntime:
     #: The rule set its rules files loaded as (``rules`` is None when it
     #: has header directives only): what a reload compares to reuse the site.
     loaded: RuleSet | None = attrs.field(default=None, eq=False)
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
 
 def _rules_version(rules: RuleSet | None, header_rules: HeaderRules) -> str:

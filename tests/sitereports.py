@@ -52,7 +52,7 @@ def busy_report() -> dict[str, Any]:
         "upstream_seconds": 1_234.5,
         "rewrite_seconds": 61.25,
         "errors_by_class": {"4xx": 311, "5xx": 17, "upstream": 9},
-        "cache": {"hit": 30_100, "miss": 12_900, "pass": 5_211, "other": 0, "hit_rate": 0.7},
+        "cache": {"hit": 30_100, "miss": 12_900, "pass": 5_211, "hit_rate": 0.7},
         "latency": {
             "bounds": BOUNDS,
             "hit": [1_500, 4_000, 3_500, 12_000, 6_000, 2_500, 450, 100, 30, 10, 5, 3, 1, 1, 0, 0, 0],
@@ -88,7 +88,7 @@ def quiet_report() -> dict[str, Any]:
         "upstream_seconds": 0.0,
         "rewrite_seconds": 0.0,
         "errors_by_class": {"4xx": 0, "5xx": 0, "upstream": 0},
-        "cache": {"hit": 0, "miss": 0, "pass": 0, "other": 0, "hit_rate": None},
+        "cache": {"hit": 0, "miss": 0, "pass": 0, "hit_rate": None},
         "latency": {"bounds": BOUNDS, "hit": [0] * 17, "miss": [0] * 17, "pass": [0] * 17},
         "last_errors": [],
     }

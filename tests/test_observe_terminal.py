@@ -51,7 +51,7 @@ def snapshot(k: int, sites: int = 2, rules: int = 30) -> dict[str, Any]:
         "time": 1764900000.5 + k,
         "requests": 5000 + 120 * k,
         "by_class": {"2xx": 4900 + 118 * k, "3xx": 50, "4xx": 40 + 2 * k, "5xx": 10},
-        "cache": {"hit": 3000 + 90 * k, "miss": 900 + 27 * k, "pass": 100 + 3 * k, "other": 0},
+        "cache": {"hit": 3000 + 90 * k, "miss": 900 + 27 * k, "pass": 100 + 3 * k},
         "bytes_out": 123_000_000 + 1_500_000 * k,
         "upstream_errors": 2,
         "latency": {
@@ -183,7 +183,7 @@ class RatesTests(SynchronousTestCase):
         self.assertEqual(r.elapsed, 2.0)
         self.assertEqual(r.requests, 120.0)
         self.assertEqual(r.by_class, {"2xx": 118.0, "3xx": 0.0, "4xx": 2.0, "5xx": 0.0})
-        self.assertEqual(r.cache, {"hit": 90.0, "miss": 27.0, "pass": 3.0, "other": 0.0})
+        self.assertEqual(r.cache, {"hit": 90.0, "miss": 27.0, "pass": 3.0})
         self.assertEqual(r.bytes_out, 1_500_000.0)
         self.assertEqual(r.upstream_errors, 0.0)
         self.assertEqual(r.hit_rate, 90 / 117)  # hits among lookups (hits and misses); passes are none
@@ -192,7 +192,7 @@ class RatesTests(SynchronousTestCase):
         """Only passes and requests with no cache: no hit rate, not 0%."""
         prev, cur = snapshot(0), snapshot(1)
         for snap in (prev, cur):
-            snap["cache"] = {"hit": 0, "miss": 0, "pass": snap["requests"], "other": 0}
+            snap["cache"] = {"hit": 0, "miss": 0, "pass": snap["requests"]}
         self.assertIsNone(rates(prev, cur).hit_rate)
         self.assertIn("hit rate - (since start -)", render_top(prev, cur, 80, 24)[1])
 
@@ -228,7 +228,7 @@ class TopTests(SynchronousTestCase):
         lines = render_top(snapshot(0), snapshot(1), 80, 24, source="http://127.0.0.1:9080", interval=1, tz=UTC)
         self.assertEqual(lines[0], "prexy top  http://127.0.0.1:9080  02:00:01  every 1s")
         self.assertEqual(lines[1], "requests  120/s  total 5.1k   hit rate 76.9% (since start 76.9%)")
-        self.assertEqual(lines[2], "cache/s   hit 90  miss 27  pass 3  other 0")
+        self.assertEqual(lines[2], "cache/s   hit 90  miss 27  pass 3")
         self.assertEqual(lines[3], "status/s  2xx 118  3xx 0  4xx 2  5xx 0  upstream errors 0")
         self.assertEqual(lines[4], "bytes out 1.5MB/s  total 124.5MB")
         shop = next(line for line in lines if line.startswith("shop "))

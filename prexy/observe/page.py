@@ -84,14 +84,13 @@ svg .grid{stroke:var(--line);stroke-width:1}
 svg .hit{fill:var(--hit)}
 svg .miss{fill:var(--miss)}
 svg .pass{fill:var(--pass)}
-svg .other{fill:var(--line)}
+svg .empty{fill:var(--line)}
 svg .spark-bg{fill:var(--line)}
 svg text.empty-note{fill:var(--muted);font-size:16px}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .swatch.hit{background:var(--hit)}
 .swatch.miss{background:var(--miss)}
 .swatch.pass{background:var(--pass)}
-.swatch.other{background:var(--line)}
 .cols{display:grid;grid-template-columns:1fr 1fr;gap:24px}
 @media (max-width:800px){.cols{grid-template-columns:1fr}}
 footer{margin-top:32px;color:var(--muted);font-size:12px}
@@ -342,7 +341,7 @@ def _summary(report: Mapping[str, Any]) -> str:
 
 
 def _cache_total(cache: Mapping[str, Any]) -> int:
-    return int(sum(n for n in (_num(cache.get(k)) for k in ("hit", "miss", "pass", "other")) if n is not None))
+    return int(sum(n for n in (_num(cache.get(k)) for k in ("hit", "miss", "pass")) if n is not None))
 
 
 # -- rules ------------------------------------------------------------------------
@@ -611,7 +610,7 @@ def _cache(report: Mapping[str, Any]) -> str:
     rows = []
     bar = []
     x = 0.0
-    for name in ("hit", "miss", "pass", "other"):
+    for name in ("hit", "miss", "pass"):
         n = _num(cache.get(name))
         share = _ratio(n, total)
         rows.append(
@@ -628,7 +627,7 @@ def _cache(report: Mapping[str, Any]) -> str:
         f'{esc(percent(_num(cache.get("hit_rate"))))}</td></tr>\n'
     )
     if not bar:
-        bar.append('<rect class="other" x="0" y="0" width="400" height="14" />')
+        bar.append('<rect class="empty" x="0" y="0" width="400" height="14" />')
     return (
         '<section id="cache-section">\n<h2>Cache</h2>\n'
         '<svg id="cache-bar" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 400 14" width="400" '

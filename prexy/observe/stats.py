@@ -21,7 +21,7 @@ that changes a site's rules starts them again.
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -39,21 +39,23 @@ __all__ = [
 LATENCY_BOUNDS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
-#: The histograms' cache classes: what a request was answered from.
+#: What a request was answered from, as the histograms and the cache
+#: counts class it: hit (a hit, or a stale copy served in grace), miss
+#: (fetched for the cache: a miss, a follower of one, stale-if-error),
+#: pass (fetched without it: passed, hit-for-miss, or no cache at all).
 LATENCY_CLASSES = ("hit", "miss", "pass")
 _CLASS_OF = {
     "hit": 0, "grace": 0,
     "miss": 1, "collapsed": 1, "stale-if-error": 1,
 }
+#: A status code's class (index 1 for 1xx ... 5 for 5xx, 0 for the rest),
+#: looked up (a status line's code has three digits).
+_STATUS_CLASS = tuple(code // 100 if 100 <= code < 600 else 0 for code in range(1000))
 #: Rules that have not fired in this many of the site's last rewritten
 #: responses are listed as never matching.
 NEVER_MATCHED_WINDOW = 1000
 #: The last errors kept per site.
 LAST_ERRORS = 10
-#: The cache results counted apart; the rest are summed as "other".
-CACHE_RESULTS = ("hit", "miss", "pass")
-#: What counts as "pass": passed by the cache, or no cache at all ("-").
-_PASSED = ("pass", "-")
 #: Distinct URLs counted per site for its most requested ones (the dry
 #: run's pages); past this, the least requested half is forgotten.
 TOP_URLS = 256
@@ -82,13 +84,12 @@ class SiteCounters:
     """One site's counters in one process."""
 
     __slots__ = (
-        "requests", "rewritten", "bytes_out", "bytes_in", "upstream_seconds", "upstream_count",
-        "rewrite_seconds", "classes", "cache", "latency", "errors", "upstream_errors", "urls", "rewrite_latency",
+        "rewritten", "bytes_out", "bytes_in", "upstream_seconds", "upstream_count",
+        "rewrite_seconds", "classes", "latency", "errors", "upstream_errors", "urls", "rewrite_latency",
         "latency_sums",
     )
 
     def __init__(self) -> None:
-        self.requests = 0
         #: Responses the site's rules ran on.
         self.rewritten = 0
         self.bytes_out = 0
@@ -98,7 +99,6 @@ class SiteCounters:
         self.rewrite_seconds = 0.0
         #: Responses by status class: index 1 is 1xx ... 5 is 5xx (0: other).
         self.classes = [0] * 6
-        self.cache: dict[str, int] = {}
         #: Total-time histograms, one per ``LATENCY_CLASSES``.
         self.latency = [[0] * _ZERO_LATENCY for _ in LATENCY_CLASSES]
         self.errors: deque[dict[str, Any]] = deque(maxlen=LAST_ERRORS)
@@ -111,9 +111,13 @@ class SiteCounters:
         self.latency_sums = [0.0] * len(LATENCY_CLASSES)
 
     def as_list(self) -> list[Any]:
+        """The counters as the report carries them: the requests and the
+        cache results (what the latency histograms' classes count) made
+        here from what ``Observer.answered`` counted."""
         return [
-            self.requests, self.rewritten, self.bytes_out, self.bytes_in, self.upstream_seconds,
-            self.upstream_count, self.rewrite_seconds, list(self.classes), dict(self.cache),
+            sum(self.classes), self.rewritten, self.bytes_out, self.bytes_in, self.upstream_seconds,
+            self.upstream_count, self.rewrite_seconds, list(self.classes),
+            {kind: sum(counts) for kind, counts in zip(LATENCY_CLASSES, self.latency, strict=True)},
             [list(h) for h in self.latency], list(self.errors), self.upstream_errors,
             list(self.rewrite_latency), list(self.latency_sums),
         ]
@@ -166,10 +170,6 @@ def rule_labels(ruleset: Any) -> list[list[Any]]:
     return labels
 
 
-def status_class(code: int) -> int:
-    return code // 100 if 100 <= code < 600 else 0
-
-
 class Observer:
     """One process's counters (see the module docstring).  ``tap``: where
     the records of the live request log go while someone reads it
@@ -178,7 +178,11 @@ class Observer:
     def __init__(self) -> None:
         self.sites: dict[str, SiteCounters] = {}
         self.rules: dict[str, RuleCounters] = {}
+        #: Sites whose rule counters changed since the last report (a
+        #: site's own counters are compared with what was reported instead:
+        #: nothing is marked per request).
         self.dirty: set[str] = set()
+        self._reported: dict[str, int] = {}
         self.tap: Any = None
         # The rule sets whose labels went out in a report already.
         self._labelled: set[tuple[str, str]] = set()
@@ -190,49 +194,33 @@ class Observer:
         return counters
 
     def answered(self, request: Answered, now: float) -> None:
-        """A request finished (its answer's last byte was written)."""
+        """A request finished (its answer's last byte was written).  Every
+        request pays for this: what can be derived later (the requests,
+        from the status classes; the cache results, from the histograms)
+        is not counted here."""
         name = request.site_name
         s = self.sites.get(name)
         if s is None:
             s = self._site(name)
         code = request.code
-        s.requests += 1
-        s.classes[code // 100 if 100 <= code < 600 else 0] += 1
+        s.classes[_STATUS_CLASS[code]] += 1
         s.bytes_out += request.sentLength
-        cache = request.cache_status
-        counts = s.cache
-        counts[cache] = counts.get(cache, 0) + 1
+        s.bytes_in += request.bytes_in
         took = now - request.started
-        kind = _CLASS_OF.get(cache, 2)
-        s.latency[kind][bisect.bisect_left(LATENCY_BOUNDS, took)] += 1
+        kind = _CLASS_OF.get(request.cache_status, 2)
+        s.latency[kind][bisect_left(LATENCY_BOUNDS, took)] += 1
         s.latency_sums[kind] += took
         upstream = request.upstream_seconds
         if upstream is not None:
             s.upstream_seconds += upstream
             s.upstream_count += 1
-        s.bytes_in += request.bytes_in
         transducer = request.rewrite
         if transducer is not None:
-            spent = transducer.scan_seconds
-            s.rewrite_seconds += spent
-            s.rewrite_latency[bisect.bisect_left(LATENCY_BOUNDS, spent)] += 1
+            _rewritten_answer(s, request, transducer, code)
         if code >= 500:
-            s.errors.append({
-                "time": round(now, 3), "status": code, "url": request.uri.decode("latin-1"), "cache": cache,
-                "kind": "upstream" if upstream is None and code in (502, 504) else "status",
-            })
-            if code in (502, 504):
-                s.upstream_errors += 1
-        if code == 200 and transducer is not None and request.method == b"GET":
-            urls = s.urls
-            url = request.uri.decode("latin-1")
-            urls[url] = urls.get(url, 0) + 1
-            if len(urls) > TOP_URLS:
-                _forget_half(urls)
-        self.dirty.add(name)
-        tap = self.tap
-        if tap is not None:
-            tap.offer(request, now)
+            _error(s, request, code, now)
+        if self.tap is not None:
+            self.tap.offer(request, now)
 
     def rewritten(self, site_name: str, ruleset: Any, transducer: Any, now: float) -> None:
         """A response the site's rules ran on ended (``transducer``: the one
@@ -267,6 +255,12 @@ class Observer:
         """The counters of the sites that changed since the last report
         (cumulative values: a lost report loses nothing)."""
         dirty, self.dirty = self.dirty, set()
+        reported = self._reported
+        for name, counters in self.sites.items():
+            answered = sum(counters.classes)
+            if reported.get(name) != answered:
+                reported[name] = answered
+                dirty.add(name)
         sites = {name: self.sites[name].as_list() for name in dirty if name in self.sites}
         rules: dict[str, Any] = {}
         for name in dirty:
@@ -286,14 +280,29 @@ class Observer:
         return sorted(s.urls.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
 
 
-def passed_count(cache: Mapping[str, int]) -> int:
-    """Requests fetched without the cache: passed by it, or no cache."""
-    return sum(cache.get(k, 0) for k in _PASSED)
+def _rewritten_answer(s: SiteCounters, request: Answered, transducer: Any, code: int) -> None:
+    """The rewrite's time of an answer, and a rewritten page's URL among
+    the most requested (the dry run's pages)."""
+    spent = transducer.scan_seconds
+    s.rewrite_seconds += spent
+    s.rewrite_latency[bisect_left(LATENCY_BOUNDS, spent)] += 1
+    if code == 200 and request.method == b"GET":
+        urls = s.urls
+        url = request.uri.decode("latin-1")
+        urls[url] = urls.get(url, 0) + 1
+        if len(urls) > TOP_URLS:
+            _forget_half(urls)
 
 
-def other_count(cache: Mapping[str, int]) -> int:
-    """Requests the cache answered otherwise (grace, collapsed, ...)."""
-    return sum(v for k, v in cache.items() if k not in CACHE_RESULTS and k not in _PASSED)
+def _error(s: SiteCounters, request: Answered, code: int, now: float) -> None:
+    """An error answer among the site's last ones."""
+    upstream = code in (502, 504) and request.upstream_seconds is None
+    s.errors.append({
+        "time": round(now, 3), "status": code, "url": request.uri.decode("latin-1"), "cache": request.cache_status,
+        "kind": "upstream" if upstream else "status",
+    })
+    if upstream:
+        s.upstream_errors += 1
 
 
 def _forget_half(urls: dict[str, int]) -> None:
@@ -480,7 +489,7 @@ class Aggregate:
         """``GET /sites/NAME.json`` (prexy/observe/README: the shape)."""
         t = self.site_total(name)
         cache = t[8]
-        hit, miss, passed = cache.get("hit", 0), cache.get("miss", 0), passed_count(cache)
+        hit, miss, passed = cache.get("hit", 0), cache.get("miss", 0), cache.get("pass", 0)
         looked = hit + miss
         report: dict[str, Any] = {
             "site": name,
@@ -497,7 +506,7 @@ class Aggregate:
             "rewrite_seconds": round(t[6], 6),
             "errors_by_class": {"4xx": t[7][4], "5xx": t[7][5], "upstream": t[11]},
             "cache": {
-                "hit": hit, "miss": miss, "pass": passed, "other": other_count(cache),
+                "hit": hit, "miss": miss, "pass": passed,
                 "hit_rate": round(hit / looked, 4) if looked else None,
             },
             "latency": {"bounds": list(LATENCY_BOUNDS), **dict(zip(LATENCY_CLASSES, t[9], strict=True))},
@@ -549,8 +558,7 @@ class Aggregate:
             "requests": totals[0],
             "by_class": {f"{k}xx": totals[7][k] for k in range(1, 6)},
             "cache": {
-                "hit": cache.get("hit", 0), "miss": cache.get("miss", 0), "pass": passed_count(cache),
-                "other": other_count(cache),
+                "hit": cache.get("hit", 0), "miss": cache.get("miss", 0), "pass": cache.get("pass", 0),
             },
             "bytes_out": totals[2],
             "upstream_errors": totals[11],

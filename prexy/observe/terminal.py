@@ -210,7 +210,7 @@ class Rates:
 
 
 _CLASSES = ("2xx", "3xx", "4xx", "5xx")
-_CACHE = ("hit", "miss", "pass", "other")
+_CACHE = ("hit", "miss", "pass")
 
 
 def rates(prev: Mapping[str, Any] | None, cur: Mapping[str, Any]) -> Rates:

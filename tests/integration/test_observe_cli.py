@@ -85,7 +85,7 @@ class FakeAdmin(resource.Resource):
             "time": 1764900000 + n / RATE,
             "requests": n,
             "by_class": {"2xx": n - n // 50, "3xx": 0, "4xx": n // 50, "5xx": 0},
-            "cache": {"hit": hits, "miss": misses, "pass": 0, "other": 0},
+            "cache": {"hit": hits, "miss": misses, "pass": 0},
             "bytes_out": n * 1000, "upstream_errors": 0,
             "latency": {
                 "bounds": BOUNDS,

@@ -66,9 +66,9 @@ class ObserverTests(SynchronousTestCase):
         o.answered(Request(code=404, sent=10, cache="miss", started=1.0), 1.02)
         o.answered(Request(code=502, sent=5, cache="-", started=1.0, upstream=None, uri=b"/x"), 1.5)
         s = o.sites["shop"]
-        self.assertEqual((s.requests, s.bytes_out, s.bytes_in), (3, 115, 270))
+        self.assertEqual((sum(s.classes), s.bytes_out, s.bytes_in), (3, 115, 270))
         self.assertEqual(s.classes, [0, 0, 1, 0, 1, 1])
-        self.assertEqual(s.cache, {"hit": 1, "miss": 1, "-": 1})
+        self.assertEqual(s.as_list()[8], {"hit": 1, "miss": 1, "pass": 1})
         # 0.3 ms -> the 0.5 ms bucket of hits; 20 ms -> 25 ms of misses; 0.5 s -> pass.
         self.assertEqual(s.latency[0][LATENCY_BOUNDS.index(0.0005)], 1)
         self.assertEqual(s.latency[1][LATENCY_BOUNDS.index(0.025)], 1)
@@ -76,7 +76,8 @@ class ObserverTests(SynchronousTestCase):
         self.assertEqual([e["status"] for e in s.errors], [502])
         self.assertEqual(s.errors[0]["kind"], "upstream")
         self.assertEqual(s.upstream_errors, 1)
-        self.assertEqual(o.dirty, {"shop"})
+        self.assertEqual(set(o.report()["sites"]), {"shop"})
+        self.assertEqual(o.report(), {"sites": {}, "rules": {}})
 
     def test_last_errors_are_bounded(self) -> None:
         o = Observer()
