@@ -238,12 +238,13 @@ class Observer:
             return
         counts = transducer.rule_counts
         changed = transducer.rule_bytes
+        matches, responses, replaced, last, fired_at = r.matches, r.responses, r.bytes, r.last, r.fired_at
         for rule in transducer.rules_matched:
-            r.matches[rule] += counts[rule]
-            r.responses[rule] += 1
-            r.bytes[rule] += changed[rule]
-            r.last[rule] = now
-            r.fired_at[rule] = seq
+            matches[rule] += counts[rule]
+            responses[rule] += 1
+            replaced[rule] += changed[rule]
+            last[rule] = now
+            fired_at[rule] = seq
         stopped = transducer.stopped_by
         if stopped is not None:
             if transducer.bailed_out:
