@@ -25,6 +25,7 @@ commands:
   rules diff   what a draft rules file would change on a site's pages
 
 log, top, hist and rules find the running Prexy with --config FILE or --admin URL.
+--version prints Prexy's version.
 
 The proxy itself runs as: twistd -n prexy --help
 """
@@ -36,6 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from prexy import __version__
+
+        sys.stdout.write(f"prexy {__version__}\n")
+        return 0
     command, rest = args[0], args[1:]
     if command == "rewrite":
         from prexy.substitution.cli import main as rewrite_main

@@ -137,6 +137,13 @@ class Options(usage.Options):
     opt_l = opt_listen
     opt_r = opt_rules
 
+    def opt_version(self) -> None:
+        """Print Prexy's version and exit."""
+        from prexy import __version__
+
+        sys.stdout.write(f"prexy {__version__}\n")
+        raise SystemExit(0)
+
     def postOptions(self) -> None:
         if self["reload"]:
             # The running Prexy validates the files itself, rules and maps
