@@ -386,3 +386,37 @@ def test_prexy_top_in_tmux(shop: Site, cleanup: Cleanups) -> Any:
     rate = next(line for line in shown.splitlines() if line.lstrip().startswith("requests"))
     assert float(rate.split()[1].rstrip("/s")) > 0, shown
     assert "shop" in shown
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_reload_that_changes_the_rules_starts_their_counters_again(shop: Site) -> Any:
+    """After a reload with a changed rules file, /sites/shop.json lists the
+    new rules (numbers, lines, patterns) with the counts of the traffic
+    since, summed over both workers."""
+    yield shop.start()
+    yield defer.gatherResults([shop.get(path) for path in PAGES])
+    yield shop.report_with(len(PAGES))
+    with open(shop.rules, "w") as f:
+        f.write("replace_filter 'UA-11111-1' 'UA-22222-2' g;\nreplace_filter 'nowhere-at-all' 'x' g;\n")
+    client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    yield connect(shop.admin, client)
+    assert b" 200 " in bytes(client.data).split(b"\r\n", 1)[0], bytes(client.data)
+    sent = list(PAGES)[:5]
+    bodies = yield defer.gatherResults([shop.get(path) for path in sent])
+    assert all(b"UA-22222-2" in body for body in bodies)
+    report = yield shop.report_with(len(PAGES) + len(sent))
+
+    from prexy.worker import METRICS_INTERVAL
+
+    # Both workers report on their own timers: wait until the new rules'
+    # counts hold every request since the reload.
+    for _ in range(40):
+        if report["rules"] and report["rules"][0]["pattern"] == "UA-11111-1" and report["rules"][0]["responses"] == len(sent):
+            break
+        yield task.deferLater(reactor, METRICS_INTERVAL / 4, lambda: None)
+        report = yield shop.report_with(len(PAGES) + len(sent))
+    assert [(r["number"], r["line"], r["pattern"]) for r in report["rules"]] == [
+        (1, 1, "UA-11111-1"), (2, 2, "nowhere-at-all"),
+    ]
+    assert report["rules"][0]["matches"] == len(sent)
+    assert report["never_matched"] == [2]
