@@ -26,6 +26,7 @@ error that names the directive.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -64,6 +65,9 @@ class NginxConfigError(Exception):
         self.line = line
 
     def __str__(self) -> str:
+        # line 0: the main file itself could not be read, which nginx says with no place
+        if self.line == 0:
+            return self.reason
         return f"{self.reason} in {self.file}:{self.line}"
 
 
@@ -279,8 +283,10 @@ def _read(path: str, at: Directive | None, at_line: int) -> str:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
+        # nginx's words: open() fails on a missing file, pread() on a directory
         err = e.errno or 0
-        reason = f'open() "{path}" failed ({err}: {os.strerror(err)})'
+        step = "pread" if err == errno.EISDIR else "open"
+        reason = f'{step}() "{path}" failed ({err}: {os.strerror(err)})'
         if at is None:
             raise NginxConfigError(reason, path, 0) from e
         raise NginxConfigError(reason, at.file, at_line) from e

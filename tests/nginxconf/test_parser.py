@@ -3,6 +3,7 @@ include, and dump's round trip."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -47,7 +48,7 @@ class TokensTests(SynchronousTestCase):
             ("http", (), [("server", (), [("listen", ("80",), None)])]),
         ])
         self.assertEqual([d.line for d in ds], [1, 2, 5])
-        self.assertEqual(ds[1].block[0], Directive("worker_connections", ("768",), None, "/c/nginx.conf", 3))
+        self.assertEqual((ds[1].block or ())[0], Directive("worker_connections", ("768",), None, "/c/nginx.conf", 3))
 
     def test_line_is_the_line_of_the_name(self) -> None:
         ds = parse("\n\n  # a comment { ; }\n  proxy_pass\n   http://a\n;\n", "f")
@@ -89,7 +90,7 @@ class TokensTests(SynchronousTestCase):
     def test_crlf_and_tabs(self) -> None:
         ds = parse("a\t1;\r\nb {\r\n\tc;\r\n}\r\n", "f")
         self.assertEqual(shape(ds), [("a", ("1",), None), ("b", (), [("c", (), None)])])
-        self.assertEqual(ds[1].block[0].line, 3)
+        self.assertEqual((ds[1].block or ())[0].line, 3)
 
     def test_empty_file(self) -> None:
         self.assertEqual(parse("", "f"), ())
@@ -222,9 +223,20 @@ class LoadTests(SynchronousTestCase):
         self.assertEqual([d.name for d in load(main)], ["x", "x"])
 
     def test_missing_main_file(self) -> None:
+        missing = os.path.join(self.dir, "nope.conf")
         with self.assertRaises(NginxConfigError) as caught:
-            load(os.path.join(self.dir, "nope.conf"))
-        self.assertIn("(2: No such file or directory)", caught.exception.reason)
+            load(missing)
+        # as nginx says it: no file and line for the main file itself
+        self.assertEqual(str(caught.exception), f'open() "{missing}" failed (2: No such file or directory)')
+        self.assertEqual((caught.exception.file, caught.exception.line), (missing, 0))
+
+    def test_include_of_a_directory(self) -> None:
+        os.mkdir(os.path.join(self.dir, "d"))
+        main = self.write("nginx.conf", "events {}\ninclude d;\n")
+        with self.assertRaises(NginxConfigError) as caught:
+            load(main)
+        d = os.path.join(self.dir, "d")
+        self.assertEqual(str(caught.exception), f'pread() "{d}" failed (21: Is a directory) in {main}:2')
 
 
 class RealConfigurationTests(SynchronousTestCase):
@@ -278,7 +290,23 @@ class RealConfigurationTests(SynchronousTestCase):
         self.assertEqual([d.args for d in find(block, "subs_filter")],
                          [(r.pattern, r.replacement, "gr") for r in rules])
         self.assertEqual(find(ds, "http", "upstream", "server")[0].args[0].rsplit(":", 1)[1], "9090")
-        self.assertEqual(find(ds, "http", "types")[0].block[0].args, ("html",))  # type: ignore[index]
+        self.assertEqual((find(ds, "http", "types")[0].block or ())[0].args, ("html",))
+
+    def test_headeredits_configuration(self) -> None:
+        # the integration test's directives, read from its source without importing it
+        source = (Path(__file__).parents[1] / "integration" / "test_headeredits_nginx.py").read_text()
+        assigned = next(node for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id == "DIRECTIVES" for t in node.targets))
+        directives = ast.literal_eval(assigned.value)
+        text = f"http {{\n  server {{ listen 127.0.0.1:1; server_name _;\n    location / {{ proxy_pass http://127.0.0.1:2;\n{directives} }} }}\n}}\n"
+        ds = parse(text, "/h/nginx.conf")
+        block = find(ds, "http", "server", "location")[0].block or ()
+        self.assertIn(("Strict-Transport-Security", "max-age=31536000", "always"),
+                      [d.args for d in find(block, "add_header")])
+        self.assertIn(("X-Empty", ""), [d.args for d in find(block, "add_header")])
+        self.assertEqual([d.args for d in find(block, "proxy_set_header")][-2:],
+                         [("X-Req", "$request_method $request_uri"), ("X-Req", "second")])
+        self.assertEqual(len(block), len([line for line in directives.splitlines() if line.strip()]) + 1)
 
     def test_urlmap_differential_configuration(self) -> None:
         from tests.urlmap.test_nginx_differential import _conf
@@ -300,13 +328,13 @@ class RealConfigurationTests(SynchronousTestCase):
 
 # -- round trip ---------------------------------------------------------------
 
-_chars = st.characters(codec="utf-8", exclude_categories=("Cs",))
+_chars = st.characters(codec="utf-8")
 _words = st.one_of(
     st.text(alphabet=_chars, max_size=12),
     st.sampled_from(["$host", "${host}x", "~^/a{2}$", "a;b", "#x", "}", "{", "'q'", '"', "\\", "\\d+",
                      "\\n", "a b", "\t", "\n", "(", ")", "$", "", "$\\"]),
 )
-_names = _words.filter(lambda w: w != "include")
+_names = _words.filter(lambda w: w != "include" and not w.endswith("lua_block"))
 
 
 def _tree(depth: int) -> st.SearchStrategy[tuple[Directive, ...]]:
