@@ -241,7 +241,8 @@ class _Lexer:
 
 
 def _is_lua_block(name: str) -> bool:
-    return name.endswith("_by_lua_block") or name == "lua_block"
+    """OpenResty's content_by_lua_block, set_by_lua_block, ... whose blocks are Lua."""
+    return name.endswith("_by_lua_block")
 
 
 def _parse_block(lexer: _Lexer, inside: bool) -> tuple[Directive, ...]:
