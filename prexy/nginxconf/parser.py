@@ -245,7 +245,11 @@ def _is_lua_block(name: str) -> bool:
     return name.endswith("_by_lua_block")
 
 
-def _parse_block(lexer: _Lexer, inside: bool) -> tuple[Directive, ...]:
+def _parse_block(lexer: _Lexer, inside: bool,
+                 ends: dict[int, int] | None = None) -> tuple[Directive, ...]:
+    """The directives up to the end of the file (or of the block when ``inside``);
+    ``ends`` gets, for each ``include``, the line its ``;`` is on, where nginx
+    reports the errors of an include."""
     out: list[Directive] = []
     while True:
         how, args, line = lexer.statement()
@@ -259,14 +263,21 @@ def _parse_block(lexer: _Lexer, inside: bool) -> tuple[Directive, ...]:
             return tuple(out)
         name, rest = args[0], tuple(args[1:])
         if how == _OK:
-            out.append(Directive(name, rest, None, lexer.file, line))
+            d = Directive(name, rest, None, lexer.file, line)
+            if ends is not None and name == "include":
+                ends[id(d)] = lexer.line
+            out.append(d)
             continue
         if _is_lua_block(name):
             raise lexer.error(
                 f'"{name}" is not supported: its block is Lua code, not nginx '
                 "configuration (move the Lua code to a file and use the *_by_lua_file form)",
                 line)
-        out.append(Directive(name, rest, _parse_block(lexer, True), lexer.file, line))
+        block = _parse_block(lexer, True, ends)
+        d = Directive(name, rest, block, lexer.file, line)
+        if ends is not None and name == "include":
+            ends[id(d)] = line
+        out.append(d)
 
 
 def parse(text: str, file: str) -> tuple[Directive, ...]:
@@ -319,32 +330,34 @@ def _load_file(path: str, base: str, chain: tuple[str, ...], at: Directive | Non
         assert at is not None
         loop = " -> ".join(f'"{p}"' for p in (*chain[chain.index(path):], path))
         raise NginxConfigError(f"include loop: {loop}", at.file, at_line)
-    directives = parse(_read(path, at, at_line), path)
-    return _expand(directives, base, (*chain, path))
+    ends: dict[int, int] = {}
+    directives = _parse_block(_Lexer(_read(path, at, at_line), path), False, ends)
+    return _expand(directives, base, (*chain, path), ends)
 
 
-def _expand(directives: Iterable[Directive], base: str,
-            chain: tuple[str, ...]) -> tuple[Directive, ...]:
+def _expand(directives: Iterable[Directive], base: str, chain: tuple[str, ...],
+            ends: dict[int, int]) -> tuple[Directive, ...]:
     out: list[Directive] = []
     for d in directives:
         if d.name != "include":
             if d.block is not None:
-                d = attrs.evolve(d, block=_expand(d.block, base, chain))
+                d = attrs.evolve(d, block=_expand(d.block, base, chain, ends))
             out.append(d)
             continue
+        end = ends.get(id(d), d.line)
         if d.block is not None:
             raise NginxConfigError('directive "include" is not terminated by ";"', d.file, d.line)
         if len(d.args) != 1:
             raise NginxConfigError('invalid number of arguments in "include" directive',
-                                   d.file, d.line)
+                                   d.file, end)
         name = d.args[0]
         full = os.path.normpath(os.path.join(base, name)) if not os.path.isabs(name) else name
         if not any(c in name for c in _GLOB_CHARS):
-            out.extend(_load_file(full, base, chain, d, d.line))
+            out.extend(_load_file(full, base, chain, d, end))
             continue
         # glob() in the C locale with no flags: sorted bytewise, dot files not matched by *
         for match in sorted(glob.glob(full), key=lambda p: os.fsencode(p)):
-            out.extend(_load_file(match, base, chain, d, d.line))
+            out.extend(_load_file(match, base, chain, d, end))
     return tuple(out)
 
 

@@ -384,6 +384,8 @@ BROKEN = {
     "include_missing": "events {}\n\ninclude /nonexistent-prexy/x.conf;\n",
     "include_relative": "events {}\ninclude nothere.conf;\n",
     "include_args": "events {}\ninclude a b;\n",
+    "include_args_lines": "events {}\ninclude a\n b\n\n;\n",
+    "include_missing_lines": "events {}\ninclude\n /nonexistent-prexy/x.conf\n\n;\n",
     "comment": "events {} # }\n pid \"a#b\" ;# x\n}",
     "multiline": 'events {}\n\n\npid\n  "x"  \n\n',
 }
