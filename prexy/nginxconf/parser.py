@@ -273,10 +273,11 @@ def _parse_block(lexer: _Lexer, inside: bool,
                 f'"{name}" is not supported: its block is Lua code, not nginx '
                 "configuration (move the Lua code to a file and use the *_by_lua_file form)",
                 line)
+        opened = lexer.line
         block = _parse_block(lexer, True, ends)
         d = Directive(name, rest, block, lexer.file, line)
         if ends is not None and name == "include":
-            ends[id(d)] = line
+            ends[id(d)] = opened
         out.append(d)
 
 
@@ -346,7 +347,7 @@ def _expand(directives: Iterable[Directive], base: str, chain: tuple[str, ...],
             continue
         end = ends.get(id(d), d.line)
         if d.block is not None:
-            raise NginxConfigError('directive "include" is not terminated by ";"', d.file, d.line)
+            raise NginxConfigError('directive "include" is not terminated by ";"', d.file, end)
         if len(d.args) != 1:
             raise NginxConfigError('invalid number of arguments in "include" directive',
                                    d.file, end)

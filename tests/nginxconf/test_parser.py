@@ -384,6 +384,7 @@ BROKEN = {
     "include_missing": "events {}\n\ninclude /nonexistent-prexy/x.conf;\n",
     "include_relative": "events {}\ninclude nothere.conf;\n",
     "include_args": "events {}\ninclude a b;\n",
+    "include_block_lines": "events {}\ninclude a\n\n{ }\n",
     "include_args_lines": "events {}\ninclude a\n b\n\n;\n",
     "include_missing_lines": "events {}\ninclude\n /nonexistent-prexy/x.conf\n\n;\n",
     "comment": "events {} # }\n pid \"a#b\" ;# x\n}",
