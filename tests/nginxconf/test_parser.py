@@ -363,6 +363,20 @@ class RoundTripTests(SynchronousTestCase):
     def test_parse_of_dump_is_the_same_tree(self, tree: tuple[Directive, ...]) -> None:
         self.assertEqual(parse(dump(tree), "/t.conf"), _numbered(tree)[0])
 
+    def test_replace_filter_conformance_rules(self) -> None:
+        """replace-filter's conformance patterns and replacements (backslashes,
+        ``$&``, ``{n,m}``...) written by dump read back the same."""
+        from tests.substitution.shared import SKIP_REASON, load_cases
+
+        cases = load_cases("replace_filter_cases.json")
+        if cases is None:
+            raise self.skipTest(SKIP_REASON)
+        rules = [Directive("replace_filter", (r["pattern"], r["replacement"], *([r["flags"]] if r["flags"] else [])),
+                           None, "f", 0) for case in cases for r in case["rules"]]
+        self.assertGreater(len(rules), 50)
+        location = (Directive("location", ("/",), tuple(rules), "f", 0),)
+        self.assertEqual(shape(parse(dump(location), "/t.conf")), shape(location))
+
     def test_dump_quotes_only_what_needs_it(self) -> None:
         ds = (Directive("location", ("~^/a{2}$",), (Directive("return", ("200", 'say "hi"\n'), None, "f", 2),),
                         "f", 1),)
