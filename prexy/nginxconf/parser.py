@@ -327,9 +327,14 @@ def load(path: str, prefix: str | None = None) -> tuple[Directive, ...]:
 
 def _load_file(path: str, base: str, chain: tuple[str, ...], at: Directive | None,
                at_line: int) -> tuple[Directive, ...]:
-    if path in chain:
+    """``path``'s directives, includes expanded; ``chain`` holds the files being
+    read, outermost first (as written, to name them, and their real paths, to
+    recognise one reached under another name)."""
+    real = os.path.realpath(path)
+    reals = [os.path.realpath(p) for p in chain]
+    if real in reals:
         assert at is not None
-        loop = " -> ".join(f'"{p}"' for p in (*chain[chain.index(path):], path))
+        loop = " -> ".join(f'"{p}"' for p in (*chain[reals.index(real):], path))
         raise NginxConfigError(f"include loop: {loop}", at.file, at_line)
     ends: dict[int, int] = {}
     directives = _parse_block(_Lexer(_read(path, at, at_line), path), False, ends)
@@ -352,7 +357,9 @@ def _expand(directives: Iterable[Directive], base: str, chain: tuple[str, ...],
             raise NginxConfigError('invalid number of arguments in "include" directive',
                                    d.file, end)
         name = d.args[0]
-        full = os.path.normpath(os.path.join(base, name)) if not os.path.isabs(name) else name
+        # nginx joins the prefix and the name as they are (no normalising), and so
+        # do its messages
+        full = name if os.path.isabs(name) else os.path.join(base, name)
         if not any(c in name for c in _GLOB_CHARS):
             out.extend(_load_file(full, base, chain, d, end))
             continue

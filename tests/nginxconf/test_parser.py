@@ -217,6 +217,15 @@ class LoadTests(SynchronousTestCase):
         self.assertEqual(caught.exception.reason, f'include loop: "{a}" -> "{b}" -> "{a}"')
         self.assertEqual((caught.exception.file, caught.exception.line), (b, 1))
 
+    def test_include_loop_under_another_name(self) -> None:
+        main = self.write("nginx.conf", "include a.conf;\n")
+        a = self.write("a.conf", "include ./sub/../a.conf;\n")
+        os.mkdir(os.path.join(self.dir, "sub"))
+        with self.assertRaises(NginxConfigError) as caught:
+            load(main)
+        again = os.path.join(self.dir, "./sub/../a.conf")
+        self.assertEqual(str(caught.exception), f'include loop: "{a}" -> "{again}" in {a}:1')
+
     def test_same_file_twice_is_not_a_loop(self) -> None:
         main = self.write("nginx.conf", "include a.conf;\ninclude a.conf;\n")
         self.write("a.conf", "x;\n")
@@ -397,6 +406,7 @@ BROKEN = {
     "close_args": "events { worker_connections 1 }\n",
     "include_missing": "events {}\n\ninclude /nonexistent-prexy/x.conf;\n",
     "include_relative": "events {}\ninclude nothere.conf;\n",
+    "include_dotted": "events {}\ninclude ./no/../nothere.conf;\n",
     "include_args": "events {}\ninclude a b;\n",
     "include_block_lines": "events {}\ninclude a\n\n{ }\n",
     "include_args_lines": "events {}\ninclude a\n b\n\n;\n",
