@@ -220,6 +220,7 @@ CORES = (
     "prexy.substitution.dryrun",
     "prexy.urlmap.index",
     "prexy.urlmap.loader",
+    "prexy.nginxconf.parser",
     "prexy.h2server",
     "prexy.control",
     "prexy.acme.policy",
