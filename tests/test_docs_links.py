@@ -104,7 +104,8 @@ class SlugTests(SynchronousTestCase):
 
 class DocsLinkTests(SynchronousTestCase):
     def test_every_relative_link_in_docs_leads_somewhere(self) -> None:
+        """docs/*.md and the README."""
         pages = sorted(DOCS.glob("*.md"))
         assert pages, f"no pages in {DOCS}"
-        problems = [problem for page in pages for problem in broken(page)]
-        assert not problems, "broken links in docs/:\n" + "\n".join(problems)
+        problems = [problem for page in [*pages, ROOT / "README.md"] for problem in broken(page)]
+        assert not problems, "broken links in docs/ and README.md:\n" + "\n".join(problems)
