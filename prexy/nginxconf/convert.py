@@ -309,6 +309,7 @@ class _Converter:
         self.cache: dict[str, Any] = {}
         self.listen: list[str] = []
         self.hosts_seen: dict[str, str] = {}
+        self.dual_stack: list[DirectiveLike] = []
         self.rules_ok: dict[str, tuple[str, list[tuple[int, str]]]] = {}
 
     # notes
@@ -332,7 +333,7 @@ class _Converter:
                 self.done.add(id(d))
 
     def path(self, name: str) -> str:
-        return name if os.path.isabs(name) else os.path.normpath(os.path.join(self.prefix, name))
+        return name if os.path.isabs(name) else os.path.abspath(os.path.join(self.prefix, name))
 
     # the whole file
     def run(self) -> Conversion:
@@ -469,6 +470,11 @@ class _Converter:
             self.skip_block(srv, f"server not converted: {why} (Prexy proxies; it serves no files)")
             return
         self.used(srv, roots[0])
+        for version in loc.get("proxy_http_version"):
+            if version.args[:1] == ("1.1",):
+                self.note("unneeded", version, "Prexy speaks HTTP/1.1 upstream, with keep-alive")
+            else:
+                self.note("differs", version, "Prexy speaks HTTP/1.1 upstream")
         upstream = self._upstream(proxy[0])
         if upstream is None:
             self.skip_block(srv, "server not converted: its proxy_pass has no upstream Prexy can use (see above)")
@@ -572,7 +578,8 @@ class _Converter:
             self.used(d)
             address, params = d.args[0], d.args[1:]
             ssl = "ssl" in params
-            extra = [p for p in params if p not in ("ssl", "default_server", "default", "http2")]
+            backlog = [p for p in params if re.fullmatch(r"backlog=\d+", p)]
+            extra = [p for p in params if p not in ("ssl", "default_server", "default", "http2", *backlog)]
             if "default_server" in params or "default" in params:
                 site.default = True
             if address.startswith("unix:"):
@@ -598,11 +605,14 @@ class _Converter:
                 self.note("differs", d, f"host name {iface!r}: listening on every address")
                 iface = ""
             if iface == "::" and not ssl:
+                self.dual_stack.append(d)
                 endpoint = f"tcp6:{port}:interface=\\:\\:"
             elif iface:
                 endpoint = f"{kind}:{port}:interface={iface.replace(':', chr(92) + ':')}"
             else:
                 endpoint = f"{kind}:{port}"
+            if backlog:
+                endpoint += ":" + backlog[0]
             if extra:
                 self.note("differs", d, f"parameters {' '.join(extra)} are not converted")
             site.endpoints.append(endpoint)
@@ -698,22 +708,23 @@ class _Converter:
         for d in sub:
             self._sub(d, lines, global_)
         types: list[str] = []
+        first_types: DirectiveLike | None = None
         for kind in ("replace_filter_types", "subs_filter_types", "sub_filter_types"):
-            d = loc.last(kind)
-            if d is not None and (kind == "replace_filter_types" or (kind[:-6] in filters)):
-                self.used(d)
-                types += [t for t in d.args if t not in types]
-            elif d is not None:
-                self.note("unneeded", d, f"no {kind[:-6]} directive uses it")
-        if types and filters:
-            lines.append((_line("replace_filter_types", types), loc.last("replace_filter_types")
-                          or loc.last("subs_filter_types") or loc.last("sub_filter_types")))  # type: ignore[arg-type]
+            found = loc.last(kind)
+            if found is not None and (kind == "replace_filter_types" or (kind[:-6] in filters)):
+                self.used(found)
+                types += [t for t in found.args if t not in types]
+                first_types = first_types or found
+            elif found is not None:
+                self.note("unneeded", found, f"no {kind[:-6]} directive uses it")
+        if types and filters and first_types is not None:
+            lines.append((_line("replace_filter_types", types), first_types))
         for kind in ("replace_filter_max_buffered_size", "replace_filter_last_modified",
                      "replace_filter_skip", "replace_filter_headers"):
-            d = loc.last(kind)
-            if d is not None:
-                self.used(d)
-                lines.append((_line(d.name, d.args), d))
+            found = loc.last(kind)
+            if found is not None:
+                self.used(found)
+                lines.append((_line(found.name, found.args), found))
         keep = loc.last("sub_filter_last_modified")
         if keep is not None:
             self.used(keep)
@@ -745,7 +756,7 @@ class _Converter:
             return
         regex = "r" in flags
         if not regex:
-            pattern = re.sub(r"([.\\/?*+()\[\]{}|^$])", r"\\\1", pattern)
+            pattern = _literal(pattern)
         out, problem = _subs_replacement(repl, regex)
         if problem is not None:
             self.skip(d, f"not converted: {problem}")
@@ -766,7 +777,7 @@ class _Converter:
         if "$" in match or "$" in repl:
             self.skip(d, "variables in sub_filter are not converted (replace_filter has none)")
             return
-        pattern = re.sub(r"([.\\/?*+()\[\]{}|^$])", r"\\\1", match)
+        pattern = _literal(match)
         flags = "gi" if global_ else "i"
         lines.append((f"replace_filter {nginx_quote(pattern)} {nginx_quote(repl)} {flags};", d))
 
@@ -879,6 +890,10 @@ class _Converter:
                 plain = "tcp:" + e.split(":")[1]
                 if plain in endpoints:
                     endpoints.remove(plain)
+                    for d in self.dual_stack:
+                        if d.args[0].endswith("]:" + e.split(":")[1]) or d.args[0] == "[::]":
+                            self.note("differs", d, f"{plain} and this are one dual-stack listener, {e} "
+                                                    "(IPv4 too, with Linux's default net.ipv6.bindv6only=0)")
         default = next((s for s in self.sites if s.default), None)
         if any(e.startswith("ssl:") for e in endpoints):
             cert_site = default if default is not None and "tls_certificate" in default.keys else next(
@@ -1035,6 +1050,11 @@ def _subs_replacement(repl: str, regex: bool) -> tuple[str, str | None]:
         out.append(ch)
         i += 1
     return "".join(out), None
+
+
+def _literal(text: str) -> str:
+    """A fixed string as a replace_filter (sregex) pattern."""
+    return re.sub(r"([.\\?*+()\[\]{}|^$])", r"\\\1", text)
 
 
 def _crosses_lines(pattern: str) -> bool:

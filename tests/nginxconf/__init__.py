@@ -1,0 +1,1 @@
+"""Tests of prexy.nginxconf: the nginx configuration reader and prexy convert nginx."""
