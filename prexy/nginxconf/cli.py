@@ -60,3 +60,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
               f"{skipped} directive(s) not converted, {differs} converted with a difference: "
               f"see {os.path.join(args.output, 'REPORT.txt')}\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

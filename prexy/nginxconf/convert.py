@@ -702,6 +702,11 @@ class _Converter:
             lines.append((_line(d.name, d.args), d))
         for d in subs:
             self._subs(d, lines)
+        if len(subs) > 1:
+            self.note("differs", subs[0], f"subs_filter applies its {len(subs)} rules one after another, each to "
+                                          "what the ones before made, line by line; replace_filter applies them "
+                                          "in one pass (the leftmost match first): the same output unless a rule "
+                                          "matches what another one wrote, or two rules' matches overlap")
         once = loc.last("sub_filter_once")
         self.used(once)
         global_ = once is not None and once.args[:1] == ("off",)
@@ -855,8 +860,8 @@ class _Converter:
             if d is not None and d not in self.http.own(name):
                 self.used(d)
                 if id(d) not in {id(n) for n in self.http.own(name)}:
-                    self.note("differs", d, "Prexy has this for the whole server, not per site: "
-                                            "the http level's value (or Prexy's default) applies")
+                    self.skip(d, "Prexy has this for the whole server, not per site: "
+                                 "the http level's value (or Prexy's default) applies")
 
     def _placeholder(self, servers: Sequence[DirectiveLike]) -> None:
         """No server proxies: a site with a placeholder upstream keeps the
@@ -910,6 +915,9 @@ class _Converter:
                 self.server["tls_key"] = cert_site.keys["tls_key"]
         if not endpoints:
             endpoints = ["tcp:80"]
+            first = self.sites[0].server
+            self.notes.append(Note("differs", first.file, first.line, "listen",
+                                   "no listener left: listening on tcp:80, nginx's default"))
         self.listen = endpoints
         if default is not None and len(self.sites) > 1:
             self.server["default_site"] = default.name

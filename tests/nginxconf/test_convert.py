@@ -313,6 +313,20 @@ class DirectiveTests(SynchronousTestCase):
         self.assertRegex(report, r"nginx.conf:1: server \{ \.\.\. \}: server not converted: no location /")
         self.assertRegex(report, r"nginx.conf:3: location /api/ \{ \.\.\. \}: Prexy applies one set of rules")
 
+    def test_per_site_settings(self) -> None:
+        """A server's own gzip becomes its compression table; a server's own
+        timeout (Prexy's are for the whole server) is reported; an ssl
+        listener with no certificate anywhere is left out, said why."""
+        result, _ = self._one("listen 8443 ssl; listen 8080; gzip off; proxy_read_timeout 5;"
+                              " location / { proxy_pass http://127.0.0.1:9; subs_filter a b; subs_filter c d; }",
+                              "gzip on;")
+        toml = _toml(result)
+        self.assertIn('listen = ["tcp:8080"]', toml)
+        self.assertIn("compression = { enabled = false }", toml)
+        self.assertIn("proxy_read_timeout 5: Prexy has this for the whole server", _reported(result))
+        self.assertIn("ssl:8443 left out: no ssl_certificate", _reported(result))
+        self.assertIn("subs_filter applies its 2 rules one after another", _reported(result, "differs"))
+
     def test_units(self) -> None:
         self.assertEqual(parse_time("1m30s"), 90)
         self.assertEqual(parse_time("500ms"), 0.5)
