@@ -187,6 +187,8 @@ def _walk(directives: Iterable[DirectiveLike]) -> Iterator[DirectiveLike]:
 # Directives with no Prexy counterpart that need saying why.
 _REASONS = {
     "user": "Prexy runs as the user systemd (conf/prexy.service) or twistd starts it as",
+    "daemon": "twistd -n runs in the foreground, twistd without it as a daemon",
+    "master_process": "Prexy always runs a master and its workers ([server] workers = 0 for one process)",
     "pid": "twistd's --pidfile, or systemd, keeps the process id",
     "error_log": "Prexy logs to twistd's log (journald under systemd)",
     "events": "Prexy's reactor needs no connection settings",
@@ -921,6 +923,12 @@ class _Converter:
         self.listen = endpoints
         if default is not None and len(self.sites) > 1:
             self.server["default_site"] = default.name
+        chosen = self.server.get("default_site", self.sites[0].name)
+        for site in self.sites:
+            if not site.hosts and site.name != chosen and site.server is not None:
+                self.notes.append(Note("differs", site.server.file, site.server.line, "server { ... }",
+                                       f"site {site.name!r} has no host names: Prexy routes by Host, so only "
+                                       "requests for no site's name reach it when it is default_site"))
         sets = {tuple(s.endpoints) for s in self.sites}
         if len(sets) > 1:
             for site in self.sites:
