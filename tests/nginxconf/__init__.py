@@ -1,1 +1,0 @@
-"""Tests of prexy.nginxconf: the nginx configuration reader and prexy convert nginx."""

@@ -24,7 +24,7 @@ from prexy.substitution.rules import parse_rules
 from prexy.substitution.transducer import Transducer
 from tests import pki
 
-DATA = Path(__file__).resolve().parent / "data_convert"
+DATA = Path(__file__).resolve().parent / "data"  # Debian's /etc/nginx, includes made relative
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
 
 
