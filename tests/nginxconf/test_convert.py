@@ -336,6 +336,46 @@ class DirectiveTests(SynchronousTestCase):
         self.assertIsNone(parse_size("1t"))
 
 
+class ReplaceFilterConformanceTests(SynchronousTestCase):
+    """replace-filter's conformance cases, each one server's rules: every
+    rule comes through unchanged (the same pattern, replacement and flags
+    as Prexy reads them), or is reported with Prexy's reason; the whole
+    result loads."""
+
+    def test_conformance_rules(self) -> None:
+        from prexy.nginxconf.parser import Directive, dump
+        from prexy.substitution.rules import tokenize
+        from tests.substitution.shared import SKIP_REASON, load_cases
+
+        cases = load_cases("replace_filter_cases.json")
+        if cases is None:
+            raise self.skipTest(SKIP_REASON)
+        servers = []
+        wanted: dict[str, list[tuple[str, ...]]] = {}
+        for i, case in enumerate(cases):
+            rules = [(r["pattern"], r["replacement"], *([r["flags"]] if r["flags"] else [])) for r in case["rules"]]
+            wanted[f"c{i}_test"] = rules
+            location = Directive("location", ("/",), (
+                Directive("proxy_pass", ("http://127.0.0.1:9",), None, "f", 0),
+                *(Directive("replace_filter", rule, None, "f", 0) for rule in rules)), "f", 0)
+            servers.append(Directive("server", (), (
+                Directive("listen", ("8080",), None, "f", 0),
+                Directive("server_name", (f"c{i}.test",), None, "f", 0), location), "f", 0))
+        result, _ = _convert_text(self, dump((Directive("http", (), tuple(servers), "f", 0),)))
+        self.assertEqual(len(result.sites), len(cases))
+        refused = [n for n in result.of_kind("skipped") if n.reason.startswith("Prexy refuses it: ")]
+        carried = 0
+        for site, rules in wanted.items():
+            text = result.files.get(f"rules/{site}.rules", b"")
+            got = [tuple(t.value.decode() for t in tokens[1:]) for tokens in tokenize(text, "r")
+                   if tokens[0].value == b"replace_filter"]
+            for rule in rules:
+                carried += rule in got
+        total = sum(len(rules) for rules in wanted.values())
+        self.assertEqual(carried + len(refused), total)
+        self.assertGreater(carried, 50)
+
+
 class ThousandServersTests(SynchronousTestCase):
     """1,000 server blocks with certificates, rules and a map: the result
     loads, in reasonable time."""
