@@ -281,6 +281,17 @@ class _Scope:
         return found[-1] if found else None
 
 
+@attrs.frozen
+class _Nowhere:
+    """Where a site made from no server block is said to come from."""
+
+    name: str = "server"
+    args: tuple[str, ...] = ()
+    block: tuple[DirectiveLike, ...] | None = ()
+    file: str = "-"
+    line: int = 0
+
+
 @attrs.define
 class _Site:
     name: str
@@ -868,8 +879,7 @@ class _Converter:
     def _placeholder(self, servers: Sequence[DirectiveLike]) -> None:
         """No server proxies: a site with a placeholder upstream keeps the
         output a configuration Prexy loads; the report says to point it."""
-        site = _Site("default", servers[0] if servers else self.top[0] if self.top else None,  # type: ignore[arg-type]
-                     [], "http://127.0.0.1:8080")
+        site = _Site("default", servers[0] if servers else _Nowhere(), [], "http://127.0.0.1:8080")
         site.keys["host_header"] = "pass"
         site.keys["cache"] = False
         for srv in servers:

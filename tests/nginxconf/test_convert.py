@@ -327,6 +327,16 @@ class DirectiveTests(SynchronousTestCase):
         self.assertIn("ssl:8443 left out: no ssl_certificate", _reported(result))
         self.assertIn("subs_filter applies its 2 rules one after another", _reported(result, "differs"))
 
+    def test_empty_file_and_a_file_of_servers(self) -> None:
+        """An empty file still gives a configuration that loads (a placeholder
+        site, reported); a sites-enabled file of bare server blocks converts."""
+        result, _ = _convert_text(self, "")
+        self.assertIn("placeholder", _reported(result))
+        result, _ = _convert_text(self, "server { listen 8081; server_name x.test;"
+                                        " location / { proxy_pass http://127.0.0.1:9; } }\n")
+        self.assertEqual(result.sites, ("x_test",))
+        self.assertEqual(result.notes, ())
+
     def test_units(self) -> None:
         self.assertEqual(parse_time("1m30s"), 90)
         self.assertEqual(parse_time("500ms"), 0.5)
