@@ -221,6 +221,8 @@ CORES = (
     "prexy.urlmap.index",
     "prexy.urlmap.loader",
     "prexy.nginxconf.parser",
+    "prexy.nginxconf.convert",
+    "prexy.nginxconf.cli",
     "prexy.h2server",
     "prexy.control",
     "prexy.acme.policy",
