@@ -23,6 +23,7 @@ commands:
   top          live counters: rates, hit rate, errors, top sites and rules
   hist         latency histogram, hits against misses
   rules diff   what a draft rules file would change on a site's pages
+  convert      nginx FILE -o DIR: a Prexy configuration (and REPORT.txt) from an nginx one
 
 log, top, hist and rules find the running Prexy with --config FILE or --admin URL.
 --version prints Prexy's version.
@@ -51,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prexy.urlmap.cli import main as map_main
 
         return map_main(rest)
+    if command == "convert":
+        from prexy.nginxconf.cli import main as convert_main
+
+        return convert_main(rest)
     if command in ("log", "top", "hist", "rules"):
         from prexy.observe import cli
 

@@ -1,4 +1,5 @@
-"""``prexy --version`` and ``twistd prexy --version`` say Prexy's version."""
+"""``prexy --version`` and ``twistd prexy --version`` say Prexy's version; ``prexy convert``
+reaches the converter."""
 
 from __future__ import annotations
 
@@ -32,3 +33,22 @@ class VersionTests(SynchronousTestCase):
         with contextlib.redirect_stdout(out):
             main(["--help"])
         self.assertIn("--version", out.getvalue())
+
+
+class ConvertCommandTests(SynchronousTestCase):
+    def test_prexy_convert_nginx(self) -> None:
+        """``prexy convert nginx FILE -o DIR`` reaches the converter."""
+        import os
+
+        from tests.cases import tmp_dir
+
+        directory = tmp_dir(self)
+        source = os.path.join(directory, "nginx.conf")
+        with open(source, "w") as f:
+            f.write("http { server { listen 8080; server_name a.test;"
+                    " location / { proxy_pass http://127.0.0.1:9; } } }\n")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(main(["convert", "nginx", source, "-o", os.path.join(directory, "out")]), 0)
+        with open(os.path.join(directory, "out", "prexy.toml")) as f:
+            self.assertIn('upstream = "http://127.0.0.1:9"', f.read())
