@@ -390,6 +390,7 @@ class _Converter:
         return self._files()
 
     def _globals(self, http: _Scope) -> None:
+        formats = {d.args[0]: d for d in http.own("log_format") if len(d.args) >= 2}
         for d in http.own("access_log"):
             self.used(d)
             if d.args[0] == "off":
@@ -397,8 +398,7 @@ class _Converter:
             elif d.args[0].startswith("syslog:"):
                 self.skip(d, "Prexy logs to a file, stdout or off")
             elif len(d.args) > 1 and d.args[1] != "combined" and "=" not in d.args[1]:
-                self.skip(d, f"the log format {d.args[1]!r} is not converted; Prexy writes combined "
-                             "(see [server] access_log_format)")
+                self._log_format(d, formats.get(d.args[1]))
             else:
                 self.server["access_log"] = self.path(d.args[0])
                 if len(d.args) > 1:
@@ -415,6 +415,29 @@ class _Converter:
                 self.server["max_request_body"] = _size_text(size)
         self._timeouts(http, self.timeouts)
         self._gzip(http, self.compression, None)
+
+    def _log_format(self, access_log: DirectiveLike, log_format: DirectiveLike | None) -> None:
+        """An access log in a format of ``log_format``'s: Prexy's
+        ``access_log_format`` when Prexy writes every variable it uses."""
+        from prexy.logformat import FormatError, compile_format
+
+        name = access_log.args[1]
+        if log_format is None:
+            self.skip(access_log, f"no log_format {name!r} is defined at the http level")
+            return
+        strings = [a for a in log_format.args[1:] if not a.startswith("escape=")]
+        text = "".join(strings)
+        try:
+            compile_format(text)
+        except FormatError as exc:
+            self.skip(access_log, f"the log format {name!r} is not converted: {exc}")
+            return
+        self.used(log_format)
+        self.server["access_log"] = self.path(access_log.args[0])
+        self.server["access_log_format"] = text
+        if len(log_format.args) > 1 and log_format.args[1].startswith("escape="):
+            self.note("differs", log_format, "escape= is not converted: Prexy writes bytes outside printable"
+                      " ASCII as \\xNN")
 
     def _timeouts(self, scope: _Scope, out: dict[str, Any]) -> None:
         for nginx, keys in (("proxy_connect_timeout", ("connect",)),

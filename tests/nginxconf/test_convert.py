@@ -177,6 +177,25 @@ class DirectiveTests(SynchronousTestCase):
         self.assertIn('host_header = "pass"', toml)
         self.assertIn("upstream unused { ... }: no site proxies to this upstream", _reported(result))
 
+    def test_log_format(self) -> None:
+        """An access log in a log_format whose variables Prexy writes takes
+        it as access_log_format; one with a variable Prexy does not write is
+        reported with that variable."""
+        server = "listen 8080; location / { proxy_pass http://127.0.0.1:9; }"
+        result, scratch = self._one(server, (
+            "log_format timed '$remote_addr [$time_local] \"$request\" $status '\n"
+            "                 '$body_bytes_sent rt=$request_time cs=$upstream_cache_status';\n"
+            "access_log logs/access.log timed;"
+        ))
+        config = load_config(os.path.join(scratch, "out", "prexy.toml"), now=time.time())
+        self.assertEqual(
+            config.access_log_format,
+            '$remote_addr [$time_local] "$request" $status $body_bytes_sent rt=$request_time cs=$upstream_cache_status',
+        )
+        result, _ = self._one(server, "log_format up '$upstream_response_time';\naccess_log logs/a.log up;")
+        self.assertIn("unknown variable $upstream_response_time", _reported(result))
+        self.assertNotIn("access_log_format", _toml(result))
+
     def test_default_host_header_is_the_upstreams(self) -> None:
         result, _ = self._one("listen 8080; location / { proxy_pass http://127.0.0.1:9; }")
         self.assertIn('host_header = "upstream"', _toml(result))
