@@ -397,8 +397,8 @@ class MasterService(service.MultiService):
         filters = self.view.hub.filters()
         if filters:  # the live log has readers: this worker records for them too
             worker.command({"log_filters": [f.as_dict() for f in filters]})
-        current = [w for w in self.workers if w.generation == self.generation]
-        if worker.generation == self.generation and all(w.ready for w in current):
+        current = [w for w in self.workers if w.generation == self.generation and not w.retiring]
+        if worker.generation == self.generation and not worker.retiring and all(w.ready for w in current):
             # A complete new generation: retire every older one.
             for old in self.workers:
                 if old.generation < self.generation and not old.retiring:
@@ -521,6 +521,10 @@ class MasterService(service.MultiService):
         self._reload_number += 1
         number = self._reload_number
         workers = [w for w in self.workers if w.generation == self.generation and not w.retiring]
+        if self._reloading is None:  # (during a new generation's start, its workers are waited for)
+            for w in [w for w in workers if not w.ready]:
+                self._replace_starting(w)
+            workers = [w for w in workers if w.ready]
         pending = _InPlaceReload(number, workers)
         self._in_place[number] = pending
         log.info("reload: only sites changed; {n} worker(s) reload in place", n=len(workers))
@@ -541,6 +545,19 @@ class MasterService(service.MultiService):
         if not workers:
             pending.done.callback(True)
         return pending.done
+
+    def _replace_starting(self, worker: _WorkerProcess) -> None:
+        """A reload found ``worker`` still starting (a replacement, or one of
+        the first generation): it loads the configuration it was started
+        with, and would answer the reload only once it serves, which takes
+        as long as its start (seconds for many sites or on a busy machine).
+        It is retired instead (SIGTERM: one that already serves drains) and
+        a worker that loads the new snapshot takes its slot, so the reload
+        is in force once the serving workers have answered."""
+        worker.retiring = True
+        worker.signal("TERM")
+        log.info("reload: worker {pid} was still starting; a new one takes its slot", pid=worker.pid)
+        self._spawn(self.generation, worker.slot)
 
     def worker_reloaded(self, worker: _WorkerProcess, message: dict[str, Any]) -> None:
         pending = self._in_place.get(message.get("reloaded", -1))

@@ -33,9 +33,13 @@ class _Pipe:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.written = b""
+        self.signals: list[str | int] = []
 
     def write(self, data: bytes) -> None:
         self.written += data
+
+    def signalProcess(self, name: str | int) -> None:
+        self.signals.append(name)
 
     def commands(self) -> list[tuple[dict[str, Any], bytes]]:
         return Commands().feed(self.written)
@@ -133,6 +137,44 @@ class MasterReloadTests(SynchronousTestCase):
         self.master.worker_ended(self.workers[1], Failure(Exception("killed")))
         assert self.successResultOf(d) is True
 
+    def test_a_starting_worker_is_replaced_not_waited_for(self) -> None:
+        """A worker still starting (here the replacement of a killed one)
+        loads the configuration it was started with and would answer only
+        once it serves, seconds later on a busy machine: the reload does
+        not wait for it.  It is retired (SIGTERM) and a new worker in its
+        slot loads the new snapshot; the reload answers once the serving
+        workers have."""
+        starting = self.workers[1]
+        starting.ready = False
+        self.loads.append(_config("a", "b", "c"))
+        d = self.master.reload()
+        assert starting.transport.written == b""  # type: ignore[union-attr]
+        assert starting.transport.signals == ["TERM"] and starting.retiring  # type: ignore[union-attr]
+        assert self.spawned == [1]
+        self.answer(self.workers[0], 1)
+        assert self.successResultOf(d) is True
+
+    def test_a_new_generation_still_waits_for_its_workers(self) -> None:
+        """While a new generation starts, a sites-only reload is answered by
+        its workers once they serve (the old generation, which serves until
+        then, is not sent the reload)."""
+        self.loads.append(_config("a", "b", timeouts=Timeouts(connect=1)))
+        self.master.reload()
+        new = []
+        for slot in range(2):
+            w = _WorkerProcess(self.master, 2, slot)
+            w.transport = _Pipe(300 + slot)  # type: ignore[assignment]
+            w.pid = 300 + slot
+            new.append(w)
+        self.master.workers += new
+        self.loads.append(_config("a", "b", "c", timeouts=Timeouts(connect=1)))
+        d = self.master.reload()
+        assert [w.transport.messages() for w in new] == [[{"reload": 1}], [{"reload": 1}]]  # type: ignore[union-attr]
+        assert not any(w.retiring for w in new) and self.spawned == [2, 2]
+        for w in new:
+            self.answer(w, 1)
+        assert self.successResultOf(d) is True
+
     def test_overlapping_reloads_answer_each(self) -> None:
         """Two reloads in a row: each answers when its own command was answered."""
         self.loads.append(_config("a", "c"))
@@ -223,6 +265,21 @@ class MasterSpawnTests(SynchronousTestCase):
         self.assertNoResult(self.master.serving)
         worker.ready = True
         self.master.worker_ready(worker)
+        self.successResultOf(self.master.serving)
+
+    def test_a_retired_starting_worker_does_not_hold_readiness(self) -> None:
+        """A worker retired by a reload while it was starting does not count
+        for the pool's readiness: its replacement being ready is enough."""
+        first = self.master._spawn(1, 0)
+        self.configs.append(_config("a", "b", "c"))
+        self.master.reload()
+        assert first.retiring
+        replacement = self.reactor.spawned[-1]
+        assert replacement is not first
+        assert self.first_command(replacement)[1] == self.master.snapshot
+        self.assertNoResult(self.master.serving)
+        replacement.ready = True
+        self.master.worker_ready(replacement)
         self.successResultOf(self.master.serving)
 
     def test_a_replacement_gets_the_snapshot_in_force(self) -> None:

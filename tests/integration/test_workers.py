@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from .conftest import Cleanups
@@ -261,6 +262,57 @@ class TestWorkerPool:
         assert set(child.children()) == before
         answer = yield self.get()
         assert body_of(answer) == b"BYE world!"
+
+    @pytest_twisted.inlineCallbacks
+    def test_reload_does_not_wait_for_a_starting_worker(self) -> Any:
+        """A reload while a killed worker's replacement is still starting
+        (held stopped here, as a long start on a busy machine holds it)
+        answers at once: the starting worker is retired and one that loads
+        the new rules takes its slot; every answer after it has the new
+        rules, and the pool is whole again."""
+        child = yield self.start()
+        victim, survivor = child.children()
+        os.kill(victim, signal.SIGKILL)
+        starting = 0
+        deadline = reactor.seconds() + 20
+        def running_worker(pid: int) -> bool:  # (stopped before its exec, it would hold the master)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    return b"prexy.worker" in f.read()
+            except OSError:
+                return False
+
+        while not starting and reactor.seconds() < deadline:  # the replacement, as soon as it runs
+            started = [pid for pid in child.children() if pid not in (victim, survivor) and running_worker(pid)]
+            if started:
+                starting = started[0]
+                os.kill(starting, signal.SIGSTOP)
+            else:
+                yield deferLater(reactor, 0.002, lambda: None)
+        assert starting, "no replacement was started"
+
+        def resume() -> None:
+            try:
+                os.kill(starting, signal.SIGCONT)
+            except ProcessLookupError:  # (still loading, the SIGTERM ended it at once)
+                pass
+
+        self.cleanup(resume)
+        self.write_rules(b"replace_filter 'hello' 'BYE' g;\nreplace_filter_types text/plain;\n")
+        client = RawClient(b"POST /reload HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        yield connect(self.admin, client).addTimeout(10, reactor)
+        assert bytes(client.data).startswith(b"HTTP/1.1 200"), bytes(client.data)[:200]
+        assert b"reloaded" in bytes(client.data)
+        assert "was still starting" in child.output()
+        for _ in range(10):
+            answer = yield self.get()
+            assert body_of(answer) == b"BYE world!"
+        resume()  # it ends on the SIGTERM it was sent
+        while (starting in child.children() or len(child.children()) != 2) and reactor.seconds() < deadline:
+            yield deferLater(reactor, 0.05, lambda: None)
+        assert starting not in child.children() and len(child.children()) == 2
+        answers = yield defer.gatherResults([self.get() for _ in range(20)])
+        assert all(body_of(a) == b"BYE world!" for a in answers)
 
     @pytest_twisted.inlineCallbacks
     def test_reload_command_through_admin(self) -> Any:
