@@ -21,6 +21,7 @@ load); bench/README.md has the figures under load from outside.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from twisted.logger import Logger
@@ -94,16 +95,29 @@ class Ready:
     """A hit's answer made once: the head cut around its Age and
     Cache-Status values (``head``: before, between, after), the body sent,
     the status, and the object and the site (its settings at the time: a
-    reload replaces it) it was made from."""
+    reload replaces it) it was made from.
 
-    __slots__ = ("body", "code", "head", "obj", "site")
+    The object and the site are held weakly (``made_from`` tells whether
+    they are still the ones given): the memo is charged for the head and
+    the body alone, so a strong reference would keep, beyond its budget,
+    a whole object for an answer charged a few bytes (a range, a HEAD, a
+    compressed variant) and the rules of every site a reload replaced.
+    An object nothing else keeps (the store's own memo let it go) is
+    decoded anew as another object, so the answer is made again either
+    way."""
+
+    __slots__ = ("_obj", "_site", "body", "code", "head")
 
     def __init__(self, obj: Any, site: Any, head: tuple[bytes, bytes, bytes], body: bytes, code: int) -> None:
-        self.obj = obj
-        self.site = site
+        self._obj = weakref.ref(obj)
+        self._site = weakref.ref(site)
         self.head = head
         self.body = body
         self.code = code
+
+    def made_from(self, obj: Any, site: Any) -> bool:
+        """Whether this answer was made from ``obj`` for ``site``."""
+        return self._obj() is obj and self._site() is site
 
 
 class HitPath:
@@ -200,7 +214,7 @@ class HitPath:
                 key, method, version, channel.says_close, tuple(accept_encoding or ()), tuple(ranges) if ranges else (),
             )
             ready = self.ready.get(ready_key)
-            if ready is None or ready.obj is not obj or ready.site is not site:
+            if ready is None or not ready.made_from(obj, site):
                 ready = self._make(obj, site, channel, now, method, raw, accept_encoding, key, version)
                 if ready is not None:
                     self.ready.put(ready_key, ready, len(ready.body) + sum(map(len, ready.head)))

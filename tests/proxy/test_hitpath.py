@@ -6,6 +6,8 @@ metrics must be equal, and the hit path must have answered."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import attrs
@@ -268,3 +270,66 @@ class ReloadTests(SynchronousTestCase):
         h.settle()
         self.assertIn(b"200 OK", client.value())
         self.assertNotIn(b"Content-Encoding: gzip", client.value())
+
+
+@expand
+class RememberedAnswerMemoryTests(SynchronousTestCase):
+    """``HitPath.ready`` is charged for the head and body it keeps: it
+    must not keep more than that alive.  An answer that pinned its whole
+    object (a range or a HEAD is charged a few bytes for a body of
+    megabytes) or its site (a reload's old rules) would let the worker's
+    memory grow far past the memo's budget."""
+
+    @parametrize("name", ["range", "HEAD", "gzip taken", "plain"])
+    def test_a_made_answer_does_not_keep_its_object(self, name: str) -> None:
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        seen = answered_by_hits(h)
+        for _ in range(2):
+            h.send(REQUESTS[name])
+            h.settle()
+        self.assertEqual(seen, [True, True])
+        hits, cache = h.site.hits, h.resource.cache
+        assert hits is not None and cache is not None
+        self.assertEqual(len(hits.ready), 1)
+        found = cache.store.lookup("s", b"GET", b"clone.test/x", h.runtime.select(b"clone.test").rules_version, [])
+        assert found.obj is not None
+        obj = weakref.ref(found.obj)
+        del found
+        # The store's own memo lets it go (it is full of other pages):
+        # nothing else keeps it.
+        cache.store._decoded.clear()
+        gc.collect()
+        self.assertIsNone(obj())
+        # The answer made from it is not used for the object decoded anew.
+        _, client = h.send(REQUESTS[name])
+        h.settle()
+        self.assertEqual(seen, [True, True, True])
+        self.assertIn(b"HTTP/1.1 2", client.value())
+
+    def test_a_made_answer_does_not_keep_a_replaced_site(self) -> None:
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        h.send(REQUESTS["range"])
+        h.settle()
+        hits = h.site.hits
+        assert hits is not None
+        self.assertEqual(len(hits.ready), 1)
+        old = weakref.ref(h.resource.runtime.select(b"clone.test"))
+        config = h.config
+        h.resource.runtime = h.runtime = site_runtime(
+            attrs.evolve(config, sites=(attrs.evolve(config.sites[0], compression=Compression(enabled=False)),)),
+            s={"rules": h.runtime.select(b"clone.test").rules})
+        # A request of another shape after the reload: the new site answers it
+        # (the resource's host memo moves on to it); the range's answer, made
+        # for the old site, stays in the memo until it is pushed out.
+        _, client = h.send(REQUESTS["plain"])
+        h.settle()
+        self.assertIn(b"200 OK", client.value())
+        self.assertEqual(len(hits.ready), 2)
+        gc.collect()
+        self.assertIsNone(old())
