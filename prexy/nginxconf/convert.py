@@ -405,16 +405,22 @@ class _Converter:
                     self.note("differs", d, "buffer/flush/gzip/if parameters are not converted")
         body = http.last("client_max_body_size")
         if body is not None:
-            self.used(body)
-            size = parse_size(body.args[0]) if body.args else None
-            if size is None:
-                self.skip(body, "not a size")
-            elif size == 0:
+            size = self._size(body)
+            if size == 0:
                 self.skip(body, "0 (no limit) has no Prexy equivalent; Prexy's default limit applies")
-            else:
+            elif size is not None:
                 self.server["max_request_body"] = _size_text(size)
         self._timeouts(http, self.timeouts)
         self._gzip(http, self.compression, None)
+
+    def _size(self, d: DirectiveLike) -> int | None:
+        """The size ``d`` gives (``10m``, ``512k``...); None, and ``d``
+        reported, when it gives none."""
+        self.used(d)
+        size = parse_size(d.args[0]) if d.args else None
+        if size is None:
+            self.skip(d, "not a size")
+        return size
 
     def _log_format(self, access_log: DirectiveLike, log_format: DirectiveLike | None) -> None:
         """An access log in a format of ``log_format``'s: Prexy's
@@ -486,11 +492,8 @@ class _Converter:
             out["gzip_level"] = 1  # nginx's default
         minimum = scope.last("gzip_min_length")
         if minimum is not None:
-            self.used(minimum)
-            size = parse_size(minimum.args[0]) if minimum.args else None
-            if size is None:
-                self.skip(minimum, "not a size")
-            else:
+            size = self._size(minimum)
+            if size is not None:
                 out["min_length"] = size
         else:
             out["min_length"] = 20  # nginx's default

@@ -38,7 +38,8 @@ RECORD_FIELDS = (
     "time", "site", "method", "url", "status", "protocol", "client", "cache", "upstream_first_byte", "rewrite",
     "total", "bytes_in", "bytes_out", "rules", "held", "bailout", "timeout",
 )
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s)$")
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|m)", re.IGNORECASE)
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 _STATUS = re.compile(r"^([1-5])(?:xx|XX)$|^([1-5]\d\d)$")
 _KNOWN = frozenset(("site", "status", "slower", "miss", "rule", "url"))
 
@@ -138,12 +139,13 @@ def parse_filter(query: Mapping[str, Sequence[str]]) -> LogFilter:
 
 
 def parse_duration(text: str) -> float:
-    """Seconds for ``200ms`` or ``1.5s``."""
-    m = _DURATION.match(text.strip())
+    """Seconds for ``200ms``, ``1.5s``, ``500us`` or ``1m``: a unit is
+    required (a bare ``200`` could mean either).  The server's ``slower=``
+    and ``prexy log --slower`` read durations with this."""
+    m = _DURATION.fullmatch(text.strip())
     if m is None:
-        raise FilterError(f"duration {text!r}: expected a number with ms or s (200ms, 1.5s)")
-    value = float(m.group(1))
-    return value / 1000 if m.group(2) == "ms" else value
+        raise FilterError(f"{text!r} is not a duration: expected a number with ms or s (200ms, 1.5s; us and m too)")
+    return float(m.group(1)) * _UNIT[m.group(2).lower()]
 
 
 #: An entry: what the filters read of a record, and the record's JSON line.

@@ -4,8 +4,8 @@ Pure functions, no I/O: ``prexy log``'s line per request record
 (:func:`format_record`), ``prexy top``'s screen from two ``/stats.json``
 snapshots (:func:`render_top`), ``prexy hist``'s latency histogram
 (:func:`render_hist`), the dry run's report (:func:`render_report`), and
-the checks of the command-line filters (:func:`parse_duration`,
-:func:`parse_status`, :func:`check_regex`).  Rates are differences between
+the checks of the command-line filters (:func:`parse_status`,
+:func:`check_regex`; durations and the error are :mod:`prexy.observe.tap`'s).  Rates are differences between
 two snapshots of cumulative counters over the time between them; a counter
 that went back (Prexy restarted) or a site or rule missing from the older
 snapshot has no rate (``-``), never a made-up one.
@@ -25,6 +25,8 @@ from typing import Any
 
 import attrs
 
+from prexy.observe.tap import FilterError, parse_duration
+
 __all__ = [
     "FilterError",
     "Rates",
@@ -43,23 +45,7 @@ __all__ = [
 ]
 
 
-class FilterError(ValueError):
-    """A command-line filter that cannot be used; the text says why."""
-
-
 # -- filters -----------------------------------------------------------------
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|m)", re.IGNORECASE)
-_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
-
-
-def parse_duration(text: str) -> float:
-    """``200ms``, ``1.5s``, ``500us``, ``1m`` -> seconds; a unit is required
-    (a bare ``200`` could mean either)."""
-    m = _DURATION.fullmatch(text.strip())
-    if m is None:
-        raise FilterError(f"{text!r} is not a duration (give a number and a unit: 200ms, 1.5s)")
-    return float(m.group(1)) * _UNIT[m.group(2).lower()]
 
 
 def duration_param(seconds: float) -> str:
