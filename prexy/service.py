@@ -269,10 +269,14 @@ class ConfigLoader:
         return self.validated(config, options.tls)
 
     def validated(self, config: Config, tls: dict[str, bytes]) -> Validated:
-        """``config``, just loaded through ``files``, with its files."""
+        """``config``, just loaded through ``files``, with the files its
+        runtime is built from: the snapshot of the load less the main file
+        and the site files, which the workers are handed parsed
+        (``prexy.handoff``)."""
         from prexy.workers import Validated
 
-        return Validated(config, self.files.snapshot(), tls)
+        own = (config.source,) if config.source else ()
+        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -526,15 +530,18 @@ class ProxyService(service.MultiService):
     def runtime(self) -> Runtime:
         return self.resource.runtime
 
-    def reload(self, files: IFiles | None = None) -> bool:
+    def reload(self, files: IFiles | None = None, config: Config | None = None) -> bool:
         """Re-read the config file (if any) and its rules and maps (from
-        ``files``: a worker's master hands it the snapshot it validated;
-        else ``self.files``); swap them in when all of it is valid. Returns
-        whether the new config is in force."""
+        ``files``, else ``self.files``); swap them in when all of it is
+        valid. Returns whether the new config is in force.  A worker is
+        handed its ``config`` parsed by its master, and ``files``, the
+        bytes of the rules, maps and certificates it was validated with
+        (``prexy.handoff``): it reads no configuration file."""
         files = files if files is not None else self.files
         try:
             now = time.time() if self.check_rules else None
-            config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
+            if config is None:
+                config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
             runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
             tls = tls_files(config.listen_endpoints(), files)
         except ConfigError as exc:
