@@ -78,11 +78,6 @@ class _Unpickler(pickle.Unpickler):
             raise HandoffError(f"configuration handoff: site {pid!r} of a base this worker does not hold")
         return self._base[pid]
 
-    def find_class(self, module: str, name: str) -> Any:
-        if not module.startswith(("prexy.", "builtins", "copyreg", "collections")):
-            raise HandoffError(f"configuration handoff: unexpected {module}.{name}")
-        return super().find_class(module, name)
-
 
 def encode(handoff: Handoff, base: Config | None = None) -> bytes:
     """``handoff`` as bytes for a worker whose last configuration was

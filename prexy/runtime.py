@@ -436,7 +436,9 @@ def build_runtime(
             loaded = compiled[site.rules]
         urlmap = None
         if site.map is not None:
-            urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
+            urlmap = reuse_maps.get(site.map.path)
+            if urlmap is None:  # (loaded once, however many sites name it)
+                urlmap = reuse_maps[site.map.path] = load_map(site.map.path)
         ca_pem = None
         if site.upstream_ca is not None:
             if site.upstream_ca not in cas:
