@@ -538,11 +538,13 @@ class ProxyService(service.MultiService):
         bytes of the rules, maps and certificates it was validated with
         (``prexy.handoff``): it reads no configuration file."""
         files = files if files is not None else self.files
+        handed = config is not None
         try:
             now = time.time() if self.check_rules else None
             if config is None:
                 config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
-            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
+            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files,
+                                    validated=handed)
             tls = tls_files(config.listen_endpoints(), files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)

@@ -161,10 +161,11 @@ def read_until_serve(
 
 def build(handed: Handoff) -> tuple[Runtime, dict[str, bytes]]:
     """The runtime and the ``ssl:`` listeners' key and certificate bytes of
-    a configuration the master validated (its rule sets parsed, not
-    checked again)."""
+    a configuration the master validated (its rule sets read, each
+    pattern parsed when its set is first compiled: ``RuleSets``)."""
     config = handed.config
-    return build_runtime(config, check=False, files=handed.files), tls_files(config.listen_endpoints(), handed.files)
+    runtime = build_runtime(config, files=handed.files, validated=True)
+    return runtime, tls_files(config.listen_endpoints(), handed.files)
 
 
 def worker_main(spec_json: str) -> None:
