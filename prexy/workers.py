@@ -273,7 +273,8 @@ class MasterService(service.MultiService):
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
         #: In-place reloads made while a new generation starts: in force
-        #: once it serves (its workers take the newest configuration).
+        #: once the newest generation serves (its workers take the newest
+        #: configuration).
         self._generation_waiters: list[defer.Deferred[bool]] = []
         #: The configuration in force as handoffs, by their base (``_WorkerProcess.hand``).
         self._handoffs: dict[int, tuple[Config | None, bytes]] = {}
@@ -565,7 +566,6 @@ class MasterService(service.MultiService):
         if self._reloading is not None:
             # A reload already in progress: supersede it.
             self._reloading.callback(True)
-        self._generation_served(True)  # (superseded too: the new generation serves the newest)
         self._reloading = defer.Deferred()
         self.generation += 1
         log.info("reload: starting worker generation {g}", g=self.generation)
