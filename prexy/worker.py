@@ -45,7 +45,7 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from prexy import handoff
+from prexy import collector, handoff
 from prexy.config import Config, ConfigError
 from prexy.control import Commands, encode
 from prexy.files import Snapshot
@@ -186,11 +186,12 @@ def worker_main(spec_json: str) -> None:
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
     commands = Commands()
     handed = Handed()
-    first, later = read_configuration(0, commands, handed)
-    try:
-        runtime, tls = build(first)
-    except ConfigError as exc:  # (the master validated these bytes with the same code)
-        raise SystemExit(f"prexy worker: {exc}") from None
+    with collector.paused():
+        first, later = read_configuration(0, commands, handed)
+        try:
+            runtime, tls = build(first)
+        except ConfigError as exc:  # (the master validated these bytes with the same code)
+            raise SystemExit(f"prexy worker: {exc}") from None
     inherited = [
         (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
     ]
@@ -198,6 +199,7 @@ def worker_main(spec_json: str) -> None:
     # The files are never read again: a reload comes with its own.
     svc = ProxyService(reactor, first.config, runtime, inherited=inherited, check_rules=False, files=Snapshot({}), tls=tls)
     del first, runtime
+    collector.settle()  # (its configuration, loaded: left out of later collections)
 
     def send(message: dict[str, Any]) -> None:
         try:
@@ -238,7 +240,8 @@ def worker_main(spec_json: str) -> None:
 
     def reload(number: int, payload: bytes, serving: bool = True) -> bool:
         try:
-            new = handed.take(payload)
+            with collector.paused():
+                new = handed.take(payload)
         except ValueError as exc:
             # Out of step with the master's handoffs: this worker ends (once
             # drained) and the master starts one with the whole configuration.
