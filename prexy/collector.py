@@ -41,6 +41,7 @@ def paused() -> Iterator[None]:
 
 def settle() -> None:
     """The objects alive now (a process's configuration, at start) are
-    left out of every later collection."""
-    gc.collect()
+    left out of every later collection.  No collection first (one over
+    the whole heap would cost a tenth of a second of the start): what the
+    start left in cycles stays, once."""
     gc.freeze()
