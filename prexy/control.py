@@ -1,8 +1,9 @@
 """The pipes between the master and its workers carry one JSON object per
-line, both ways (``ready``, ``metrics``, ``reloaded``, a ``cluster``
-invalidation up; ``configuration`` and ``reload`` commands down).  A
-command may carry a payload: ``"bytes": N`` in its line, then N raw bytes
-(the configuration snapshot, ``prexy.files``).  Pure: bytes in, objects out."""
+line, both ways (``loaded``, ``ready``, ``metrics``, ``reloaded``, a
+``cluster`` invalidation up; ``configuration``, ``serve`` and ``reload``
+commands down).  A command may carry a payload: ``"bytes": N`` in its
+line, then N raw bytes (the configuration handed over, ``prexy.handoff``).
+Pure: bytes in, objects out."""
 
 from __future__ import annotations
 

@@ -246,6 +246,20 @@ class Snapshot:
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
         raise NotInSnapshot(errno.ENOENT, "not in the configuration the master validated", path)
 
+    def without(self, paths: Iterable[str]) -> Snapshot:
+        """This snapshot less the files ``paths`` (their contents and status):
+        what a worker needs once it is handed the configuration parsed
+        from them (:mod:`prexy.handoff`)."""
+        drop = set(paths)
+        return Snapshot(
+            {p: data for p, data in self.contents.items() if p not in drop},
+            {p: st for p, st in self._status.items() if p not in drop},
+            {p: answer for p, answer in self._is_file.items() if p not in drop},
+            # (a pattern that found only those files: ``include``'s)
+            {pattern: found for pattern, found in self._globs.items() if not found or not drop.issuperset(found)},
+            self._dirs,
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Snapshot):
             return NotImplemented

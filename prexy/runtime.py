@@ -286,15 +286,20 @@ class RuleSets:
     (``RuleSet.check_compiles``) once per file content: what the master
     and ``--check`` do, so a pattern the dialect parses but the engine
     refuses is still refused at load, with its file and line.
+    ``validated``: the files' bytes were parsed and checked already (a
+    worker's master did), so each pattern is parsed when its set's scanner
+    is built (``prexy.substitution.dialect.DeferredRegex``), not at load.
     """
 
     def __init__(
-        self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK
+        self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK,
+        validated: bool = False,
     ) -> None:
         #: Where rules files are read (:mod:`prexy.files`).
         self.files = files
         self.lazy = lazy
         self.check = check
+        self.validated = validated and not check
         self._files: dict[tuple[str, bytes], RuleSet] = {}
         self._sets: dict[tuple[str, tuple[bytes, ...]], RuleSet] = {}
         self._old_files = previous._files if previous is not None else {}
@@ -324,7 +329,7 @@ class RuleSets:
             ruleset = self._files.get(key) or self._old_files.get(key)
             if ruleset is None:
                 try:
-                    ruleset = parse_rules(data, path, lazy=True)
+                    ruleset = parse_rules(data, path, lazy=True, checked=self.validated)
                 except RulesError as exc:
                     raise _rules_error(exc) from None
                 self.parsed += 1
@@ -397,6 +402,7 @@ def build_runtime(
     lazy: bool = True,
     check: bool = False,
     files: IFiles = DISK,
+    validated: bool = False,
 ) -> Runtime:
     """Load every site's rules and maps; raise ConfigError on any failure.
 
@@ -408,11 +414,14 @@ def build_runtime(
     in the site's origin key (the upstream pool trusts those).  Every file
     is read through ``files`` (:mod:`prexy.files`: the disk, or a master's
     snapshot).  An injected ``load_rules`` (tests) replaces the store.
+    ``validated``: the master validated these bytes (a worker's build), so
+    patterns are parsed when first compiled (``RuleSets``).
     """
     store: RuleSets | None = None
     if load_rules is None:
         store = RuleSets(
-            lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files
+            lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files,
+            validated=validated,
         )
         load_rules = store.load
     if load_map is None:
@@ -436,7 +445,9 @@ def build_runtime(
             loaded = compiled[site.rules]
         urlmap = None
         if site.map is not None:
-            urlmap = reuse_maps.get(site.map.path) or load_map(site.map.path)
+            urlmap = reuse_maps.get(site.map.path)
+            if urlmap is None:  # (loaded once, however many sites name it)
+                urlmap = reuse_maps[site.map.path] = load_map(site.map.path)
         ca_pem = None
         if site.upstream_ca is not None:
             if site.upstream_ca not in cas:

@@ -20,7 +20,7 @@ from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
-from prexy import signals
+from prexy import collector, signals
 from prexy.config import (
     Config,
     ConfigError,
@@ -155,10 +155,11 @@ class Options(usage.Options):
                 raise ConfigRefused(exc, "reload not requested") from None
             raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
         try:
-            config = self._config()
-            runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
-            #: The ssl: listeners' key and certificate files (PEM bytes by path).
-            self.tls = tls_files(config.listen_endpoints(), self.files)
+            with collector.paused():
+                config = self._config()
+                runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
+                #: The ssl: listeners' key and certificate files (PEM bytes by path).
+                self.tls = tls_files(config.listen_endpoints(), self.files)
         except ConfigError as exc:
             raise ConfigRefused(exc, "configuration test failed" if self["check"] else "") from None
         if self["check"]:
@@ -269,10 +270,14 @@ class ConfigLoader:
         return self.validated(config, options.tls)
 
     def validated(self, config: Config, tls: dict[str, bytes]) -> Validated:
-        """``config``, just loaded through ``files``, with its files."""
+        """``config``, just loaded through ``files``, with the files its
+        runtime is built from: the snapshot of the load less the main file
+        and the site files, which the workers are handed parsed
+        (``prexy.handoff``)."""
         from prexy.workers import Validated
 
-        return Validated(config, self.files.snapshot(), tls)
+        own = (config.source,) if config.source else ()
+        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
@@ -526,17 +531,24 @@ class ProxyService(service.MultiService):
     def runtime(self) -> Runtime:
         return self.resource.runtime
 
-    def reload(self, files: IFiles | None = None) -> bool:
+    def reload(self, files: IFiles | None = None, config: Config | None = None) -> bool:
         """Re-read the config file (if any) and its rules and maps (from
-        ``files``: a worker's master hands it the snapshot it validated;
-        else ``self.files``); swap them in when all of it is valid. Returns
-        whether the new config is in force."""
+        ``files``, else ``self.files``); swap them in when all of it is
+        valid. Returns whether the new config is in force.  A worker is
+        handed its ``config`` parsed by its master, and ``files``, the
+        bytes of the rules, maps and certificates it was validated with
+        (``prexy.handoff``): it reads no configuration file."""
         files = files if files is not None else self.files
+        handed = config is not None
         try:
-            now = time.time() if self.check_rules else None
-            config = load_config(self.config.source, self.memo, files, now) if self.config.source else self.config
-            runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files)
-            tls = tls_files(config.listen_endpoints(), files)
+            with collector.paused():
+                now = time.time() if self.check_rules else None
+                if config is None:
+                    config = (load_config(self.config.source, self.memo, files, now) if self.config.source
+                              else self.config)
+                runtime = build_runtime(config, previous=self.resource.runtime, check=self.check_rules, files=files,
+                                        validated=handed)
+                tls = tls_files(config.listen_endpoints(), files)
         except ConfigError as exc:
             self.last_reload_error = str(exc)
             log.error("reload refused, keeping the running configuration: {error}", error=str(exc))
@@ -769,6 +781,7 @@ def makeService(options: Options) -> service.IService:
 
     config: Config = options.config
     runtime: Runtime = options.runtime
+    collector.settle()  # (the configuration loaded: left out of later collections)
     twistd_options = getattr(options, "parent", None) or {}
     top = TopService(daemon=bool(twistd_options) and not twistd_options.get("nodaemon"),
                      pidfile=twistd_options.get("pidfile"))

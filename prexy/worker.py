@@ -1,24 +1,36 @@
 """A worker process of the pool: ``python -m prexy.worker SPEC``.
 
 The master (:mod:`prexy.workers`) spawns one per slot with SPEC, a JSON
-object: the prexy command line (``argv``, parsed again here exactly as
-``twistd prexy`` parsed it), the listening sockets it inherits (``sockets``:
-descriptor, family, endpoint description, TLS files), the control pipe
-(``control_fd``) and the master's pid.  The worker runs a ``ProxyService``
-on the inherited sockets, writes ``{"ready": true}`` and then its metrics
-every second to the pipe, drains on SIGTERM and exits when the master dies.
+object: the prexy command line (``argv``, for the process list), the
+listening sockets it inherits (``sockets``: descriptor, family, endpoint
+description, TLS files), the control pipe (``control_fd``) and the master's
+pid.  The worker runs a ``ProxyService`` on the inherited sockets, writes
+``{"ready": true}`` and then its metrics every second to the pipe, drains
+on SIGTERM and exits when the master dies.
 
 The master's commands come on the worker's stdin, one JSON object a line,
 some with a payload (``prexy.control.Commands``).  The first is
-``{"configuration": G, "bytes": N}``: the snapshot of the files the
-configuration in force was validated from (``prexy.files.Snapshot``).  The
-worker loads its configuration from it, never from the disk, so it serves
-what its master runs even if the files changed since, or no longer load.
-``{"reload": N, "bytes": M}`` with a new snapshot reloads the configuration
+``{"configuration": G, "bytes": N}``: the configuration in force, parsed and
+validated by the master, with the bytes of the rules, maps and certificates
+it was validated with (``prexy.handoff``).  The worker parses no
+configuration file and reads none from the disk, so it serves what its
+master runs even if the files changed since, or no longer load.
+
+Start-up is a handshake on the ordered pipe.  Once its runtime is built
+the worker writes ``{"loaded": true}`` and serves only when the master
+answers ``{"serve": true}``; a master that validated a reload meanwhile
+hands it that configuration first (a ``reload`` command before ``serve``),
+so a worker never starts serving an older configuration than the one in
+force, and a reload never waits for a worker that is still starting.  A
+worker that cannot take that configuration exits, and its master starts
+another.  Commands other than ``reload`` that come before ``serve`` run
+once it serves.
+
+``{"reload": N, "bytes": M}`` with a new handoff reloads the configuration
 in place (``ProxyService.reload``: only the rule sets and maps whose files
-changed are loaded again; the process, its connections, its applicability
-memory and its compiled rule sets stay) and answers ``{"reloaded": N,
-"ok": ..., "error": ...}``.
+changed are loaded again; the unchanged sites stay the same objects, and
+the process, its connections, its applicability memory and its compiled
+rule sets stay) and answers ``{"reloaded": N, "ok": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -33,10 +45,14 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from prexy import collector, handoff
+from prexy.config import Config, ConfigError
 from prexy.control import Commands, encode
 from prexy.files import Snapshot
-from prexy.listen import ListenSpec
-from prexy.service import Options, ProxyService
+from prexy.handoff import Handoff
+from prexy.listen import ListenSpec, tls_files
+from prexy.runtime import Runtime, build_runtime
+from prexy.service import ProxyService
 
 #: Seconds between two metrics reports to the master.
 METRICS_INTERVAL = 1.0
@@ -91,11 +107,26 @@ def _die_with_parent() -> None:
         pass
 
 
-def read_configuration(fd: int, commands: Commands) -> tuple[Snapshot, list[tuple[dict[str, Any], bytes]]]:
-    """Block until the master's first command, the configuration snapshot,
-    has come on ``fd``; it, and the commands read after it (to run once
-    the worker serves).  ``SystemExit`` when the pipe ends first or the
-    first command is not the configuration."""
+class Handed:
+    """The configurations the master handed this worker, in order: each
+    handoff is decoded against the one before (``prexy.handoff``)."""
+
+    def __init__(self) -> None:
+        self.base: Config | None = None
+
+    def take(self, payload: bytes) -> Handoff:
+        """The handoff ``payload`` carries; ``HandoffError`` when it is not one."""
+        handed = handoff.decode(payload, self.base)
+        self.base = handed.config
+        return handed
+
+
+def read_configuration(
+    fd: int, commands: Commands, handed: Handed
+) -> tuple[Handoff, list[tuple[dict[str, Any], bytes]]]:
+    """Block until the master's first command, the configuration, has come
+    on ``fd``; it, and the commands read after it.  ``SystemExit`` when the
+    pipe ends first or the first command is not the configuration."""
     while True:
         data = os.read(fd, 1 << 20)
         if not data:
@@ -106,9 +137,35 @@ def read_configuration(fd: int, commands: Commands) -> tuple[Snapshot, list[tupl
             if "configuration" not in message:
                 raise SystemExit(f"prexy worker: expected the configuration first, got {sorted(message)}")
             try:
-                return Snapshot.decode(payload), later
+                return handed.take(payload), later
             except ValueError as exc:
                 raise SystemExit(f"prexy worker: {exc}") from None
+
+
+def read_until_serve(
+    fd: int, commands: Commands, received: list[tuple[dict[str, Any], bytes]]
+) -> tuple[list[tuple[dict[str, Any], bytes]], list[tuple[dict[str, Any], bytes]]]:
+    """Block until the master says ``serve`` (the worker said ``loaded``):
+    the commands before it and those after it, in order, ``received``
+    (read already) first.  ``SystemExit`` when the pipe ends first."""
+    queue = list(received)
+    while True:
+        for i, (message, _payload) in enumerate(queue):
+            if "serve" in message:
+                return queue[:i], queue[i + 1 :]
+        data = os.read(fd, 1 << 20)
+        if not data:
+            raise SystemExit("prexy worker: the master closed the pipe before this worker served")
+        queue += commands.feed(data)
+
+
+def build(handed: Handoff) -> tuple[Runtime, dict[str, bytes]]:
+    """The runtime and the ``ssl:`` listeners' key and certificate bytes of
+    a configuration the master validated (its rule sets read, each
+    pattern parsed when its set is first compiled: ``RuleSets``)."""
+    config = handed.config
+    runtime = build_runtime(config, files=handed.files, validated=True)
+    return runtime, tls_files(config.listen_endpoints(), handed.files)
 
 
 def worker_main(spec_json: str) -> None:
@@ -128,19 +185,21 @@ def worker_main(spec_json: str) -> None:
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
     commands = Commands()
-    snapshot, later = read_configuration(0, commands)
-    options = Options()
-    options.check_rules = False  # the master checked these files already
-    options.files = snapshot  # and these are the bytes it checked
-    options.parseOptions(spec["argv"])
-    # Loaded: the snapshot is not kept (a reload comes with its own).
-    options.files = snapshot = Snapshot({})
+    handed = Handed()
+    with collector.paused():
+        first, later = read_configuration(0, commands, handed)
+        try:
+            runtime, tls = build(first)
+        except ConfigError as exc:  # (the master validated these bytes with the same code)
+            raise SystemExit(f"prexy worker: {exc}") from None
     inherited = [
         (ListenSpec(s["description"], s["family"], s["tls_key"], s["tls_cert"]), s["fd"]) for s in spec["sockets"]
     ]
     control_fd = spec["control_fd"]
-    svc = ProxyService(reactor, options.config, options.runtime, inherited=inherited, check_rules=False,
-                       memo=options.memo, files=snapshot, tls=options.tls)
+    # The files are never read again: a reload comes with its own.
+    svc = ProxyService(reactor, first.config, runtime, inherited=inherited, check_rules=False, files=Snapshot({}), tls=tls)
+    del first, runtime
+    collector.settle()  # (its configuration, loaded: left out of later collections)
 
     def send(message: dict[str, Any]) -> None:
         try:
@@ -177,23 +236,45 @@ def worker_main(spec_json: str) -> None:
                 d.addCallback(lambda done: send({"answer": number, "status": done[0], "report": done[1]}))
                 d.addErrback(lambda f: send({"answer": number, "status": 500, "report": {"error": f.getErrorMessage()}}))
         if "reload" in message:
-            try:
-                files = Snapshot.decode(payload)
-            except ValueError as exc:
-                send({"reloaded": message["reload"], "ok": False, "error": str(exc)})
-                return
-            ok = svc.reload(files)
-            send({"reloaded": message["reload"], "ok": ok, "error": "" if ok else svc.last_reload_error})
+            reload(message["reload"], payload)
+
+    def reload(number: int, payload: bytes, serving: bool = True) -> bool:
+        try:
+            with collector.paused():
+                new = handed.take(payload)
+        except ValueError as exc:
+            # Out of step with the master's handoffs: this worker ends (once
+            # drained) and the master starts one with the whole configuration.
+            send({"reloaded": number, "ok": False, "error": f"{exc}; this worker is replaced"})
+            if not serving:
+                raise SystemExit(f"prexy worker: {exc}") from None
+            svc.drain_and_stop(svc.config.shutdown_timeout)
+            return False
+        ok = svc.reload(new.files, new.config)
+        send({"reloaded": number, "ok": ok, "error": "" if ok else svc.last_reload_error})
+        return ok
 
     if svc.certificates.on_demand is not None:  # the master issues (prexy.ondemand)
         svc.certificates.on_demand.request = lambda name: send({"obtain": name})
 
+    # Loaded: the master answers "serve", after the configuration in force
+    # if it reloaded meanwhile.
+    send({"loaded": True, "pid": os.getpid()})
+    before, after = read_until_serve(0, commands, later)
+    kept = []
+    for message, payload in before:
+        if "reload" in message:
+            if not reload(message["reload"], payload, serving=False):
+                raise SystemExit(f"prexy worker: cannot take the configuration in force: {svc.last_reload_error}")
+        else:
+            kept.append((message, payload))
+
     def started() -> None:
         svc.startService()
         reactor.addReader(CommandReader(reactor, 0, command, commands))
-        for message, payload in later:  # (a reload sent while this worker started)
+        for message, payload in [*kept, *after]:  # (sent while this worker started)
             command(message, payload)
-        cluster = options.config.cluster
+        cluster = svc.config.cluster
         if cluster is not None and svc.resource.cache is not None:  # PURGEs go to the master (prexy.cluster)
             from prexy.cluster.relay import WorkerRelay
 
@@ -206,7 +287,7 @@ def worker_main(spec_json: str) -> None:
         LoopingCall(report).start(METRICS_INTERVAL, now=False)
 
     def on_term(*_: Any) -> None:
-        reactor.callFromThread(lambda: svc.drain_and_stop(options.config.shutdown_timeout))
+        reactor.callFromThread(lambda: svc.drain_and_stop(svc.config.shutdown_timeout))
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -17,13 +17,24 @@ master's admin endpoint serves health, the summed metrics and reload.
 
 A worker runs ``python -m prexy.worker SPEC`` (:mod:`prexy.worker`): SPEC
 (JSON) carries the prexy command line, the inherited socket descriptors and
-the control pipe.  It loads its configuration from the files the master
-validated, never from the disk: the master keeps a snapshot of them
-(:mod:`prexy.files`) for the configuration in force and writes it on the
-stdin of every worker it starts (``configuration``) and of every worker
-that reloads in place (``reload``).  A worker that replaces a dead one
-therefore serves the configuration in force, even when the files changed
+the control pipe.  It serves the configuration the master validated, never
+one it reads from the disk, and parses no configuration file: the master
+parses and validates the files once and hands every worker it starts
+(``configuration``), and every worker that reloads in place (``reload``),
+the validated ``Config`` itself with the bytes of the rules, maps and
+certificates it was validated with (:mod:`prexy.handoff`; a reload's
+handoff carries only the sites that changed, the others are references
+to the worker's own).  The master keeps the configuration in force, so a
+worker that replaces a dead one serves it, even when the files changed
 since without a reload, or no longer load.
+
+A worker's start is a handshake on its ordered command pipe: it says
+``loaded`` once its runtime is built, and serves when the master answers
+``serve``.  A reload in place is sent to the workers told to serve, and
+answered once they have taken it; a worker still starting is neither sent
+it nor waited for: when it says ``loaded``, the master hands it the
+configuration in force (if it is not the one it started with) before
+``serve``, so it never serves an older one, and no start is thrown away.
 
 This module is the master's side only: it knows the command line as an
 argument list and a function that turns one into a ``Validated``
@@ -46,10 +57,11 @@ from twisted.application import service
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
-from prexy import signals
+from prexy import handoff, signals
 from prexy.config import Config
 from prexy.control import JsonLines, encode
 from prexy.files import Snapshot
+from prexy.handoff import Handoff
 from prexy.listen import ListenSpec, bind
 from prexy.metrics import Metrics, cache_gauges, render
 from prexy.observe.stats import Aggregate
@@ -73,7 +85,9 @@ class Validated:
     """A configuration that loaded, with the files it loaded from."""
 
     config: Config
-    #: Exactly the bytes (and file answers) it was validated from.
+    #: Exactly the bytes (and file answers) its runtime was validated
+    #: from: rules, maps, certificates (the main file and the site files
+    #: are in ``config``, parsed).
     snapshot: Snapshot = attrs.field(eq=False)
     #: The ssl: listeners' key and certificate (PEM bytes by path).
     tls: dict[str, bytes] = attrs.field(factory=dict, eq=False)
@@ -111,6 +125,11 @@ class _WorkerProcess(protocol.ProcessProtocol):
         self.master = master
         self.generation = generation
         self.slot = slot
+        #: The configuration last handed to it (what the next handoff is
+        #: encoded against: ``prexy.handoff``).
+        self.sent: Config | None = None
+        #: Told to serve (it said ``loaded``); then ``ready`` once it serves.
+        self.serve_sent = False
         self.ready = False
         self.retiring = False
         self.started_at = master.reactor.seconds()
@@ -126,6 +145,8 @@ class _WorkerProcess(protocol.ProcessProtocol):
         if fd != CONTROL_FD:
             return
         for message in self._lines.feed(data):
+            if message.get("loaded"):
+                self.master.worker_loaded(self)
             if message.get("ready"):
                 self.ready = True
                 self.master.worker_ready(self)
@@ -157,6 +178,20 @@ class _WorkerProcess(protocol.ProcessProtocol):
         payload if any: ``prexy.worker``)."""
         if self.transport is not None:
             self.transport.write(encode(message, payload))
+
+    def hand(self, message: dict[str, Any], config: Config, files: Snapshot,
+             encoded: dict[int, tuple[Config | None, bytes]] | None = None) -> None:
+        """Send the worker a command with ``config`` and ``files`` as its
+        handoff, encoded against the configuration it was handed last
+        (``encoded``: handoffs of the same configuration already encoded,
+        by the identity of their base)."""
+        encoded = {} if encoded is None else encoded
+        base = self.sent
+        known = encoded.get(id(base))
+        if known is None or known[0] is not base:
+            known = encoded[id(base)] = (base, handoff.encode(Handoff(config, files), base))
+        self.command(message, known[1])
+        self.sent = config
 
     def signal(self, name: str | int) -> None:
         """Send the worker a signal ("TERM", "KILL"... or a number); nothing
@@ -237,6 +272,12 @@ class MasterService(service.MultiService):
         self.stopping = False
         self._backoff: dict[int, float] = {}
         self._reloading: defer.Deferred[bool] | None = None
+        #: In-place reloads made while a new generation starts: in force
+        #: once the newest generation serves (its workers take the newest
+        #: configuration).
+        self._generation_waiters: list[defer.Deferred[bool]] = []
+        #: The configuration in force as handoffs, by their base (``_WorkerProcess.hand``).
+        self._handoffs: dict[int, tuple[Config | None, bytes]] = {}
         self._in_place: dict[int, _InPlaceReload] = {}
         self._reload_number = 0
         self.last_reload_error = ""
@@ -387,10 +428,24 @@ class MasterService(service.MultiService):
             env=env,
             childFDs=child_fds,
         )
-        # Its configuration: the files the one in force was validated from.
-        worker.command({"configuration": generation}, self.snapshot.encode())
+        # Its configuration: the one in force, parsed (prexy.handoff).
+        worker.hand({"configuration": generation}, self.config, self.snapshot, self._handoffs)
         self.workers.append(worker)
         return worker
+
+    def worker_loaded(self, worker: _WorkerProcess) -> None:
+        """``worker`` built its runtime: it serves once told to.  A worker
+        of the current generation handed another configuration than the one
+        in force (a reload was validated while it started) is handed this
+        one first; the pipe is ordered, so it takes it before it serves."""
+        if worker.serve_sent or worker.ended.called:
+            return
+        if worker.generation == self.generation and not worker.retiring and worker.sent is not self.config:
+            log.info("worker {pid} started with an earlier configuration: it takes the one in force before it serves",
+                     pid=worker.pid)
+            worker.hand({"reload": 0}, self.config, self.snapshot, self._handoffs)
+        worker.command({"serve": True})
+        worker.serve_sent = True
 
     def worker_ready(self, worker: _WorkerProcess) -> None:
         log.info("worker {pid} (generation {g}) ready", pid=worker.pid, g=worker.generation)
@@ -407,8 +462,14 @@ class MasterService(service.MultiService):
             if self._reloading is not None:
                 d, self._reloading = self._reloading, None
                 d.callback(True)
+            self._generation_served(True)
             sd_notify("READY=1")
             self._fire_serving()
+
+    def _generation_served(self, ok: bool) -> None:
+        waiting, self._generation_waiters = self._generation_waiters, []
+        for d in waiting:
+            d.callback(ok)
 
     def _fire_serving(self) -> None:
         if self._serving_timer is not None and self._serving_timer.active():
@@ -493,6 +554,7 @@ class MasterService(service.MultiService):
         if self.acme is not None:
             self.acme.update(config.acme_sites())
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
+        self._handoffs = {}
         self.view.aggregate.window = config.observe.never_matched_window
         # Renewed certificates (the [server] one in the same files, or a
         # site's) are swapped in place by the workers, for the handshakes
@@ -512,25 +574,28 @@ class MasterService(service.MultiService):
         return self._reloading
 
     def _reload_in_place(self) -> Any:
-        """Only sites changed: each worker of the current generation loads
-        the configuration again itself from the snapshot the master
-        validated (sent with the command), reusing the rule sets and maps
-        whose files did not change, and keeps its connections,
-        applicability memory and compiled rule sets.  Fires True once every
-        worker has."""
+        """Only sites changed: each worker of the current generation told to
+        serve is handed the new configuration (the sites that changed, and
+        the files' bytes: ``prexy.handoff``) and swaps it in, reusing the
+        rule sets and maps whose files did not change; it keeps its
+        connections, applicability memory and compiled rule sets.  A
+        worker still starting is not waited for: it takes the
+        configuration in force when it has loaded, before it serves
+        (``worker_loaded``).  Fires True once every serving worker has
+        reloaded (and, while a new generation starts, once it serves)."""
         self._reload_number += 1
         number = self._reload_number
-        workers = [w for w in self.workers if w.generation == self.generation and not w.retiring]
-        if self._reloading is None:  # (during a new generation's start, its workers are waited for)
-            for w in [w for w in workers if not w.ready]:
-                self._replace_starting(w)
-            workers = [w for w in workers if w.ready]
+        current = [w for w in self.workers if w.generation == self.generation and not w.retiring]
+        workers = [w for w in current if w.serve_sent]
+        for w in current:
+            if not w.serve_sent:
+                log.info("reload: worker {pid} is still starting; it takes this configuration before it serves",
+                         pid=w.pid)
         pending = _InPlaceReload(number, workers)
         self._in_place[number] = pending
         log.info("reload: only sites changed; {n} worker(s) reload in place", n=len(workers))
-        payload = self.snapshot.encode()
         for w in workers:
-            w.command({"reload": number}, payload)
+            w.hand({"reload": number}, self.config, self.snapshot, self._handoffs)
 
         def finished(ok: bool) -> bool:
             del self._in_place[number]
@@ -541,23 +606,14 @@ class MasterService(service.MultiService):
             sd_notify("READY=1")
             return ok
 
-        pending.done.addCallback(finished)
         if not workers:
             pending.done.callback(True)
-        return pending.done
-
-    def _replace_starting(self, worker: _WorkerProcess) -> None:
-        """A reload found ``worker`` still starting (a replacement, or one of
-        the first generation): it loads the configuration it was started
-        with, and would answer the reload only once it serves, which takes
-        as long as its start (seconds for many sites or on a busy machine).
-        It is retired instead (SIGTERM: one that already serves drains) and
-        a worker that loads the new snapshot takes its slot, so the reload
-        is in force once the serving workers have answered."""
-        worker.retiring = True
-        worker.signal("TERM")
-        log.info("reload: worker {pid} was still starting; a new one takes its slot", pid=worker.pid)
-        self._spawn(self.generation, worker.slot)
+        done: Any = pending.done
+        if self._reloading is not None:  # the new generation, not serving yet, takes it as it starts
+            served: defer.Deferred[bool] = defer.Deferred()
+            self._generation_waiters.append(served)
+            done = defer.gatherResults([pending.done, served]).addCallback(all)
+        return done.addCallback(finished)
 
     def worker_reloaded(self, worker: _WorkerProcess, message: dict[str, Any]) -> None:
         pending = self._in_place.get(message.get("reloaded", -1))

@@ -1,7 +1,8 @@
 """``prexy.files``: a configuration loaded through a ``Recorder`` gives a
-``Snapshot`` from which the same configuration loads again, byte for byte,
-with the disk changed, broken or gone; what a load skipped reading
-(unchanged site files, maps reused by modification time) is in it too."""
+``Snapshot`` of the files its runtime is built from; handed to a worker
+with the parsed configuration (``prexy.handoff``), the same configuration
+serves again, byte for byte, with the disk changed, broken or gone; what a
+load skipped reading (maps reused by their bytes) is in it too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from prexy.config import ConfigError, load_config
+from prexy.config import ConfigError
 from prexy.files import DiskFiles, FileStatus, IFiles, NotInSnapshot, Recorder, Snapshot
 from prexy.service import ConfigLoader, Options
 
@@ -26,14 +27,18 @@ def write(path: str, text: str) -> str:
     return path
 
 
-def worker_load(argv: list[str], files: Any) -> Options:
-    """What a worker does: the command line parsed again, every file read
-    from ``files``."""
-    options = Options()
-    options.check_rules = False
-    options.files = files
-    options.parseOptions(argv)
-    return options
+def worker_load(validated: Any) -> Any:
+    """What a worker does: the configuration handed to it, parsed
+    (``prexy.handoff``, through its bytes), and its runtime built from the
+    files' bytes handed with it."""
+    from types import SimpleNamespace
+
+    from prexy import handoff
+    from prexy.worker import build
+
+    handed = handoff.decode(handoff.encode(handoff.Handoff(validated.config, validated.snapshot)))
+    runtime, tls = build(handed)
+    return SimpleNamespace(config=handed.config, runtime=runtime, tls=tls)
 
 
 class _CountingDisk(DiskFiles):
@@ -82,7 +87,7 @@ class SnapshotTests(SynchronousTestCase):
         assert snapshot == validated.snapshot
         master = loader.runtime
         shutil.rmtree(self.tmp)
-        worker = worker_load(self.argv, snapshot)
+        worker = worker_load(validated)
         assert worker.config == validated.config
         for host in (b"a.test", b"b.test"):
             site = master.select(host)
@@ -97,30 +102,32 @@ class SnapshotTests(SynchronousTestCase):
         write(f"{self.tmp}/more/x.map", "/old-x /elsewhere;\n")
         write(f"{self.tmp}/sites.d/b.toml", '[sites.b]\nupstream = "ftp://b"\n')  # broken
         write(f"{self.tmp}/sites.d/c.toml", '[sites.c]\nupstream = "http://c"\n')  # new
-        worker = worker_load(self.argv, validated.snapshot)
+        worker = worker_load(validated)
         assert worker.config == validated.config
         assert self.served(worker, b"a.test")[1] == "/new-x"
         self.assertRaises(SystemExit, ConfigLoader(), self.argv)  # (the disk no longer loads)
 
     def test_a_relative_config_path_reloads_in_a_worker(self) -> None:
         """``--config prexy.toml`` given relative to the working directory:
-        a worker's in-place reload reads the file by the configuration's
-        ``source`` (an absolute path), which its snapshot must hold."""
+        the configuration handed to a worker names its ``source`` by its
+        absolute path, and a reload's handoff carries the changed rules."""
         self.addCleanup(os.chdir, os.getcwd())
         os.chdir(self.tmp)
         argv = ["--config", "prexy.toml"]
         loader = ConfigLoader()
-        worker = worker_load(argv, loader(argv).snapshot)
+        worker = worker_load(loader(argv))
+        assert worker.config.source == os.path.join(self.tmp, "prexy.toml")
         write(f"{self.tmp}/a.rules", "replace_filter 'x' 'changed' g;\n")
-        snapshot = Snapshot.decode(loader(argv).snapshot.encode())
-        config = load_config(worker.config.source, files=snapshot)
-        assert config.source == os.path.join(self.tmp, "prexy.toml")
+        reloaded = worker_load(loader(argv))
+        assert reloaded.runtime.select(b"a.test").rules.digest != worker.runtime.select(b"a.test").rules.digest
 
     def test_what_a_reload_did_not_read_is_in_its_snapshot(self) -> None:
         """A second load with the same loader skips unchanged site files
         (``ConfigMemo``) and reuses the maps whose bytes did not change: its
-        snapshot still holds all their bytes, enough for a fresh worker to
-        load with the disk gone."""
+        snapshot still holds the bytes of every rules and map file, enough
+        for a fresh worker to build its runtime with the disk gone; the main
+        file and the site files are not in it (the workers are handed them
+        parsed)."""
         disk = _CountingDisk()
         loader = ConfigLoader(files=Recorder(disk))
         loader(self.argv)
@@ -129,10 +136,12 @@ class SnapshotTests(SynchronousTestCase):
         validated = loader(self.argv)
         assert f"{self.tmp}/sites.d/a.toml" not in disk.reads  # (maps are compared by content: read)
         snapshot = validated.snapshot
-        for name in ("prexy.toml", "sites.d/a.toml", "sites.d/b.toml", "a.rules", "b.rules", "a.map", "more/x.map"):
+        for name in ("a.rules", "b.rules", "a.map", "more/x.map"):
             assert f"{self.tmp}/{name}" in snapshot.contents, name
+        for name in ("prexy.toml", "sites.d/a.toml", "sites.d/b.toml"):
+            assert f"{self.tmp}/{name}" not in snapshot.contents, name
         shutil.rmtree(self.tmp)
-        worker = worker_load(self.argv, Snapshot.decode(snapshot.encode()))
+        worker = worker_load(validated)
         assert worker.config == validated.config
         assert worker.runtime.select(b"b.test").rules.digest == loader.runtime.select(b"b.test").rules.digest
 
@@ -146,19 +155,22 @@ class SnapshotTests(SynchronousTestCase):
         fixed = '[sites.b]\nhosts = ["b.test"]\nupstream = "http://b2.origin"\n'
         write(f"{self.tmp}/sites.d/b.toml", fixed)
         validated = loader(self.argv)
-        assert validated.snapshot.read(f"{self.tmp}/sites.d/b.toml") == fixed.encode()
+        assert str(validated.config.site("b").upstream) == "http://b2.origin"
         shutil.rmtree(self.tmp)
-        worker = worker_load(self.argv, validated.snapshot)
+        worker = worker_load(validated)
         assert str(worker.config.site("b").upstream) == "http://b2.origin"
 
     def test_a_file_missing_from_the_snapshot_is_a_clear_error(self) -> None:
         """A snapshot that lacks a file the configuration names refuses the
         load, naming the file, rather than reading the disk."""
-        snapshot = ConfigLoader()(self.argv).snapshot
-        contents = dict(snapshot.contents)
+        from prexy.handoff import Handoff
+        from prexy.worker import build
+
+        validated = ConfigLoader()(self.argv)
+        contents = dict(validated.snapshot.contents)
         del contents[f"{self.tmp}/a.rules"]
         with self.assertRaises(ConfigError) as caught:
-            load_config(self.main, files=Snapshot(contents))
+            build(Handoff(validated.config, Snapshot(contents)))
         assert f"{self.tmp}/a.rules" in str(caught.exception)
         with self.assertRaises(NotInSnapshot) as missing:
             Snapshot(contents).read(f"{self.tmp}/a.rules")
@@ -170,7 +182,7 @@ class SnapshotTests(SynchronousTestCase):
                 "--map", f"{self.tmp}/a.map"]
         validated = ConfigLoader()(argv)
         shutil.rmtree(self.tmp)
-        worker = worker_load(argv, validated.snapshot)
+        worker = worker_load(validated)
         assert worker.config == validated.config
         assert worker.runtime.default.urlmap.lookup("/old-a") == "/new-a"
 
@@ -215,7 +227,7 @@ class UpstreamCATests(SynchronousTestCase):
         validated = ConfigLoader()(self.argv)
         with open(self.ca, "wb") as f:
             f.write(b"garbage")
-        worker = worker_load(self.argv, validated.snapshot)
+        worker = worker_load(validated)
         assert worker.runtime.default.origin_key.ca_pem == self.pem
         assert worker.runtime.default.origin_key.ca_file == self.ca
 
@@ -249,7 +261,7 @@ class ListenerTLSTests(SynchronousTestCase):
         validated = loader(self.argv)
         assert set(validated.tls) == {self.key, self.cert}
         shutil.rmtree(self.tmp)
-        assert worker_load(self.argv, validated.snapshot).tls == validated.tls
+        assert worker_load(validated).tls == validated.tls
 
     def test_garbage_is_refused(self) -> None:
         write(self.cert, "garbage\n")

@@ -1,6 +1,9 @@
-"""Reload at scale: when only sites changed, the master has its
-workers reload in place over their command pipe, and answers once every
-worker has; any other change starts a new generation as before."""
+"""Reload at scale: when only sites changed, the master hands its serving
+workers the new configuration, parsed (``prexy.handoff``), over their
+command pipe, and answers once every one has taken it; a worker still
+starting is not waited for, and takes the configuration in force before it
+serves (the ``loaded`` / ``serve`` handshake); any other change starts a
+new generation as before."""
 
 from __future__ import annotations
 
@@ -15,10 +18,11 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
+from prexy import handoff
 from prexy.config import Config, SiteConfig, Timeouts, UpstreamURL
 from prexy.control import Commands
 from prexy.files import Snapshot
-from prexy.worker import CommandReader
+from prexy.worker import CommandReader, Handed
 from prexy.workers import CONTROL_FD, MasterService, Validated, _WorkerProcess
 
 
@@ -62,7 +66,8 @@ class MasterReloadTests(SynchronousTestCase):
             w = _WorkerProcess(self.master, 1, slot)
             w.transport = _Pipe(100 + slot)  # type: ignore[assignment]
             w.pid = 100 + slot
-            w.ready = True
+            w.sent = self.master.config  # (handed at its start)
+            w.serve_sent = w.ready = True
             self.workers.append(w)
         self.master.workers = list(self.workers)
 
@@ -73,6 +78,10 @@ class MasterReloadTests(SynchronousTestCase):
 
     def load(self, argv: Any) -> Validated:
         return Validated(self.loads[-1], self.snapshot_of(self.loads[-1]))
+
+    @staticmethod
+    def say(worker: _WorkerProcess, message: dict[str, Any]) -> None:
+        worker.childDataReceived(CONTROL_FD, json.dumps(message).encode() + b"\n")
 
     def answer(self, worker: _WorkerProcess, number: int, ok: bool = True, error: str = "") -> None:
         line = json.dumps({"reloaded": number, "ok": ok, "error": error}).encode() + b"\n"
@@ -93,17 +102,23 @@ class MasterReloadTests(SynchronousTestCase):
         assert self.master.config == self.loads[-1]
 
     def test_in_place_reload_carries_the_validated_files(self) -> None:
-        """Each worker's reload command carries the snapshot of the files
-        the master validated (the workers never read the disk), and the
-        master keeps it for the workers it starts later."""
-        self.loads.append(_config("a", "b", "c"))
+        """Each worker's reload command carries the configuration the master
+        validated, parsed, and the snapshot of the files its runtime is
+        built from (the workers never read the disk); the sites the worker
+        holds already travel as references to its own objects.  The master
+        keeps both for the workers it starts later."""
+        before = self.master.config
+        self.loads.append(attrs.evolve(before, sites=(*before.sites, _config("c").sites[0])))
         self.master.reload()
         expected = self.snapshot_of(self.loads[-1])
         for w in self.workers:
             [(message, payload)] = w.transport.commands()  # type: ignore[union-attr]
             assert message == {"reload": 1, "bytes": len(payload)}
-            assert Snapshot.decode(payload) == expected
-        assert self.master.snapshot == expected
+            handed = handoff.decode(payload, before)
+            assert handed.config == self.loads[-1] and handed.files == expected
+            assert handed.config.sites[0] is before.sites[0] and handed.config.sites[1] is before.sites[1]
+            assert w.sent is self.loads[-1]
+        assert self.master.snapshot == expected and self.master.config is self.loads[-1]
 
     def test_a_refused_reload_keeps_the_snapshot_in_force(self) -> None:
         """A configuration that does not load leaves the master's snapshot
@@ -137,43 +152,68 @@ class MasterReloadTests(SynchronousTestCase):
         self.master.worker_ended(self.workers[1], Failure(Exception("killed")))
         assert self.successResultOf(d) is True
 
-    def test_a_starting_worker_is_replaced_not_waited_for(self) -> None:
-        """A worker still starting (here the replacement of a killed one)
-        loads the configuration it was started with and would answer only
-        once it serves, seconds later on a busy machine: the reload does
-        not wait for it.  It is retired (SIGTERM) and a new worker in its
-        slot loads the new snapshot; the reload answers once the serving
-        workers have."""
+    def test_a_starting_worker_is_not_waited_for(self) -> None:
+        """A worker still starting (here the replacement of a killed one:
+        it has not said ``loaded``) is neither sent the reload nor waited
+        for, nor replaced: the reload answers once the serving workers
+        have.  When it has loaded, the master hands it the configuration
+        in force (against the one it started with) and then tells it to
+        serve: the pipe is ordered, so it never serves the older one."""
         starting = self.workers[1]
-        starting.ready = False
+        starting.ready = starting.serve_sent = False
+        started_with = starting.sent
         self.loads.append(_config("a", "b", "c"))
         d = self.master.reload()
         assert starting.transport.written == b""  # type: ignore[union-attr]
-        assert starting.transport.signals == ["TERM"] and starting.retiring  # type: ignore[union-attr]
-        assert self.spawned == [1]
+        assert starting.transport.signals == [] and not starting.retiring  # type: ignore[union-attr]
+        assert self.spawned == []
         self.answer(self.workers[0], 1)
         assert self.successResultOf(d) is True
+        self.say(starting, {"loaded": True})
+        [(reload, payload), (serve, _)] = starting.transport.commands()  # type: ignore[union-attr]
+        assert reload == {"reload": 0, "bytes": len(payload)} and serve == {"serve": True}
+        assert handoff.decode(payload, started_with).config == self.loads[-1]
+        self.say(starting, {"loaded": True})  # (said twice: answered once)
+        assert len(starting.transport.commands()) == 2  # type: ignore[union-attr]
 
-    def test_a_new_generation_still_waits_for_its_workers(self) -> None:
-        """While a new generation starts, a sites-only reload is answered by
-        its workers once they serve (the old generation, which serves until
-        then, is not sent the reload)."""
+    def test_a_worker_that_loaded_the_configuration_in_force_serves_at_once(self) -> None:
+        """No reload while it started: ``serve`` is all it is sent."""
+        starting = self.workers[1]
+        starting.ready = starting.serve_sent = False
+        self.say(starting, {"loaded": True})
+        assert starting.transport.messages() == [{"serve": True}]  # type: ignore[union-attr]
+
+    def test_a_new_generation_takes_an_in_place_reload_as_it_starts(self) -> None:
+        """While a new generation starts, a sites-only reload is not sent to
+        the old generation (which serves until then) nor to the starting
+        workers: each takes the newest configuration when it has loaded,
+        before it serves, and the reload answers once the generation
+        serves."""
         self.loads.append(_config("a", "b", timeouts=Timeouts(connect=1)))
-        self.master.reload()
+        generation = self.master.reload()
         new = []
         for slot in range(2):
             w = _WorkerProcess(self.master, 2, slot)
             w.transport = _Pipe(300 + slot)  # type: ignore[assignment]
             w.pid = 300 + slot
+            w.sent = self.master.config
             new.append(w)
         self.master.workers += new
+        first = self.master.config
         self.loads.append(_config("a", "b", "c", timeouts=Timeouts(connect=1)))
         d = self.master.reload()
-        assert [w.transport.messages() for w in new] == [[{"reload": 1}], [{"reload": 1}]]  # type: ignore[union-attr]
+        assert all(w.transport.written == b"" for w in [*new, *self.workers])  # type: ignore[union-attr]
         assert not any(w.retiring for w in new) and self.spawned == [2, 2]
         for w in new:
-            self.answer(w, 1)
-        assert self.successResultOf(d) is True
+            self.say(w, {"loaded": True})
+            [(reload, payload), (serve, _)] = w.transport.commands()  # type: ignore[union-attr]
+            assert reload["reload"] == 0 and serve == {"serve": True}
+            assert handoff.decode(payload, first).config == self.loads[-1]
+        self.assertNoResult(d)
+        for w in new:
+            self.say(w, {"ready": True})
+        assert self.successResultOf(d) is True and self.successResultOf(generation) is True
+        assert all(w.retiring for w in self.workers)
 
     def test_overlapping_reloads_answer_each(self) -> None:
         """Two reloads in a row: each answers when its own command was answered."""
@@ -249,14 +289,15 @@ class MasterSpawnTests(SynchronousTestCase):
     def load(self, argv: Any) -> Validated:
         return Validated(self.configs[-1], MasterReloadTests.snapshot_of(self.configs[-1]))
 
-    def first_command(self, worker: _WorkerProcess) -> tuple[dict[str, Any], Snapshot]:
+    def first_command(self, worker: _WorkerProcess) -> tuple[dict[str, Any], handoff.Handoff]:
         message, payload = worker.transport.commands()[0]  # type: ignore[union-attr]
-        return message, Snapshot.decode(payload)
+        return message, handoff.decode(payload)
 
     def test_a_new_worker_gets_the_configuration_first(self) -> None:
         worker = self.master._spawn(1, 0)
-        message, snapshot = self.first_command(worker)
-        assert "configuration" in message and snapshot == self.master.snapshot
+        message, handed = self.first_command(worker)
+        assert "configuration" in message and handed.files == self.master.snapshot
+        assert handed.config == self.master.config
 
     def test_serving_once_the_first_workers_are_ready(self) -> None:
         """``serving`` (an ACME fleet node orders, and confirms the others'
@@ -267,19 +308,23 @@ class MasterSpawnTests(SynchronousTestCase):
         self.master.worker_ready(worker)
         self.successResultOf(self.master.serving)
 
-    def test_a_retired_starting_worker_does_not_hold_readiness(self) -> None:
-        """A worker retired by a reload while it was starting does not count
-        for the pool's readiness: its replacement being ready is enough."""
+    def test_a_reload_while_the_first_worker_starts(self) -> None:
+        """A reload while the first worker is still starting throws nothing
+        away: the worker is kept, takes the new configuration when it has
+        loaded (before ``serve``), and the pool serves once it is ready."""
         first = self.master._spawn(1, 0)
         self.configs.append(_config("a", "b", "c"))
         self.master.reload()
-        assert first.retiring
-        replacement = self.reactor.spawned[-1]
-        assert replacement is not first
-        assert self.first_command(replacement)[1] == self.master.snapshot
+        assert not first.retiring and self.reactor.spawned == [first]
+        MasterReloadTests.say(first, {"loaded": True})
+        commands = first.transport.commands()  # type: ignore[union-attr]
+        assert [sorted(message) for message, _ in commands] == [["bytes", "configuration"], ["bytes", "reload"],
+                                                                 ["serve"]]
+        handed = Handed()
+        handed.take(commands[0][1])
+        assert handed.take(commands[1][1]).config == self.configs[-1]
         self.assertNoResult(self.master.serving)
-        replacement.ready = True
-        self.master.worker_ready(replacement)
+        MasterReloadTests.say(first, {"ready": True})
         self.successResultOf(self.master.serving)
 
     def test_a_replacement_gets_the_snapshot_in_force(self) -> None:
@@ -290,8 +335,8 @@ class MasterSpawnTests(SynchronousTestCase):
         first.ready = True
         self.configs.append(_config("a", "b", "c"))
         self.master.reload()
-        expected = self.master.snapshot
-        assert expected == MasterReloadTests.snapshot_of(self.configs[-1])
+        expected = self.master.config
+        assert self.master.snapshot == MasterReloadTests.snapshot_of(self.configs[-1])
 
         def broken(argv: Any) -> Validated:
             raise SystemExit("a.rules:1: bad")
@@ -302,7 +347,8 @@ class MasterSpawnTests(SynchronousTestCase):
         self.reactor.advance(60)
         replacement = self.reactor.spawned[-1]
         assert replacement is not first
-        assert self.first_command(replacement)[1] == expected
+        assert self.first_command(replacement)[1].config is not expected
+        assert self.first_command(replacement)[1].config == expected
 
 
 class _Reactor:
@@ -353,18 +399,27 @@ class CommandReaderTests(SynchronousTestCase):
         from prexy.control import encode
         from prexy.worker import read_configuration
 
-        snapshot = Snapshot({"/etc/prexy.toml": b"[server]\n"})
+        snapshot = Snapshot({"/etc/x.rules": b"replace_filter 'a' 'b';\n"})
+        config = _config("a")
         r, w = os.pipe()
         self.addCleanup(os.close, r)
-        os.write(w, encode({"configuration": 1}, snapshot.encode()) + encode({"reload": 7}))
-        assert read_configuration(r, Commands()) == (snapshot, [({"reload": 7}, b"")])
+        payload = handoff.encode(handoff.Handoff(config, snapshot))
+        os.write(w, encode({"configuration": 1}, payload) + encode({"reload": 7}))
+        handed = Handed()
+        first, later = read_configuration(r, Commands(), handed)
+        assert first.config == config and first.files == snapshot and later == [({"reload": 7}, b"")]
+        assert handed.base is first.config
         os.write(w, encode({"reload": 1}))
         with self.assertRaises(SystemExit) as caught:
-            read_configuration(r, Commands())
+            read_configuration(r, Commands(), Handed())
         assert "expected the configuration first" in str(caught.exception)
+        os.write(w, encode({"configuration": 1}, b"not a handoff"))
+        with self.assertRaises(SystemExit) as caught:
+            read_configuration(r, Commands(), Handed())
+        assert "configuration handoff" in str(caught.exception)
         os.close(w)
         with self.assertRaises(SystemExit) as caught:
-            read_configuration(r, Commands())
+            read_configuration(r, Commands(), Handed())
         assert "sent no configuration" in str(caught.exception)
 
     def test_end_of_pipe(self) -> None:

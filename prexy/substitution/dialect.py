@@ -25,7 +25,7 @@ from prexy.substitution.syntax import (
     Set,
 )
 
-__all__ = ["DialectError", "parse_sregex"]
+__all__ = ["DeferredRegex", "DialectError", "parse_sregex"]
 
 _WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _DIGIT = frozenset(b"0123456789")
@@ -514,3 +514,39 @@ def parse_sregex(pattern: bytes, caseless: bool = False) -> ParsedRegex:
     parser = _Parser(pattern, caseless)
     # The grammar: a stray ')' at top level ends ``alt`` early.
     return parser.parse()
+
+
+class DeferredRegex(ParsedRegex):
+    """A pattern parsed and checked already, by another process from the
+    same bytes (a worker's master validated the rules file): it is parsed
+    again when its tree is first needed (its rule set's scanner is built
+    on the first request for a site using it), not when the file loads.
+    Equal to, and hashed as, the ``ParsedRegex`` it stands for."""
+
+    def __init__(self, pattern: bytes, caseless: bool = False) -> None:  # (no dataclass fields set)
+        object.__setattr__(self, "_pattern", pattern)
+        object.__setattr__(self, "caseless", caseless)
+        object.__setattr__(self, "_parsed", None)
+
+    def _parse(self) -> ParsedRegex:
+        parsed: ParsedRegex | None = self.__dict__["_parsed"]
+        if parsed is None:
+            parsed = parse_sregex(self.__dict__["_pattern"], self.caseless)
+            object.__setattr__(self, "_parsed", parsed)
+        return parsed
+
+    @property
+    def tree(self) -> Node:
+        return self._parse().tree
+
+    @property
+    def ngroups(self) -> int:
+        return self._parse().ngroups
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ParsedRegex):
+            return NotImplemented
+        return (self.tree, self.ngroups, self.caseless) == (other.tree, other.ngroups, other.caseless)
+
+    def __hash__(self) -> int:
+        return hash((self.tree, self.ngroups, self.caseless))

@@ -33,7 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from prexy.headerrules import HeaderRulesBuilder, HeaderRulesConflict
-from prexy.substitution.dialect import DialectError, parse_sregex
+from prexy.substitution.dialect import DeferredRegex, DialectError, parse_sregex
 from prexy.substitution.template import TemplateError, compile_template
 
 if TYPE_CHECKING:
@@ -243,6 +243,7 @@ def compile_rule(
     flags: bytes | str = b"",
     *,
     origin: str = "",
+    checked: bool = False,
 ) -> Rule:
     """Compile one ``replace_filter PATTERN REPLACEMENT FLAGS`` directive.
 
@@ -264,7 +265,7 @@ def compile_rule(
             once = False
         else:
             raise FlagError(f"unknown flag '{chr(ch)}' in \"{flags.decode('latin-1')}\"")
-    parsed = parse_sregex(pattern, caseless)
+    parsed = DeferredRegex(pattern, caseless) if checked else parse_sregex(pattern, caseless)
     template = compile_template(replacement)
     return Rule(
         pattern=pattern,
@@ -277,11 +278,15 @@ def compile_rule(
     )
 
 
-def parse_rules(text: bytes | str, filename: str = "<rules>", *, lazy: bool = False) -> RuleSet:
+def parse_rules(
+    text: bytes | str, filename: str = "<rules>", *, lazy: bool = False, checked: bool = False
+) -> RuleSet:
     """Parse and compile the rules file ``text``; raise RulesError if refused.
     The rule set is warmed (``transducer.warm``) before it is returned;
     with ``lazy`` it is parsed and checked only, its scanner compiled on
-    first use (``RuleSet.build``)."""
+    first use (``RuleSet.build``).  ``checked``: these bytes were parsed and
+    checked already (by a worker's master), so each pattern is parsed again
+    only when the scanner is built (``DeferredRegex``)."""
     from prexy.substitution.ruleset import RuleSet
     from prexy.substitution.transducer import warm
 
@@ -316,6 +321,7 @@ def parse_rules(text: bytes | str, filename: str = "<rules>", *, lazy: bool = Fa
                         rep_tok.value,
                         flags,
                         origin=f"{filename}:{name_tok.line}",
+                        checked=checked,
                     )
                 )
             except FlagError as exc:

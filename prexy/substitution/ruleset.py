@@ -28,7 +28,7 @@ from prexy.substitution.analysis import (
     trailing_asserts,
 )
 from prexy.substitution.byteclass import byte_class
-from prexy.substitution.compiled import VM_SET_MAX, linear_reason
+from prexy.substitution.compiled import LINEAR_MODES, VM_SET_MAX, linear_reason
 from prexy.substitution.emit import FLAGS, to_re2_source, to_regex_source, to_settled_source
 from prexy.substitution.linear import LinearError, LinearPattern
 from prexy.substitution.pikevm import order_reason
@@ -142,7 +142,8 @@ class RuleSet:
         """
         rules = tuple(rules)
         if rules:
-            linear_reason(rules[0].parsed, linear)  # refuses an unknown mode now, lazy or not
+            if linear not in LINEAR_MODES:  # refused now, lazy or not (no rule parsed for it)
+                raise ValueError(f"linear must be one of {LINEAR_MODES}, not {linear!r}")
         built = cls(
             rules=rules,
             types=DEFAULT_TYPES | frozenset(_media_type(t) for t in types),

@@ -267,9 +267,10 @@ class TestWorkerPool:
     def test_reload_does_not_wait_for_a_starting_worker(self) -> Any:
         """A reload while a killed worker's replacement is still starting
         (held stopped here, as a long start on a busy machine holds it)
-        answers at once: the starting worker is retired and one that loads
-        the new rules takes its slot; every answer after it has the new
-        rules, and the pool is whole again."""
+        answers at once, once the serving worker took it; every answer
+        after it has the new rules.  The starting worker is kept: when it
+        has loaded it is handed the new configuration before it serves, so
+        its answers have the new rules too, and the pool is whole again."""
         child = yield self.start()
         victim, survivor = child.children()
         os.kill(victim, signal.SIGKILL)
@@ -294,7 +295,7 @@ class TestWorkerPool:
         def resume() -> None:
             try:
                 os.kill(starting, signal.SIGCONT)
-            except ProcessLookupError:  # (still loading, the SIGTERM ended it at once)
+            except ProcessLookupError:
                 pass
 
         self.cleanup(resume)
@@ -303,14 +304,15 @@ class TestWorkerPool:
         yield connect(self.admin, client).addTimeout(10, reactor)
         assert bytes(client.data).startswith(b"HTTP/1.1 200"), bytes(client.data)[:200]
         assert b"reloaded" in bytes(client.data)
-        assert "was still starting" in child.output()
+        assert "is still starting; it takes this configuration before it serves" in child.output()
         for _ in range(10):
             answer = yield self.get()
             assert body_of(answer) == b"BYE world!"
-        resume()  # it ends on the SIGTERM it was sent
-        while (starting in child.children() or len(child.children()) != 2) and reactor.seconds() < deadline:
+        resume()
+        while f"worker {starting} (generation 1) ready" not in child.output() and reactor.seconds() < deadline:
             yield deferLater(reactor, 0.05, lambda: None)
-        assert starting not in child.children() and len(child.children()) == 2
+        assert starting in child.children() and len(child.children()) == 2
+        assert f"worker {starting} started with an earlier configuration" in child.output()
         answers = yield defer.gatherResults([self.get() for _ in range(20)])
         assert all(body_of(a) == b"BYE world!" for a in answers)
 
