@@ -105,6 +105,8 @@ UA_RE = re.compile(rb"(UA-)\d+-\d+")
 
 #: Page-view paths by kind: (prefix, count).
 KINDS = {"p": 100, "np": 20, "gz": 50, "bin": 200, "big": 6, "pg": 0}
+#: 1 MB objects fetched before the clock starts: more than the store holds.
+FILL = 48
 
 
 def _seed(path: str) -> int:
@@ -146,6 +148,8 @@ def resource(path: str) -> tuple[str, str, bytes]:
         return "image/png", "max-age=60", rng.randbytes(size)
     if kind == "big":
         return "application/octet-stream", "max-age=60", rng.randbytes(1_000_000 + 600_000 * n)
+    if kind == "fill":  # only fetched before the clock starts, to fill the store
+        return "application/octet-stream", "max-age=3600", rng.randbytes(1_000_000)
     if kind == "pg":
         return "text/plain", "max-age=3600", f"purge check {path}\n".encode() * 20
     if kind == "probe":
@@ -646,8 +650,12 @@ def proc_children(pid: int) -> list[int]:
     return out
 
 
-def proc_sample(pid: int) -> tuple[int, int, int] | None:
-    """(RSS KiB, anonymous KiB, open descriptors) of ``pid``, None if gone."""
+def proc_sample(pid: int) -> tuple[int, int, int, int] | None:
+    """(RSS, anonymous, the cache store's map, in KiB; open descriptors) of
+    ``pid``, None if gone.  The store's map (LMDB's ``data.mdb``, shared by a
+    node's processes) is page cache: it grows as the process touches more of
+    the file, up to the file's size (at most twice the store's size plus 64
+    MB); the anonymous part is the heap."""
     try:
         rss = anon = 0
         with open(f"/proc/{pid}/status") as f:
@@ -656,10 +664,28 @@ def proc_sample(pid: int) -> tuple[int, int, int] | None:
                     rss = int(line.split()[1])
                 elif line.startswith("RssAnon:"):
                     anon = int(line.split()[1])
+        store = 0
+        with open(f"/proc/{pid}/smaps") as f:
+            inside = False
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    inside = line.rstrip().endswith("/store/data.mdb")
+                elif inside and line.startswith("Rss:"):
+                    store += int(line.split()[1])
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    return rss, anon, fds
+    return rss, anon, store, fds
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user and system) ``pid`` has used, 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
 
 
 def proc_start(pid: int) -> float:
@@ -844,7 +870,11 @@ class Soak:
         self.purges: list[dict[str, Any]] = []
         self.redis_cycles: list[dict[str, Any]] = []
         self.latencies: list[tuple[float, float, str]] = []
-        self.samples: dict[str, list[tuple[float, int, int, int]]] = {}
+        self.slowest: list[tuple[float, float, str, str, str, str]] = []
+        #: (t, CPU seconds a second used by the whole machine, by the soak's processes).
+        self.load: list[tuple[float, float, float]] = []
+        self._cpu_last: tuple[float, float, dict[int, float]] | None = None
+        self.samples: dict[str, list[tuple[float, int, int, int, int, int]]] = {}
         self.proc_info: dict[str, dict[str, Any]] = {}
         self.skipped_ticks = 0
         self.in_flight = 0
@@ -918,7 +948,8 @@ class Soak:
         for i, name in enumerate("ab"):
             d = self.dir / name
             d.mkdir(exist_ok=True)
-            node = Node(name, d, *ports[2 + 3 * i: 5 + 3 * i])
+            http, h2c, admin = ports[2 + 3 * i: 5 + 3 * i]
+            node = Node(name, d, http, h2c, admin)
             (d / "site.rules").write_text(rules_text(0))
             (d / "prexy.toml").write_text(self.config_text(node, redis_port, origin_port))
             node.notify = Notify(str(d / "notify"))
@@ -1083,6 +1114,9 @@ class Soak:
         self.check_body(node, proto, path, t0, answer, rng_range)
         if not path.startswith("/p/") or int(path.split("/")[2]) >= 2:
             self.latencies.append((t0, t1 - t0, proto))
+            self.slowest.append((t1 - t0, t0, proto, node.name, path, answer.headers.get("cache-status", "")))
+            if len(self.slowest) > 400:
+                self.slowest = sorted(self.slowest, reverse=True)[:50]
 
     def decoded(self, answer: Answer) -> bytes | None:
         coding = answer.headers.get("content-encoding", "").strip().lower()
@@ -1262,10 +1296,18 @@ class Soak:
         pool = H1Pool(node.admin)
         return await asyncio.wait_for(pool.request(method, target, (("Connection", "close"),), fresh=True), timeout)
 
+    async def at(self, t: float) -> None:
+        """Sleeps until ``t`` seconds into the run.  Faults come half a
+        period in, then every period, on a fixed schedule: the first and
+        the last windows of a run get as many of each."""
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     async def reloader(self) -> None:
         gen = 0
         while not self.stopping:
-            await asyncio.sleep(self.s.reload_every)
+            await self.at((gen + 0.5) * self.s.reload_every)
             if self.stopping:
                 return
             gen += 1
@@ -1319,7 +1361,7 @@ class Soak:
     async def killer(self) -> None:
         k = 0
         while not self.stopping:
-            await asyncio.sleep(self.s.kill_every)
+            await self.at((k + 0.5) * self.s.kill_every)
             if self.stopping:
                 return
             node = self.nodes[k % len(self.nodes)]
@@ -1345,7 +1387,7 @@ class Soak:
 
     async def redis_cycles_loop(self) -> None:
         while not self.stopping:
-            await asyncio.sleep(self.s.redis_every - self.s.redis_down)
+            await self.at((len(self.redis_cycles) + 0.5) * self.s.redis_every - self.s.redis_down / 2)
             if self.stopping:
                 return
             assert self.redis is not None
@@ -1376,7 +1418,7 @@ class Soak:
     async def invalidations(self) -> None:
         k = 0
         while not self.stopping:
-            await asyncio.sleep(self.s.purge_every)
+            await self.at((k + 1) * self.s.purge_every)
             if self.stopping:
                 return
             k += 1
@@ -1396,16 +1438,20 @@ class Soak:
             record["result"] = "not cached on both nodes first"
             record["ok"] = None
             return
-        try:
-            if kind == "purge":
-                assert sender.pool is not None
-                answer = await sender.pool.request("PURGE", path)
-            else:
-                answer = await self.admin(sender, "POST", f"/ban?regex=%5E{path}$&site={SITE}")
-        except (TimeoutError, Failed) as exc:
-            record["result"] = f"request failed: {exc!r}"
-            record["ok"] = False
-            return
+        for attempt in range(3):  # a connection cut by a worker's kill: again (both are idempotent)
+            try:
+                if kind == "purge":
+                    assert sender.pool is not None
+                    answer = await asyncio.wait_for(sender.pool.request("PURGE", path), 30)
+                else:
+                    answer = await self.admin(sender, "POST", f"/ban?regex=%5E{path}$&site={SITE}")
+                break
+            except (TimeoutError, Failed) as exc:
+                record.setdefault("attempts_failed", []).append(repr(exc)[:200])
+                if attempt == 2:
+                    record["ok"] = False
+                    return
+                await asyncio.sleep(0.5)
         text = answer.body.decode("latin-1")
         record["answer"] = text.strip()
         record["redis_up"] = self.redis_up
@@ -1460,12 +1506,38 @@ class Soak:
                     self.proc_info[name] = {"node": node.name, "role": role, "pid": pid, "first": t,
                                             "initial": t < self.s.warmup / 4}
                 self.proc_info[name]["last"] = t
-                self.samples.setdefault(name, []).append((t, *got))
+                self.samples.setdefault(name, []).append((t, *got, got[0] - got[2]))
         for name, proc in (("origin", self.origin), ("redis", self.redis.process if self.redis else None)):
             if proc is not None and proc.poll() is None:
                 got = proc_sample(proc.pid)
                 if got:
-                    self.samples.setdefault(f"{name} {proc.pid}", []).append((t, *got))
+                    self.samples.setdefault(f"{name} {proc.pid}", []).append((t, *got, got[0] - got[2]))
+        self.sample_load(t)
+
+    def sample_load(self, t: float) -> None:
+        """The machine's CPU use since the last sample, and the part of it
+        that the soak's own processes (this one, the origin, Redis, the
+        nodes) used: what is left is other work on the machine, which the
+        latencies feel too."""
+        pids = [os.getpid()] + [p.pid for p in (self.origin, self.redis.process if self.redis else None) if p]
+        for node in self.nodes:
+            if node.process is not None:
+                pids += [node.process.pid, *node.workers()]
+        mine = {pid: proc_cpu(pid) for pid in pids}
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return
+        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        now = time.monotonic()
+        if self._cpu_last is not None:
+            then, busy_then, mine_then = self._cpu_last
+            span = now - then
+            ours = sum(v - mine_then[p] for p, v in mine.items() if p in mine_then)
+            if span > 0:
+                self.load.append((t, round((busy - busy_then) / span, 3), round(ours / span, 3)))
+        self._cpu_last = (now, busy, mine)
 
     async def progress(self) -> None:
         minute = 0
@@ -1487,11 +1559,16 @@ class Soak:
     # -- the run ---------------------------------------------------------------------------------
 
     async def prewarm(self) -> None:
-        """Every URL of the mix once on each node, plain and gzip, before
-        the clock starts: the stores and the workers' memos hold the working
-        set, so the levels taken after warm-up are those of a warm server."""
+        """Before the clock starts: more 1 MB fillers than a store holds,
+        then every URL of the mix on each node, plain and gzip, three times (a
+        miss, then hits; over four connections, so each worker sees most):
+        the stores are full and the workers' memos hold the working set, so
+        the levels taken after warm-up are a warm server's."""
         paths = [f"/{kind}/{n}" for kind, count in KINDS.items() if kind != "np" for n in range(count)]
-        queue = [(node, path, coding) for node in self.nodes for path in paths for coding in ("", "gzip")]
+        fill = [(node, f"/fill/{n}", "") for node in self.nodes for n in range(FILL)]
+        mix = [(node, path, coding) for node in self.nodes for path in paths for coding in ("", "gzip")]
+        self.rng.shuffle(mix)
+        queue = mix * 3 + fill  # popped from the end: the fillers first
 
         async def one_by_one() -> None:
             while queue:
@@ -1508,7 +1585,10 @@ class Soak:
 
         t = time.monotonic()
         await asyncio.gather(*(one_by_one() for _ in range(4)))
-        log(f"soak: warm-up fetched {len(paths)} URLs twice on each node in {time.monotonic() - t:.1f} s")
+        for node in self.nodes:  # a ban that matches nothing: the master reads the whole store once
+            await self.admin(node, "POST", f"/ban?regex=%5E/nothing$&site={SITE}")
+        log(f"soak: warm-up fetched {FILL} 1 MB fillers and {len(paths)} URLs, plain and gzip, 3 times on each node "
+            f"in {time.monotonic() - t:.1f} s")
 
     async def run(self) -> None:
         await self.setup()
@@ -1548,16 +1628,7 @@ class Soak:
         """CPU seconds of each node (master and its workers now; killed
         workers' time is lost with them) and of the origin."""
         out: dict[str, float] = {}
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def cpu(pid: int) -> float:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / tick
-            except OSError:
-                return 0.0
-
+        cpu = proc_cpu
         for node in self.nodes:
             if node.process is not None:
                 out[f"node {node.name}"] = cpu(node.process.pid) + sum(cpu(p) for p in node.workers())
@@ -1596,16 +1667,18 @@ class Soak:
                 rows.append(row)
                 continue
             row["judged"] = True
-            for i, key in ((1, "rss"), (2, "anon"), (3, "fds")):
+            for i, key in ((1, "rss"), (2, "anon"), (3, "store"), (4, "fds"), (5, "own")):
                 # Memory: the median of a window.  Descriptors: the fewest
                 # held in it, since connections come and go; a leak raises
                 # that floor.
-                level: Callable[[Iterable[int]], float] = min if key == "fds" else statistics.median
-                b = level(s[i] for s in base)
-                e = level(s[i] for s in end)
+                level: Callable[[list[float]], float] = min if key == "fds" else statistics.median
+                b = level([s[i] for s in base])
+                e = level([s[i] for s in end])
                 row[f"{key}_base"], row[f"{key}_end"] = b, e
                 row[f"{key}_ratio"] = round(e / b, 3) if b else None
             row["rss_held"] = row["rss_end"] <= 1.10 * row["rss_base"]
+            row["own_held"] = row["own_end"] <= 1.10 * row["own_base"]
+            row["anon_held"] = row["anon_end"] <= 1.10 * row["anon_base"]
             row["fds_held"] = row["fds_end"] <= max(1.10 * row["fds_base"], row["fds_base"] + FD_SLACK)
             rows.append(row)
         return rows, [r for r in rows if r["judged"]]
@@ -1649,6 +1722,8 @@ class Soak:
         add("tracebacks in the logs", len(tracebacks), "0", not tracebacks)
         all_rows, judged = self.memory_rows()
         for key, label, bound in (("rss", "RSS (median)", "<= 1.10"),
+                                  ("own", "RSS less the store's map (median)", "<= 1.10"),
+                                  ("anon", "anonymous memory (median)", "<= 1.10"),
                                   ("fds", "open descriptors (fewest)", f"<= 1.10 (or +{FD_SLACK})")):
             worst = max(judged, key=lambda r: r[f"{key}_ratio"] or 0, default=None)
             what = f"{label} of every process at the end / after warm-up"
@@ -1660,8 +1735,16 @@ class Soak:
         first = [lat for t, lat, _ in self.latencies if t < self.s.p99_window]
         last = [lat for t, lat, _ in self.latencies if t >= self.s.duration - self.s.p99_window]
         p_first, p_last = percentile(first, 99), percentile(last, 99)
+
+        def foreign(lo: float, hi: float) -> float:
+            spans = [busy - ours for t, busy, ours in self.load if lo < t <= hi]
+            return statistics.mean(spans) if spans else 0.0
+
+        f_first = foreign(0, self.s.p99_window)
+        f_last = foreign(self.s.duration - self.s.p99_window, self.s.duration + 1)
         add(f"p99 of the steady traffic, last {self.s.p99_window:.0f} s / first {self.s.p99_window:.0f} s",
-            f"{p_last * 1000:.1f} ms / {p_first * 1000:.1f} ms = {p_last / p_first if p_first else 0:.2f}",
+            f"{p_last * 1000:.1f} ms / {p_first * 1000:.1f} ms = {p_last / p_first if p_first else 0:.2f} "
+            f"(other load {f_last:.1f} / {f_first:.1f} cores)",
             "<= 1.5", bool(first and last) and p_last <= 1.5 * p_first)
         extra = {
             "tracebacks": tracebacks[:5],
@@ -1707,7 +1790,8 @@ class Soak:
             if r["judged"]:
                 print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  RSS {r['rss_base']:>8.0f} -> "
                       f"{r['rss_end']:>8.0f} ({r['rss_ratio']:.3f})  anon {r['anon_base']:>7.0f} -> "
-                      f"{r['anon_end']:>7.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}")
+                      f"{r['anon_end']:>7.0f} ({r['anon_ratio']:.3f})  store map {r['store_base']:>6.0f} -> "
+                      f"{r['store_end']:>6.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}")
             else:
                 print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  (too short to judge)")
         held = all(r[3] for r in rows)
@@ -1727,7 +1811,11 @@ class Soak:
                     for m, v in sorted(minutes.items())
                 },
                 "samples": {name: [list(s) for s in v] for name, v in self.samples.items()},
-                "sample_columns": ["t", "rss_kib", "anon_kib", "fds"],
+                "machine_load": [list(x) for x in self.load],
+                "machine_load_columns": ["t", "cpu_busy_cores", "soak_cores"],
+                "slowest": [list(x) for x in sorted(self.slowest, reverse=True)[:50]],
+                "slowest_columns": ["latency_s", "t", "proto", "node", "path", "cache_status"],
+                "sample_columns": ["t", "rss_kib", "anon_kib", "store_map_kib", "fds", "rss_less_store_map_kib"],
                 "processes": extra["processes"],
                 "reloads": self.reloads, "kills": self.kills, "invalidations": self.purges,
                 "redis_restarts": self.redis_cycles, "wrong": self.wrong, "unexpected": self.unexpected,
