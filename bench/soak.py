@@ -831,6 +831,8 @@ class Settings:
     p99_window: float = 300.0
     sample_every: float = 5.0
     tunnels: int = 2
+    #: The memory rows that count in the verdict (the others are shown).
+    judge_memory: tuple[str, ...] = ("rss", "own", "anon", "fds")
     dir: str | None = None
     ports: list[int] = field(default_factory=list)
     sets: list[str] = field(default_factory=list)
@@ -1683,10 +1685,12 @@ class Soak:
             rows.append(row)
         return rows, [r for r in rows if r["judged"]]
 
-    def verdict(self) -> tuple[list[tuple[str, str, str, bool]], dict[str, Any]]:
-        rows: list[tuple[str, str, str, bool]] = []
+    def verdict(self) -> tuple[list[tuple[str, str, str, bool | None]], dict[str, Any]]:
+        """The table: (invariant, value, bound, held); held is None for a
+        memory row left out of the verdict by ``--judge-memory``."""
+        rows: list[tuple[str, str, str, bool | None]] = []
 
-        def add(what: str, value: Any, bound: str, held: bool) -> None:
+        def add(what: str, value: Any, bound: str, held: bool | None) -> None:
             rows.append((what, str(value), bound, held))
 
         add("wrong bytes: completed bodies not as expected", f"{len(self.wrong)} of {self.bodies_checked}",
@@ -1727,11 +1731,12 @@ class Soak:
                                   ("fds", "open descriptors (fewest)", f"<= 1.10 (or +{FD_SLACK})")):
             worst = max(judged, key=lambda r: r[f"{key}_ratio"] or 0, default=None)
             what = f"{label} of every process at the end / after warm-up"
+            counted = key in self.s.judge_memory
             if worst is None:
-                add(what, "no process judged", bound, False)
+                add(what, "no process judged", bound, False if counted else None)
                 continue
             add(what, f"max {worst[f'{key}_ratio']:.3f} ({worst['process']}; {len(judged)} judged)", bound,
-                all(r[f"{key}_held"] for r in judged))
+                all(r[f"{key}_held"] for r in judged) if counted else None)
         first = [lat for t, lat, _ in self.latencies if t < self.s.p99_window]
         last = [lat for t, lat, _ in self.latencies if t >= self.s.duration - self.s.p99_window]
         p_first, p_last = percentile(first, 99), percentile(last, 99)
@@ -1760,7 +1765,8 @@ class Soak:
         bwidth = max(len(r[2]) for r in rows)
         lines = [f"{'invariant':<{width}}  {'value':<{vwidth}}  {'bound':<{bwidth}}  held",
                  f"{'-' * width}  {'-' * vwidth}  {'-' * bwidth}  ----"]
-        lines += [f"{w:<{width}}  {v:<{vwidth}}  {b:<{bwidth}}  {'yes' if h else 'NO'}" for w, v, b, h in rows]
+        lines += [f"{w:<{width}}  {v:<{vwidth}}  {b:<{bwidth}}  "
+                  f"{'yes' if h else '(not judged)' if h is None else 'NO'}" for w, v, b, h in rows]
         info = (f"{self.requests} requests ({self.requests / self.s.duration:.1f}/s), {self.bodies_checked} bodies "
                 f"checked, {self.posts} POSTs, {self.slow_reads} slow reads, {self.dropped} dropped mid-body, "
                 f"{self.tunnels_ok} tunnels ({self.ws_messages} messages), {len(self.kills)} kills, "
@@ -1794,7 +1800,7 @@ class Soak:
                       f"{r['store_end']:>6.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}")
             else:
                 print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  (too short to judge)")
-        held = all(r[3] for r in rows)
+        held = all(r[3] is not False for r in rows)
         if json_path:
             minutes: dict[int, list[float]] = {}
             for t, lat, _ in self.latencies:
@@ -1863,17 +1869,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     p.add_argument("--ports", help="8 comma-separated ports to use (origin, redis, then http, h2c, admin per node)")
     p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
                    help="an extra configuration key for both nodes, VALUE in TOML (e.g. cache.memo_size='\"16M\"')")
+    p.add_argument("--judge-memory", default=",".join(d.judge_memory),
+                   help="the memory rows that count in the verdict, of rss (whole RSS), own (RSS less the cache "
+                        "store's map), anon, fds (default: all); the others are shown, not judged")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", help="write the table and the samples to this file")
     p.add_argument("--serve-origin", type=int, help=argparse.SUPPRESS)
     p.add_argument("--origin-stats", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    unknown = set(args.judge_memory.split(",")) - {"rss", "own", "anon", "fds", ""}
+    if unknown:
+        p.error(f"--judge-memory: unknown row(s) {', '.join(sorted(unknown))} (rss, own, anon, fds)")
     settings = Settings(
         duration=args.duration, rate=args.rate, reload_every=args.reload_every, kill_every=args.kill_every,
         redis_every=args.redis_every, redis_down=args.redis_down, purge_every=args.purge_every,
         warmup=args.warmup, replacement_warmup=args.replacement_warmup, window=args.window,
         p99_window=min(args.p99_window, args.duration / 2), sample_every=args.sample_every, tunnels=args.tunnels,
         dir=args.dir, keep=args.keep or bool(args.dir), sets=args.set, seed=args.seed,
+        judge_memory=tuple(x for x in args.judge_memory.split(",") if x),
         ports=[int(x) for x in args.ports.split(",")] if args.ports else [],
     )
     return args, settings
