@@ -53,6 +53,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -1839,7 +1840,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    k = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))  # nearest rank
     return ordered[k]
 
 
