@@ -172,7 +172,7 @@ def rules_text(gen: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=512)
 def rewritten(path: str, gen: int) -> bytes:
     """What Prexy must answer for ``path`` under generation ``gen``."""
     ctype, _, body = resource(path)
@@ -310,7 +310,7 @@ class Origin:
                 await writer.drain()
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
 def _gzipped(path: str) -> bytes:
     return gzip.compress(resource(path)[2], 5)
 
@@ -689,6 +689,15 @@ def proc_cpu(pid: int) -> float:
         return 0.0
 
 
+def cpu_pressure() -> float:
+    """Seconds some runnable task has waited for a CPU (Linux PSI), 0 without it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().split("total=")[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def proc_start(pid: int) -> float:
     """Start of ``pid`` in seconds since boot (for telling pids apart)."""
     try:
@@ -874,9 +883,10 @@ class Soak:
         self.redis_cycles: list[dict[str, Any]] = []
         self.latencies: list[tuple[float, float, str]] = []
         self.slowest: list[tuple[float, float, str, str, str, str]] = []
-        #: (t, CPU seconds a second used by the whole machine, by the soak's processes).
-        self.load: list[tuple[float, float, float]] = []
-        self._cpu_last: tuple[float, float, dict[int, float]] | None = None
+        #: (t, CPU seconds a second used by the whole machine, by the soak's
+        #: processes; the share of that time some runnable task waited for a CPU).
+        self.load: list[tuple[float, float, float, float]] = []
+        self._cpu_last: tuple[float, float, dict[int, float], float] | None = None
         self.samples: dict[str, list[tuple[float, int, int, int, int, int]]] = {}
         self.proc_info: dict[str, dict[str, Any]] = {}
         self.skipped_ticks = 0
@@ -1536,14 +1546,16 @@ class Soak:
         except OSError:
             return
         busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        stalled = cpu_pressure()
         now = time.monotonic()
         if self._cpu_last is not None:
-            then, busy_then, mine_then = self._cpu_last
+            then, busy_then, mine_then, stalled_then = self._cpu_last
             span = now - then
             ours = sum(v - mine_then[p] for p, v in mine.items() if p in mine_then)
             if span > 0:
-                self.load.append((t, round((busy - busy_then) / span, 3), round(ours / span, 3)))
-        self._cpu_last = (now, busy, mine)
+                self.load.append((t, round((busy - busy_then) / span, 3), round(ours / span, 3),
+                                  round((stalled - stalled_then) / span, 3)))
+        self._cpu_last = (now, busy, mine, stalled)
 
     async def progress(self) -> None:
         minute = 0
@@ -1745,15 +1757,17 @@ class Soak:
         last = [lat for t, lat, _ in self.latencies if t >= self.s.duration - self.s.p99_window]
         p_first, p_last = percentile(first, 99), percentile(last, 99)
 
-        def foreign(lo: float, hi: float) -> float:
-            spans = [busy - ours for t, busy, ours in self.load if lo < t <= hi]
-            return statistics.mean(spans) if spans else 0.0
+        def foreign(lo: float, hi: float) -> tuple[float, float]:
+            spans = [(busy - ours, waited) for t, busy, ours, waited in self.load if lo < t <= hi]
+            if not spans:
+                return 0.0, 0.0
+            return statistics.mean(x for x, _ in spans), max(w for _, w in spans)
 
-        f_first = foreign(0, self.s.p99_window)
-        f_last = foreign(self.s.duration - self.s.p99_window, self.s.duration + 1)
+        f_first, w_first = foreign(0, self.s.p99_window)
+        f_last, w_last = foreign(self.s.duration - self.s.p99_window, self.s.duration + 1)
         add(f"p99 of the steady traffic, last {self.s.p99_window:.0f} s / first {self.s.p99_window:.0f} s",
             f"{p_last * 1000:.1f} ms / {p_first * 1000:.1f} ms = {p_last / p_first if p_first else 0:.2f} "
-            f"(other load {f_last:.1f} / {f_first:.1f} cores)",
+            f"(other load {f_last:.1f} / {f_first:.1f} cores, CPU waits up to {w_last:.0%} / {w_first:.0%})",
             "<= 1.5", bool(first and last) and p_last <= 1.5 * p_first)
         extra = {
             "tracebacks": tracebacks[:5],
@@ -1822,7 +1836,7 @@ class Soak:
                 },
                 "samples": {name: [list(s) for s in v] for name, v in self.samples.items()},
                 "machine_load": [list(x) for x in self.load],
-                "machine_load_columns": ["t", "cpu_busy_cores", "soak_cores"],
+                "machine_load_columns": ["t", "cpu_busy_cores", "soak_cores", "cpu_pressure_some"],
                 "slowest": [list(x) for x in sorted(self.slowest, reverse=True)[:50]],
                 "slowest_columns": ["latency_s", "t", "proto", "node", "path", "cache_status"],
                 "sample_columns": ["t", "rss_kib", "anon_kib", "store_map_kib", "fds", "rss_less_store_map_kib"],
