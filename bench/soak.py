@@ -1579,7 +1579,7 @@ class Soak:
     async def prewarm(self) -> None:
         """Before the clock starts: more 1 MB fillers than a store holds,
         then every URL of the mix on each node, plain and gzip, three times (a
-        miss, then hits; over four connections, so each worker sees most):
+        miss, then hits; a connection each, so that each worker sees most):
         the stores are full and the workers' memos hold the working set, so
         the levels taken after warm-up are a warm server's."""
         paths = [f"/{kind}/{n}" for kind, count in KINDS.items() if kind != "np" for n in range(count)]
@@ -1593,8 +1593,11 @@ class Soak:
                 node, path, coding = queue.pop()
                 assert node.pool is not None
                 t0 = self.now()
+                # A connection for each request, so that both workers get
+                # their share (a kept one stays with the worker that took it).
+                headers = [("Connection", "close")] + ([("Accept-Encoding", coding)] if coding else [])
                 try:
-                    answer = await node.pool.request("GET", path, [("Accept-Encoding", coding)] if coding else [])
+                    answer = await node.pool.request("GET", path, headers, fresh=True)
                 except Failed as exc:
                     self.failure(node, f"warm-up GET {path}", t0, exc)
                     continue
