@@ -689,6 +689,32 @@ def proc_cpu(pid: int) -> float:
         return 0.0
 
 
+def fd_kinds(pid: int) -> dict[str, int]:
+    """What ``pid``'s descriptors are, counted by kind (socket, pipe, the
+    store's files, other files, anon_inode:...): the last sample's go into
+    the JSON, to tell what a growing count is made of."""
+    kinds: dict[str, int] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return kinds
+    for fd in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("socket:", "pipe:")):
+            kind = target.split(":", 1)[0]
+        elif target.startswith("anon_inode:"):
+            kind = target
+        elif "/store" in target:
+            kind = "store file"
+        else:
+            kind = "file"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def cpu_pressure() -> float:
     """Seconds some runnable task has waited for a CPU (Linux PSI), 0 without it."""
     try:
@@ -1522,6 +1548,7 @@ class Soak:
                     self.proc_info[name] = {"node": node.name, "role": role, "pid": pid, "first": t,
                                             "initial": t < self.s.warmup / 4}
                 self.proc_info[name]["last"] = t
+                self.proc_info[name]["fd_kinds"] = fd_kinds(pid)
                 self.samples.setdefault(name, []).append((t, *got, got[0] - got[2]))
         for name, proc in (("origin", self.origin), ("redis", self.redis.process if self.redis else None)):
             if proc is not None and proc.poll() is None:
@@ -1682,7 +1709,7 @@ class Soak:
             base = [s for s in samples if begin <= s[0] < begin + self.s.window]
             end = [s for s in samples if s[0] > life_end - self.s.window and s[0] >= begin + self.s.window]
             row: dict[str, Any] = {"process": name, "lived_s": round(life_end - info["first"], 1),
-                                   "initial": info["initial"]}
+                                   "initial": info["initial"], "fd_kinds_last": info.get("fd_kinds", {})}
             if not base or not end:
                 row["judged"] = False
                 rows.append(row)
@@ -1818,7 +1845,8 @@ class Soak:
                 print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  RSS {r['rss_base']:>8.0f} -> "
                       f"{r['rss_end']:>8.0f} ({r['rss_ratio']:.3f})  anon {r['anon_base']:>7.0f} -> "
                       f"{r['anon_end']:>7.0f} ({r['anon_ratio']:.3f})  store map {r['store_base']:>6.0f} -> "
-                      f"{r['store_end']:>6.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}")
+                      f"{r['store_end']:>6.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}"
+                      + ("" if r["fds_held"] else f" (last: {r['fd_kinds_last']})"))
             else:
                 print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  (too short to judge)")
         held = all(r[3] is not False for r in rows)
