@@ -621,15 +621,23 @@ class MasterService(service.MultiService):
             pending.answered(worker, bool(message.get("ok")), str(message.get("error", "")))
 
     def cache_store(self) -> Any:
-        """The shared store, opened by the master only for admin bans."""
+        """The shared store, for admin bans, the fleet's invalidations and
+        the cache levels: opened by the master only while it uses it
+        (:class:`~prexy.cache.occasional.OccasionalStore`), with the
+        configuration in force."""
         if not self.config.cache_size:
             return None
         if self._store is None:
             from prexy.cache import Store
+            from prexy.cache.occasional import OccasionalStore
             from prexy.cache.paths import default_cache_path
 
-            path = self.config.cache_path or default_cache_path()
-            self._store = Store.open(path, self.config.cache_size, clock=self.reactor.seconds)
+            def open_store() -> Any:
+                config = self.config
+                path = config.cache_path or default_cache_path()
+                return Store.open(path, config.cache_size, clock=self.reactor.seconds)
+
+            self._store = OccasionalStore(open_store)
         return self._store
 
     def observed(self) -> Aggregate:
