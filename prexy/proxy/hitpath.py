@@ -95,12 +95,30 @@ def _sent_body(answer: Any, method: bytes) -> bytes:
     return body
 
 
+def _span(headers: list[tuple[bytes, bytes]], whole: bytes, part: bytes) -> tuple[int, int] | None:
+    """Where ``part`` (a 206's body, as its Content-Range says) lies in
+    ``whole``; None when it is not a span of it (a compressed variant's)."""
+    for name, value in headers:
+        if name == b"Content-Range":
+            spec, _, length = value.partition(b"/")
+            first, _, last = spec.removeprefix(b"bytes ").partition(b"-")
+            try:
+                start, end = int(first), int(last) + 1
+            except ValueError:
+                return None
+            if length == b"%d" % len(whole) and end - start == len(part) and whole[start:end] == part:
+                return start, end
+            return None
+    return None
+
+
 class Ready:
     """A hit's answer made once: the head cut around its Age and
     Cache-Status values (``head``: before, between, after), the body sent
-    (None: the object's own body, whole, which the object keeps), the
-    status, and the object and the site (its settings at the time: a
-    reload replaces it) it was made from.
+    (None: the object's own body, which the object keeps: whole, or the
+    span ``cut`` of it for a range), the status, and the object and the
+    site (its settings at the time: a reload replaces it) it was made
+    from.
 
     The object and the site are held weakly (``made_from`` tells whether
     they are still the ones given): the memo is charged for the head and
@@ -111,16 +129,26 @@ class Ready:
     decoded anew as another object, so the answer is made again either
     way."""
 
-    __slots__ = ("_obj", "_site", "body", "code", "head")
+    __slots__ = ("_obj", "_site", "body", "code", "cut", "head")
 
     def __init__(
         self, obj: Any, site: Any, head: tuple[bytes, bytes, bytes], body: bytes | None, code: int,
+        cut: tuple[int, int] | None = None,
     ) -> None:
         self._obj = weakref.ref(obj)
         self._site = weakref.ref(site)
         self.head = head
         self.body = body
         self.code = code
+        self.cut = cut
+
+    def body_of(self, obj: Any) -> bytes:
+        """The body to send, for ``obj`` (the object it was made from)."""
+        if self.body is not None:
+            return self.body
+        if self.cut is not None:
+            return obj.body[self.cut[0] : self.cut[1]]
+        return obj.body
 
     def size(self) -> int:
         """The bytes this answer keeps: its head's, its body's when it is
@@ -238,7 +266,7 @@ class HitPath:
             if ready is not None:
                 age, status = hit_marks(obj, now)
                 out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
-                body = ready.body if ready.body is not None else obj.body
+                body = ready.body_of(obj)
                 if body:
                     out.append(body)
                 return out, HitRecord(
@@ -275,9 +303,17 @@ class HitPath:
         if not mark or not mark2 or _AGE_MARK in after or _STATUS_MARK in after:
             return None
         body = _sent_body(answer, method)
-        # The object's own body is not kept twice: the answer takes it from
-        # the object it is used for (the very one it was made from).
-        return Ready(obj, site, (before, middle, after), None if body is obj.body and body else body, code)
+        # The object's own body is not kept twice: the answer takes it (or
+        # its range's span) from the object it is used for, the very one
+        # it was made from.  A range asked once (a player seeking) then
+        # costs its head, not its bytes.
+        if body and body is obj.body:
+            return Ready(obj, site, (before, middle, after), None, code)
+        if code == 206 and body:
+            cut = _span(answer.headers, obj.body, body)
+            if cut is not None:
+                return Ready(obj, site, (before, middle, after), None, code, cut)
+        return Ready(obj, site, (before, middle, after), body, code)
 
     @staticmethod
     def _vars(

@@ -380,3 +380,26 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
             h.conns[-1].reply(b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n")
             h.settle()
         self.assertEqual(len(cache.variants), 1)
+
+    def test_a_range_keeps_its_span_not_its_bytes(self) -> None:
+        """A range of an object in identity is answered from the object's
+        body by its span: the memo is charged the head, so ranges asked
+        once each (a player seeking) do not fill it with bytes; the bytes
+        sent are the general path's (``SameAnswerTests``)."""
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        hits = h.site.hits
+        assert hits is not None
+        seen = answered_by_hits(h)
+        ranges = [b"bytes=%d-%d" % (start, start + 1999) for start in range(0, 1000, 100)]
+        for spec in ranges:
+            _, client = h.send(GET + b"Range: " + spec + b"\r\n\r\n")
+            h.settle()
+            self.assertIn(b"206 Partial Content", client.value())
+            start = int(spec[6:].split(b"-")[0])
+            self.assertTrue(client.value().endswith((b"<p>hello</p>" * 250)[start : start + 2000]))
+        self.assertEqual(seen, [True] * len(ranges))
+        self.assertEqual(len(hits.ready), len(ranges))
+        self.assertLess(hits.ready.used, 2000 * len(ranges))  # each range is 2,000 bytes
