@@ -104,6 +104,8 @@ class Memos:
         an eighth of it."""
         if budget < 0:
             raise ValueError("a memo budget is 0 or more bytes")
+        if budget == self.budget:
+            return
         self.budget = budget
         items = self._items
         for key in [k for k, (_, size, _) in items.items() if size > budget // 8]:
