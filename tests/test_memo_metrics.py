@@ -51,17 +51,21 @@ class _Reactor(MemoryReactorClock):
 
 
 class ServiceMemoTests(SynchronousTestCase):
+    def write(self, memo_size: str, applicability: str) -> str:
+        if not hasattr(self, "tmp"):
+            self.tmp = self.mktemp()
+            os.makedirs(self.tmp)
+        path = os.path.join(self.tmp, "prexy.toml")
+        with open(path, "w") as f:
+            f.write(f'[server]\nlisten = ["tcp:0"]\napplicability_memory = "{applicability}"\n'
+                    f'[cache]\nsize = "16M"\npath = "{self.tmp}/cache"\nmemo_size = "{memo_size}"\n'
+                    '[sites.s]\nupstream = "http://o"\n')
+        return path
+
     def service(self, memo_size: str = "2M", applicability: str = "1M") -> Any:
         from prexy.service import ProxyService
 
-        tmp = self.mktemp()
-        os.makedirs(tmp)
-        path = os.path.join(tmp, "prexy.toml")
-        with open(path, "w") as f:
-            f.write(f'[server]\nlisten = ["tcp:0"]\napplicability_memory = "{applicability}"\n'
-                    f'[cache]\nsize = "16M"\npath = "{tmp}/cache"\nmemo_size = "{memo_size}"\n'
-                    '[sites.s]\nupstream = "http://o"\n')
-        config = load_config(path)
+        config = load_config(self.write(memo_size, applicability))
         service = ProxyService(_Reactor(), config, build_runtime(config), check_rules=False)
         service.startService()
         self.addCleanup(service.stopService)
@@ -83,6 +87,22 @@ class ServiceMemoTests(SynchronousTestCase):
             sorted(p.name for p in memos.parts), ["answers", "objects", "variants"],
         )
         self.assertEqual(service.resource.applicability.max_bytes, 1024 * 1024)
+
+    def test_a_reload_resizes_both(self) -> None:
+        """A reload with other sizes applies them to the running budgets:
+        what no longer fits goes at once, least recently used first."""
+        service = self.service()
+        objects = service.resource.memos.part("objects")
+        for i in range(40):
+            objects.put(b"%d" % i, object(), 40_000)
+        self.assertEqual(len(objects), 40)
+        self.write("1M", "64k")
+        self.assertTrue(service.reload())
+        self.assertEqual(service.resource.memos.budget, 1 << 20)
+        self.assertEqual(service.resource.applicability.max_bytes, 64 << 10)
+        self.assertLessEqual(service.resource.memos.used, 1 << 20)
+        self.assertIsNone(objects.get(b"0"))
+        self.assertIsNotNone(objects.get(b"39"))
 
     def test_metrics_report_each_memo(self) -> None:
         """``/metrics`` of a process says each memo's bytes, their bound,
