@@ -285,9 +285,9 @@ def open_cache(reactor: Any, config: Config, metrics: Any, memos: Any = None) ->
     from prexy.proxy.events import KeyEvents
 
     path = config.cache_path or default_cache_path()
-    store = Store.open(
-        path, config.cache_size, clock=reactor.seconds, memo=memos.part("objects") if memos is not None else None,
-    )
+    # (The three memos' keys differ in shape: each part's go in as they are.)
+    objects = memos.part("objects", own_keys=True) if memos is not None else None
+    store = Store.open(path, config.cache_size, clock=reactor.seconds, memo=objects)
     log.info("cache: {size} bytes in {path}", size=config.cache_size, path=path)
     # Notices between workers that a fetch is over, beside the store.
     events = KeyEvents(reactor, path + ".events", str(os.getpid()))

@@ -94,7 +94,7 @@ class VariantMemo(Memo[tuple[bytes, bytes], tuple[bytes, Any]]):
     (figures in bench/README.md)."""
 
     def __init__(self, budget: int | Memos = 16 * 1024 * 1024) -> None:
-        super().__init__(budget, "variants")
+        super().__init__(budget, "variants", own_keys=True)
 
     def variant(self, key: bytes, coding: bytes, name: bytes) -> Any:
         """The variant of ``key`` in ``coding`` named ``name``, if kept."""

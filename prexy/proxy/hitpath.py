@@ -175,7 +175,7 @@ class HitPath:
         #: of its own.
         if memo is None:
             memos = getattr(resource, "memos", None)
-            memo = memos.part("answers") if memos is not None else Memo(READY_BUDGET, "answers")
+            memo = memos.part("answers", own_keys=True) if memos is not None else Memo(READY_BUDGET, "answers")
         self.ready: Memo[tuple[Any, ...], Ready] = memo
 
     def answer(self, channel: Any, event: Request, headers: RequestHeaders) -> bool | Looked:

@@ -84,6 +84,25 @@ class MemoTests(SynchronousTestCase):
         objects.clear()
         self.assertEqual((len(objects), objects.used, len(answers), memos.used), (0, 0, 7, answers.used))
 
+    def test_parts_with_their_own_keys(self) -> None:
+        """Parts whose keys differ in shape (a worker's: bytes, pairs,
+        6-tuples) keep them as they are, in the same order and budget;
+        clearing one leaves the others."""
+        memos = Memos(8 * 1000 + 500)  # eight entries of 1,000 bytes
+        objects = memos.part("objects", own_keys=True)
+        answers = memos.part("answers", own_keys=True)
+        for i in range(5):
+            objects.put(b"k%d" % i, i, 1000 - ENTRY - key_size(b"k%d" % i))
+        for i in range(4):
+            key = (b"k%d" % i, b"GET", b"HTTP/1.1", False, (), ())
+            answers.put(key, -i, 1000 - ENTRY - key_size(key))
+        self.assertEqual((len(objects), len(answers), memos.used), (4, 4, 8000))  # k0, the oldest, went
+        self.assertIsNone(objects.get(b"k0"))
+        self.assertEqual(answers.get((b"k0", b"GET", b"HTTP/1.1", False, (), ())), 0)
+        self.assertEqual(memos.used, objects.used + answers.used)
+        objects.clear()
+        self.assertEqual((len(objects), objects.used, len(answers), memos.used), (0, 0, 4, answers.used))
+
     def test_an_oversized_entry_is_refused_whatever_the_part(self) -> None:
         """An entry over an eighth of the whole budget is kept by no part,
         and pushes nothing out."""
