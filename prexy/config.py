@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from prexy.cache.memo import MEMO_SIZE
 from prexy.cache.policy import CachePolicy, PolicyError
 from prexy.certs import Certificate, CertificateError, load_certificate
 from prexy.cluster.settings import CLUSTER, ClusterConfig
@@ -47,6 +48,7 @@ from prexy.errorpages import NO_PAGES, ErrorPages, load_error_pages
 from prexy.files import DISK, IFiles
 from prexy.h2settings import H2Settings
 from prexy.hostnames import host_problem
+from prexy.substitution.applicability import DEFAULT_BYTES as APPLICABILITY_BYTES
 
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 #: An HTTP token (RFC 9110 5.6.2): what an ``Upgrade`` protocol name is.
@@ -313,6 +315,12 @@ class Config:
     cache_size: int = 0
     #: Directory of the machine-wide cache store (shared by all workers).
     cache_path: str = ""
+    #: Bytes each process keeps of what it decoded or made from the store
+    #: (objects, compressed variants, hit answers: ``prexy.cache.memo``).
+    memo_size: int = MEMO_SIZE
+    #: Bytes each process gives the rule-applicability memory
+    #: (``prexy.substitution.applicability``): about 50,000 versions.
+    applicability_memory: int = APPLICABILITY_BYTES
     workers: int | None = None
     shutdown_timeout: float = 30.0
     source: str | None = None
@@ -643,6 +651,7 @@ SERVER = Table("server", (
     Key("http2", typed(bool)),
     Key("h2c_listen", _h2c),
     Key("error_pages", _error_pages),
+    Key("applicability_memory", size()),
 ), target=Config)
 
 OBSERVE = Table("observe", (
@@ -665,6 +674,7 @@ LIMITS = Table("limits", (
 CACHE = Table("cache", (
     Key("size", size(), field="cache_size"),
     Key("path", typed(str, then=_path), field="cache_path"),
+    Key("memo_size", size()),
 ), target=Config)
 
 _COUNT = typed(int, lambda n: 1 <= n <= 2**31 - 1, "must be from 1 to 2147483647")

@@ -60,6 +60,13 @@ HELP = {
     "prexy_cache_objects": "Objects in the cache store (shared by the workers).",
     "prexy_cache_bytes": "Bytes the cache store's pages use (what [cache] size bounds).",
     "prexy_cache_max_bytes": "The cache store's bound in bytes ([cache] size).",
+    "prexy_memo_bytes": "Bytes each kind of memo holds ([cache] memo_size bounds their sum in each process): the"
+    " store's objects decoded (objects), their compressed variants (variants), the hit path's answers (answers);"
+    " summed over the processes.",
+    "prexy_memo_max_bytes": "The memos' bound ([cache] memo_size), summed over the processes.",
+    "prexy_applicability_bytes": "Bytes the rule-applicability memory holds, summed over the processes.",
+    "prexy_applicability_max_bytes": "The rule-applicability memory's bound ([server] applicability_memory), summed"
+    " over the processes.",
     "prexy_open_connections": "Client connections open.",
     "prexy_active_requests": "Requests being answered.",
     "prexy_workers": "Worker processes serving.",
@@ -108,6 +115,8 @@ class Metrics:
         self.latency_count = 0
         #: Levels this process reports (open connections...): summed over processes.
         self.gauges: dict[str, float] = {}
+        #: Levels with labels (the memos' bytes by memo), summed the same way.
+        self.levels: dict[LabelKey, float] = {}
         # The label keys of the counters every request bumps, made once.
         self._status_keys: dict[int, LabelKey] = {}
         self._protocol_keys: dict[bytes, LabelKey] = {}
@@ -115,6 +124,10 @@ class Metrics:
 
     def count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.counters[(name, tuple(sorted(labels.items())))] += amount
+
+    def level(self, name: str, value: float, **labels: str) -> None:
+        """Set a level with labels (``levels``)."""
+        self.levels[(name, tuple(sorted(labels.items())))] = value
 
     def count_status(self, code: int) -> None:
         key = self._status_keys.get(code)
@@ -154,10 +167,13 @@ class Metrics:
             "latency_sum": self.latency_sum,
             "latency_count": self.latency_count,
             "gauges": dict(self.gauges),
+            "levels": [[n, [list(kv) for kv in labels], v] for (n, labels), v in self.levels.items()],
         }
 
-    def merge(self, snapshot: Mapping[str, object]) -> None:
-        """Add a snapshot (from another process) into this one."""
+    def merge(self, snapshot: Mapping[str, object], levels: bool = True) -> None:
+        """Add a snapshot (from another process) into this one; without
+        ``levels``, its counts only (a process that ended: what it counted
+        stays, its levels went with it)."""
         snap: Any = snapshot
         for name, labels, value in snap["counters"]:
             self.counters[(name, tuple(tuple(kv) for kv in labels))] += value
@@ -167,8 +183,13 @@ class Metrics:
             self.latency_buckets[i] += v
         self.latency_sum += float(snap["latency_sum"])
         self.latency_count += int(snap["latency_count"])
+        if not levels:
+            return
         for name, value in snap.get("gauges", {}).items():
             self.gauges[name] = self.gauges.get(name, 0.0) + value
+        for name, labels, value in snap.get("levels", ()):
+            key = (name, tuple(tuple(kv) for kv in labels))
+            self.levels[key] = self.levels.get(key, 0.0) + value
 
 
 def render(
@@ -234,6 +255,14 @@ def _families(
     ))
     for gauge, amount in sorted({**total.gauges, **(extra or {})}.items()):
         families.append(GaugeMetricFamily(gauge, HELP.get(gauge, gauge), value=amount))
+    levels: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
+    for (name, labels), amount in sorted(total.levels.items()):
+        levels.setdefault(name, []).append((labels, amount))
+    for name, level_rows in levels.items():
+        level = GaugeMetricFamily(name, HELP.get(name, name), labels=[k for k, _ in level_rows[0][0]])
+        for labels, amount in level_rows:
+            level.add_metric([v for _, v in labels], amount)
+        families.append(level)
     if observed is not None:
         families.extend(_observed_families(observed, top_sites))
     if processes:

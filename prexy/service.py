@@ -280,20 +280,24 @@ class ConfigLoader:
         return Validated(config, self.files.snapshot().without((*own, *config.included)), tls)
 
 
-def open_cache(reactor: Any, config: Config, metrics: Any) -> Any:
-    """The worker's view of the machine-wide cache store."""
+def open_cache(reactor: Any, config: Config, metrics: Any, memos: Any = None) -> Any:
+    """The worker's view of the machine-wide cache store; ``memos``: the
+    process's memo budget (``prexy.cache.memo.Memos``), which the store's
+    decoded objects and the compressed variants draw on."""
     from prexy.cache import Store
     from prexy.cache.paths import default_cache_path
     from prexy.proxy.caching import CacheLayer
     from prexy.proxy.events import KeyEvents
 
     path = config.cache_path or default_cache_path()
-    store = Store.open(path, config.cache_size, clock=reactor.seconds)
+    # (The three memos' keys differ in shape: each part's go in as they are.)
+    objects = memos.part("objects", own_keys=True) if memos is not None else None
+    store = Store.open(path, config.cache_size, clock=reactor.seconds, memo=objects)
     log.info("cache: {size} bytes in {path}", size=config.cache_size, path=path)
     # Notices between workers that a fetch is over, beside the store.
     events = KeyEvents(reactor, path + ".events", str(os.getpid()))
     events.start()
-    return CacheLayer(reactor, store, metrics, events)
+    return CacheLayer(reactor, store, metrics, events, memos)
 
 
 def request_reload(config: Config, everywhere: bool = False) -> int:
@@ -385,8 +389,11 @@ class ProxyService(service.MultiService):
         self.view = OperatorView(self.pump.set_filters, config.observe.never_matched_window, reactor.seconds())
         self.pool = UpstreamPool(reactor, config.timeouts, limits=config.limits)
         runtime.compile_ahead(COMPILE_AHEAD)
+        from prexy.cache.memo import Memos
+
         self.resource = ProxyResource(
             reactor, self.pool, runtime, self.metrics, timer=time.perf_counter, observer=self.observer,
+            memos=Memos(config.memo_size), applicability_memory=config.applicability_memory,
         )
         self.site = ProxySite(
             self.resource, config.max_request_body, self.metrics, reactor=reactor,
@@ -571,6 +578,8 @@ class ProxyService(service.MultiService):
             return False
         self.config = config
         self.resource.runtime = runtime
+        self.resource.memos.resize(config.memo_size)
+        self.resource.applicability.resize(config.applicability_memory)
         self.view.aggregate.window = config.observe.never_matched_window
         if self.access_log is not None:
             from prexy.logformat import line_maker
@@ -594,7 +603,7 @@ class ProxyService(service.MultiService):
     def startService(self) -> None:
         super().startService()
         if self.config.cache_size and self.resource.cache is None:
-            cache = open_cache(self.reactor, self.config, self.metrics)
+            cache = open_cache(self.reactor, self.config, self.metrics, self.resource.memos)
             if self.cluster is None:
                 self.resource.cache = cache
             else:  # serve from the store once the node caught up (prexy.cluster)
@@ -634,14 +643,21 @@ class ProxyService(service.MultiService):
 
     def report_levels(self) -> None:
         """Set this process's gauges (open connections, requests being
-        answered, cache evictions) in its metrics, for the report or
-        ``/metrics``."""
+        answered, cache evictions, the memos' and the applicability
+        memory's bytes) in its metrics, for the report or ``/metrics``."""
         gauges = self.metrics.gauges
         gauges["prexy_open_connections"] = float(self.site.open_connections())
         gauges["prexy_active_requests"] = float(self.site.active_requests)
         cache = self.resource.cache
         if cache is not None:
             self.metrics.counters[("prexy_cache_evictions_total", ())] = cache.store.evicted
+        memos = self.resource.memos
+        for name, used in memos.used_by().items():
+            self.metrics.level("prexy_memo_bytes", float(used), memo=name)
+        gauges["prexy_memo_max_bytes"] = float(memos.budget)
+        applicability = self.resource.applicability
+        gauges["prexy_applicability_bytes"] = float(applicability.used)
+        gauges["prexy_applicability_max_bytes"] = float(applicability.max_bytes)
 
     def collect_metrics(self) -> bytes:
         """``/metrics`` of a process alone."""
@@ -794,6 +810,9 @@ def makeService(options: Options) -> service.IService:
     workers = config.workers if config.workers is not None else default_workers()
     if workers == 0:
         options.files = DISK  # (what the load recorded is not needed)
+        from prexy.memory import tune_malloc
+
+        tune_malloc()  # this process serves (a worker does the same)
         try:
             ProxyService(reactor, config, runtime).setServiceParent(top)
         except ListenError as exc:  # systemd passed no such socket

@@ -178,6 +178,9 @@ def worker_main(spec_json: str) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if os.getppid() != spec["master_pid"]:
         sys.exit(1)  # the master died before we got here
+    from prexy.memory import tune_malloc
+
+    tune_malloc()  # before the first body is allocated
     from twisted.internet import reactor as _reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 

@@ -483,7 +483,7 @@ class MasterService(service.MultiService):
         for pending in list(self._in_place.values()):
             pending.gone(worker)
         if worker.metrics:
-            self.retired_metrics.merge(worker.metrics)
+            self.retired_metrics.merge(worker.metrics, levels=False)
         self.view.aggregate.retire(worker.pid)
         self._filters_settled(worker)
         if self.stopping or worker.retiring or worker.generation != self.generation:

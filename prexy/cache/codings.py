@@ -22,7 +22,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from prexy.cache.memo import Memo
+from prexy.cache.memo import Memo, Memos, object_size
 from prexy.codec import Compression, coding_etag, encoder_for, negotiate
 
 __all__ = ["VariantMemo", "coded_headers", "compress_whole", "stored_coding", "variant_key"]
@@ -78,23 +78,35 @@ def stored_coding(
 _NEGOTIATED: dict[bytes, bytes | None] = {}
 
 
-class VariantMemo(Memo[bytes, Any]):
-    """The compressed variants this process served last, by variant key
-    and the object's ``stored_at`` (so a refreshed head is seen),
-    up to ``budget`` bytes of bodies: a hit in a coding then reads the
-    store once (the object) instead of twice.  Safe without invalidation:
-    a variant key names one body for good (it holds the object's
-    ``stored_at``), and the object itself is still looked up in the store
-    first, so a purge, a ban or an expiry is seen there.
+class VariantMemo(Memo[tuple[bytes, bytes], tuple[bytes, Any]]):
+    """The compressed variants this process served last, one per object
+    key and coding, each with the name of the body it holds (its variant
+    key and the object's ``stored_at``, so a refreshed head is seen): a
+    hit in a coding then reads the store once (the object) instead of
+    twice.  A variant made for a newer body or head replaces the older
+    one, so a page refetched every few minutes keeps one entry, not one
+    per fetch.  Safe without invalidation: the name says which body it
+    is, and the object itself is still looked up in the store first, so
+    a purge, a ban or an expiry is seen there.  A part of the worker's
+    memo budget (``[cache] memo_size``), or a budget of its own.
 
     ``bench/hits.py`` measures hits in a coding against identity hits
     (figures in bench/README.md)."""
 
-    def __init__(self, budget: int = 16 * 1024 * 1024) -> None:
-        super().__init__(budget)
+    def __init__(self, budget: int | Memos = 16 * 1024 * 1024) -> None:
+        super().__init__(budget, "variants", own_keys=True)
 
-    def put(self, key: bytes, obj: Any, size: int | None = None) -> None:
-        super().put(key, obj, len(obj.body) if size is None else size)
+    def variant(self, key: bytes, coding: bytes, name: bytes) -> Any:
+        """The variant of ``key`` in ``coding`` named ``name``, if kept."""
+        entry = self.get((key, coding))
+        if entry is None or entry[0] != name:
+            return None
+        return entry[1]
+
+    def keep(self, key: bytes, coding: bytes, name: bytes, variant: Any) -> None:
+        """Keep ``variant`` (named ``name``) as ``key``'s in ``coding``,
+        charged for all it holds (``object_size``) and its name."""
+        self.put((key, coding), (name, variant), 96 + len(name) + object_size(variant))
 
 
 def variant_key(key: bytes, coding: bytes, stored_at: float, etag: bytes | None = None) -> bytes:

@@ -108,7 +108,6 @@ from __future__ import annotations
 import calendar
 import enum
 import fnmatch
-import functools
 import hashlib
 import re
 import time
@@ -117,6 +116,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from prexy.shortmemo import short_memo
 
 _blake2b = hashlib.blake2b
 
@@ -400,7 +401,7 @@ _MONTHS = {m: i for i, m in enumerate((b"jan", b"feb", b"mar", b"apr", b"may", b
 _Fields = tuple[int, int, int, int, int, int]
 
 
-@functools.lru_cache(maxsize=1024)
+@short_memo(1024)
 def _date_fields(value: bytes) -> _Fields | None:
     """The fields of one of the three HTTP-date forms, range-checked but for
     the day of a two-digit year's month; None for anything else."""
@@ -674,7 +675,7 @@ def _sf_dictionary(text: str) -> dict[str, _SFValue]:
 _DELTA_DIRECTIVES = frozenset({"max-age", "s-maxage", "stale-while-revalidate", "stale-if-error"})
 
 
-@functools.lru_cache(maxsize=512)
+@short_memo(512)
 def _targeted_directives(value: bytes) -> dict[str, str | None] | None:
     """A targeted field's (combined) value as :func:`parse_cache_control`
     would give it; None when it is empty or not a Dictionary (RFC 9213 2.2:
@@ -710,7 +711,7 @@ def _directives(policy: CachePolicy, headers: list[tuple[bytes, bytes]]) -> tupl
     return parse_cache_control(_values(headers, b"cache-control")), False
 
 
-@functools.lru_cache(maxsize=512)
+@short_memo(512)
 def _vary_names(values: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return vary_names(values)
 
@@ -902,7 +903,7 @@ def location_urls(policy: CachePolicy, host: bytes | None, target: bytes, header
     return out
 
 
-@functools.lru_cache(maxsize=4096)
+@short_memo(4096, arg=1)
 def primary_key(site: str, url: bytes) -> bytes:
     """16 bytes naming one URL of one site, whatever its variants.  The
     URLs hashed last are remembered: a hot URL's key, needed on every
@@ -922,7 +923,7 @@ def cache_key(
     return primary_key(site, url) + variant_part(method_class, vary_values, ruleset_version)
 
 
-@functools.lru_cache(maxsize=1024)
+@short_memo(1024, arg=1)
 def variant_part(method_class: bytes, vary_values: bytes, ruleset_version: str | bytes) -> bytes:
     """The last 16 bytes of a :func:`cache_key`: which variant of the URL."""
     version = _b(ruleset_version)
@@ -946,7 +947,7 @@ def accept_encoding_bucket(values: Iterable[bytes]) -> bytes:
     return _bucket(values[0] if len(values) == 1 else b", ".join(values))
 
 
-@functools.lru_cache(maxsize=512)
+@short_memo(512)
 def _bucket(value: bytes) -> bytes:
     accepted = set()
     refused = set()

@@ -67,7 +67,7 @@ import lmdb
 from zope.interface import Attribute, Interface, implementer
 
 from prexy.cache.bans import Ban
-from prexy.cache.memo import Memo, body_size
+from prexy.cache.memo import Memo, object_size
 from prexy.cache.policy import CachePolicy, FieldTable, primary_key, variant_part, vary_key
 
 __all__ = ["CachedObject", "ICacheStore", "LookupResult", "ObjectMeta", "Store", "StoreError", "Writer"]
@@ -82,8 +82,12 @@ _OVERFLOW = 2000  # values above this go to overflow pages (LMDB: ~pagesize/2)
 #: with random keys and constant churn, leaf pages run about a third full).
 _INDEX_OVERHEAD = 800
 _IDX = struct.Struct("<QQdd")
-#: Bytes of decoded objects each process keeps (``Store._decoded``).
+#: Bytes of decoded objects a process keeps (``Store._decoded``) when
+#: it is given no part of a shared budget (``prexy.cache.memo.Memos``).
 DECODED_BUDGET = 32 * 1024 * 1024
+#: A decoded object's entry beside the object: its version (32 bytes and
+#: a bytes header) and the (version, object) pair.
+_VERSIONED = 128
 _TICK = struct.Struct(">Q")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -346,6 +350,7 @@ class Store:
         max_object_size: int,
         clock: Callable[[], float],
         touch_interval: float,
+        memo: Memo[bytes, tuple[bytes, CachedObject]] | None = None,
     ) -> None:
         self._env = env
         self.path = path
@@ -362,8 +367,11 @@ class Store:
         #: The objects this process decoded last, by key, with the index
         #: entry they were read under (``_get``): a hit on one of them
         #: reads 32 bytes of the store instead of decoding and copying the
-        #: object again.
-        self._decoded: Memo[bytes, tuple[bytes, CachedObject]] = Memo(DECODED_BUDGET)
+        #: object again.  A part of the worker's memo budget
+        #: (``[cache] memo_size``), or a budget of its own.
+        self._decoded: Memo[bytes, tuple[bytes, CachedObject]] = (
+            memo if memo is not None else Memo(DECODED_BUDGET, "objects")
+        )
         #: Objects this process evicted to make room (for ``/metrics``).
         self.evicted = 0
 
@@ -377,6 +385,7 @@ class Store:
         max_object_size: int | None = None,
         clock: Callable[[], float] = time.time,
         touch_interval: float = 2.0,
+        memo: Memo[bytes, tuple[bytes, CachedObject]] | None = None,
     ) -> Store:
         """Opens (creating if needed) the store in directory ``path``.
 
@@ -386,7 +395,9 @@ class Store:
         dead and when a hit refreshes its LRU position (at most once per
         ``touch_interval`` seconds).  A store left in another format is
         emptied; one holding more than ``max_bytes`` is evicted down to it.
-        Raises :class:`StoreError` when the directory cannot be used.
+        ``memo``: where the objects decoded last are kept (a part of the
+        process's memo budget); by default a budget of its own.  Raises
+        :class:`StoreError` when the directory cannot be used.
         """
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
@@ -407,7 +418,7 @@ class Store:
             raise StoreError(f"cannot open the cache store in {path}: {exc}") from exc
         env.reader_check()  # slots left by crashed processes
         limit = max_bytes // 4 if max_object_size is None else min(max_object_size, max_bytes // 4)
-        store = cls(env, path, max_bytes, limit, clock, touch_interval)
+        store = cls(env, path, max_bytes, limit, clock, touch_interval, memo)
         with env.begin(write=True) as txn:
             if txn.get(b"format", db=store._meta) != FORMAT:
                 for db in (store._obj, store._vary, store._idx, store._lru, store._meta, store._busy):
@@ -483,7 +494,7 @@ class Store:
             if record is None:
                 return None, False
             obj = _decode(key, record, size)
-            self._decoded.put(key, (version, obj), body_size(obj))
+            self._decoded.put(key, (version, obj), _VERSIONED + object_size(obj))
         return obj, now - touched_at > self.touch_interval
 
     def _touch(self, key: bytes) -> None:

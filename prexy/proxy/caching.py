@@ -54,6 +54,7 @@ from prexy.cache.codings import (
     stored_coding,
     variant_key,
 )
+from prexy.cache.memo import Memos
 from prexy.cache.policy import CachePolicy, FieldTable, location_urls
 from prexy.cache.ranges import choose_range
 from prexy.cluster.messages import Invalidation
@@ -95,7 +96,10 @@ class Looked:
 class CacheLayer:
     """The cache of one worker process (the store is shared)."""
 
-    def __init__(self, reactor: IReactorTime, store: ICacheStore, metrics: Metrics, events: Any = None) -> None:
+    def __init__(
+        self, reactor: IReactorTime, store: ICacheStore, metrics: Metrics, events: Any = None,
+        memos: Memos | None = None,
+    ) -> None:
         self.reactor = reactor
         self.store = store
         self.metrics = metrics
@@ -104,7 +108,9 @@ class CacheLayer:
         self.inflight: dict[bytes, Flight] = {}
         self.refreshing: set[bytes] = set()
         self.holder = b"%d" % os.getpid()
-        self.variants = VariantMemo()
+        #: The compressed variants served last: a part of the worker's memo
+        #: budget (``memos``), or a budget of their own.
+        self.variants = VariantMemo(memos) if memos is not None else VariantMemo()
         #: The cluster's seam (prexy.cluster): shares a PURGE applied here;
         #: its Deferred fires with a line for the answer.  None: a node alone.
         self.announce: Callable[[Invalidation], Any] | None = None
@@ -289,7 +295,7 @@ class CacheLayer:
         vkey = variant_key(key, coding, obj.stored_at, obj.header(b"etag"))
         mkey = vkey + b"\0%r" % obj.stored_at
         memo = self.variants
-        variant = memo.get(mkey)
+        variant = memo.variant(key, coding, mkey)
         if variant is not None:
             return variant
         stored = self.store.get(vkey)
@@ -300,7 +306,7 @@ class CacheLayer:
             self.store.put(vkey, ObjectMeta(**{f.name: getattr(obj, f.name) for f in attrs.fields(ObjectMeta)}), body)
             self.metrics.count("prexy_cache_compressed_total", coding=coding.decode("ascii"))
         variant = attrs.evolve(obj, headers=coded_headers(obj.headers, coding), body=body)
-        memo.put(mkey, variant)
+        memo.keep(key, coding, mkey, variant)
         return variant
 
     # -- storing ---------------------------------------------------------------------

@@ -49,8 +49,12 @@ _SHAPING = frozenset((b"if-none-match", b"if-modified-since", b"if-match", b"if-
 #: Where a remembered head takes each hit's Age and Cache-Status (bytes no
 #: field value holds: a parsed field never has a NUL).
 _AGE_MARK, _STATUS_MARK = b"\0age\0", b"\0cache-status\0"
-#: Bytes of remembered answers (heads and the bodies they keep) per process.
+#: Bytes of remembered answers (heads and the bodies they keep) when the
+#: resource has no memo budget to draw on (``ProxyResource.memos``).
 READY_BUDGET = 32 * 1024 * 1024
+#: A remembered answer beside its head and body bytes: the instance, its
+#: two weak references, the head's tuple and the bytes objects' headers.
+_READY = 320
 _ACME = b"/.well-known/acme-challenge/"
 
 
@@ -91,11 +95,30 @@ def _sent_body(answer: Any, method: bytes) -> bytes:
     return body
 
 
+def _span(headers: list[tuple[bytes, bytes]], whole: bytes, part: bytes) -> tuple[int, int] | None:
+    """Where ``part`` (a 206's body, as its Content-Range says) lies in
+    ``whole``; None when it is not a span of it (a compressed variant's)."""
+    for name, value in headers:
+        if name == b"Content-Range":
+            spec, _, length = value.partition(b"/")
+            first, _, last = spec.removeprefix(b"bytes ").partition(b"-")
+            try:
+                start, end = int(first), int(last) + 1
+            except ValueError:
+                return None
+            if length == b"%d" % len(whole) and end - start == len(part) and whole[start:end] == part:
+                return start, end
+            return None
+    return None
+
+
 class Ready:
     """A hit's answer made once: the head cut around its Age and
-    Cache-Status values (``head``: before, between, after), the body sent,
-    the status, and the object and the site (its settings at the time: a
-    reload replaces it) it was made from.
+    Cache-Status values (``head``: before, between, after), the body sent
+    (None: the object's own body, which the object keeps: whole, or the
+    span ``cut`` of it for a range), the status, and the object and the
+    site (its settings at the time: a reload replaces it) it was made
+    from.
 
     The object and the site are held weakly (``made_from`` tells whether
     they are still the ones given): the memo is charged for the head and
@@ -106,14 +129,31 @@ class Ready:
     decoded anew as another object, so the answer is made again either
     way."""
 
-    __slots__ = ("_obj", "_site", "body", "code", "head")
+    __slots__ = ("_obj", "_site", "body", "code", "cut", "head")
 
-    def __init__(self, obj: Any, site: Any, head: tuple[bytes, bytes, bytes], body: bytes, code: int) -> None:
+    def __init__(
+        self, obj: Any, site: Any, head: tuple[bytes, bytes, bytes], body: bytes | None, code: int,
+        cut: tuple[int, int] | None = None,
+    ) -> None:
         self._obj = weakref.ref(obj)
         self._site = weakref.ref(site)
         self.head = head
         self.body = body
         self.code = code
+        self.cut = cut
+
+    def body_of(self, obj: Any) -> bytes:
+        """The body to send, for ``obj`` (the object it was made from)."""
+        if self.body is not None:
+            return self.body
+        if self.cut is not None:
+            return obj.body[self.cut[0] : self.cut[1]]
+        return obj.body
+
+    def size(self) -> int:
+        """The bytes this answer keeps: its head's, its body's when it is
+        not the object's own, and its own."""
+        return _READY + sum(map(len, self.head)) + (len(self.body) if self.body is not None else 0)
 
     def made_from(self, obj: Any, site: Any) -> bool:
         """Whether this answer was made from ``obj`` for ``site``."""
@@ -124,14 +164,19 @@ class HitPath:
     """Answers fresh hits for the resource's cache (see the module
     docstring)."""
 
-    def __init__(self, resource: Any, ready_budget: int = READY_BUDGET) -> None:
+    def __init__(self, resource: Any, memo: Memo[tuple[Any, ...], Ready] | None = None) -> None:
         self.resource = resource
         #: The answers made last, by what they depend on besides the object
         #: (its key, the method, the version, whether the connection closes,
         #: Accept-Encoding, Range); each is used only for the very object the store
         #: gives now (``Ready.obj``) and the site as it is now (``Ready.site``:
-        #: a reload replaces it), so nothing here needs invalidating.
-        self.ready: Memo[tuple[Any, ...], Ready] = Memo(ready_budget)
+        #: a reload replaces it), so nothing here needs invalidating.  A part
+        #: of the resource's memo budget (``[cache] memo_size``), or a budget
+        #: of its own.
+        if memo is None:
+            memos = getattr(resource, "memos", None)
+            memo = memos.part("answers", own_keys=True) if memos is not None else Memo(READY_BUDGET, "answers")
+        self.ready: Memo[tuple[Any, ...], Ready] = memo
 
     def answer(self, channel: Any, event: Request, headers: RequestHeaders) -> bool | Looked:
         """Answer ``event`` (a request whose body is complete, or that has
@@ -217,14 +262,15 @@ class HitPath:
             if ready is None or not ready.made_from(obj, site):
                 ready = self._make(obj, site, channel, now, method, raw, accept_encoding, key, version)
                 if ready is not None:
-                    self.ready.put(ready_key, ready, len(ready.body) + sum(map(len, ready.head)))
+                    self.ready.put(ready_key, ready, ready.size())
             if ready is not None:
                 age, status = hit_marks(obj, now)
                 out = [b"".join((ready.head[0], age, ready.head[1], status, ready.head[2]))]
-                if ready.body:
-                    out.append(ready.body)
+                body = ready.body_of(obj)
+                if body:
+                    out.append(body)
                 return out, HitRecord(
-                    channel.getPeer(), method, target, version, headers, ready.code, len(ready.body), site.name, now,
+                    channel.getPeer(), method, target, version, headers, ready.code, len(body), site.name, now,
                 )
         pairs = [(n, v) for n, vs in raw.items() for v in vs]
         answer = cache.hit(obj, now, method, pairs, accept_encoding, key=key, site=site)
@@ -256,7 +302,18 @@ class HitPath:
         middle, mark2, after = rest.partition(_STATUS_MARK)
         if not mark or not mark2 or _AGE_MARK in after or _STATUS_MARK in after:
             return None
-        return Ready(obj, site, (before, middle, after), _sent_body(answer, method), code)
+        body = _sent_body(answer, method)
+        # The object's own body is not kept twice: the answer takes it (or
+        # its range's span) from the object it is used for, the very one
+        # it was made from.  A range asked once (a player seeking) then
+        # costs its head, not its bytes.
+        if body and body is obj.body:
+            return Ready(obj, site, (before, middle, after), None, code)
+        if code == 206 and body:
+            cut = _span(answer.headers, obj.body, body)
+            if cut is not None:
+                return Ready(obj, site, (before, middle, after), None, code, cut)
+        return Ready(obj, site, (before, middle, after), body, code)
 
     @staticmethod
     def _vars(

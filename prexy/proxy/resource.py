@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from prexy.cache.memo import MEMO_SIZE, Memos
 from prexy.codec import coding_label
 from prexy.exchange import Revalidation, upstream_request_headers
 from prexy.fetch import Fetch
@@ -47,13 +48,12 @@ from prexy.proxy.routes import Answered, CacheRoute, Forward, Refresh
 from prexy.proxy.site import ProxySite
 from prexy.proxy.tunnel import Tunnel
 from prexy.runtime import Runtime, SiteRuntime
+from prexy.substitution.applicability import DEFAULT_BYTES as APPLICABILITY_BYTES
 from prexy.substitution.applicability import ApplicabilityMemory
 from prexy.upgrade import upgrade_headers, upgrade_request
 
 __all__ = ["ProxyRequest", "ProxyResource", "ProxySite"]
 
-#: Resource versions the applicability memory keeps per process.
-APPLICABILITY_ENTRIES = 50_000
 #: Host values whose site a process remembers (``ProxyResource.site_for``:
 #: a node with thousands of sites sees thousands); past them the memo
 #: starts afresh, so a client inventing names costs a lookup each, never
@@ -77,6 +77,7 @@ class ProxyResource(Resource):
     def __init__(
         self, reactor: Any, pool: IUpstreamPool, runtime: Runtime, metrics: Metrics, cache: CacheLayer | None = None,
         timer: Callable[[], float] | None = None, observer: Observer | None = None,
+        memos: Memos | None = None, applicability_memory: int = APPLICABILITY_BYTES,
     ) -> None:
         super().__init__()
         self.reactor = reactor
@@ -90,8 +91,13 @@ class ProxyResource(Resource):
         #: The ACME challenge answers (prexy.acme.challenges.ChallengeRegistry)
         #: when HTTP-01 is answered here; None: no [acme].
         self.challenges: Any = None
-        #: Which rules ever matched each resource version.
-        self.applicability = ApplicabilityMemory(APPLICABILITY_ENTRIES)
+        #: What this process keeps of what it decoded or made from the cache
+        #: store (``[cache] memo_size``): the store's objects, the compressed
+        #: variants and the hit path's answers draw on it.
+        self.memos = memos if memos is not None else Memos(MEMO_SIZE)
+        #: Which rules ever matched each resource version (``[server]
+        #: applicability_memory`` bytes).
+        self.applicability = ApplicabilityMemory(max_bytes=applicability_memory)
         self.rewriting = Rewriting(reactor, timer or reactor.seconds)
         #: Rule set digest -> the slice size that took about SLICE_SECONDS
         #: last time, so a response's first slice is already the right size.

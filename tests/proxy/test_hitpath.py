@@ -333,3 +333,73 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
         self.assertEqual(len(hits.ready), 2)
         gc.collect()
         self.assertIsNone(old())
+
+    def test_a_whole_answer_keeps_no_second_body(self) -> None:
+        """An answer of the whole object (the plain GET, the most common
+        hit) takes its body from the object it is used for: the memo is
+        charged for its head, not for a second copy of the body, and the
+        bytes sent are the object's."""
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        hits = h.site.hits
+        assert hits is not None
+        seen = answered_by_hits(h)
+        clients = []
+        for _ in range(2):
+            _, client = h.send(REQUESTS["plain"])
+            h.settle()
+            clients.append(client.value())
+        self.assertEqual(seen, [True, True])
+        self.assertEqual(clients[0].split(b"\r\n\r\n", 1)[1], b"<p>hello</p>" * 250)
+        self.assertEqual(clients[0], clients[1])
+        self.assertEqual(len(hits.ready), 1)
+        self.assertLess(hits.ready.used, 3000)  # the body is 3,000 bytes
+
+    def test_a_refreshed_page_keeps_one_compressed_variant(self) -> None:
+        """A page revalidated (a 304: a new ``stored_at``) then served
+        compressed again replaces its older variant in the memo: a page
+        refreshed every few minutes keeps one entry per coding, not one
+        per refresh."""
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        cache = h.resource.cache
+        assert cache is not None
+        for _ in range(3):
+            _, client = h.send(REQUESTS["gzip taken"])
+            h.settle()
+            self.assertIn(b"Content-Encoding: gzip", client.value())
+            self.assertEqual(len(cache.variants), 1)
+            h.clock.advance(61)  # stale: the next request revalidates
+            h.send(GET + b"\r\n")
+            h.settle()
+            self.assertIn(b"If-None-Match", h.conns[-1].sent())
+            h.conns[-1].reply(b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n")
+            h.settle()
+        self.assertEqual(len(cache.variants), 1)
+
+    def test_a_range_keeps_its_span_not_its_bytes(self) -> None:
+        """A range of an object in identity is answered from the object's
+        body by its span: the memo is charged the head, so ranges asked
+        once each (a player seeking) do not fill it with bytes; the bytes
+        sent are the general path's (``SameAnswerTests``)."""
+        h = test_compress.harness(Compression(), cache=CachePolicy())
+        h.send(GET + b"\r\n")
+        h.conns[-1].reply(PAGE)
+        h.settle()
+        hits = h.site.hits
+        assert hits is not None
+        seen = answered_by_hits(h)
+        ranges = [b"bytes=%d-%d" % (start, start + 1999) for start in range(0, 1000, 100)]
+        for spec in ranges:
+            _, client = h.send(GET + b"Range: " + spec + b"\r\n\r\n")
+            h.settle()
+            self.assertIn(b"206 Partial Content", client.value())
+            start = int(spec[6:].split(b"-")[0])
+            self.assertTrue(client.value().endswith((b"<p>hello</p>" * 250)[start : start + 2000]))
+        self.assertEqual(seen, [True] * len(ranges))
+        self.assertEqual(len(hits.ready), len(ranges))
+        self.assertLess(hits.ready.used, 2000 * len(ranges))  # each range is 2,000 bytes

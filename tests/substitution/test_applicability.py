@@ -11,11 +11,16 @@ rules they did not try, and the LRU stays within its bound.
 
 from __future__ import annotations
 
+import gc
+import os
+import sys
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from prexy.substitution.applicability import ApplicabilityMemory, ResourceKey
+from prexy.substitution.applicability import ENTRY, ApplicabilityMemory, ResourceKey
 from prexy.substitution.rules import compile_rule
 from prexy.substitution.ruleset import RuleSet
 from prexy.substitution.transducer import Transducer
@@ -176,6 +181,56 @@ class ApplicabilityTests(SynchronousTestCase):
         assert memory.rules_for(rs, keys[4]) == frozenset({1})
         with self.assertRaises(ValueError):
             ApplicabilityMemory(0)
+
+    def test_byte_bound(self) -> None:
+        """The memory holds at most ``max_bytes``: each version is charged
+        its entry and its mask (more for a rule far down a long set); the
+        least recently used go first, whatever their size; a smaller
+        bound (a reload) drops the oldest until the rest fits."""
+        rs = RuleSet.build([compile_rule(f"w{i}x".encode(), b"R", b"g") for i in range(300)])
+        small, large = ENTRY + sys.getsizeof(1), ENTRY + sys.getsizeof(1 << 299)
+        self.assertGreater(large, small)
+        memory = ApplicabilityMemory(max_bytes=4 * small + large)
+        keys = [ResourceKey.of("s", f"/{i}", etag=f'"{i}"') for i in range(8)]
+        for key in keys[:5]:
+            assert key is not None
+            memory.remember(rs, key, [0])
+        self.assertEqual((len(memory), memory.used), (5, 5 * small))
+        assert keys[5] is not None and keys[0] is not None
+        memory.remember(rs, keys[5], [299])  # pushes out the oldest small one
+        self.assertEqual((len(memory), memory.used), (5, 4 * small + large))
+        self.assertIsNone(memory.rules_for(rs, keys[0]))
+        self.assertEqual(memory.rules_for(rs, keys[5]), frozenset({299}))
+        memory.forget(rs, keys[5])
+        self.assertEqual(memory.used, 4 * small)
+        memory.resize(small)
+        self.assertEqual((len(memory), memory.used), (1, small))
+        self.assertEqual(memory.rules_for(rs, keys[4]), frozenset({0}))
+        memory.resize(0)
+        self.assertEqual((len(memory), memory.used), (0, 0))
+        memory.remember(rs, keys[4], [0])  # nothing fits: nothing kept
+        self.assertEqual((len(memory), memory.used), (0, 0))
+
+    def test_the_charge_covers_the_memory(self) -> None:
+        """What an entry is charged covers what it takes (traced while
+        20,000 versions are remembered, their keys made before: the map's
+        slot and node, the 16-byte name, the mask), within a third above
+        it."""
+        rs = RuleSet.build([compile_rule(f"w{i}x".encode(), b"R", b"g") for i in range(40)])
+        memory = ApplicabilityMemory(max_bytes=10**9)
+        keys = [ResourceKey.of_bytes(b"s", b"/%d" % i, etag=os.urandom(8).hex().encode()) for i in range(20_000)]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i, key in enumerate(keys):
+                assert key is not None
+                memory.remember(rs, key, [i % 40])
+            taken = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        self.assertGreaterEqual(memory.used, taken)
+        self.assertLessEqual(memory.used, taken * 1.33)
 
     def test_many_rules_bitmask_round_trip(self) -> None:
         """Rule indexes far apart survive the bitmask."""
