@@ -810,9 +810,12 @@ def makeService(options: Options) -> service.IService:
     workers = config.workers if config.workers is not None else default_workers()
     if workers == 0:
         options.files = DISK  # (what the load recorded is not needed)
-        from prexy.memory import tune_malloc
+        from twisted.internet.task import LoopingCall
+
+        from prexy.memory import TRIM_INTERVAL, trim, tune_malloc
 
         tune_malloc()  # this process serves (a worker does the same)
+        reactor.callWhenRunning(lambda: LoopingCall(trim).start(TRIM_INTERVAL, now=False))
         try:
             ProxyService(reactor, config, runtime).setServiceParent(top)
         except ListenError as exc:  # systemd passed no such socket

@@ -178,7 +178,7 @@ def worker_main(spec_json: str) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if os.getppid() != spec["master_pid"]:
         sys.exit(1)  # the master died before we got here
-    from prexy.memory import tune_malloc
+    from prexy.memory import TRIM_INTERVAL, trim, tune_malloc
 
     tune_malloc()  # before the first body is allocated
     from twisted.internet import reactor as _reactor
@@ -288,6 +288,7 @@ def worker_main(spec_json: str) -> None:
         from twisted.internet.task import LoopingCall
 
         LoopingCall(report).start(METRICS_INTERVAL, now=False)
+        LoopingCall(trim).start(TRIM_INTERVAL, now=False)  # freed pages back to the system (prexy.memory)
 
     def on_term(*_: Any) -> None:
         reactor.callFromThread(lambda: svc.drain_and_stop(svc.config.shutdown_timeout))
