@@ -864,6 +864,8 @@ class Settings:
     warmup: float = 120.0
     replacement_warmup: float = 30.0
     window: float = 30.0
+    #: A process's memory at the end over its level after warm-up, at most.
+    memory_bound: float = 1.10
     p99_window: float = 300.0
     sample_every: float = 5.0
     tunnels: int = 2
@@ -1707,7 +1709,9 @@ class Soak:
             begin = info["first"] + warm
             life_end = info["last"]
             base = [s for s in samples if begin <= s[0] < begin + self.s.window]
-            end = [s for s in samples if s[0] > life_end - self.s.window and s[0] >= begin + self.s.window]
+            # Judged over a span at least as long as a window: a process
+            # killed soon after its warm-up shows its warming, not a trend.
+            end = [s for s in samples if s[0] > life_end - self.s.window and s[0] >= begin + 2 * self.s.window]
             row: dict[str, Any] = {"process": name, "lived_s": round(life_end - info["first"], 1),
                                    "initial": info["initial"], "fd_kinds_last": info.get("fd_kinds", {})}
             if not base or not end:
@@ -1724,10 +1728,11 @@ class Soak:
                 e = level([s[i] for s in end])
                 row[f"{key}_base"], row[f"{key}_end"] = b, e
                 row[f"{key}_ratio"] = round(e / b, 3) if b else None
-            row["rss_held"] = row["rss_end"] <= 1.10 * row["rss_base"]
-            row["own_held"] = row["own_end"] <= 1.10 * row["own_base"]
-            row["anon_held"] = row["anon_end"] <= 1.10 * row["anon_base"]
-            row["fds_held"] = row["fds_end"] <= max(1.10 * row["fds_base"], row["fds_base"] + FD_SLACK)
+            bound = self.s.memory_bound
+            row["rss_held"] = row["rss_end"] <= bound * row["rss_base"]
+            row["own_held"] = row["own_end"] <= bound * row["own_base"]
+            row["anon_held"] = row["anon_end"] <= bound * row["anon_base"]
+            row["fds_held"] = row["fds_end"] <= max(bound * row["fds_base"], row["fds_base"] + FD_SLACK)
             rows.append(row)
         return rows, [r for r in rows if r["judged"]]
 
@@ -1771,10 +1776,11 @@ class Soak:
         tracebacks = self.tracebacks()
         add("tracebacks in the logs", len(tracebacks), "0", not tracebacks)
         all_rows, judged = self.memory_rows()
-        for key, label, bound in (("rss", "RSS (median)", "<= 1.10"),
-                                  ("own", "RSS less the store's map (median)", "<= 1.10"),
-                                  ("anon", "anonymous memory (median)", "<= 1.10"),
-                                  ("fds", "open descriptors (fewest)", f"<= 1.10 (or +{FD_SLACK})")):
+        limit = f"<= {self.s.memory_bound:.2f}"
+        for key, label, bound in (("rss", "RSS (median)", limit),
+                                  ("own", "RSS less the store's map (median)", limit),
+                                  ("anon", "anonymous memory (median)", limit),
+                                  ("fds", "open descriptors (fewest)", f"{limit} (or +{FD_SLACK})")):
             worst = max(judged, key=lambda r: r[f"{key}_ratio"] or 0, default=None)
             what = f"{label} of every process at the end / after warm-up"
             counted = key in self.s.judge_memory
@@ -1918,6 +1924,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     p.add_argument("--ports", help="8 comma-separated ports to use (origin, redis, then http, h2c, admin per node)")
     p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
                    help="an extra configuration key for both nodes, VALUE in TOML (e.g. cache.memo_size='\"16M\"')")
+    p.add_argument("--memory-bound", type=float, default=d.memory_bound,
+                   help="a process's memory and descriptors at the end over their level after warm-up, "
+                        "at most (1.10)")
     p.add_argument("--judge-memory", default=",".join(d.judge_memory),
                    help="the memory rows that count in the verdict, of rss (whole RSS), own (RSS less the cache "
                         "store's map), anon, fds (default: all); the others are shown, not judged")
@@ -1935,7 +1944,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
         warmup=args.warmup, replacement_warmup=args.replacement_warmup, window=args.window,
         p99_window=min(args.p99_window, args.duration / 2), sample_every=args.sample_every, tunnels=args.tunnels,
         dir=args.dir, keep=args.keep or bool(args.dir), sets=args.set, seed=args.seed,
-        judge_memory=tuple(x for x in args.judge_memory.split(",") if x),
+        judge_memory=tuple(x for x in args.judge_memory.split(",") if x), memory_bound=args.memory_bound,
         ports=[int(x) for x in args.ports.split(",")] if args.ports else [],
     )
     return args, settings
