@@ -477,6 +477,10 @@ class HitAnswer(NamedTuple):
     body: bytes
     age: bytes
     cache_status: bytes
+    #: A 206's body is ``whole[span[0]:span[1]]`` (``whole``: the body of
+    #: the object the answer was made from).
+    span: tuple[int, int] | None = None
+    whole: bytes | None = None
 
 
 def hit_answer(
@@ -506,7 +510,9 @@ def hit_answer(
                     )
                 part = body[chosen.first : chosen.last + 1]
                 headers.append((b"Content-Length", b"%d" % len(part)))
-                return HitAnswer(206, b"Partial Content", headers, part, age, status)
+                return HitAnswer(
+                    206, b"Partial Content", headers, part, age, status, (chosen.first, chosen.last + 1), body
+                )
     headers.append((b"Content-Length", b"%d" % len(body)))
     return HitAnswer(obj.status, obj.phrase or None, headers, body, age, status)
 

@@ -95,23 +95,6 @@ def _sent_body(answer: Any, method: bytes) -> bytes:
     return body
 
 
-def _span(headers: list[tuple[bytes, bytes]], whole: bytes, part: bytes) -> tuple[int, int] | None:
-    """Where ``part`` (a 206's body, as its Content-Range says) lies in
-    ``whole``; None when it is not a span of it (a compressed variant's)."""
-    for name, value in headers:
-        if name == b"Content-Range":
-            spec, _, length = value.partition(b"/")
-            first, _, last = spec.removeprefix(b"bytes ").partition(b"-")
-            try:
-                start, end = int(first), int(last) + 1
-            except ValueError:
-                return None
-            if length == b"%d" % len(whole) and end - start == len(part) and whole[start:end] == part:
-                return start, end
-            return None
-    return None
-
-
 class Ready:
     """A hit's answer made once: the head cut around its Age and
     Cache-Status values (``head``: before, between, after), the body sent
@@ -309,10 +292,8 @@ class HitPath:
         # costs its head, not its bytes.
         if body and body is obj.body:
             return Ready(obj, site, (before, middle, after), None, code)
-        if code == 206 and body:
-            cut = _span(answer.headers, obj.body, body)
-            if cut is not None:
-                return Ready(obj, site, (before, middle, after), None, code, cut)
+        if code == 206 and body and answer.span is not None and answer.whole is obj.body:
+            return Ready(obj, site, (before, middle, after), None, code, answer.span)
         return Ready(obj, site, (before, middle, after), body, code)
 
     @staticmethod
