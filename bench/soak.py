@@ -85,6 +85,9 @@ STALL = FIRST_BYTE + 4.0
 #: counts as growth, when 10% is less: its pooled upstream connections and
 #: the client's keep-alive connections come and go.
 FD_SLACK = 4
+#: A worker is warm once its memos hold this share of the most they held.
+MEMO_WARM = 0.9
+MB = 1 << 20
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 # -- the site's content ------------------------------------------------------------------
@@ -679,6 +682,24 @@ def proc_sample(pid: int) -> tuple[int, int, int, int] | None:
     return rss, anon, store, fds
 
 
+def worker_slot(pid: int) -> int | None:
+    """The slot of worker ``pid`` (from the spec on its command line), None if gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+        return int(json.loads(args[args.index(b"prexy.worker") + 1])["slot"])
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+
+
+def process_memo(metrics: str) -> dict[str, float]:
+    """``prexy_process_memo_bytes`` by process label, from ``/metrics`` text."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^prexy_process_memo_bytes\{process="([^"]+)"\} (\S+)$', metrics, re.M):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
 def proc_cpu(pid: int) -> float:
     """CPU seconds (user and system) ``pid`` has used, 0 if gone."""
     try:
@@ -863,14 +884,18 @@ class Settings:
     purge_every: float = 10.0
     warmup: float = 120.0
     replacement_warmup: float = 30.0
-    window: float = 30.0
+    #: Seconds of samples whose median is a memory level: ten of the
+    #: workers' 30-s trims, and the swings of the bodies in flight.
+    window: float = 300.0
     #: A process's memory at the end over its level after warm-up, at most.
     memory_bound: float = 1.10
     p99_window: float = 300.0
     sample_every: float = 5.0
     tunnels: int = 2
     #: The memory rows that count in the verdict (the others are shown).
-    judge_memory: tuple[str, ...] = ("rss", "own", "anon", "fds")
+    #: Not whole RSS by default: it counts the pages of the cache store's
+    #: file a process has touched, which grow with the file to its size.
+    judge_memory: tuple[str, ...] = ("own", "anon", "fds")
     dir: str | None = None
     ports: list[int] = field(default_factory=list)
     sets: list[str] = field(default_factory=list)
@@ -916,6 +941,8 @@ class Soak:
         self.load: list[tuple[float, float, float, float]] = []
         self._cpu_last: tuple[float, float, dict[int, float], float] | None = None
         self.samples: dict[str, list[tuple[float, int, int, int, int, int]]] = {}
+        #: Per worker: (time, bytes its memos hold), from its node's /metrics.
+        self.memo_samples: dict[str, list[tuple[float, float]]] = {}
         self.proc_info: dict[str, dict[str, Any]] = {}
         self.skipped_ticks = 0
         self.in_flight = 0
@@ -1559,6 +1586,32 @@ class Soak:
                     self.samples.setdefault(f"{name} {proc.pid}", []).append((t, *got, got[0] - got[2]))
         self.sample_load(t)
 
+    async def memo_sampler(self) -> None:
+        while not self.stopping:
+            await asyncio.gather(*(self.sample_memo(node) for node in self.nodes))
+            await asyncio.sleep(self.s.sample_every)
+
+    async def sample_memo(self, node: Node) -> None:
+        """Each worker's memo bytes, as its master reports them: a worker
+        is warm once these stop growing (``memory_rows``)."""
+        if node.process is None:
+            return
+        try:
+            answer = await self.admin(node, "GET", "/metrics", 10)
+        except (TimeoutError, OSError, ConnectionError):
+            return
+        if answer.status != 200:
+            return
+        t = round(self.now(), 2)
+        held = process_memo(answer.body.decode("utf-8", "replace"))
+        pids = {pid: worker_slot(pid) for pid in node.workers()}
+        for pid, slot in pids.items():
+            role = f"worker-{slot}"
+            # (Two workers in one slot, while one replaces the other: not told apart.)
+            if slot is None or role not in held or list(pids.values()).count(slot) > 1:
+                continue
+            self.memo_samples.setdefault(f"{node.name} worker {pid}", []).append((t, held[role]))
+
     def sample_load(self, t: float) -> None:
         """The machine's CPU use since the last sample, and the part of it
         that the soak's own processes (this one, the origin, Redis, the
@@ -1648,7 +1701,7 @@ class Soak:
         for node in self.nodes:
             node.gens = [[0, 0.0, float("inf")]]
         loops = [self.traffic(), self.tunnels(), self.reloader(), self.killer(), self.redis_cycles_loop(),
-                 self.invalidations(), self.sampler(), self.progress()]
+                 self.invalidations(), self.sampler(), self.memo_sampler(), self.progress()]
         runners = [asyncio.ensure_future(c) for c in loops]
         try:
             done, _ = await asyncio.wait(runners, timeout=self.s.duration, return_when=asyncio.FIRST_EXCEPTION)
@@ -1699,21 +1752,39 @@ class Soak:
                 found.append(f"{path.parent.name}/{path.name}: {text[max(0, m.start() - 300): m.start() + 1500]}")
         return found
 
+    def warm_from(self, name: str, info: dict[str, Any]) -> float:
+        """When process ``name`` is past its warm-up: ``--warmup`` (a first
+        process) or ``--replacement-warmup`` seconds after it appeared, and
+        for a worker not before its memos first held 90% of the most they
+        ever held.  Until then its memory grows by design: the memos fill
+        towards ``[cache] memo_size`` (a worker that replaced a killed one
+        starts with them empty)."""
+        begin = info["first"] + (self.s.warmup if info["initial"] else self.s.replacement_warmup)
+        memo = self.memo_samples.get(name, [])
+        peak = max((held for _, held in memo), default=0.0)
+        if peak > 0:
+            begin = max(begin, next(t for t, held in memo if held >= MEMO_WARM * peak))
+        return begin
+
     def memory_rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Per process: its level after warm-up and at the end (medians of
         ``window`` seconds of samples), for RSS and descriptors."""
         rows = []
         for name, info in self.proc_info.items():
             samples = self.samples[name]
-            warm = self.s.warmup if info["initial"] else self.s.replacement_warmup
-            begin = info["first"] + warm
+            begin = self.warm_from(name, info)
             life_end = info["last"]
             base = [s for s in samples if begin <= s[0] < begin + self.s.window]
             # Judged over a span at least as long as a window: a process
             # killed soon after its warm-up shows its warming, not a trend.
             end = [s for s in samples if s[0] > life_end - self.s.window and s[0] >= begin + 2 * self.s.window]
             row: dict[str, Any] = {"process": name, "lived_s": round(life_end - info["first"], 1),
-                                   "initial": info["initial"], "fd_kinds_last": info.get("fd_kinds", {})}
+                                   "initial": info["initial"], "warm_s": round(begin - info["first"], 1),
+                                   "fd_kinds_last": info.get("fd_kinds", {})}
+            memo = self.memo_samples.get(name, [])
+            if memo:
+                row["memo_first_mb"] = round(memo[0][1] / MB, 1)
+                row["memo_last_mb"] = round(memo[-1][1] / MB, 1)
             if not base or not end:
                 row["judged"] = False
                 rows.append(row)
@@ -1787,7 +1858,8 @@ class Soak:
             if worst is None:
                 add(what, "no process judged", bound, False if counted else None)
                 continue
-            add(what, f"max {worst[f'{key}_ratio']:.3f} ({worst['process']}; {len(judged)} judged)", bound,
+            add(what, f"max {worst[f'{key}_ratio']:.3f} ({worst['process']}; {len(judged)} judged, "
+                f"{len(all_rows) - len(judged)} ended before: below)", bound,
                 all(r[f"{key}_held"] for r in judged) if counted else None)
         first = [lat for t, lat, _ in self.latencies if t < self.s.p99_window]
         last = [lat for t, lat, _ in self.latencies if t >= self.s.duration - self.s.p99_window]
@@ -1845,16 +1917,22 @@ class Soak:
                 print("  slow or failed reload: " + json.dumps(r, default=str))
         for tb in extra["tracebacks"][:2]:
             print("\ntraceback: " + tb)
-        print("\nprocesses (KiB, descriptors; medians after warm-up -> at the end):")
+        print(f"\nprocesses (KiB, descriptors; medians of {self.s.window:.0f} s after warm-up -> at the end; a worker is "
+              f"warm once its memos first hold {MEMO_WARM:.0%} of the most they held, and judged when it lives "
+              f"two windows past that):")
         for r in extra["processes"]:
             if r["judged"]:
-                print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  RSS {r['rss_base']:>8.0f} -> "
+                print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  warm {r['warm_s']:>4.0f} s  "
+                      f"RSS {r['rss_base']:>8.0f} -> "
                       f"{r['rss_end']:>8.0f} ({r['rss_ratio']:.3f})  anon {r['anon_base']:>7.0f} -> "
                       f"{r['anon_end']:>7.0f} ({r['anon_ratio']:.3f})  store map {r['store_base']:>6.0f} -> "
                       f"{r['store_end']:>6.0f}  fds {r['fds_base']:.0f} -> {r['fds_end']:.0f}"
                       + ("" if r["fds_held"] else f" (last: {r['fd_kinds_last']})"))
             else:
-                print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  (too short to judge)")
+                memo = (f"; its memos {r['memo_first_mb']:.1f} -> {r['memo_last_mb']:.1f} MB"
+                        if "memo_first_mb" in r else "")
+                print(f"  {r['process']:<22} lived {r['lived_s']:>7.0f} s  (not judged: warm after "
+                      f"{r['warm_s']:.0f} s{memo})")
         held = all(r[3] is not False for r in rows)
         if json_path:
             minutes: dict[int, list[float]] = {}
@@ -1872,6 +1950,7 @@ class Soak:
                     for m, v in sorted(minutes.items())
                 },
                 "samples": {name: [list(s) for s in v] for name, v in self.samples.items()},
+                "memo_samples": {name: [list(s) for s in v] for name, v in self.memo_samples.items()},
                 "machine_load": [list(x) for x in self.load],
                 "machine_load_columns": ["t", "cpu_busy_cores", "soak_cores", "cpu_pressure_some"],
                 "slowest": [list(x) for x in sorted(self.slowest, reverse=True)[:50]],
@@ -1914,7 +1993,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     p.add_argument("--replacement-warmup", type=float, default=d.replacement_warmup,
                    help="the same for a worker that replaced a killed one (30)")
     p.add_argument("--window", type=float, default=d.window,
-                   help="seconds of samples whose median is a level (30)")
+                   help="seconds of samples whose median is a memory level (300)")
     p.add_argument("--p99-window", type=float, default=d.p99_window,
                    help="the first and last seconds whose p99 are compared (300)")
     p.add_argument("--sample-every", type=float, default=d.sample_every, help="seconds between samples (5)")
@@ -1929,7 +2008,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
                         "at most (1.10)")
     p.add_argument("--judge-memory", default=",".join(d.judge_memory),
                    help="the memory rows that count in the verdict, of rss (whole RSS), own (RSS less the cache "
-                        "store's map), anon, fds (default: all); the others are shown, not judged")
+                        "store's map), anon, fds (default: own,anon,fds); the others are shown, not judged")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", help="write the table and the samples to this file")
     p.add_argument("--serve-origin", type=int, help=argparse.SUPPRESS)

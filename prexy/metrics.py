@@ -98,6 +98,8 @@ HELP = {
     "prexy_process_cpu_seconds_total": "CPU time of each Prexy process (user and system).",
     "prexy_process_resident_memory_bytes": "Resident memory of each Prexy process.",
     "prexy_process_open_fds": "Open file descriptors of each Prexy process.",
+    "prexy_process_memo_bytes": "Bytes each serving process's memos hold (at most [cache] memo_size): a process is"
+    " past its warm-up once these stop growing.",
 }
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -198,15 +200,24 @@ def render(
     observed: Aggregate | None = None,
     top_sites: int = 20,
     processes: Sequence[tuple[str, int | None]] = (),
+    memo: Mapping[str, float] | None = None,
 ) -> bytes:
     """Prometheus text exposition of the sum of ``metrics``, the gauges
     ``extra``, the per-site and per-rule counters of ``observed`` (the
     ``top_sites`` most requested sites by name, the rest as ``other``), and
     the resource use of ``processes`` ((role, pid): the master's, the
-    workers'), through ``prometheus_client``'s exposition."""
+    workers'), with the bytes each one's memos hold (``memo``, by role:
+    see :func:`memo_held`), through ``prometheus_client``'s exposition."""
     from prometheus_client.exposition import generate_latest
 
-    return generate_latest(_Collected(_families(metrics, extra, observed, top_sites, processes)))
+    return generate_latest(_Collected(_families(metrics, extra, observed, top_sites, processes, memo or {})))
+
+
+def memo_held(snapshot: Mapping[str, object]) -> float:
+    """The bytes a process's memos hold, from its snapshot: its
+    ``prexy_memo_bytes`` levels summed."""
+    levels: Any = snapshot.get("levels", ())
+    return float(sum(value for name, _labels, value in levels if name == "prexy_memo_bytes"))
 
 
 class _Collected:
@@ -226,7 +237,7 @@ def _counter_name(name: str) -> str:
 
 def _families(
     metrics: Iterable[Metrics], extra: Mapping[str, float] | None, observed: Aggregate | None, top_sites: int,
-    processes: Sequence[tuple[str, int | None]],
+    processes: Sequence[tuple[str, int | None]], memo: Mapping[str, float],
 ) -> list[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -266,7 +277,7 @@ def _families(
     if observed is not None:
         families.extend(_observed_families(observed, top_sites))
     if processes:
-        families.extend(_process_families(processes))
+        families.extend(_process_families(processes, memo))
     return families
 
 
@@ -360,9 +371,10 @@ def _observed_families(observed: Aggregate, top_sites: int) -> list[Any]:
     return families
 
 
-def _process_families(processes: Sequence[tuple[str, int | None]]) -> list[Any]:
-    """CPU, memory, descriptors and start time of each process, from
-    ``/proc`` (nothing where there is none)."""
+def _process_families(processes: Sequence[tuple[str, int | None]], memo: Mapping[str, float]) -> list[Any]:
+    """CPU, memory and descriptors of each process, from ``/proc``
+    (nothing where there is none), and the bytes its memos hold (where
+    ``memo`` has its role)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     cpu = CounterMetricFamily("prexy_process_cpu_seconds", HELP["prexy_process_cpu_seconds_total"], labels=["process"])
@@ -379,7 +391,11 @@ def _process_families(processes: Sequence[tuple[str, int | None]]) -> list[Any]:
         cpu.add_metric([role], used[0])
         rss.add_metric([role], used[1])
         fds.add_metric([role], used[2])
-    return [cpu, rss, fds]
+    held = GaugeMetricFamily("prexy_process_memo_bytes", HELP["prexy_process_memo_bytes"], labels=["process"])
+    for role, _pid in processes:
+        if role in memo:
+            held.add_metric([role], memo[role])
+    return [cpu, rss, fds, held]
 
 
 def process_usage(pid: int) -> tuple[float, int, int] | None:

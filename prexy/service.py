@@ -661,7 +661,7 @@ class ProxyService(service.MultiService):
 
     def collect_metrics(self) -> bytes:
         """``/metrics`` of a process alone."""
-        from prexy.metrics import cache_gauges, render
+        from prexy.metrics import cache_gauges, memo_held, render
 
         self.report_levels()
         extra: dict[str, float] = {}
@@ -670,7 +670,7 @@ class ProxyService(service.MultiService):
         extra.update(cache_gauges(self.cache_store()))
         text = render(
             [self.metrics], extra, observed=self.observed(), top_sites=self.config.observe.top_sites,
-            processes=[("self", os.getpid())],
+            processes=[("self", os.getpid())], memo={"self": memo_held(self.metrics.snapshot())},
         )
         if self.acme is not None:
             text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")

@@ -63,7 +63,7 @@ from prexy.control import JsonLines, encode
 from prexy.files import Snapshot
 from prexy.handoff import Handoff
 from prexy.listen import ListenSpec, bind
-from prexy.metrics import Metrics, cache_gauges, render
+from prexy.metrics import Metrics, cache_gauges, memo_held, render
 from prexy.observe.stats import Aggregate
 from prexy.observe.tap import LogFilter
 from prexy.observing import OperatorView
@@ -727,8 +727,10 @@ class MasterService(service.MultiService):
             extra.update(self.cluster.gauges())
         extra.update(cache_gauges(self.cache_store()))
         processes = [("master", os.getpid())] + [(f"worker-{w.slot}", w.pid) for w in self.workers]
+        memo = {f"worker-{w.slot}": memo_held(w.metrics) for w in self.workers if w.metrics}
         text = render(
             parts, extra, observed=self.view.aggregate, top_sites=self.config.observe.top_sites, processes=processes,
+            memo=memo,
         )
         if self.acme is not None:
             text += ("\n".join(self.acme.metric_lines()) + "\n").encode("utf-8")

@@ -8,6 +8,7 @@ would report wrong bytes that Prexy never sent, or miss the ones it did."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -90,3 +91,59 @@ class PercentileTests(SynchronousTestCase):
         self.assertEqual(soak.percentile(values, 99), 99.0)
         self.assertEqual(soak.percentile(values, 50), 50.0)
         self.assertEqual(soak.percentile([], 99), 0.0)
+
+
+class MemoryJudgingTests(SynchronousTestCase):
+    """A process's memory is judged from its warm-up on: for a worker,
+    once its memos stopped filling, since until then they grow by design."""
+
+    def soak(self) -> soak.Soak:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        return soak.Soak(soak.Settings(dir=str(directory), warmup=60, replacement_warmup=30, window=30))
+
+    def add(self, run: soak.Soak, name: str, first: float, last: float, anon: Callable[[float], float],
+            memo: Callable[[float], float] | None) -> None:
+        run.proc_info[name] = {"node": "a", "role": "worker", "pid": 1, "first": first, "last": last,
+                               "initial": first == 0}
+        ts = [first + 5 * k for k in range(int((last - first) / 5) + 1)]
+        run.samples[name] = [(t, int(anon(t) + 100), int(anon(t)), 0, 20, int(anon(t) + 100)) for t in ts]
+        if memo is not None:
+            run.memo_samples[name] = [(t, memo(t)) for t in ts]
+
+    def test_warm_when_memos_stop_filling(self) -> None:
+        run = self.soak()
+        # Memos fill for 200 s, then hold: the worker is warm at 180 s
+        # (90% of the most they held), not at its 30-s warm-up.
+        self.add(run, "a worker 2", 100, 700, lambda t: 1000, lambda t: min(t - 100, 200) * 1000.0)
+        self.assertEqual(run.warm_from("a worker 2", run.proc_info["a worker 2"]), 280)
+
+    def test_growth_while_filling_is_not_judged_growth_after_is(self) -> None:
+        run = self.soak()
+        # Grows with its memos until 200 s, flat after: held.
+        self.add(run, "a worker 2", 0, 600, lambda t: 40_000 + 200 * min(t, 200),
+                 lambda t: 200.0 * min(t, 200) * 1024)
+        # Same, but still growing by 20% after its memos are full: a leak.
+        self.add(run, "a worker 3", 0, 600, lambda t: 40_000 + 200 * min(t, 200) + max(0, t - 200) * 40,
+                 lambda t: 200.0 * min(t, 200) * 1024)
+        # Killed while its memos fill: not judged.
+        self.add(run, "a worker 4", 300, 480, lambda t: 40_000 + 200 * (t - 300),
+                 lambda t: 200.0 * (t - 300) * 1024)
+        rows = {r["process"]: r for r in run.memory_rows()[0]}
+        self.assertTrue(rows["a worker 2"]["judged"])
+        self.assertTrue(rows["a worker 2"]["anon_held"])
+        self.assertFalse(rows["a worker 3"]["anon_held"])
+        self.assertFalse(rows["a worker 4"]["judged"])
+        self.assertGreater(rows["a worker 4"]["warm_s"], 150)
+
+    def test_without_memo_samples_the_fixed_warm_up(self) -> None:
+        run = self.soak()
+        self.add(run, "a master 1", 0, 600, lambda t: 40_000, None)
+        self.assertEqual(run.warm_from("a master 1", run.proc_info["a master 1"]), 60)
+
+    def test_process_memo_from_metrics(self) -> None:
+        text = ('# HELP prexy_process_memo_bytes x\n# TYPE prexy_process_memo_bytes gauge\n'
+                'prexy_process_memo_bytes{process="worker-0"} 1.5e+07\n'
+                'prexy_process_memo_bytes{process="worker-1"} 2048.0\n'
+                'prexy_memo_bytes{memo="objects"} 9.0\n')
+        self.assertEqual(soak.process_memo(text), {"worker-0": 1.5e7, "worker-1": 2048.0})

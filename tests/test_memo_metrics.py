@@ -121,6 +121,7 @@ class ServiceMemoTests(SynchronousTestCase):
         self.assertEqual(got[("prexy_memo_max_bytes", ())], 2 * 1024 * 1024)
         self.assertEqual(got[("prexy_applicability_bytes", ())], 0)
         self.assertEqual(got[("prexy_applicability_max_bytes", ())], 1024 * 1024)
+        self.assertEqual(got[("prexy_process_memo_bytes", (("process", "self"),))], memos.used)
         documented = helps(text)
         for name in ("prexy_memo_bytes", "prexy_memo_max_bytes", "prexy_applicability_bytes"):
             self.assertNotEqual(documented[name], name)
@@ -161,6 +162,14 @@ class MasterSumTests(SynchronousTestCase):
         self.assertEqual(got[("prexy_memo_bytes", (("memo", "answers"),))], 30)
         self.assertEqual(got[("prexy_applicability_bytes", ())], 3000)
         self.assertEqual(got[("prexy_open_connections", ())], 6)
+
+    def test_each_workers_memos_by_process(self) -> None:
+        """Beside the sums, each worker's own memo bytes (its warm-up ends
+        when they stop growing), labelled as its other process levels."""
+        got = samples(self.master.collect_metrics())
+        self.assertEqual(got[("prexy_process_memo_bytes", (("process", "worker-0"),))], 110)
+        self.assertEqual(got[("prexy_process_memo_bytes", (("process", "worker-1"),))], 220)
+        self.assertNotIn(("prexy_process_memo_bytes", (("process", "master"),)), got)
 
     def test_an_ended_worker_keeps_its_counts_not_its_levels(self) -> None:
         """A worker that ended (killed) no longer holds memory nor
