@@ -32,10 +32,13 @@ started during a reload may carry either generation), binary bodies byte for
 byte, a range as the slice of its object, a POST's digest, a tunnel's echo.
 
 The invariants are printed as a table at the end (value, bound, held), and
-the exit status is 0 only if every one held.  ``--json FILE`` writes the
-table and the samples (RSS, anonymous memory and descriptors per process
-over time, latencies per minute, reload and kill timings, every failure) for
-later analysis.  One progress line a minute goes to stderr.
+the exit status is 0 only if every one held.  Memory is judged per process
+from the end of its warm-up (for a worker: once its memos, which fill by
+design, first hold 90% of the most they held) to the end of its life, as
+medians of ``--window`` seconds.  ``--json FILE`` writes the table and the
+samples (RSS, anonymous memory and descriptors per process over time, each
+worker's memo bytes, latencies per minute, reload and kill timings, every
+failure) for later analysis.  One progress line a minute goes to stderr.
 
     python bench/soak.py                          # 30 minutes
     python bench/soak.py --duration 120 --reload-every 20 --kill-every 30 \\
