@@ -154,8 +154,11 @@ class Options(usage.Options):
             except ConfigError as exc:
                 raise ConfigRefused(exc, "reload not requested") from None
             raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
+        # Loaded by twistd's command line (a sub-command's options have a
+        # parent): the process's start, whose objects are frozen as it ends.
+        start = getattr(self, "parent", None) is not None and self.previous is None
         try:
-            with collector.paused():
+            with collector.paused(settle=start):
                 config = self._config()
                 runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
                 #: The ssl: listeners' key and certificate files (PEM bytes by path).
