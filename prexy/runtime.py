@@ -19,7 +19,7 @@ traffic, not the sites configured.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -289,17 +289,23 @@ class RuleSets:
     ``validated``: the files' bytes were parsed and checked already (a
     worker's master did), so each pattern is parsed when its set's scanner
     is built (``prexy.substitution.dialect.DeferredRegex``), not at load.
+    ``prechecked``: the files (by path) that :func:`precheck_rules` checked
+    in another process, with the digest of the bytes it read and their rule
+    set as a validated file's: a file read here with the same bytes is
+    taken as checked, that rule set and all; any other is parsed and
+    checked here.
     """
 
     def __init__(
         self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK,
-        validated: bool = False,
+        validated: bool = False, prechecked: Mapping[str, tuple[bytes, RuleSet]] | None = None,
     ) -> None:
         #: Where rules files are read (:mod:`prexy.files`).
         self.files = files
         self.lazy = lazy
         self.check = check
         self.validated = validated and not check
+        self.prechecked = prechecked if prechecked is not None and check else {}
         self._files: dict[tuple[str, bytes], RuleSet] = {}
         self._sets: dict[tuple[str, tuple[bytes, ...]], RuleSet] = {}
         self._old_files = previous._files if previous is not None else {}
@@ -326,13 +332,20 @@ class RuleSets:
             except OSError as exc:
                 raise ConfigError(path, None, None, f"cannot read rules: {exc.strerror}") from None
             key = (engine, hashlib.sha256(data).digest())
+            pre = self.prechecked.get(path)
+            prechecked = pre is not None and pre[0] == key[1]
             ruleset = self._files.get(key) or self._old_files.get(key)
             if ruleset is None:
-                try:
-                    ruleset = parse_rules(data, path, lazy=True, checked=self.validated)
-                except RulesError as exc:
-                    raise _rules_error(exc) from None
+                if pre is not None and prechecked:
+                    ruleset = pre[1]
+                else:
+                    try:
+                        ruleset = parse_rules(data, path, lazy=True, checked=self.validated)
+                    except RulesError as exc:
+                        raise _rules_error(exc) from None
                 self.parsed += 1
+            if prechecked:
+                self._checked.add(key)
             if self.check and key not in self._checked:
                 try:
                     ruleset.check_compiles()
@@ -377,6 +390,38 @@ class RuleSets:
         self._checked &= set(self._files)
 
 
+def precheck_rules(path: str) -> tuple[bytes, RuleSet]:
+    """The SHA-256 digest of the rules file at ``path`` (read from the
+    disk) once it parsed and every pattern compiled on its engine, as a
+    checking :class:`RuleSets` would, and its rule set as a validated
+    file's (each pattern parsed again when its scanner is built: the
+    parsed trees are what would cost to pass on); raises when it does not
+    load.  A master's start has forked processes do this (``prexy.forked``)
+    while it reads the site files: its own ``RuleSets`` takes the rule
+    sets of the files whose bytes it reads are those checked
+    (``prechecked``)."""
+    import dataclasses
+
+    from prexy.substitution import parse_rules
+    from prexy.substitution.dialect import DeferredRegex
+
+    with open(path, "rb") as f:
+        data = f.read()
+    ruleset = parse_rules(data, path, lazy=True)
+    ruleset.check_compiles()
+    # (What ``parse_rules(..., checked=True)`` gives, without parsing again.)
+    rules = tuple(dataclasses.replace(r, parsed=DeferredRegex(r.pattern, r.caseless)) for r in ruleset.rules)
+    return hashlib.sha256(data).digest(), dataclasses.replace(ruleset, rules=rules)
+
+
+def rules_checker() -> Callable[[str], tuple[bytes, RuleSet]]:
+    """:func:`precheck_rules`, its modules imported (before a pool forks:
+    once, not in each child)."""
+    import prexy.substitution.rules  # noqa: F401
+
+    return precheck_rules
+
+
 def _load_map(path: str, files: IFiles = DISK) -> UrlMap:
     from prexy.urlmap import MapError, load_map
 
@@ -403,6 +448,7 @@ def build_runtime(
     check: bool = False,
     files: IFiles = DISK,
     validated: bool = False,
+    prechecked: Mapping[str, tuple[bytes, RuleSet]] | None = None,
 ) -> Runtime:
     """Load every site's rules and maps; raise ConfigError on any failure.
 
@@ -415,13 +461,14 @@ def build_runtime(
     is read through ``files`` (:mod:`prexy.files`: the disk, or a master's
     snapshot).  An injected ``load_rules`` (tests) replaces the store.
     ``validated``: the master validated these bytes (a worker's build), so
-    patterns are parsed when first compiled (``RuleSets``).
+    patterns are parsed when first compiled (``RuleSets``); ``prechecked``:
+    the rules files checked elsewhere already (``RuleSets``).
     """
     store: RuleSets | None = None
     if load_rules is None:
         store = RuleSets(
             lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files,
-            validated=validated,
+            validated=validated, prechecked=prechecked,
         )
         load_rules = store.load
     if load_map is None:
