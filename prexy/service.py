@@ -165,9 +165,9 @@ class Options(usage.Options):
         try:
             with collector.paused(settle=start):
                 config = self._config(rules_named=pool.submit if pool is not None else None)
-                prechecked = pool.results() if pool is not None else None
+                checked = pool.results() if pool is not None else None
                 runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files,
-                                        prechecked=prechecked)
+                                        given=checked)
                 #: The ssl: listeners' key and certificate files (PEM bytes by path).
                 self.tls = tls_files(config.listen_endpoints(), self.files)
         except ConfigError as exc:
@@ -290,7 +290,8 @@ class ConfigLoader:
         from prexy.workers import Validated
 
         own = (config.source,) if config.source else ()
-        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls)
+        rulesets = self.runtime.rulesets if self.runtime is not None and self.runtime.config is config else None
+        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls, rulesets)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any, memos: Any = None) -> Any:

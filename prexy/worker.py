@@ -161,10 +161,11 @@ def read_until_serve(
 
 def build(handed: Handoff) -> tuple[Runtime, dict[str, bytes]]:
     """The runtime and the ``ssl:`` listeners' key and certificate bytes of
-    a configuration the master validated (its rule sets read, each
-    pattern parsed when its set is first compiled: ``RuleSets``)."""
+    a configuration the master validated (its rule sets those the master
+    handed over, or read, each pattern parsed when its set is first
+    compiled: ``RuleSets``)."""
     config = handed.config
-    runtime = build_runtime(config, files=handed.files, validated=True)
+    runtime = build_runtime(config, files=handed.files, validated=True, given=handed.rulesets)
     return runtime, tls_files(config.listen_endpoints(), handed.files)
 
 

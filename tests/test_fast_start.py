@@ -86,8 +86,8 @@ def _site_files(tmp: str, sites: int, distinct: int, broken: dict[int, str] | No
 def _load(main: str, pool: Pool[Any] | None) -> tuple[Config, Runtime, Recorder]:
     files = Recorder()
     config = load_config(main, files=files, now=None, rules_named=pool.submit if pool is not None else None)
-    prechecked = pool.results() if pool is not None else None
-    return config, build_runtime(config, check=True, files=files, prechecked=prechecked), files
+    checked = pool.results() if pool is not None else None
+    return config, build_runtime(config, check=True, files=files, given=checked), files
 
 
 def _pool() -> Pool[Any]:
@@ -173,15 +173,15 @@ class PrecheckedLoadTests(SynchronousTestCase):
         file that changed since is parsed and checked here."""
         path = _write(self.tmp, "a.rules", "replace_filter 'a' 'b' g;\n")
         digest, checked = precheck_rules(path)
-        store = RuleSets(check=True, prechecked={path: (digest, checked)})
+        store = RuleSets(check=True, given={path: (digest, checked)})
         assert store.load((path,)) is checked
+        assert RuleSets(validated=True, given={path: (digest, checked)}).load((path,)) is checked
         _write(self.tmp, "a.rules", "replace_filter 'refused' 'b' g;\n")
-        store = RuleSets(check=True, prechecked={path: (digest, checked)})
+        store = RuleSets(check=True, given={path: (digest, checked)})
         with self.assertRaises(ConfigError) as caught:
             store.load((path,))
         assert (caught.exception.path, caught.exception.line) == (path, 1)
-        # (Not checking, the hint is not even looked at.)
-        assert RuleSets(prechecked={path: (digest, checked)}).load((path,)) is not checked
+        assert RuleSets(validated=True, given={path: (digest, checked)}).load((path,)) is not checked
 
     def test_rules_named_as_soon_as_parsed(self) -> None:
         """``load_config`` tells the rules files of each included file as
@@ -238,3 +238,36 @@ class OptionsPoolTests(SynchronousTestCase):
         options.parseOptions(["--config", main])
         assert len(_Recording.made) == 1 and not _Recording.made[0].forked
         assert _Recording.made[0].own == 0
+
+
+class MasterHandsRuleSetsTests(SynchronousTestCase):
+    """The master hands a worker it starts the rule sets it parsed, and a
+    worker that reloads in place none (it keeps its own)."""
+
+    def test_new_workers_only(self) -> None:
+        from prexy.handoff import decode
+        from prexy.service import ConfigLoader
+        from prexy.workers import MasterService
+        from tests.test_reload import MasterReloadTests, _SpawningReactor
+
+        tmp = self.mktemp()
+        main = _site_files(tmp, 4, 2)
+        loader = ConfigLoader()
+        argv = ["--config", main]
+        reactor = _SpawningReactor()
+        master = MasterService(reactor, loader(argv), argv, 1, loader)
+        master.generation = 1
+        worker = master._spawn(1, 0)
+        message, payload = worker.transport.commands()[0]  # type: ignore[union-attr]
+        handed = decode(payload)
+        rules = os.path.join(os.path.dirname(os.path.abspath(main)), "rules")
+        assert sorted(handed.rulesets) == [os.path.join(rules, n) for n in ("set-0.rules", "set-1.rules",
+                                                                               "shared.rules")]
+        MasterReloadTests.say(worker, {"loaded": True})
+        worker.ready = True
+        _write(tmp, "sites.d/s000.toml", '[sites.s0]\nhosts = ["s0.test"]\nupstream = "http://127.0.0.1:2"\n'
+                                          'rules = ["../rules/shared.rules"]\n')
+        master.reload()
+        commands = worker.transport.commands()  # type: ignore[union-attr]
+        assert "reload" in commands[-1][0]
+        assert decode(commands[-1][1], handed.config).rulesets == {}
