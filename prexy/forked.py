@@ -31,12 +31,14 @@ No Twisted here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pickle
 import signal
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -47,6 +49,11 @@ R = TypeVar("R")
 #: Items a pool holds before it forks: below that, forking (a few
 #: milliseconds per child) would cost about what the children save.
 MIN_ITEMS = 32
+
+#: Bytes a child's pipe of items holds (Linux's most for a process
+#: without privileges, by default): items that do not fit wait in this
+#: process until it writes more, or works on them itself.
+PIPE_SIZE = 1 << 20
 
 _LENGTH = struct.Struct("!I")
 
@@ -71,7 +78,7 @@ class _Child:
         #: The items it was handed, in order (all of their bytes written).
         self.sent: list[str] = []
         #: Items handed but not all written yet: (item, its line's bytes not written).
-        self.unsent: list[tuple[str, bytes]] = []
+        self.unsent: deque[tuple[str, bytes]] = deque()
         #: Answers read (the first ``frames`` of ``sent``: it answers in order).
         self.frames = 0
         self.read = 0
@@ -94,7 +101,7 @@ class _Child:
             if written < len(data):
                 self.unsent[0] = (item, data[written:])
                 return
-            self.unsent.pop(0)
+            self.unsent.popleft()
             self.sent.append(item)
 
     def answers_now(self) -> Iterator[tuple[str, bool, Any]]:
@@ -180,7 +187,7 @@ class Pool(Generic[R]):
             left: list[str] = []  # (no child has them: this process's)
             for child in self.children:
                 left += [item for item, _ in child.unsent]
-                child.unsent = []
+                child.unsent.clear()
             for item in left:
                 self._own(item, found)
             while True:
@@ -258,6 +265,10 @@ class Pool(Generic[R]):
                     os._exit(code)
             os.close(tasks_r)
             os.set_blocking(tasks_w, False)
+            try:  # (room for thousands of names: what does not fit waits here)
+                fcntl.fcntl(tasks_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except (AttributeError, OSError):
+                pass
             self.children.append(_Child(pid, tasks_w, answers))
 
 

@@ -135,3 +135,14 @@ class PoolTests(SynchronousTestCase):
             pool.submit(str(n))
         found = pool.results()
         assert set(found) == {str(n) for n in range(1, 50)}
+
+    def test_more_items_than_a_pipe_holds(self) -> None:
+        """Items beyond what a child's pipe holds wait here (``submit``
+        never blocks) and are done by this process if no child took them."""
+        pool = self.pool(children=1)
+        items = [str(n).rjust(200, "0") for n in range(12000)]  # (2.4 MB of names)
+        for item in items:
+            pool.submit(item)
+        assert pool.children[0].unsent  # (the pipe is full)
+        found = pool.results()
+        assert set(found) == set(items)
