@@ -271,3 +271,28 @@ class MasterHandsRuleSetsTests(SynchronousTestCase):
         commands = worker.transport.commands()  # type: ignore[union-attr]
         assert "reload" in commands[-1][0]
         assert decode(commands[-1][1], handed.config).rulesets == {}
+
+
+class WorkerCollectorTests(SynchronousTestCase):
+    """``python -m prexy.worker`` runs its imports with the collector off
+    (the start's objects are frozen once it is over, then it is on again);
+    importing the module anywhere else leaves it alone."""
+
+    def test_off_from_the_start(self) -> None:
+        import json
+        import subprocess
+        import sys
+
+        # (A master pid that is not its parent: the worker exits at once,
+        # before its start is over.)
+        spec = json.dumps({"master_pid": -1})
+        code = ("import gc, runpy, sys\n"
+                f"sys.argv = ['prexy.worker', {spec!r}]\n"
+                "try:\n    runpy.run_module('prexy.worker', run_name='__main__')\n"
+                "except SystemExit:\n    print('enabled' if gc.isenabled() else 'disabled')\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert done.stdout.strip() == "disabled", done.stderr
+        import prexy.worker  # noqa: F401
+
+        assert gc.isenabled()
