@@ -467,18 +467,41 @@ def _site_file(path: str, text: str) -> tuple[dict[str, Any], _Source]:
     return table, source
 
 
+def _rel(base: str, value: str) -> str:
+    """A file name a configuration gives, relative to its file's directory ``base``."""
+    return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
+
+
+def _named_rules(
+    table: dict[str, Any], base: str, rules_named: Callable[[str], None], told: set[tuple[str, str]],
+) -> None:
+    """Tell ``rules_named`` the rules files an included file's sites name,
+    as soon as it is parsed (long before its sites are checked: a hint,
+    which a site's check may yet refuse); ``told``: the names (and their
+    directories) told already."""
+    for site in table.values():
+        names = site.get("rules") if isinstance(site, dict) else None
+        for name in [names] if isinstance(names, str) else names if isinstance(names, list) else ():
+            if isinstance(name, str) and (base, name) not in told:
+                told.add((base, name))
+                rules_named(_rel(base, name))
+
+
 def _include(
     patterns: Sequence[str], sites: Any, main: _Source, files: dict[str, _Source],
     err: Callable[[str, str], NoReturn], memo: ConfigMemo | None = None, reader: IFiles = DISK,
+    rules_named: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The main file's ``[sites]`` with those of the files ``include`` names
     (glob patterns relative to the main file, each file in name order; a
     pattern matching no file is refused, so a moved folder never drops its
-    sites silently).  ``files`` gets each included site's own file."""
+    sites silently).  ``files`` gets each included site's own file;
+    ``rules_named`` the rules files each parsed file's sites name."""
     if sites is not None and not isinstance(sites, dict):
         err("sites", "must be a table")
     merged: dict[str, Any] = dict(sites or {})
     seen: set[str] = set()
+    told: set[tuple[str, str]] = set()
     for pattern in patterns:
         full = pattern if os.path.isabs(pattern) else os.path.join(main.base, pattern)
         found = reader.glob(full)
@@ -498,6 +521,8 @@ def _include(
                     _, table, source = known  # touched, same text
                 else:
                     table, source = _site_file(path, text)
+                    if rules_named is not None:
+                        _named_rules(table, source.base, rules_named, told)
                 if memo is not None:
                     memo.files[path] = (status, table, source)
             for name, site in table.items():
@@ -513,7 +538,8 @@ def _include(
 
 
 def load_config(
-    path: str, memo: ConfigMemo | None = None, files: IFiles = DISK, now: float | None = None
+    path: str, memo: ConfigMemo | None = None, files: IFiles = DISK, now: float | None = None,
+    rules_named: Callable[[str], None] | None = None,
 ) -> Config:
     """Read and validate a TOML config file (and the site files it includes;
     with a ``memo``, those unchanged since the memo's last load are not
@@ -521,21 +547,26 @@ def load_config(
     (:mod:`prexy.files`: the disk, or a master's snapshot) by its absolute
     path, the name the configuration's ``source`` keeps: a worker reloading
     from its master's snapshot looks the file up by that name.  With
-    ``now`` (seconds since the epoch), certificates must be valid then."""
+    ``now`` (seconds since the epoch), certificates must be valid then.
+    ``rules_named`` is told each rules file a site read here names, as
+    soon as its file is parsed (a hint: a master's start checks them in
+    forked processes meanwhile, ``prexy.forked``)."""
     path = os.path.abspath(path)
-    return parse_config(_read_text(path, files), path, memo, files, now)
+    return parse_config(_read_text(path, files), path, memo, files, now, rules_named)
 
 
 def parse_config(
     text: str, path: str = "<config>", memo: ConfigMemo | None = None, files: IFiles = DISK,
-    now: float | None = None,
+    now: float | None = None, rules_named: Callable[[str], None] | None = None,
 ) -> Config:
     """Validate a TOML config text; relative file names resolve against
     ``path``'s directory; the files it names are looked for in ``files``.
     Certificates (a site's and the server's) are read and checked to load
     and match their key; with ``now``, also to be valid at that time (what
     the master and ``--check`` do; a worker loads what they validated)."""
-    return _Load(text, path, memo, files, now).config(_toml(text, path))
+    load = _Load(text, path, memo, files, now)
+    load.rules_named = rules_named
+    return load.config(_toml(text, path))
 
 
 # -- the keys of each table ------------------------------------------------------
@@ -784,6 +815,8 @@ def _rules(value: Any, ctx: _Load, key: str) -> tuple[str, ...]:
     for r in paths:
         if not ctx.is_file(r):
             raise Invalid(f"no such file: {r}")
+        if ctx.rules_named is not None:
+            ctx.rules_named(r)
     return paths
 
 
@@ -896,12 +929,14 @@ class _Load:
         self.server_pages = NO_PAGES
         self.site_files: dict[str, _Source] = {}
         self.seen_hosts: dict[str, str] = {}
+        #: Told each rules file a site names (``load_config``).
+        self.rules_named: Callable[[str], None] | None = None
 
     def err(self, key: str, reason: str) -> NoReturn:
         raise ConfigError(self.here.path, self.here.locator.line_of(key), key, reason)
 
     def rel(self, value: str) -> str:
-        return value if os.path.isabs(value) else os.path.normpath(os.path.join(self.here.base, value))
+        return _rel(self.here.base, value)
 
     def is_file(self, path: str) -> bool:
         """Whether ``path`` is a file: asked once per load, however many sites name it."""
@@ -935,7 +970,8 @@ class _Load:
         sites_table = data.get("sites")
         if "include" in data:
             patterns = TOP.convert("include", data["include"], self, "")
-            sites_table = _include(patterns, sites_table, self.main, self.site_files, self.err, self.memo, self.files)
+            sites_table = _include(patterns, sites_table, self.main, self.site_files, self.err, self.memo, self.files,
+                                   self.rules_named)
             kwargs["included"] = tuple(sorted({f.path for f in self.site_files.values()}))
         if not isinstance(sites_table, dict) or not sites_table:
             self.err("sites", "at least one [sites.NAME] table with an upstream is required")

@@ -19,7 +19,7 @@ traffic, not the sites configured.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -289,17 +289,24 @@ class RuleSets:
     ``validated``: the files' bytes were parsed and checked already (a
     worker's master did), so each pattern is parsed when its set's scanner
     is built (``prexy.substitution.dialect.DeferredRegex``), not at load.
+    ``given``: rule sets loaded elsewhere, by the path of their file, with
+    the digest of the bytes they were loaded from: a master's forked
+    children checked them (:func:`precheck_rules`), or a worker's master
+    hands them over (:meth:`portable`).  A file read here with those very
+    bytes takes its given rule set (checked, with ``check``); any other is
+    parsed (and checked) here.
     """
 
     def __init__(
         self, *, lazy: bool = True, check: bool = False, previous: RuleSets | None = None, files: IFiles = DISK,
-        validated: bool = False,
+        validated: bool = False, given: Mapping[str, tuple[bytes, RuleSet]] | None = None,
     ) -> None:
         #: Where rules files are read (:mod:`prexy.files`).
         self.files = files
         self.lazy = lazy
         self.check = check
         self.validated = validated and not check
+        self.given = given if given is not None else {}
         self._files: dict[tuple[str, bytes], RuleSet] = {}
         self._sets: dict[tuple[str, tuple[bytes, ...]], RuleSet] = {}
         self._old_files = previous._files if previous is not None else {}
@@ -326,13 +333,21 @@ class RuleSets:
             except OSError as exc:
                 raise ConfigError(path, None, None, f"cannot read rules: {exc.strerror}") from None
             key = (engine, hashlib.sha256(data).digest())
+            given = self.given.get(path)
+            if given is not None and given[0] != key[1]:
+                given = None  # (other bytes than those it was loaded from)
             ruleset = self._files.get(key) or self._old_files.get(key)
             if ruleset is None:
-                try:
-                    ruleset = parse_rules(data, path, lazy=True, checked=self.validated)
-                except RulesError as exc:
-                    raise _rules_error(exc) from None
+                if given is not None:
+                    ruleset = given[1]
+                else:
+                    try:
+                        ruleset = parse_rules(data, path, lazy=True, checked=self.validated)
+                    except RulesError as exc:
+                        raise _rules_error(exc) from None
                 self.parsed += 1
+            if given is not None:
+                self._checked.add(key)
             if self.check and key not in self._checked:
                 try:
                     ruleset.check_compiles()
@@ -364,6 +379,19 @@ class RuleSets:
             compile_ruleset(combined)
         return combined
 
+    def portable(self) -> dict[str, tuple[bytes, RuleSet]]:
+        """The rule sets of the rules files in use, as ``given`` takes them
+        (by the path each was parsed from, with the digest of its bytes), as
+        validated files' (each pattern parsed again when its scanner is
+        built: parsed trees and compiled scanners are what would cost to
+        pass on): what a master hands a new worker with its configuration,
+        so the worker parses no rules file the master parsed."""
+        out: dict[str, tuple[bytes, RuleSet]] = {}
+        for (_engine, digest), ruleset in self._files.items():
+            if ruleset.rules:  # (one without rules costs nothing to parse)
+                out[ruleset.rules[0].file] = (digest, _deferred(ruleset))
+        return out
+
     def compiled(self) -> int:
         """How many of the rule sets in use have a compiled scanner."""
         used = {id(s): s for s in (*self._files.values(), *self._sets.values()) if s.rules}
@@ -375,6 +403,48 @@ class RuleSets:
         self._old_files = {}
         self._old_sets = {}
         self._checked &= set(self._files)
+
+
+def precheck_rules(path: str) -> tuple[bytes, RuleSet]:
+    """The SHA-256 digest of the rules file at ``path`` (read from the
+    disk) once it parsed and every pattern compiled on its engine, as a
+    checking :class:`RuleSets` would, and its rule set as a validated
+    file's (each pattern parsed again when its scanner is built: the
+    parsed trees are what would cost to pass on); raises when it does not
+    load.  A master's start has forked processes do this (``prexy.forked``)
+    while it reads the site files: its own ``RuleSets`` takes the rule
+    sets of the files whose bytes it reads are those checked (``given``)."""
+    from prexy.substitution import parse_rules
+
+    with open(path, "rb") as f:
+        data = f.read()
+    ruleset = parse_rules(data, path, lazy=True)
+    ruleset.check_compiles()
+    return hashlib.sha256(data).digest(), _deferred(ruleset)
+
+
+def _deferred(ruleset: RuleSet) -> RuleSet:
+    """``ruleset`` as ``parse_rules(..., checked=True)`` gives it (each
+    pattern a ``DeferredRegex`` not parsed yet, no scanner), without
+    parsing again: itself when it is that already."""
+    import dataclasses
+
+    from prexy.substitution.dialect import DeferredRegex
+
+    if "scanner" not in ruleset.__dict__ and all(
+        type(r.parsed) is DeferredRegex and r.parsed.__dict__["_parsed"] is None for r in ruleset.rules
+    ):
+        return ruleset
+    rules = tuple(dataclasses.replace(r, parsed=DeferredRegex(r.pattern, r.caseless)) for r in ruleset.rules)
+    return dataclasses.replace(ruleset, rules=rules)
+
+
+def rules_checker() -> Callable[[str], tuple[bytes, RuleSet]]:
+    """:func:`precheck_rules`, its modules imported (before a pool forks:
+    once, not in each child)."""
+    import prexy.substitution.rules  # noqa: F401
+
+    return precheck_rules
 
 
 def _load_map(path: str, files: IFiles = DISK) -> UrlMap:
@@ -403,6 +473,7 @@ def build_runtime(
     check: bool = False,
     files: IFiles = DISK,
     validated: bool = False,
+    given: Mapping[str, tuple[bytes, RuleSet]] | None = None,
 ) -> Runtime:
     """Load every site's rules and maps; raise ConfigError on any failure.
 
@@ -415,13 +486,14 @@ def build_runtime(
     is read through ``files`` (:mod:`prexy.files`: the disk, or a master's
     snapshot).  An injected ``load_rules`` (tests) replaces the store.
     ``validated``: the master validated these bytes (a worker's build), so
-    patterns are parsed when first compiled (``RuleSets``).
+    patterns are parsed when first compiled (``RuleSets``); ``given``: rule
+    sets loaded elsewhere already (``RuleSets``).
     """
     store: RuleSets | None = None
     if load_rules is None:
         store = RuleSets(
             lazy=lazy, check=check, previous=previous.rulesets if previous is not None else None, files=files,
-            validated=validated,
+            validated=validated, given=given,
         )
         load_rules = store.load
     if load_map is None:

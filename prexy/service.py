@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
@@ -30,6 +30,7 @@ from prexy.config import (
     single_site_config,
 )
 from prexy.files import DISK, IFiles, Recorder
+from prexy.forked import Pool
 from prexy.listen import (
     ListenError,
     ListeningService,
@@ -41,7 +42,7 @@ from prexy.listen import (
 )
 from prexy.observe.stats import Aggregate, Observer
 from prexy.observing import OperatorView, TapPump
-from prexy.runtime import Runtime, build_runtime
+from prexy.runtime import Runtime, build_runtime, rules_checker
 
 if TYPE_CHECKING:
     from prexy.workers import Validated
@@ -154,14 +155,26 @@ class Options(usage.Options):
             except ConfigError as exc:
                 raise ConfigRefused(exc, "reload not requested") from None
             raise SystemExit(request_reload(config, everywhere=bool(self["cluster"])))
+        # Loaded by twistd's command line (a sub-command's options have a
+        # parent): the process's start, whose objects are frozen as it ends,
+        # and whose rules files (hundreds, with thousands of sites) are
+        # checked by forked processes while the site files load: what they
+        # found is a hint that the serial checks below take or redo.
+        start = getattr(self, "parent", None) is not None and self.previous is None
+        pool = Pool.for_this_machine(rules_checker()) if start and self.check_rules else None
         try:
-            with collector.paused():
-                config = self._config()
-                runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files)
+            with collector.paused(settle=start):
+                config = self._config(rules_named=pool.submit if pool is not None else None)
+                checked = pool.results() if pool is not None else None
+                runtime = build_runtime(config, previous=self.previous, check=self.check_rules, files=self.files,
+                                        given=checked)
                 #: The ssl: listeners' key and certificate files (PEM bytes by path).
                 self.tls = tls_files(config.listen_endpoints(), self.files)
         except ConfigError as exc:
             raise ConfigRefused(exc, "configuration test failed" if self["check"] else "") from None
+        finally:
+            if pool is not None:
+                pool.close()
         if self["check"]:
             source = config.source or "command line"
             files = f" ({len(config.included)} site file(s) included)" if config.included else ""
@@ -183,7 +196,7 @@ class Options(usage.Options):
         self.config = config
         self.runtime = runtime
 
-    def _config(self) -> Config:
+    def _config(self, rules_named: Callable[[str], None] | None = None) -> Config:
         modes = sum(bool(x) for x in (self["demo"], self["config"], self["upstream"]))
         if modes != 1:
             raise usage.UsageError("give exactly one of --demo, --config FILE, or --upstream URL")
@@ -211,7 +224,7 @@ class Options(usage.Options):
             # The master and --check check that certificates are valid
             # now; a worker loads what its master validated.
             now = time.time() if self.check_rules else None
-            config = load_config(self["config"], self.memo, self.files, now)
+            config = load_config(self["config"], self.memo, self.files, now, rules_named)
             if workers is not None:
                 import attrs
 
@@ -277,7 +290,8 @@ class ConfigLoader:
         from prexy.workers import Validated
 
         own = (config.source,) if config.source else ()
-        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls)
+        rulesets = self.runtime.rulesets if self.runtime is not None and self.runtime.config is config else None
+        return Validated(config, self.files.snapshot().without((*own, *config.included)), tls, rulesets)
 
 
 def open_cache(reactor: Any, config: Config, metrics: Any, memos: Any = None) -> Any:

@@ -35,24 +35,31 @@ rule sets stay) and answers ``{"reloaded": N, "ok": ..., "error": ...}``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import sys
 from typing import Any
 
-from twisted.internet.interfaces import IReadDescriptor
-from twisted.python.failure import Failure
-from zope.interface import implementer
+if __name__ == "__main__":
+    # A worker's start (its modules, then its configuration) makes objects
+    # that live as long as it does: the collector stays off until they are
+    # frozen (``worker_main``), rather than traversing them as they come.
+    gc.disable()
 
-from prexy import collector, handoff
-from prexy.config import Config, ConfigError
-from prexy.control import Commands, encode
-from prexy.files import Snapshot
-from prexy.handoff import Handoff
-from prexy.listen import ListenSpec, tls_files
-from prexy.runtime import Runtime, build_runtime
-from prexy.service import ProxyService
+from twisted.internet.interfaces import IReadDescriptor  # noqa: E402
+from twisted.python.failure import Failure  # noqa: E402
+from zope.interface import implementer  # noqa: E402
+
+from prexy import collector, handoff  # noqa: E402
+from prexy.config import Config, ConfigError  # noqa: E402
+from prexy.control import Commands, encode  # noqa: E402
+from prexy.files import Snapshot  # noqa: E402
+from prexy.handoff import Handoff  # noqa: E402
+from prexy.listen import ListenSpec, tls_files  # noqa: E402
+from prexy.runtime import Runtime, build_runtime  # noqa: E402
+from prexy.service import ProxyService  # noqa: E402
 
 #: Seconds between two metrics reports to the master.
 METRICS_INTERVAL = 1.0
@@ -161,10 +168,11 @@ def read_until_serve(
 
 def build(handed: Handoff) -> tuple[Runtime, dict[str, bytes]]:
     """The runtime and the ``ssl:`` listeners' key and certificate bytes of
-    a configuration the master validated (its rule sets read, each
-    pattern parsed when its set is first compiled: ``RuleSets``)."""
+    a configuration the master validated (its rule sets those the master
+    handed over, or read, each pattern parsed when its set is first
+    compiled: ``RuleSets``)."""
     config = handed.config
-    runtime = build_runtime(config, files=handed.files, validated=True)
+    runtime = build_runtime(config, files=handed.files, validated=True, given=handed.rulesets)
     return runtime, tls_files(config.listen_endpoints(), handed.files)
 
 
@@ -203,6 +211,7 @@ def worker_main(spec_json: str) -> None:
     svc = ProxyService(reactor, first.config, runtime, inherited=inherited, check_rules=False, files=Snapshot({}), tls=tls)
     del first, runtime
     collector.settle()  # (its configuration, loaded: left out of later collections)
+    gc.enable()  # (off since the worker's modules were imported: ``__main__``)
 
     def send(message: dict[str, Any]) -> None:
         try:

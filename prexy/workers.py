@@ -67,7 +67,7 @@ from prexy.metrics import Metrics, cache_gauges, memo_held, render
 from prexy.observe.stats import Aggregate
 from prexy.observe.tap import LogFilter
 from prexy.observing import OperatorView
-from prexy.runtime import reloads_in_place
+from prexy.runtime import RuleSets, reloads_in_place
 
 log = Logger()
 
@@ -91,6 +91,9 @@ class Validated:
     snapshot: Snapshot = attrs.field(eq=False)
     #: The ssl: listeners' key and certificate (PEM bytes by path).
     tls: dict[str, bytes] = attrs.field(factory=dict, eq=False)
+    #: The rule sets its runtime loaded (``runtime.RuleSets``), which a new
+    #: worker is handed parsed (``RuleSets.portable``).
+    rulesets: RuleSets | None = attrs.field(default=None, eq=False)
 
 
 def _global_reactor() -> Any:
@@ -180,16 +183,19 @@ class _WorkerProcess(protocol.ProcessProtocol):
             self.transport.write(encode(message, payload))
 
     def hand(self, message: dict[str, Any], config: Config, files: Snapshot,
-             encoded: dict[int, tuple[Config | None, bytes]] | None = None) -> None:
+             encoded: dict[int, tuple[Config | None, bytes]] | None = None,
+             rulesets: RuleSets | None = None) -> None:
         """Send the worker a command with ``config`` and ``files`` as its
         handoff, encoded against the configuration it was handed last
         (``encoded``: handoffs of the same configuration already encoded,
-        by the identity of their base)."""
+        by the identity of their base); one that has none yet gets the
+        rule sets of ``rulesets`` too."""
         encoded = {} if encoded is None else encoded
         base = self.sent
         known = encoded.get(id(base))
         if known is None or known[0] is not base:
-            known = encoded[id(base)] = (base, handoff.encode(Handoff(config, files), base))
+            parsed = rulesets.portable() if base is None and rulesets is not None else {}
+            known = encoded[id(base)] = (base, handoff.encode(Handoff(config, files, parsed), base))
         self.command(message, known[1])
         self.sent = config
 
@@ -250,6 +256,7 @@ class MasterService(service.MultiService):
         #: The files the configuration in force was validated from.
         self.snapshot = validated.snapshot
         self.tls = validated.tls
+        self.rulesets = validated.rulesets
         self.argv = list(argv)
         self.load = load
         self.count = workers
@@ -429,7 +436,7 @@ class MasterService(service.MultiService):
             childFDs=child_fds,
         )
         # Its configuration: the one in force, parsed (prexy.handoff).
-        worker.hand({"configuration": generation}, self.config, self.snapshot, self._handoffs)
+        worker.hand({"configuration": generation}, self.config, self.snapshot, self._handoffs, self.rulesets)
         self.workers.append(worker)
         return worker
 
@@ -443,7 +450,7 @@ class MasterService(service.MultiService):
         if worker.generation == self.generation and not worker.retiring and worker.sent is not self.config:
             log.info("worker {pid} started with an earlier configuration: it takes the one in force before it serves",
                      pid=worker.pid)
-            worker.hand({"reload": 0}, self.config, self.snapshot, self._handoffs)
+            worker.hand({"reload": 0}, self.config, self.snapshot, self._handoffs, self.rulesets)
         worker.command({"serve": True})
         worker.serve_sent = True
 
@@ -554,6 +561,7 @@ class MasterService(service.MultiService):
         if self.acme is not None:
             self.acme.update(config.acme_sites())
         previous, self.config, self.snapshot = self.config, config, validated.snapshot
+        self.rulesets = validated.rulesets
         self._handoffs = {}
         self.view.aggregate.window = config.observe.never_matched_window
         # Renewed certificates (the [server] one in the same files, or a
@@ -595,7 +603,7 @@ class MasterService(service.MultiService):
         self._in_place[number] = pending
         log.info("reload: only sites changed; {n} worker(s) reload in place", n=len(workers))
         for w in workers:
-            w.hand({"reload": number}, self.config, self.snapshot, self._handoffs)
+            w.hand({"reload": number}, self.config, self.snapshot, self._handoffs, self.rulesets)
 
         def finished(ok: bool) -> bool:
             del self._in_place[number]

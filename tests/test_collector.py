@@ -34,3 +34,18 @@ class CollectorTests(SynchronousTestCase):
         kept = [[i] for i in range(100)]  # (tracked by the collector)
         collector.settle()
         assert gc.get_freeze_count() >= before + len(kept)
+
+    def test_paused_settles_a_start(self) -> None:
+        """``paused(settle=True)``: what the load made is frozen before the
+        collector resumes (its first collection would traverse all of it);
+        a load that fails freezes nothing."""
+        self.addCleanup(gc.unfreeze)
+        gc.enable()
+        before = gc.get_freeze_count()
+        with self.assertRaises(ZeroDivisionError), collector.paused(settle=True):
+            1 / 0  # noqa: B018
+        assert gc.get_freeze_count() == before
+        with collector.paused(settle=True):
+            kept = [[i] for i in range(100)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(kept)

@@ -159,3 +159,40 @@ class HandoffTests(SynchronousTestCase):
         handed = handoff.decode(handoff.encode(handoff.Handoff(validated.config, validated.snapshot)))
         runtime, _tls = build(handed)
         assert str(runtime.select(b"c.test").config.upstream) == "http://c.origin"
+
+    def test_a_new_worker_parses_no_rules_file(self) -> None:
+        """A handoff for a worker with no configuration yet carries the
+        rules files' rule sets as the master parsed them: the worker parses
+        none again, and builds the same rule sets (their origins too);
+        one against a base carries none (the worker has its own)."""
+        from prexy.substitution import rules as rules_module
+
+        validated = self.loader(self.argv)
+        assert validated.rulesets is not None
+        parsed = validated.rulesets.portable()
+        assert sorted(parsed) == [f"{self.tmp}/{name}.rules" for name in ("a", "b", "c")]
+        whole = handoff.decode(handoff.encode(handoff.Handoff(validated.config, validated.snapshot, parsed)))
+        assert sorted(whole.rulesets) == sorted(parsed)
+        delta = handoff.decode(handoff.encode(handoff.Handoff(validated.config, validated.snapshot, parsed),
+                                              validated.config), validated.config)
+        assert delta.rulesets == {}
+        plain, _ = build(handoff.decode(handoff.encode(handoff.Handoff(validated.config, validated.snapshot))))
+        calls: list[str] = []
+        real = rules_module.parse_rules
+        self.patch(rules_module, "parse_rules", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+        from prexy import substitution
+
+        self.patch(substitution, "parse_rules", rules_module.parse_rules)
+        runtime, _tls = build(whole)
+        assert calls == []
+        for site, other in zip(runtime.sites, plain.sites, strict=True):
+            assert site.rules == other.rules and site.rules is not None and other.rules is not None
+            assert [r.origin for r in site.rules.rules] == [r.origin for r in other.rules.rules]
+            assert site.rules_version == other.rules_version
+        select = runtime.select(b"x.a.test")
+        assert select.rules is not None and select.rules.compiled  # (its patterns parsed now)
+        # Bytes other than those the rule set was parsed from: parsed here.
+        changed = dict(whole.files.contents)
+        changed[f"{self.tmp}/b.rules"] = b"replace_filter 'x' 'B2' g;\n"
+        build(handoff.Handoff(whole.config, Snapshot(changed), whole.rulesets))
+        assert calls == [f"{self.tmp}/b.rules"]

@@ -163,3 +163,61 @@ class TestSitesFolder:
     def read(self, name: str) -> str:
         with open(os.path.join(self.dir, name)) as f:
             return f.read()
+
+
+class TestManyRulesFiles:
+    """Enough rules files for the master's start to check them in forked
+    children while it reads the site files (``prexy.forked``; on a machine
+    with two CPUs or more): every site serves its own rules through
+    ``--workers 2`` (the workers take the rule sets the master parsed), and
+    a broken file among them is refused with its file and line."""
+
+    COUNT = 40
+
+    @pytest.fixture(autouse=True)
+    def served(self, cleanup: Cleanups) -> None:
+        self.cleanup = cleanup
+        self.origin = Origin()
+        port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
+        cleanup(port.stopListening)
+        self.dir = scratch_dir("prexy-many-rules-test-")
+        cleanup(shutil.rmtree, self.dir, True)
+        os.mkdir(os.path.join(self.dir, "sites.d"))
+        os.mkdir(os.path.join(self.dir, "rules"))
+        self.port = free_port()
+        self.main = os.path.join(self.dir, "prexy.toml")
+        with open(self.main, "w") as f:
+            f.write('include = "sites.d/*.toml"\n'
+                    f'[server]\nlisten = ["tcp:{self.port}:interface=127.0.0.1"]\nworkers = 2\n'
+                    'access_log = "off"\nshutdown_timeout = 2\n')
+        for k in range(self.COUNT):
+            self.rules(k, f"replace_filter 'hello' 'HELLO {k}' g;\nreplace_filter_types text/plain;\n")
+            with open(os.path.join(self.dir, "sites.d", f"s{k:02d}.toml"), "w") as f:
+                f.write(f'[sites.s{k}]\nhosts = ["s{k}.test"]\nupstream = "http://127.0.0.1:{port.getHost().port}"\n'
+                        f'rules = "../rules/s{k}.rules"\n')
+
+    def rules(self, k: int, text: str) -> str:
+        path = os.path.join(self.dir, "rules", f"s{k}.rules")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    @pytest_twisted.inlineCallbacks
+    def test_each_site_its_own_rules(self) -> Any:
+        child = Twistd("--config", self.main)
+        self.cleanup(child.stop)
+        yield child.ready()
+        for k in (0, 17, 33, self.COUNT - 1):
+            client = RawClient(f"GET /hello HTTP/1.1\r\nHost: s{k}.test\r\nConnection: close\r\n\r\n".encode())
+            yield connect(self.port, client)
+            assert body_of(bytes(client.data)) == f"HELLO {k} world!".encode()
+        assert "Traceback" not in child.output()
+
+    @pytest_twisted.inlineCallbacks
+    def test_a_broken_file_named_with_its_line(self) -> Any:
+        bad = self.rules(33, "replace_filter 'hello' 'x' g;\n\nreplace_filter '(unclosed' 'x' g;\n")
+        self.rules(35, "replace_filter 'hello' 'x' q;\n")  # (a later site's error: not the one reported)
+        args = [sys.executable, "-c", TWISTD, "prexy", "--config", self.main, "--check"]
+        done = yield deferToThread(subprocess.run, args, capture_output=True, text=True, env=child_env(), timeout=60)
+        assert done.returncode == 1
+        assert f"{bad}:3: column" in done.stderr and "s35.rules" not in done.stderr
