@@ -25,6 +25,21 @@ from .twistd_support import TWISTD, Twistd, body_of, child_env, free_port, scrat
 SITES = ("a", "b", "c")
 
 
+@defer.inlineCallbacks
+def start(main: str, cleanup: Cleanups) -> Any:
+    """``twistd prexy --config main``, serving."""
+    child = Twistd("--config", main)
+    cleanup(child.stop)
+    yield child.ready()
+    return child
+
+
+def check(main: str) -> defer.Deferred[subprocess.CompletedProcess[str]]:
+    """``twistd prexy --config main --check``, run."""
+    args = [sys.executable, "-c", TWISTD, "prexy", "--config", main, "--check"]
+    return deferToThread(subprocess.run, args, capture_output=True, text=True, env=child_env(), timeout=60)
+
+
 class TestSitesFolder:
     @pytest.fixture(autouse=True)
     def served(self, cleanup: Cleanups) -> None:
@@ -76,16 +91,11 @@ class TestSitesFolder:
             out[name] = {body_of(a) for a in answers}
         return out
 
-    @defer.inlineCallbacks
-    def start(self) -> Any:
-        child = Twistd("--config", self.main)
-        self.cleanup(child.stop)
-        yield child.ready()
-        return child
+    def start(self) -> defer.Deferred[Twistd]:
+        return start(self.main, self.cleanup)
 
     def check(self) -> defer.Deferred[subprocess.CompletedProcess[str]]:
-        args = [sys.executable, "-c", TWISTD, "prexy", "--config", self.main, "--check"]
-        return deferToThread(subprocess.run, args, capture_output=True, text=True, env=child_env(), timeout=60)
+        return check(self.main)
 
     @pytest_twisted.inlineCallbacks
     def test_check_validates_every_site_file(self) -> Any:
@@ -204,9 +214,7 @@ class TestManyRulesFiles:
 
     @pytest_twisted.inlineCallbacks
     def test_each_site_its_own_rules(self) -> Any:
-        child = Twistd("--config", self.main)
-        self.cleanup(child.stop)
-        yield child.ready()
+        child = yield start(self.main, self.cleanup)
         for k in (0, 17, 33, self.COUNT - 1):
             client = RawClient(f"GET /hello HTTP/1.1\r\nHost: s{k}.test\r\nConnection: close\r\n\r\n".encode())
             yield connect(self.port, client)
@@ -217,7 +225,6 @@ class TestManyRulesFiles:
     def test_a_broken_file_named_with_its_line(self) -> Any:
         bad = self.rules(33, "replace_filter 'hello' 'x' g;\n\nreplace_filter '(unclosed' 'x' g;\n")
         self.rules(35, "replace_filter 'hello' 'x' q;\n")  # (a later site's error: not the one reported)
-        args = [sys.executable, "-c", TWISTD, "prexy", "--config", self.main, "--check"]
-        done = yield deferToThread(subprocess.run, args, capture_output=True, text=True, env=child_env(), timeout=60)
+        done = yield check(self.main)
         assert done.returncode == 1
         assert f"{bad}:3: column" in done.stderr and "s35.rules" not in done.stderr
