@@ -21,14 +21,11 @@ from prexy.forked import Pool
 from prexy.runtime import RuleSets, Runtime, build_runtime, precheck_rules, rules_checker
 from prexy.service import Options
 from prexy.substitution.ruleset import CompileError, RuleSet
+from tests.test_handoff import write
 
 
 def _write(directory: str, name: str, text: str) -> str:
-    path = os.path.join(directory, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return write(os.path.join(directory, name), text)
 
 
 class StartFreezeTests(SynchronousTestCase):

@@ -240,3 +240,14 @@ def origin_site(origin: Origin) -> server.Site:
     site.protocol = _CountedChannel
     site.log = lambda request: None  # type: ignore[method-assign]
     return site
+
+
+def listen_origin(cleanup: Callable[..., object]) -> tuple[Origin, str]:
+    """A fresh :class:`Origin` listening on loopback until ``cleanup``
+    runs, and its URL."""
+    from twisted.internet import reactor
+
+    origin = Origin()
+    port = reactor.listenTCP(0, origin_site(origin), interface="127.0.0.1")
+    cleanup(port.stopListening)
+    return origin, f"http://127.0.0.1:{port.getHost().port}"

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, reactor, task
 
 from .conftest import Cleanups
-from .origin import Origin, origin_site
+from .origin import listen_origin
 from .test_service import RawClient, connect
 from .twistd_support import Twistd, free_port, scratch_dir
 
@@ -22,9 +22,7 @@ class TestMemoBudget:
     @pytest.fixture(autouse=True)
     def served(self, cleanup: Cleanups) -> None:
         self.cleanup = cleanup
-        self.origin = Origin()
-        port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        cleanup(port.stopListening)
+        self.origin, upstream = listen_origin(cleanup)
         self.dir = scratch_dir("prexy-memo-")
         self.port, self.admin = free_port(), free_port()
         self.config = os.path.join(self.dir, "prexy.toml")
@@ -39,7 +37,7 @@ size = "16M"
 path = "{self.dir}/store"
 memo_size = "4M"
 [sites.s]
-upstream = "http://127.0.0.1:{port.getHost().port}"
+upstream = "{upstream}"
 """)
 
     @defer.inlineCallbacks

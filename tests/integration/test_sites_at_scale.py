@@ -18,7 +18,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
 
 from .conftest import Cleanups
-from .origin import Origin, origin_site
+from .origin import Origin, listen_origin, origin_site
 from .test_service import RawClient, connect
 from .twistd_support import TWISTD, Twistd, body_of, child_env, free_port, scratch_dir
 
@@ -187,9 +187,7 @@ class TestManyRulesFiles:
     @pytest.fixture(autouse=True)
     def served(self, cleanup: Cleanups) -> None:
         self.cleanup = cleanup
-        self.origin = Origin()
-        port = reactor.listenTCP(0, origin_site(self.origin), interface="127.0.0.1")
-        cleanup(port.stopListening)
+        self.origin, upstream = listen_origin(cleanup)
         self.dir = scratch_dir("prexy-many-rules-test-")
         cleanup(shutil.rmtree, self.dir, True)
         os.mkdir(os.path.join(self.dir, "sites.d"))
@@ -203,7 +201,7 @@ class TestManyRulesFiles:
         for k in range(self.COUNT):
             self.rules(k, f"replace_filter 'hello' 'HELLO {k}' g;\nreplace_filter_types text/plain;\n")
             with open(os.path.join(self.dir, "sites.d", f"s{k:02d}.toml"), "w") as f:
-                f.write(f'[sites.s{k}]\nhosts = ["s{k}.test"]\nupstream = "http://127.0.0.1:{port.getHost().port}"\n'
+                f.write(f'[sites.s{k}]\nhosts = ["s{k}.test"]\nupstream = "{upstream}"\n'
                         f'rules = "../rules/s{k}.rules"\n')
 
     def rules(self, k: int, text: str) -> str:
