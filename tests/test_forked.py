@@ -32,6 +32,18 @@ def dies(item: str) -> tuple[str, int, int]:
     return square(item)
 
 
+#: The read end of a pipe a child waits on before its first item (``gated``).
+_gate: list[int] = []
+
+
+def gated(item: str) -> tuple[str, int, int]:
+    """``square``, but a child waits until the test writes to the gate
+    before it works on its first item (it reads no more items meanwhile)."""
+    if os.getpid() != PARENT and _gate:
+        os.read(_gate.pop(), 1)
+    return square(item)
+
+
 def _alone() -> bool:
     return True
 
@@ -139,10 +151,17 @@ class PoolTests(SynchronousTestCase):
     def test_more_items_than_a_pipe_holds(self) -> None:
         """Items beyond what a child's pipe holds wait here (``submit``
         never blocks) and are done by this process if no child took them."""
-        pool = self.pool(children=1)
+        gate, opener = os.pipe()
+        self.addCleanup(os.close, gate)
+        self.addCleanup(os.close, opener)
+        _gate[:] = [gate]
+        self.addCleanup(_gate.clear)
+        pool = self.pool(work=gated, children=1)
         items = [str(n).rjust(200, "0") for n in range(12000)]  # (2.4 MB of names)
         for item in items:
             pool.submit(item)
+        # (The child holds at most a read's 64 KB while it waits.)
         assert pool.children[0].unsent  # (the pipe is full)
+        os.write(opener, b"x")
         found = pool.results()
         assert set(found) == set(items)
