@@ -60,6 +60,15 @@ def answered_by_hits(h: Harness) -> list[bool]:
     return seen
 
 
+def cached_page() -> Harness:
+    """A harness whose cache holds ``PAGE`` (fetched once, from its origin)."""
+    h = test_compress.harness(Compression(), cache=CachePolicy())
+    h.send(GET + b"\r\n")
+    h.conns[-1].reply(PAGE)
+    h.settle()
+    return h
+
+
 def logged(h: Harness) -> list[str]:
     lines: list[str] = []
     h.site.log = lambda request: lines.append(combined_line(request, "[T]"))  # type: ignore[method-assign]
@@ -282,10 +291,7 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
 
     @parametrize("name", ["range", "HEAD", "gzip taken", "plain"])
     def test_a_made_answer_does_not_keep_its_object(self, name: str) -> None:
-        h = test_compress.harness(Compression(), cache=CachePolicy())
-        h.send(GET + b"\r\n")
-        h.conns[-1].reply(PAGE)
-        h.settle()
+        h = cached_page()
         seen = answered_by_hits(h)
         for _ in range(2):
             h.send(REQUESTS[name])
@@ -310,10 +316,7 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
         self.assertIn(b"HTTP/1.1 2", client.value())
 
     def test_a_made_answer_does_not_keep_a_replaced_site(self) -> None:
-        h = test_compress.harness(Compression(), cache=CachePolicy())
-        h.send(GET + b"\r\n")
-        h.conns[-1].reply(PAGE)
-        h.settle()
+        h = cached_page()
         h.send(REQUESTS["range"])
         h.settle()
         hits = h.site.hits
@@ -339,10 +342,7 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
         hit) takes its body from the object it is used for: the memo is
         charged for its head, not for a second copy of the body, and the
         bytes sent are the object's."""
-        h = test_compress.harness(Compression(), cache=CachePolicy())
-        h.send(GET + b"\r\n")
-        h.conns[-1].reply(PAGE)
-        h.settle()
+        h = cached_page()
         hits = h.site.hits
         assert hits is not None
         seen = answered_by_hits(h)
@@ -362,10 +362,7 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
         compressed again replaces its older variant in the memo: a page
         refreshed every few minutes keeps one entry per coding, not one
         per refresh."""
-        h = test_compress.harness(Compression(), cache=CachePolicy())
-        h.send(GET + b"\r\n")
-        h.conns[-1].reply(PAGE)
-        h.settle()
+        h = cached_page()
         cache = h.resource.cache
         assert cache is not None
         for _ in range(3):
@@ -386,10 +383,7 @@ class RememberedAnswerMemoryTests(SynchronousTestCase):
         body by its span: the memo is charged the head, so ranges asked
         once each (a player seeking) do not fill it with bytes; the bytes
         sent are the general path's (``SameAnswerTests``)."""
-        h = test_compress.harness(Compression(), cache=CachePolicy())
-        h.send(GET + b"\r\n")
-        h.conns[-1].reply(PAGE)
-        h.settle()
+        h = cached_page()
         hits = h.site.hits
         assert hits is not None
         seen = answered_by_hits(h)
